@@ -1,0 +1,91 @@
+"""Pure tensor math of RLHF: tensors and numbers in, tensors out, inputs never mutated.
+
+Importing this package needs only torch.
+"""
+
+from proxrl.core.advantages import (
+    discounted_returns,
+    gae,
+    gae_env,
+    grpo_advantages,
+    mixed_group_advantages,
+    rank_advantages,
+    reinforce_pp_advantages,
+    remax_advantages,
+    rloo_advantages,
+)
+from proxrl.core.kl import (
+    AdaptiveKL,
+    FixedKL,
+    ProportionalKL,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_per_token,
+    last_valid_index,
+    sequence_kl,
+    shaped_rewards,
+)
+from proxrl.core.logprobs import entropy_from_logits, logprobs_from_logits
+from proxrl.core.losses import (
+    bradley_terry_loss,
+    dpo_loss,
+    entropy_bonus,
+    ipo_loss,
+    policy_gradient_loss,
+    ppo_clip_loss,
+    ppo_penalty_loss,
+    ranking_loss,
+    sft_loss,
+    simpo_loss,
+    value_loss,
+)
+from proxrl.core.masked import (
+    aggregate_loss,
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    "AdaptiveKL",
+    "FixedKL",
+    "ProportionalKL",
+    "aggregate_loss",
+    "bradley_terry_loss",
+    "discounted_returns",
+    "dpo_loss",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae",
+    "gae_env",
+    "grpo_advantages",
+    "ipo_loss",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_per_token",
+    "last_valid_index",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "mixed_group_advantages",
+    "policy_gradient_loss",
+    "ppo_clip_loss",
+    "ppo_penalty_loss",
+    "rank_advantages",
+    "ranking_loss",
+    "reinforce_pp_advantages",
+    "remax_advantages",
+    "rloo_advantages",
+    "sequence_kl",
+    "sft_loss",
+    "shaped_rewards",
+    "simpo_loss",
+    "value_loss",
+]

@@ -1,0 +1,178 @@
+"""Advantage estimators: GAE for critics, group and batch baselines for the critic-free family.
+
+Token-level functions take (B, T) tensors and a 0/1 ``mask`` of valid response tokens. Masked
+positions are skipped by the backward recursions (their reward and value are never read and they
+come back 0), so a response may have holes, e.g. tool output that the policy did not generate.
+
+Group functions take (N,) scores of N/G prompts × G samples, the G samples of a prompt stored
+consecutively, as every generator here produces them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from proxrl.core.masked import masked_whiten
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Reward-to-go ``G_t = r_t + γ·G_{t+1}`` over valid tokens.
+
+    Args:
+        rewards: (B, T) per-token rewards.
+        mask: (B, T) 1 at valid response tokens.
+    Returns:
+        (B, T) returns, 0 at masked positions.
+    """
+    valid = mask.bool()
+    running = torch.zeros_like(rewards[:, 0])
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(valid[:, t], running, 0.0)
+    return returns
+
+
+def gae(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over a batch of responses (Schulman et al. 2016).
+
+    ``δ_t = r_t + γ·V_{t+1} − V_t`` and ``A_t = δ_t + γλ·A_{t+1}``, where ``t+1`` is the next
+    valid token and the value after the last valid token is 0 (the response has ended).
+
+    Args:
+        rewards: (B, T) per-token rewards (e.g. from ``shaped_rewards``).
+        values: (B, T) critic values V(s_t) at each response token.
+        mask: (B, T) 1 at valid response tokens.
+    Returns:
+        ``(advantages, returns)``, both (B, T), 0 at masked positions; ``returns = A + V``.
+    """
+    valid = mask.bool()
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(valid[:, t], delta + gamma * lam * running, running)
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        advantages[:, t] = torch.where(valid[:, t], running, 0.0)
+    returns = torch.where(valid, advantages + values, 0.0)
+    return advantages, returns
+
+
+def gae_env(
+    rewards: Tensor,
+    values: Tensor,
+    dones: Tensor,
+    next_value: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """GAE over a (T, N) rollout of N vectorised environments.
+
+    Args:
+        rewards: (T, N) reward received after the action at step t.
+        values: (T, N) V(s_t).
+        dones: (T, N) 1 where the episode ended at step t, so nothing is bootstrapped from
+            s_{t+1}. For a time-limit truncation pass done=1 and add γ·V(final observation) to
+            that step's reward: the episode did not really end, its value is bootstrapped.
+        next_value: (N,) V(s_T), the state after the rollout's last step.
+    Returns:
+        ``(advantages, returns)``, both (T, N); ``returns = advantages + values``.
+    """
+    not_done = 1.0 - dones.to(values.dtype)
+    running = torch.zeros_like(next_value)
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[0])):
+        following = next_value if t == values.shape[0] - 1 else values[t + 1]
+        delta = rewards[t] + gamma * following * not_done[t] - values[t]
+        running = delta + gamma * lam * not_done[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def _groups(scores: Tensor, group_size: int) -> Tensor:
+    if scores.dim() != 1:
+        raise ValueError(f"scores must be (N,), got shape {tuple(scores.shape)}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 for a group baseline, got {group_size}")
+    if scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
+def grpo_advantages(
+    scores: Tensor, group_size: int, scale: str = "std", eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages (DeepSeekMath GRPO): ``(s − mean_g) / (std_g + eps)``.
+
+    ``scale="none"`` subtracts the group mean only (Dr. GRPO: dividing by the std over-weights
+    prompts that are nearly always right or wrong). The std is the unbiased sample std, as in TRL.
+    (N,) → (N,).
+    """
+    groups = _groups(scores, group_size)
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    if scale == "std":
+        centred = centred / (groups.std(dim=1, keepdim=True) + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown scale {scale!r}; expected 'std' or 'none'")
+    return centred.reshape(-1)
+
+
+def rank_advantages(scores: Tensor, group_size: int) -> Tensor:
+    """Rank-based group advantages: each sample's rank within its group mapped to [−1, 1].
+
+    ``rank_i = #{j: s_j < s_i} + ½·#{j ≠ i: s_j = s_i}`` (ties share their mean rank), and
+    ``A_i = 2·rank_i / (G − 1) − 1``: the worst sample gets −1, the best +1, and every group sums
+    to zero. Insensitive to the reward's scale and outliers. (N,) → (N,).
+    """
+    groups = _groups(scores, group_size)
+    below = (groups.unsqueeze(2) > groups.unsqueeze(1)).to(scores.dtype).sum(2)
+    ties = (groups.unsqueeze(2) == groups.unsqueeze(1)).to(scores.dtype).sum(2) - 1
+    rank = below + 0.5 * ties
+    return (2 * rank / (group_size - 1) - 1).reshape(-1)
+
+
+def mixed_group_advantages(
+    scores: Tensor, group_size: int, rank_weight: float, eps: float = 1e-6
+) -> Tensor:
+    """``(1 − w)·grpo_advantages + w·rank_advantages``: a weighted mix of the two signals."""
+    if not 0.0 <= rank_weight <= 1.0:
+        raise ValueError(f"rank_weight must lie in [0, 1], got {rank_weight}")
+    return (1 - rank_weight) * grpo_advantages(
+        scores, group_size, eps=eps
+    ) + rank_weight * rank_advantages(scores, group_size)
+
+
+def rloo_advantages(scores: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``s_i − mean_{j≠i} s_j``. (N,) → (N,)."""
+    groups = _groups(scores, group_size)
+    others_mean = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others_mean).reshape(-1)
+
+
+def remax_advantages(scores: Tensor, greedy_scores: Tensor) -> Tensor:
+    """ReMax (Li et al. 2023): the score of the prompt's greedy response is the baseline.
+
+    Args:
+        scores: (N,) scores of the sampled responses.
+        greedy_scores: (N,) one per sample, or (P,) one per prompt with N = P·G consecutive
+            samples per prompt.
+    Returns:
+        (N,) ``scores − greedy baseline``.
+    """
+    if greedy_scores.shape != scores.shape:
+        if scores.numel() % greedy_scores.numel():
+            raise ValueError(
+                f"{greedy_scores.numel()} greedy scores do not divide {scores.numel()} samples"
+            )
+        greedy_scores = greedy_scores.repeat_interleave(scores.numel() // greedy_scores.numel())
+    return scores - greedy_scores
+
+
+def reinforce_pp_advantages(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """REINFORCE++ (Hu 2025): reward-to-go of the KL-shaped token rewards, whitened over the
+    whole batch instead of a per-prompt or learned baseline. (B, T) → (B, T), 0 where masked."""
+    return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)

@@ -1,0 +1,130 @@
+"""KL divergence to the reference policy: per-token estimators, reward shaping, controllers.
+
+The estimators follow Schulman's "Approximating KL divergence" note. With tokens sampled from π
+and ``log r = log π_ref(a) − log π(a)``:
+- k1 = −log r: unbiased for KL(π‖π_ref), high variance, can be negative per token;
+- k2 = ½(log r)²: biased, low variance, its gradient matches the KL's to first order;
+- k3 = (r − 1) − log r: unbiased, always ≥ 0, low variance when π ≈ π_ref.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from proxrl.core.masked import masked_sum
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """``log π − log π_ref`` per token. (B, T), (B, T) → (B, T)."""
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """``½(log π − log π_ref)²`` per token. (B, T), (B, T) → (B, T)."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """``exp(log r) − 1 − log r`` with ``log r = log π_ref − log π``, per token; ≥ 0.
+
+    ``expm1`` keeps it accurate (and non-negative) when the two policies are close.
+    """
+    log_ratio = ref_logprobs - logprobs
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+    """The estimator named ``k1``, ``k2`` or ``k3``, for configs that choose one by name."""
+    if estimator == "k1":
+        return kl_k1(logprobs, ref_logprobs)
+    if estimator == "k2":
+        return kl_k2(logprobs, ref_logprobs)
+    if estimator == "k3":
+        return kl_k3(logprobs, ref_logprobs)
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+
+
+def last_valid_index(mask: Tensor) -> Tensor:
+    """(B, T) mask → (B,) index of the last 1 in each row; a row without one is an error."""
+    if not bool(mask.bool().any(dim=-1).all()):
+        raise ValueError("every sequence needs at least one valid token to carry its score")
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, -1).max(dim=-1).values
+
+
+def shaped_rewards(
+    scores: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
+) -> Tensor:
+    """Per-token RLHF reward (Ziegler et al. 2019; InstructGPT): ``−β·KL_t`` at every valid
+    token, plus the sequence score at the last valid token.
+
+    Args:
+        scores: (B,) reward-model or verifier score of each response.
+        logprobs, ref_logprobs: (B, T) log π_old and log π_ref of the sampled tokens.
+        mask: (B, T) 1 at valid response tokens.
+    Returns:
+        (B, T) rewards, 0 at masked positions.
+    """
+    kl = kl_per_token(logprobs, ref_logprobs, estimator)
+    rewards = torch.where(mask.bool(), -kl_coef * kl, 0.0)
+    last = last_valid_index(mask)
+    return rewards.scatter_add(1, last.unsqueeze(1), scores.to(rewards.dtype).unsqueeze(1))
+
+
+def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+    """(B,) KL of each whole response: the per-token estimate summed over valid tokens."""
+    return masked_sum(kl_per_token(logprobs, ref_logprobs, estimator), mask, dim=-1)
+
+
+class FixedKL:
+    """A constant KL coefficient β."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = kl_coef
+
+    def update(self, measured_kl: float, n_steps: int = 1) -> None:
+        """A fixed coefficient ignores measurements."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKL(FixedKL):
+    """PPO-Penalty's rule (Schulman et al. 2017, §4): after each update measure d = KL;
+    d < d_targ/1.5 → β ← β/2; d > 1.5·d_targ → β ← 2β; otherwise β stays."""
+
+    def __init__(self, init_kl_coef: float, target: float) -> None:
+        super().__init__(init_kl_coef)
+        self.target = target
+
+    def update(self, measured_kl: float, n_steps: int = 1) -> None:
+        if measured_kl < self.target / 1.5:
+            self.value /= 2
+        elif measured_kl > self.target * 1.5:
+            self.value *= 2
+
+
+class ProportionalKL(FixedKL):
+    """Ziegler et al. 2019 (used by InstructGPT and early TRL): a proportional controller
+    ``e = clip(KL/target − 1, −0.2, 0.2)``; ``β ← β·(1 + e·n_steps/horizon)``, where n_steps is
+    the number of samples behind the measurement."""
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
+        super().__init__(init_kl_coef)
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, measured_kl: float, n_steps: int = 1) -> None:
+        error = min(max(measured_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + error * n_steps / self.horizon

@@ -1,0 +1,236 @@
+import pytest
+import torch
+from helpers import close, prefix_mask, t
+
+from proxrl.core import (
+    discounted_returns,
+    gae,
+    gae_env,
+    grpo_advantages,
+    mixed_group_advantages,
+    rank_advantages,
+    reinforce_pp_advantages,
+    remax_advantages,
+    rloo_advantages,
+)
+
+# ---------------------------------------------------------------- naive references
+
+
+def naive_gae(rewards, values, mask, gamma, lam):
+    """Row by row over the list of valid tokens only, in plain Python floats."""
+    advantages = torch.zeros_like(values)
+    for b in range(values.shape[0]):
+        idx = [i for i in range(values.shape[1]) if mask[b, i] == 1]
+        running = 0.0
+        for k in reversed(range(len(idx))):
+            next_value = values[b, idx[k + 1]].item() if k + 1 < len(idx) else 0.0
+            delta = rewards[b, idx[k]].item() + gamma * next_value - values[b, idx[k]].item()
+            running = delta + gamma * lam * running
+            advantages[b, idx[k]] = running
+    return advantages, (advantages + values) * mask
+
+
+def naive_returns(rewards, mask, gamma):
+    returns = torch.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        for i in range(rewards.shape[1]):
+            if mask[b, i]:
+                later = [j for j in range(i, rewards.shape[1]) if mask[b, j]]
+                returns[b, i] = sum(gamma**k * rewards[b, j].item() for k, j in enumerate(later))
+    return returns
+
+
+# ---------------------------------------------------------------- token level
+
+
+def test_discounted_returns_by_hand():
+    """γ = 0.5, r = (1, 2, 3): G2 = 3, G1 = 2 + 0.5·3 = 3.5, G0 = 1 + 0.5·3.5 = 2.75.
+    With the last token masked its reward 3 is ignored: G1 = 2, G0 = 1 + 0.5·2 = 2."""
+    rewards = t([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    close(discounted_returns(rewards, t([[1, 1, 1], [1, 1, 0]]), 0.5), [[2.75, 3.5, 3.0], [2.0, 2.0, 0.0]])
+
+
+def test_gae_by_hand():
+    """r = (0, 0, 1), V = (0.5, 0.6, 0.7), γ = 1, λ = 0.9, the value after the end is 0:
+    δ2 = 1 − 0.7 = 0.3, δ1 = 0.7 − 0.6 = 0.1, δ0 = 0.6 − 0.5 = 0.1;
+    A2 = 0.3, A1 = 0.1 + 0.9·0.3 = 0.37, A0 = 0.1 + 0.9·0.37 = 0.433; R = A + V."""
+    advantages, returns = gae(t([[0.0, 0.0, 1.0]]), t([[0.5, 0.6, 0.7]]), t([[1, 1, 1]]), 1.0, 0.9)
+    close(advantages, [[0.433, 0.37, 0.3]])
+    close(returns, [[0.933, 0.97, 1.0]])
+
+
+def test_gae_lambda_zero_is_the_td_residual():
+    """λ = 0: A_t = δ_t = r_t + γV_{t+1} − V_t (V after the last valid token is 0)."""
+    rewards, values = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    mask = prefix_mask([5, 3, 1], 5)
+    next_values = torch.cat([values[:, 1:], torch.zeros(3, 1, dtype=torch.float64)], 1) * torch.cat(
+        [mask[:, 1:], torch.zeros(3, 1, dtype=torch.float64)], 1
+    )
+    advantages, _ = gae(rewards, values, mask, 0.9, 0.0)
+    close(advantages, (rewards + 0.9 * next_values - values) * mask)
+
+
+def test_gae_lambda_one_is_reward_to_go_minus_value():
+    """λ = 1 telescopes: Σ_k γ^k δ_{t+k} = Σ_k γ^k r_{t+k} − V_t."""
+    rewards, values = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    mask = prefix_mask([6, 4, 2], 6)
+    advantages, returns = gae(rewards, values, mask, 0.95, 1.0)
+    close(advantages, (discounted_returns(rewards, mask, 0.95) - values) * mask)
+    close(returns, discounted_returns(rewards, mask, 0.95))
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_gae_and_returns_match_naive_loops(holes):
+    rewards, values = torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 7, dtype=torch.float64)
+    mask = prefix_mask([7, 5, 3, 1, 6], 7)
+    if holes:  # e.g. tool output inside a response: skipped, not a boundary
+        mask[0, 2] = mask[4, 1] = mask[1, 3] = 0
+    for gamma, lam in [(1.0, 0.95), (0.9, 0.7), (0.5, 1.0)]:
+        advantages, returns = gae(rewards, values, mask, gamma, lam)
+        expected_a, expected_r = naive_gae(rewards, values, mask, gamma, lam)
+        close(advantages, expected_a)
+        close(returns, expected_r)
+        close(discounted_returns(rewards, mask, gamma), naive_returns(rewards, mask, gamma))
+
+
+def test_gae_ignores_masked_positions():
+    rewards, values = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    mask = prefix_mask([5, 2, 3], 5)
+    mask[0, 1] = 0
+    clean = gae(rewards, values, mask, 1.0, 0.95)
+    poisoned = gae(
+        torch.where(mask.bool(), rewards, torch.nan), torch.where(mask.bool(), values, 1e9), mask, 1.0, 0.95
+    )
+    assert torch.equal(clean[0], poisoned[0]) and torch.equal(clean[1], poisoned[1])
+
+
+# ---------------------------------------------------------------- environments
+
+
+def naive_gae_env(rewards, values, dones, next_value, gamma, lam):
+    T, N = values.shape
+    advantages = torch.zeros_like(values)
+    for n in range(N):
+        running = 0.0
+        for step in reversed(range(T)):
+            following = next_value[n] if step == T - 1 else values[step + 1, n]
+            alive = 1.0 - dones[step, n].item()
+            delta = rewards[step, n] + gamma * following * alive - values[step, n]
+            running = delta + gamma * lam * alive * running
+            advantages[step, n] = running
+    return advantages
+
+
+def test_gae_env_oracle_reward_at_the_end():
+    """One episode of 4 steps, reward 1 only at the last (terminal) step, V ≡ 0.5, γ = λ = 0.5:
+    δ3 = 1 − 0.5 = 0.5 (terminal: no bootstrap); δ0..2 = 0.5·0.5 − 0.5 = −0.25;
+    A3 = 0.5, A2 = −0.25 + 0.25·0.5 = −0.125, A1 = −0.25 + 0.25·(−0.125) = −0.28125,
+    A0 = −0.25 + 0.25·(−0.28125) = −0.3203125."""
+    advantages, returns = gae_env(
+        t([[0.0], [0.0], [0.0], [1.0]]), torch.full((4, 1), 0.5, dtype=torch.float64),
+        t([[0], [0], [0], [1]]), t([0.5]), 0.5, 0.5,
+    )
+    close(advantages, [[-0.3203125], [-0.28125], [-0.125], [0.5]])
+    close(returns, advantages + 0.5)
+
+
+def test_gae_env_done_in_the_middle_and_bootstrap_at_the_end():
+    """r ≡ 1, V ≡ 0, the episode ends at step 1, V(s_4) = 2, γ = 0.5, λ = 1:
+    A3 = 1 + 0.5·2 = 2, A2 = 1 + 0.5·A3 = 2, A1 = 1 (ended: nothing after), A0 = 1 + 0.5·1 = 1.5."""
+    advantages, _ = gae_env(
+        torch.ones(4, 1, dtype=torch.float64), torch.zeros(4, 1, dtype=torch.float64),
+        t([[0], [1], [0], [0]]), t([2.0]), 0.5, 1.0,
+    )
+    close(advantages, [[1.5], [1.0], [2.0], [2.0]])
+
+
+def test_gae_env_matches_naive_loop():
+    rewards, values = torch.randn(9, 4, dtype=torch.float64), torch.randn(9, 4, dtype=torch.float64)
+    dones = (torch.rand(9, 4) < 0.25).to(torch.float64)
+    next_value = torch.randn(4, dtype=torch.float64)
+    advantages, returns = gae_env(rewards, values, dones, next_value, 0.99, 0.95)
+    close(advantages, naive_gae_env(rewards, values, dones, next_value, 0.99, 0.95))
+    close(returns, advantages + values)
+
+
+# ---------------------------------------------------------------- group baselines
+
+
+def test_grpo_advantages_by_hand():
+    """Groups (1, 2, 3): mean 2, unbiased std 1 → (−1, 0, 1).
+    (0, 0, 4): mean 4/3, deviations (−4/3, −4/3, 8/3), unbiased var (16+16+64)/9/2 = 16/3,
+    std 4/√3 → (−1/√3, −1/√3, 2/√3). scale="none" keeps the deviations."""
+    scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
+    r3 = 3**0.5
+    close(grpo_advantages(scores, 3, eps=0.0), [-1.0, 0.0, 1.0, -1 / r3, -1 / r3, 2 / r3])
+    close(grpo_advantages(scores, 3, scale="none"), [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
+
+
+def test_grpo_advantages_of_a_uniform_group_are_zero():
+    close(grpo_advantages(t([1.0, 1.0, 1.0, 1.0]), 2), [0.0, 0.0, 0.0, 0.0])
+
+
+def test_group_functions_match_naive_loops():
+    scores = torch.randn(12, dtype=torch.float64)
+    expected_grpo, expected_rloo = [], []
+    for g in range(3):
+        group = scores[4 * g : 4 * g + 4].tolist()
+        mean = sum(group) / 4
+        std = (sum((s - mean) ** 2 for s in group) / 3) ** 0.5
+        expected_grpo += [(s - mean) / (std + 1e-6) for s in group]
+        expected_rloo += [s - (sum(group) - s) / 3 for s in group]
+    close(grpo_advantages(scores, 4), expected_grpo)
+    close(rloo_advantages(scores, 4), expected_rloo)
+
+
+def test_rank_advantages_by_hand():
+    """(3, 1, 2): ranks (2, 0, 1) → 2r/(G−1) − 1 = (1, −1, 0).
+    (5, 5, 0): the fives tie for ranks 1 and 2 → 1.5 each; the zero has rank 0 →
+    (0.5, 0.5, −1). Every group sums to 0."""
+    advantages = rank_advantages(t([3.0, 1.0, 2.0, 5.0, 5.0, 0.0]), 3)
+    close(advantages, [1.0, -1.0, 0.0, 0.5, 0.5, -1.0])
+
+
+def test_rank_advantages_ignore_scale():
+    scores = torch.randn(8, dtype=torch.float64)
+    close(rank_advantages(scores, 4), rank_advantages(100 * scores.exp(), 4))
+
+
+def test_mixed_group_advantages_by_hand():
+    """(0, 0, 4): GRPO (eps 0) gives (−1/√3, −1/√3, 2/√3); ranks: the zeros tie for 0 and 1
+    → 0.5 → 2·0.5/2 − 1 = −0.5, the four → 1. w = 0.5 averages the two; w = 1 is the rank."""
+    r3 = 3**0.5
+    scores = t([0.0, 0.0, 4.0])
+    expected = [0.5 * (-1 / r3) + 0.5 * -0.5, 0.5 * (-1 / r3) + 0.5 * -0.5, 0.5 * (2 / r3) + 0.5]
+    close(mixed_group_advantages(scores, 3, 0.5, eps=0.0), expected)
+    close(mixed_group_advantages(scores, 3, 1.0), [-0.5, -0.5, 1.0])
+
+
+def test_rloo_advantages_by_hand():
+    """(1, 2, 3): 1 − (2+3)/2 = −1.5, 2 − (1+3)/2 = 0, 3 − (1+2)/2 = 1.5."""
+    close(rloo_advantages(t([1.0, 2.0, 3.0]), 3), [-1.5, 0.0, 1.5])
+
+
+def test_remax_advantages_by_hand():
+    """Two prompts × two samples, greedy scores (1.5, 2): (1−1.5, 2−1.5, 3−2, 4−2)."""
+    close(remax_advantages(t([1.0, 2.0, 3.0, 4.0]), t([1.5, 2.0])), [-0.5, 0.5, 1.0, 2.0])
+    close(remax_advantages(t([1.0, 2.0]), t([0.5, 3.0])), [0.5, -1.0])
+
+
+def test_reinforce_pp_advantages_by_hand():
+    """γ = 0.5. Row 1 rewards (0, 0, 1) → returns (0.25, 0.5, 1); row 2 (0, 1, ·) with its last
+    token masked → (0.5, 1). Valid returns 0.25, 0.5, 1, 0.5, 1: mean 0.65, squared deviations
+    .16 + .0225 + .1225 + .0225 + .1225 = .45, unbiased var .1125; A = (G − .65)/√(.1125 + 1e-8)."""
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    advantages = reinforce_pp_advantages(t([[0.0, 0.0, 1.0], [0.0, 1.0, 9.0]]), mask, 0.5)
+    expected = (t([[0.25, 0.5, 1.0], [0.5, 1.0, 0.65]]) - 0.65) / (0.1125 + 1e-8) ** 0.5
+    close(advantages, expected * mask)
+
+
+@pytest.mark.parametrize("fn", [grpo_advantages, rank_advantages, rloo_advantages])
+def test_group_functions_reject_bad_groups(fn):
+    with pytest.raises(ValueError, match="at least 2"):
+        fn(t([1.0, 2.0]), 1)
+    with pytest.raises(ValueError, match="do not split into groups of 2"):
+        fn(t([1.0, 2.0, 3.0]), 2)

@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+from helpers import close, t
+
+from proxrl.core import (
+    AdaptiveKL,
+    FixedKL,
+    ProportionalKL,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    sequence_kl,
+    shaped_rewards,
+)
+
+
+def test_estimators_by_hand():
+    """π = 0.5, π_ref = 0.25: k1 = ln 2; k2 = ½ ln²2;
+    log r = ln(0.25/0.5) = −ln 2, r = 0.5 → k3 = (0.5 − 1) + ln 2 = ln 2 − 0.5."""
+    logprobs, ref = t([math.log(0.5)]), t([math.log(0.25)])
+    close(kl_k1(logprobs, ref), [math.log(2)])
+    close(kl_k2(logprobs, ref), [0.5 * math.log(2) ** 2])
+    close(kl_k3(logprobs, ref), [math.log(2) - 0.5])
+
+
+def test_k1_and_k3_are_unbiased_by_monte_carlo():
+    """Sample 400k tokens from π, average each estimator, compare with the exact
+    KL(π‖π_ref) = Σ π log(π/π_ref) of two categorical distributions. The bound is 4 standard
+    errors of the sample mean; k2 is biased and must land outside it."""
+    generator = torch.Generator().manual_seed(1)
+    pi = t([0.1, 0.2, 0.3, 0.4])
+    ref = t([0.4, 0.3, 0.2, 0.1])
+    exact = (pi * (pi / ref).log()).sum()
+    samples = torch.multinomial(pi, 400_000, replacement=True, generator=generator)
+    logprobs, ref_logprobs = pi.log()[samples], ref.log()[samples]
+    for estimator, unbiased in ((kl_k1, True), (kl_k3, True), (kl_k2, False)):
+        values = estimator(logprobs, ref_logprobs)
+        standard_error = values.std() / math.sqrt(values.numel())
+        assert standard_error < 0.01 * exact  # the check has power
+        assert (abs(values.mean() - exact) < 4 * standard_error) == unbiased, estimator.__name__
+
+
+def test_k3_is_never_negative():
+    logprobs = torch.randn(10_000, dtype=torch.float64) * 5
+    ref = logprobs + torch.randn(10_000, dtype=torch.float64) * torch.logspace(-12, 1, 10_000, dtype=torch.float64)
+    assert (kl_k3(logprobs, ref) >= 0).all()
+    assert (kl_k3(logprobs.float(), ref.float()) >= 0).all()
+
+
+def test_shaped_rewards_by_hand():
+    """β = 0.1, k1. Row 1: KL = (−1+1.5, 0, −1+0.5) = (0.5, 0, −0.5) → (−0.05, 0, 0.05 + score 1).
+    Row 2, last token masked: KL = (0, 1, ·) → (0, −0.1 + score 2, 0)."""
+    rewards = shaped_rewards(
+        t([1.0, 2.0]),
+        t([[-1.0, -1.0, -1.0], [-2.0, -2.0, -2.0]]),
+        t([[-1.5, -1.0, -0.5], [-2.0, -3.0, -1.0]]),
+        t([[1, 1, 1], [1, 1, 0]]),
+        kl_coef=0.1,
+    )
+    close(rewards, [[-0.05, 0.0, 1.05], [0.0, 1.9, 0.0]])
+
+
+def test_shaped_rewards_k3_and_sequence_kl():
+    """k3 of log r = ln 0.5 is ln 2 − 0.5 per token; two valid tokens sum to 2 ln 2 − 1."""
+    logprobs, ref, mask = t([[math.log(0.5)] * 3]), t([[math.log(0.25)] * 3]), t([[1, 1, 0]])
+    per_token = math.log(2) - 0.5
+    close(shaped_rewards(t([0.0]), logprobs, ref, mask, 1.0, "k3"), [[-per_token, -per_token, 0.0]])
+    close(sequence_kl(logprobs, ref, mask, "k3"), [2 * per_token])
+
+
+def test_shaped_rewards_need_a_valid_token_per_row():
+    with pytest.raises(ValueError, match="at least one valid token"):
+        shaped_rewards(t([1.0]), t([[0.0]]), t([[0.0]]), t([[0]]), 0.1)
+
+
+def test_fixed_controller_never_moves():
+    controller = FixedKL(0.05)
+    for kl in (0.0, 10.0, 1e9):
+        controller.update(kl, 64)
+    assert controller.value == 0.05
+
+
+def test_adaptive_controller_sequence():
+    """d_targ 0.01, so the band is (0.01/1.5, 0.015) = (0.00667, 0.015):
+    0.001 → ÷2 = 0.5; 0.02 → ×2 = 1; 0.01 → stays 1; 0.005 → 0.5; 0.0066 → 0.25; 0.015 → stays."""
+    controller = AdaptiveKL(1.0, target=0.01)
+    seen = []
+    for kl in (0.001, 0.02, 0.01, 0.005, 0.0066, 0.015):
+        controller.update(kl)
+        seen.append(controller.value)
+    assert seen == [0.5, 1.0, 1.0, 0.5, 0.25, 0.25]
+
+
+def test_proportional_controller_sequence():
+    """β0 = 0.2, target 6, horizon 10000, 256 samples per update, so n/H = 0.0256:
+    KL 12 → e = clip(1, ±0.2) = 0.2 → β·(1 + 0.00512); KL 6 → e = 0; KL 3 → e = −0.2 →
+    β·(1 − 0.00512); KL 6.6 → e = 0.1 → β·(1 + 0.00256)."""
+    controller = ProportionalKL(0.2, target=6.0, horizon=10_000)
+    beta = 0.2
+    for kl, factor in ((12.0, 1.00512), (6.0, 1.0), (3.0, 0.99488), (6.6, 1.00256)):
+        controller.update(kl, n_steps=256)
+        beta *= factor
+        assert controller.value == pytest.approx(beta, rel=1e-12)
+
+
+def test_controller_state_round_trip():
+    controller = AdaptiveKL(1.0, target=0.01)
+    controller.update(0.1)
+    restored = AdaptiveKL(1.0, target=0.01)
+    restored.load_state_dict(controller.state_dict())
+    assert restored.value == 2.0
