@@ -1,0 +1,5 @@
+"""``python -m proxrl`` is the ``proxrl`` command."""
+
+from proxrl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""The PPO update: K epochs over shuffled minibatches of one iteration's batch.
+
+Every formula comes from ``proxrl.core``: the surrogate (``ppo_clip_loss`` for ``clip``,
+``ppo_penalty_loss`` with β for ``adaptive-kl``/``fixed-kl`` and β = 0 for ``none``), the
+(clipped) value loss, the entropy bonus and advantage whitening.
+
+Departures from the PPO paper, all following CleanRL: actor and critic are separate networks but
+share one Adam optimiser and one global gradient-norm clip; advantages are whitened per
+minibatch; the value loss is clipped; for the penalty objectives the per-sample KL in the loss
+is core's k3 estimate, while the d that drives the adaptive β is the exact mean
+KL[π_old ‖ π_new] over the whole batch after the update (as in the paper).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from proxrl.classic.agent import Agent, detach_dist
+from proxrl.classic.config import ClassicConfig
+from proxrl.classic.rollout import Batch
+from proxrl.core import (
+    FixedKL,
+    entropy_bonus,
+    masked_whiten,
+    ppo_clip_loss,
+    ppo_penalty_loss,
+    value_loss,
+)
+
+
+def policy_loss(
+    cfg: ClassicConfig, logprobs: Tensor, old_logprobs: Tensor, adv: Tensor, beta: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The chosen surrogate as a loss, plus clip-style statistics for every objective."""
+    mask = torch.ones_like(adv)
+    if cfg.objective == "clip":
+        return ppo_clip_loss(logprobs, old_logprobs, adv, mask, clip_low=cfg.clip)
+    loss, stats = ppo_penalty_loss(
+        logprobs, old_logprobs, adv, mask, beta=beta if cfg.objective != "none" else 0.0
+    )
+    with torch.no_grad():  # clipfrac at ε = cfg.clip, for comparison across objectives
+        _, clip_stats = ppo_clip_loss(logprobs, old_logprobs, adv, mask, clip_low=cfg.clip)
+    stats["clipfrac"] = clip_stats["clipfrac"]
+    return loss, stats
+
+
+def ppo_update(
+    cfg: ClassicConfig,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    kl_ctrl: FixedKL,
+) -> dict[str, float]:
+    """Run the epochs, update β, and return the iteration's mean losses and diagnostics."""
+    assert cfg.epochs is not None and cfg.minibatch_size is not None and cfg.ent_coef is not None
+    size = batch.logprobs.shape[0]
+    with torch.no_grad():
+        old_dist = detach_dist(agent.dist(batch.obs))
+    beta = kl_ctrl.value if cfg.objective in ("adaptive-kl", "fixed-kl") else 0.0
+    sums: dict[str, float] = {}
+    count = 0
+    epochs_run = 0
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(size)
+        for start in range(0, size, cfg.minibatch_size):
+            idx = perm[start : start + cfg.minibatch_size]
+            dist = agent.dist(batch.obs[idx])
+            logprobs = agent.log_prob(dist, batch.actions[idx])
+            adv = batch.advantages[idx]
+            mask = torch.ones_like(adv)
+            if cfg.norm_adv:
+                adv = masked_whiten(adv, mask)
+            pg_loss, pg_stats = policy_loss(cfg, logprobs, batch.logprobs[idx], adv, beta)
+            v_loss, _ = value_loss(
+                agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
+                clip=cfg.clip if cfg.clip_vloss else None,
+            )
+            ent_loss, ent_stats = entropy_bonus(agent.entropy(dist), mask)
+            loss = pg_loss + cfg.vf_coef * v_loss + cfg.ent_coef * ent_loss
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+
+            for name, value in (
+                ("losses/policy_loss", pg_loss.detach()), ("losses/value_loss", v_loss.detach()),
+                ("losses/entropy", ent_stats["entropy"]),
+                ("losses/approx_kl", pg_stats["approx_kl"]),
+                ("losses/approx_kl_k1", pg_stats["approx_kl_k1"]),
+                ("losses/clipfrac", pg_stats["clipfrac"]),
+                ("losses/ratio_max", pg_stats["ratio_max"]),
+            ):
+                sums[name] = sums.get(name, 0.0) + float(value)
+            count += 1
+        epochs_run += 1
+        if cfg.target_kl is not None and float(pg_stats["approx_kl"]) > cfg.target_kl:
+            break
+
+    with torch.no_grad():
+        measured_kl = float(agent.kl(old_dist, agent.dist(batch.obs)).mean())
+    stats = {name: total / count for name, total in sums.items()}
+    stats["losses/kl"] = measured_kl
+    stats["losses/kl_beta"] = beta
+    stats["losses/epochs"] = float(epochs_run)
+    kl_ctrl.update(measured_kl)
+    return stats

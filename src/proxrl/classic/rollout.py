@@ -1,0 +1,164 @@
+"""Collecting N environments × T steps with the current policy, and the batch record it fills.
+
+Terminated vs truncated (gymnasium 1.x): both end the episode, so ``dones[t] = 1`` and GAE does
+not look past step t. A truncated episode (time limit) did not really end, though: its value is
+bootstrapped by adding ``γ·V(final observation)`` to that step's reward, computed with the
+critic of the rollout on the normalised final observation (from ``info["final_obs"]``, which the
+same-step auto-reset provides). The reward added is in the critic's (scaled) units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from proxrl.classic.agent import Agent
+from proxrl.classic.envs import EpisodeTracker, ObsNormalizer, RewardScaler
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One iteration's experience from N environments over T steps."""
+
+    obs: Tensor  # (T, N, obs_dim) normalised observation s_t the policy acted on
+    actions: Tensor  # (T, N) discrete index, or (T, N, act_dim) unclipped Gaussian sample
+    logprobs: Tensor  # (T, N) log π_old(a_t|s_t)
+    values: Tensor  # (T, N) V_old(s_t) from the rollout's critic
+    rewards: Tensor  # (T, N) scaled reward, plus γ·V(final obs) where the episode was truncated
+    dones: Tensor  # (T, N) 1 where the episode ended (terminated or truncated) at step t
+    next_value: Tensor  # (N,) V_old(s_T), the state after the last step
+    episodes: list[tuple[float, int]]  # (raw return, length) of every episode that ended
+
+    def flatten(self, advantages: Tensor, returns: Tensor) -> Batch:
+        """The (T·N,) sample batch the update shuffles, with GAE's (T, N) outputs."""
+        n = self.logprobs.numel()
+        return Batch(
+            obs=self.obs.reshape(n, -1),
+            actions=self.actions.reshape(n, *self.actions.shape[2:]),
+            logprobs=self.logprobs.reshape(n),
+            values=self.values.reshape(n),
+            advantages=advantages.reshape(n),
+            returns=returns.reshape(n),
+        )
+
+
+@dataclasses.dataclass
+class Batch:
+    """Flattened samples, B = T·N."""
+
+    obs: Tensor  # (B, obs_dim)
+    actions: Tensor  # (B,) or (B, act_dim)
+    logprobs: Tensor  # (B,) log π_old(a|s)
+    values: Tensor  # (B,) V_old(s)
+    advantages: Tensor  # (B,) GAE advantages (not yet whitened)
+    returns: Tensor  # (B,) advantages + values, the critic's target
+
+
+class Collector:
+    """Steps the vector environment with the policy, keeping the current observation, the
+    normalisers and the running episodes between iterations."""
+
+    def __init__(
+        self,
+        envs: gym.vector.SyncVectorEnv,
+        agent: Agent,
+        obs_norm: ObsNormalizer,
+        reward_scaler: RewardScaler,
+        gamma: float,
+        seed: int,
+    ):
+        self.envs, self.agent, self.gamma = envs, agent, gamma
+        self.obs_norm, self.reward_scaler = obs_norm, reward_scaler
+        self.tracker = EpisodeTracker(envs.num_envs)
+        space = envs.single_action_space
+        self.discrete = isinstance(space, gym.spaces.Discrete)
+        self.low = None if self.discrete else space.low  # type: ignore[attr-defined]
+        self.high = None if self.discrete else space.high  # type: ignore[attr-defined]
+        raw, _ = envs.reset(seed=seed)
+        self.obs = self.obs_norm(raw, update=True)  # (N, obs_dim) normalised
+        self.env_seconds = 0.0
+
+    def collect(self, num_steps: int) -> Rollout:
+        n = self.envs.num_envs
+        obs_buf = np.zeros((num_steps, *self.obs.shape), dtype=np.float32)
+        rewards = np.zeros((num_steps, n), dtype=np.float32)
+        dones = np.zeros((num_steps, n), dtype=np.float32)
+        actions, logprobs, values = [], [], []
+        episodes: list[tuple[float, int]] = []
+        for t in range(num_steps):
+            obs_buf[t] = self.obs
+            with torch.no_grad():
+                obs_t = torch.from_numpy(self.obs)
+                dist = self.agent.dist(obs_t)
+                action = dist.sample()
+                logprobs.append(self.agent.log_prob(dist, action))
+                values.append(self.agent.value(obs_t))
+            actions.append(action)
+            env_action = action.numpy()
+            if not self.discrete:
+                env_action = np.clip(env_action, self.low, self.high)
+            start = time.perf_counter()
+            raw_obs, reward, terminated, truncated, info = self.envs.step(env_action)
+            self.env_seconds += time.perf_counter() - start
+            done = terminated | truncated
+            episodes += self.tracker.step(reward, done)
+            self.obs = self.obs_norm(raw_obs, update=True)
+            rewards[t] = self.reward_scaler(reward, done)
+            dones[t] = done
+            bootstrap = truncated & ~terminated
+            if bootstrap.any():
+                rewards[t] += self._bootstrap(info, bootstrap)
+        with torch.no_grad():
+            next_value = self.agent.value(torch.from_numpy(self.obs))
+        return Rollout(
+            obs=torch.from_numpy(obs_buf),
+            actions=torch.stack(actions),
+            logprobs=torch.stack(logprobs),
+            values=torch.stack(values),
+            rewards=torch.from_numpy(rewards),
+            dones=torch.from_numpy(dones),
+            next_value=next_value,
+            episodes=episodes,
+        )
+
+    def _bootstrap(self, info: dict[str, Any], which: np.ndarray) -> np.ndarray:
+        """(N,) γ·V(final obs) where ``which``, 0 elsewhere."""
+        idx = np.flatnonzero(which)
+        final = np.stack([info["final_obs"][i] for i in idx])
+        final = self.obs_norm(final, update=False)
+        with torch.no_grad():
+            v = self.agent.value(torch.from_numpy(final)).numpy()
+        out = np.zeros(len(which), dtype=np.float32)
+        out[idx] = self.gamma * v
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        from proxrl.classic.envs import snapshot_env
+
+        return {
+            "obs": torch.from_numpy(self.obs.copy()),
+            "obs_rms": self.obs_norm.rms.state_dict(),
+            "reward_scaler": self.reward_scaler.state_dict(),
+            "tracker": self.tracker.state_dict(),
+            "envs": [snapshot_env(e) for e in self.envs.envs],
+        }
+
+    def load_state_dict(self, state: dict[str, Any], envs_too: bool = True) -> None:
+        """Restore the normalisers and, with ``envs_too``, the running episodes exactly (else
+        the episodes restart from the reset done in ``__init__``)."""
+        from proxrl.classic.envs import restore_env
+
+        self.obs_norm.rms.load_state_dict(state["obs_rms"])
+        self.reward_scaler.load_state_dict(state["reward_scaler"])
+        if not envs_too:
+            return
+        self.obs = state["obs"].numpy().copy()
+        self.tracker.load_state_dict(state["tracker"])
+        for env, snap in zip(self.envs.envs, state["envs"], strict=True):
+            restore_env(env, snap)

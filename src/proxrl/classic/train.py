@@ -1,0 +1,229 @@
+"""``proxrl classic``: PPO (Schulman et al. 2017, arXiv 1707.06347) and TRPO on gymnasium.
+
+Defaults follow the paper's MuJoCo table for continuous actions and CleanRL's classic-control
+settings for discrete ones (see ``proxrl.classic.config``). The surrogate objective is a choice,
+as in the paper's Table 1: ``clip``, ``adaptive-kl``, ``fixed-kl`` or ``none``.
+
+Departures from the paper, all as in CleanRL ``ppo_continuous_action.py``: several environments
+per iteration are allowed; the learning rate decays linearly to 0; advantages are whitened per
+minibatch; the value loss is clipped; one Adam (eps 1e-5) and one global gradient-norm clip for
+actor and critic; observations are normalised and rewards scaled (MuJoCo); time-limit
+truncations are bootstrapped with γ·V(final observation) rather than treated as terminal.
+
+Each iteration: collect N×T steps → GAE (``proxrl.core.gae_env``) → update → log → checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import warnings
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import yaml
+
+from proxrl.classic.agent import Agent
+from proxrl.classic.config import ClassicConfig
+from proxrl.classic.envs import (
+    ObsNormalizer,
+    RewardScaler,
+    make_vec_env,
+    snapshot_supported,
+)
+from proxrl.classic.ppo import ppo_update
+from proxrl.classic.rollout import Collector
+from proxrl.classic.trpo import trpo_update
+from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
+from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
+from proxrl.runtime.config import config_to_dict
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import MetricsLogger, progress_bar
+from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
+
+Config = ClassicConfig
+
+# Fields that may differ between a run and its resumption without changing what is computed.
+_RESUME_FREE = {"resume", "overwrite", "stop_at_step", "progress", "save_every", "keep_checkpoints"}
+
+
+def _action_kind(env_id: str) -> tuple[bool, int, int]:
+    """(discrete, obs_dim, action_dim) of an environment, from a throwaway instance."""
+    env = make_vec_env(env_id, 1)
+    obs_space, act_space = env.single_observation_space, env.single_action_space
+    env.close()
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ProxrlError(f"--env {env_id}: only flat Box observations are supported")
+    if isinstance(act_space, gym.spaces.Discrete):
+        return True, obs_space.shape[0], int(act_space.n)
+    if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+        return False, obs_space.shape[0], act_space.shape[0]
+    raise ProxrlError(f"--env {env_id}: action space {act_space} is not supported")
+
+
+def _write_config(cfg: ClassicConfig, out: Path) -> None:
+    path = out / "config.yaml"
+    new = config_to_dict(cfg)
+    if cfg.resume and path.exists():
+        old = yaml.safe_load(path.read_text()) or {}
+        changed = sorted(k for k in new if k not in _RESUME_FREE and old.get(k) != new[k])
+        if changed:
+            warnings.warn(
+                f"resuming with changed settings {changed}; the run continues with the new ones",
+                stacklevel=3,
+            )
+    path.write_text(yaml.safe_dump(new, sort_keys=False))
+
+
+def train(cfg: ClassicConfig) -> dict[str, Any]:
+    """Train, write metrics, checkpoints and summary.json; return the summary."""
+    # 1. Output directory, one torch thread, seeds.
+    torch.set_num_threads(cfg.torch_threads)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    seed_everything(cfg.seed)
+
+    # 2. Fill the defaults of this kind of environment and record the resolved config.
+    discrete, obs_dim, action_dim = _action_kind(cfg.env)
+    cfg = cfg.resolved(discrete)
+    assert cfg.num_envs and cfg.num_steps and cfg.lr and cfg.total_steps
+    _write_config(cfg, out)
+
+    # 3. Environments, networks, optimiser, KL-penalty controller.
+    envs = make_vec_env(cfg.env, cfg.num_envs)
+    agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
+    trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
+    optimizer = torch.optim.Adam(trainable, lr=cfg.lr, eps=1e-5)
+    kl_ctrl = (
+        AdaptiveKL(cfg.kl_beta, cfg.kl_target) if cfg.objective == "adaptive-kl"
+        else FixedKL(cfg.kl_beta)
+    )
+    collector = Collector(
+        envs, agent,
+        ObsNormalizer((obs_dim,), cfg.normalize_obs, cfg.obs_clip),  # type: ignore[arg-type]
+        RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_reward, cfg.reward_clip),  # type: ignore[arg-type]
+        cfg.gamma, cfg.seed,
+    )
+    metrics = MetricsLogger(out)
+    checkpoints = CheckpointManager(out, keep=cfg.keep_checkpoints)
+    recent: deque[float] = deque(maxlen=100)
+    iteration, global_step, episodes_done, elapsed_before = 0, 0, 0, 0.0
+
+    # 4. Resume: restore every piece of state from the newest verified checkpoint.
+    if cfg.resume:
+        path = checkpoints.latest()
+        if path is None:
+            raise ProxrlError(f"--resume: no complete checkpoint in {checkpoints.root}")
+        tensors, state = checkpoints.load(path)
+        agent.load_state_dict(tensors["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        kl_ctrl.load_state_dict(state["kl_ctrl"])
+        exact = all(snapshot_supported(e) for e in envs.envs)
+        collector.load_state_dict(state["collector"], envs_too=exact)
+        if not exact:
+            warnings.warn(f"{cfg.env}: episodes in progress restart on resume", stacklevel=2)
+        restore_rng_state(state["rng"])
+        iteration, global_step = state["iteration"], state["global_step"]
+        episodes_done, elapsed_before = state["episodes"], state["elapsed_s"]
+        recent.extend(state["recent_returns"])
+        metrics.truncate_after(global_step)
+        print(f"resumed {path} at step {global_step}", file=sys.stderr)
+
+    def save() -> Path:
+        return checkpoints.save(
+            global_step,
+            {"agent": agent.state_dict()},
+            {
+                "optimizer": optimizer.state_dict(),
+                "kl_ctrl": kl_ctrl.state_dict(),
+                "collector": collector.state_dict(),
+                "rng": capture_rng_state(),
+                "iteration": iteration,
+                "global_step": global_step,
+                "episodes": episodes_done,
+                "elapsed_s": elapsed_before + time.perf_counter() - start,
+                "recent_returns": list(recent),
+            },
+        )
+
+    # 5. The loop: collect → GAE → update → log → checkpoint.
+    start = time.perf_counter()
+    steps_at_start = global_step
+    stop_at = min(cfg.stop_at_step or cfg.total_steps, cfg.num_iterations * cfg.batch_size)
+    bar = progress_bar(cfg.num_iterations * cfg.batch_size, cfg.env, global_step, cfg.progress)
+    with bar, metrics:
+        while iteration < cfg.num_iterations and global_step < stop_at:
+            iteration += 1
+            lr = cfg.lr * (1.0 - (iteration - 1) / cfg.num_iterations) if cfg.anneal_lr else cfg.lr
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            # 5a. Collect N×T steps with the current policy.
+            t0 = time.perf_counter()
+            rollout = collector.collect(cfg.num_steps)
+            global_step += cfg.batch_size
+            rollout_s = time.perf_counter() - t0
+
+            # 5b. Advantages and returns (core GAE; truncations bootstrapped in the rewards).
+            advantages, returns = gae_env(
+                rollout.rewards, rollout.values, rollout.dones, rollout.next_value,
+                cfg.gamma, cfg.gae_lambda,
+            )
+            batch = rollout.flatten(advantages, returns)
+
+            # 5c. Update the policy and the critic.
+            t1 = time.perf_counter()
+            if cfg.algo == "ppo":
+                stats = ppo_update(cfg, agent, optimizer, batch, kl_ctrl)
+            else:
+                stats = trpo_update(cfg, agent, optimizer, batch)
+            update_s = time.perf_counter() - t1
+
+            # 5d. Log one row per iteration.
+            episodes_done += len(rollout.episodes)
+            recent.extend(r for r, _ in rollout.episodes)
+            row: dict[str, float] = {"global_step": global_step, "iteration": iteration}
+            if rollout.episodes:
+                row["charts/episodic_return"] = float(np.mean([r for r, _ in rollout.episodes]))
+                row["charts/episodic_length"] = float(np.mean([n for _, n in rollout.episodes]))
+            row["charts/learning_rate"] = lr
+            row["charts/SPS"] = (global_step - steps_at_start) / (time.perf_counter() - start)
+            row.update(stats)
+            mask = torch.ones_like(batch.values)
+            row["losses/explained_variance"] = float(
+                explained_variance(batch.values, batch.returns, mask)
+            )
+            row["time/rollout_s"], row["time/update_s"] = rollout_s, update_s
+            metrics.log(global_step, row)
+            shown = {"SPS": row["charts/SPS"]}
+            if recent:
+                shown["return"] = float(np.mean(recent))
+            bar.update(cfg.batch_size, **shown)
+
+            # 5e. Checkpoint.
+            if cfg.save_every and iteration % cfg.save_every == 0:
+                save()
+    latest = checkpoints.latest()
+    final = latest if latest and checkpoints.step_of(latest) == global_step else save()
+    envs.close()
+
+    # 6. Summary: mean return of the last 100 training episodes.
+    wall = elapsed_before + time.perf_counter() - start
+    summary: dict[str, Any] = {
+        "env": cfg.env, "algo": cfg.algo, "objective": cfg.objective, "seed": cfg.seed,
+        "global_step": global_step, "iterations": iteration, "episodes": episodes_done,
+        "complete": iteration >= cfg.num_iterations,
+        "mean_return_last_100": float(np.mean(recent)) if recent else math.nan,
+        "std_return_last_100": float(np.std(recent)) if recent else math.nan,
+        "wall_time_s": wall,
+        "sps_this_session": (global_step - steps_at_start) / max(time.perf_counter() - start, 1e-9),
+        "checkpoint": str(final),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,87 @@
+"""``proxrl <command> [options]``: parse a config, run the command, turn user errors into one line.
+
+Each command names a module, imported only when that command runs (so ``proxrl classic`` never
+imports transformers). A module exposes either ``Config`` (a dataclass) and ``train(cfg)``, or
+``main(argv) -> int | None`` when it parses its own arguments.
+
+A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and exits 2; add
+``--debug`` anywhere on the command line to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+
+from proxrl.runtime.errors import ProxrlError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
+    "classic-eval": ("proxrl.classic.evaluate", "run a saved classic policy deterministically"),
+    "sft": ("proxrl.algos.sft", "supervised fine-tuning"),
+    "rm": ("proxrl.algos.reward", "train a Bradley-Terry reward model"),
+    "dpo": ("proxrl.algos.dpo", "DPO / IPO / SimPO on preference pairs"),
+    "ppo": ("proxrl.algos.ppo", "RLHF PPO (actor, critic, reference, reward)"),
+    "grpo": ("proxrl.algos.grpo", "GRPO and the critic-free family"),
+    "demo": ("proxrl.demo", "the whole pipeline on a tiny model"),
+    "report": ("proxrl.report", "summarise runs"),
+}
+
+
+def _usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = ["usage: proxrl <command> [--config FILE] [--option value ...] [--debug]", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`proxrl <command> --help` lists the options of a command."]
+    return "\n".join(lines)
+
+
+def _load(command: str):  # type: ignore[no-untyped-def]
+    module_path = COMMANDS[command][0]
+    try:
+        return importlib.import_module(module_path)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_path.startswith(e.name):
+            raise ProxrlError(f"command {command!r} is not available in this build") from None
+        raise
+
+
+def _run(command: str, argv: list[str]) -> int:
+    from proxrl.runtime.config import parse_config
+
+    module = _load(command)
+    if hasattr(module, "main"):
+        return int(module.main(argv) or 0)
+    cfg = parse_config(module.Config, argv, prog=f"proxrl {command}")
+    module.train(cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``proxrl`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        print(f"proxrl: error: unknown command {command!r}{hint}", file=sys.stderr)
+        return 2
+    try:
+        return _run(command, rest)
+    except ProxrlError as e:
+        if debug:
+            traceback.print_exc()
+        print(f"proxrl {command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"proxrl {command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,163 @@
+"""Metrics: one JSON line per logged step in ``OUTPUT_DIR/metrics.jsonl``, the same scalars as
+TensorBoard events in ``OUTPUT_DIR/tensorboard/``, and a rich progress bar for the terminal.
+
+``metrics.jsonl`` is the source of truth (tests and benchmarks read it); each line is
+``{"step": <int>, "<namespace>/<name>": <float>, ...}`` and is flushed as soon as it is written,
+so a killed run keeps every line it logged. On resume, ``truncate_after(step)`` drops the lines a
+crashed run wrote after its last checkpoint, so the file reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def _scalar(value: Any) -> float:
+    """A Python float from a float, int, 0-d tensor or NumPy scalar."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return float(value)
+
+
+class MetricsLogger:
+    """Append-only scalar log (JSON lines + TensorBoard).
+
+    Args:
+        output_dir: the run directory; created if missing.
+        enabled: ``False`` makes every method a no-op (e.g. on non-zero ranks).
+        tensorboard: also write TensorBoard event files.
+    """
+
+    def __init__(self, output_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self.path = Path(output_dir) / METRICS_FILE
+        self._tb_dir = Path(output_dir) / TENSORBOARD_DIR
+        self._use_tb = tensorboard
+        self._writer: Any = None
+        self._file: Any = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+
+    def _tb(self, purge_step: int | None = None) -> Any:
+        if self._writer is None and self._use_tb:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self._tb_dir), purge_step=purge_step)
+        return self._writer
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Append ``{"step": step, **metrics}`` (values made floats) and flush; return the row."""
+        row = {name: _scalar(v) for name, v in metrics.items()}
+        if not self.enabled:
+            return row
+        line = json.dumps({"step": int(step), **row})
+        self._file.write(line + "\n")
+        self._file.flush()
+        writer = self._tb()
+        if writer is not None:
+            for name, value in row.items():
+                if math.isfinite(value):
+                    writer.add_scalar(name, value, int(step))
+        return row
+
+    def truncate_after(self, step: int) -> None:
+        """Drop every logged line whose step is greater than ``step`` (resume from ``step``)."""
+        if not self.enabled:
+            return
+        self._file.close()
+        kept = [
+            line
+            for line in self.path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line)["step"] <= step
+        ]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(self.path)
+        self._file = self.path.open("a", encoding="utf-8")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._use_tb:  # TensorBoard hides events after purge_step from the earlier run
+            self._tb(purge_step=step + 1)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(output_dir: str | Path) -> list[dict[str, float]]:
+    """Every row of ``OUTPUT_DIR/metrics.jsonl``, in order."""
+    path = Path(output_dir) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class ProgressBar:
+    """A rich progress bar: done/total, rate, ETA and a few live metrics.
+
+    Use as a context manager; ``update(n, **metrics)`` advances by ``n`` and shows the metrics.
+    With ``enabled=False`` (or no terminal) nothing is drawn.
+    """
+
+    def __init__(self, total: int, description: str, completed: int = 0, enabled: bool = True):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        console = Console(stderr=True)
+        self.enabled = enabled and console.is_terminal
+        self._start = time.perf_counter()
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            disable=not self.enabled,
+        )
+        self._task = self._progress.add_task(description, total=total, completed=completed, info="")
+
+    def update(self, advance: int, **metrics: float) -> None:
+        info = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        self._progress.update(self._task, advance=advance, info=info)
+
+    def __enter__(self) -> ProgressBar:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+
+def progress_bar(
+    total: int, description: str, completed: int = 0, enabled: bool = True
+) -> ProgressBar:
+    """A ``ProgressBar`` for ``total`` units (e.g. environment steps), starting at ``completed``."""
+    return ProgressBar(total, description, completed=completed, enabled=enabled)
