@@ -1,0 +1,208 @@
+"""Direct preference optimisation and two relatives, on preference pairs, without a reward
+model or an RL loop.
+
+- ``loss="sigmoid"``: DPO (Rafailov et al. 2023), −log σ(β[(π_c − ref_c) − (π_r − ref_r)]) with
+  summed response log-probs; ``label_smoothing`` > 0 is conservative DPO (cDPO).
+- ``loss="ipo"``: IPO (Azar et al. 2023), (h − 1/(2β))². Like TRL, log-probs are averaged over
+  response tokens; the paper writes sums.
+- ``loss="simpo"``: SimPO (Meng et al. 2024), reference-free, length-averaged log-probs,
+  −log σ(β(π̄_c − π̄_r) − γ) with γ = ``simpo_gamma_beta_ratio``·β (the paper uses β ≈ 2–2.5).
+
+Departures: the reference log-probs are computed once, before the first step, by the starting
+policy (or by ``ref_model`` when given, which is then freed; under LoRA by the same model with
+the adapter disabled), so no second model is held during training. The formulas live in
+``proxrl.core.losses``. Metrics: ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
+``rewards/accuracies`` (training) and the same under ``eval/``, plus ``train/loss``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from proxrl.algos.offline_loop import (
+    OfflineConfig,
+    Task,
+    device_of,
+    evaluate_batches,
+    fit,
+    maybe_lora,
+    model_kwargs,
+    save_final,
+    split_eval,
+    training_device,
+)
+from proxrl.core.logprobs import logprobs_from_logits
+from proxrl.core.losses import dpo_loss, ipo_loss, simpo_loss
+from proxrl.core.masked import masked_mean, masked_sum
+from proxrl.data.batching import Batch, PairBatch, bucket_batches, collate_pairs
+from proxrl.data.encoding import EncodedPair, encode_preferences
+from proxrl.data.formats import load_preference_examples
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.lora import adapter_disabled
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.seeding import seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Config(OfflineConfig):
+    """proxrl dpo: DPO, IPO or SimPO on {"prompt", "chosen", "rejected"} pairs."""
+
+    output_dir: str = "runs/dpo"
+    """Directory for metrics, checkpoints and the final model."""
+    learning_rate: float = 5e-7
+    """Peak AdamW learning rate (DPO needs small ones: 5e-7 for 7B models)."""
+    loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid"
+    """sigmoid: DPO / cDPO; ipo: IPO; simpo: SimPO (no reference model)."""
+    beta: float = 0.1
+    """Strength of the implicit KL constraint (SimPO: reward scale, 2.0-2.5 in the paper)."""
+    label_smoothing: float = 0.0
+    """cDPO / SimPO: probability that a preference label is flipped (0: plain DPO)."""
+    simpo_gamma_beta_ratio: float = 0.5
+    """SimPO target margin γ divided by β."""
+    ref_model: str | None = None
+    """Reference model for the log-prob ratios (default: the starting policy)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.beta <= 0:
+            raise ProxrlError(f"beta: expected > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ProxrlError(f"label_smoothing: expected in [0, 0.5), got {self.label_smoothing}")
+        if self.loss == "ipo" and self.label_smoothing:
+            raise ProxrlError("label_smoothing does not apply to loss=ipo")
+
+
+@dataclass(frozen=True)
+class DPOBatch:
+    pairs: PairBatch  # chosen rows then rejected rows
+    ref_chosen: Tensor  # (B,) reference log-prob of each chosen response (0 for SimPO)
+    ref_rejected: Tensor  # (B,)
+
+    def to(self, device: torch.device | str) -> DPOBatch:
+        return DPOBatch(self.pairs.to(device), self.ref_chosen.to(device), self.ref_rejected.to(device))
+
+
+def response_logps(model: nn.Module, sequences: Batch, average: bool) -> Tensor:
+    """(N,) log π(response | prompt): the sum (or mean) of the response tokens' log-probs."""
+    logits = model(input_ids=sequences.input_ids, attention_mask=sequences.attention_mask).logits
+    token_logps = logprobs_from_logits(logits[:, :-1], sequences.input_ids[:, 1:])
+    mask = sequences.loss_mask[:, 1:]
+    return masked_mean(token_logps, mask, dim=-1) if average else masked_sum(token_logps, mask, dim=-1)
+
+
+def uses_average(loss: str) -> bool:
+    return loss in ("ipo", "simpo")
+
+
+def preference_loss(model: nn.Module, batch: DPOBatch, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
+    batch = batch.to(device_of(model))
+    logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss))
+    b = batch.pairs.num_pairs
+    chosen, rejected = logps[:b], logps[b:]
+    if cfg.loss == "simpo":
+        return simpo_loss(chosen, rejected, cfg.beta, cfg.simpo_gamma_beta_ratio, cfg.label_smoothing)
+    if cfg.loss == "ipo":
+        return ipo_loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta)
+    return dpo_loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta, cfg.label_smoothing)
+
+
+@torch.no_grad()
+def reference_logps(
+    model: nn.Module, items: list[EncodedPair], batch_size: int, pad_id: int, average: bool
+) -> tuple[Tensor, Tensor]:
+    """(N,) chosen and (N,) rejected log-probs of every pair under ``model`` (eval mode)."""
+    was_training = model.training
+    model.eval()
+    chosen = torch.zeros(len(items), dtype=torch.float64)
+    rejected = torch.zeros(len(items), dtype=torch.float64)
+    for indices in bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False):
+        pairs = collate_pairs([items[i] for i in indices], pad_id).to(device_of(model))
+        logps = response_logps(model, pairs.sequences, average).double().cpu()
+        chosen[indices] = logps[: len(indices)]
+        rejected[indices] = logps[len(indices) :]
+    model.train(was_training)
+    return chosen, rejected
+
+
+def make_batch(items: list[EncodedPair], indices: list[int], ref: tuple[Tensor, Tensor], pad_id: int, dtype: torch.dtype) -> DPOBatch:
+    pairs = collate_pairs([items[i] for i in indices], pad_id)
+    return DPOBatch(pairs, ref[0][indices].to(dtype), ref[1][indices].to(dtype))
+
+
+def train(cfg: Config) -> dict[str, float]:
+    """Run DPO / IPO / SimPO; returns the last logged metrics."""
+    # 1. Output directory and seeds.
+    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    seed_everything(cfg.seed)
+
+    # 2. Tokenizer and policy (dropout off; LoRA if asked).
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    resize_for_tokenizer(policy, tokenizer)
+    policy = maybe_lora(policy, cfg).to(training_device())
+    pad_id = tokenizer.pad_token_id
+
+    # 3. Data: validated pairs (chosen == rejected dropped); a held-out split.
+    def load(source: str, name: str) -> list[EncodedPair]:
+        return encode_preferences(load_preference_examples(source), tokenizer, cfg.max_length, cfg.overlong, name)
+
+    train_items = load(cfg.data, "training data")
+    if cfg.eval_data:
+        eval_items = load(cfg.eval_data, "eval data")
+    else:
+        train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
+    log.info("dpo: %d training and %d eval pairs", len(train_items), len(eval_items))
+
+    # 4. Reference log-probs, once: ref_model, or the starting policy (adapter disabled).
+    average = uses_average(cfg.loss)
+    if cfg.loss == "simpo":
+        ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
+        ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
+    elif cfg.ref_model:
+        reference = load_causal_lm(cfg.ref_model, **model_kwargs(cfg)).to(training_device())
+        resize_for_tokenizer(reference, tokenizer)
+        ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
+        ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+        del reference
+        gc.collect()
+    else:
+        with adapter_disabled(policy) as reference:
+            ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
+            ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+    dtype = next(policy.parameters()).dtype
+
+    # 5. Train on the preference loss (mean over the pairs of each optimizer step).
+    order = bucket_batches([len(x) for x in eval_items], cfg.batch_size, seed=0, shuffle=False)
+    eval_batches = [make_batch(eval_items, ix, ref_eval, pad_id, dtype) for ix in order]
+    loss_fn = lambda m, b: preference_loss(m, b, cfg)  # noqa: E731
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        stats = evaluate_batches(model, eval_batches, loss_fn, lambda b: b.pairs.num_pairs)
+        return {f"eval/{key}": value for key, value in stats.items()}
+
+    task = Task(
+        name=cfg.loss if cfg.loss != "sigmoid" else "dpo",
+        train_items=train_items,
+        make_batch=lambda ix: make_batch(train_items, ix, ref_train, pad_id, dtype),
+        loss_fn=loss_fn,
+        units_fn=lambda b: b.pairs.num_pairs,
+        evaluate=evaluate if eval_batches else None,
+        nonpad_share=lambda b: b.pairs.sequences.nonpad_share,
+    )
+    metrics = fit(cfg, policy, task, output_dir)
+
+    # 6. Save the policy (or its LoRA adapter) and the tokenizer.
+    save_final(policy, tokenizer, output_dir)
+    return metrics

@@ -1,0 +1,346 @@
+"""What the offline language-model trainers (SFT, reward model, DPO family) share: the config
+fields every one of them takes, model/tokenizer/data setup, and the optimizer loop with
+gradient accumulation, evaluation, metrics, checkpoints and resume.
+
+Batch-size semantics, stated once: ``batch_size`` examples go through the model per forward
+pass (a micro-batch); an optimizer step accumulates ``grad_accum`` micro-batches, so it sees
+``batch_size × grad_accum`` examples. The loss of a step is the mean over all of its units
+(tokens for SFT, pairs for reward models and DPO), so 1 micro-batch of 8 and 8 micro-batches of
+1 give the same gradient (``accumulate_gradients``).
+
+Resume: the batch order of an epoch depends only on ``(seed, epoch)``, so a resumed run skips
+the steps its checkpoint already took and sees exactly the batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from proxrl.data.batching import bucket_batches
+from proxrl.models.lora import apply_lora, trainable_state_dict
+from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.config import RunConfig, save_config_file
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import MetricsLogger, progress_bar
+from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+# Stats that are counts: summed over micro-batches, not averaged.
+COUNT_STATS = ("tokens", "pairs")
+
+
+@dataclass
+class OfflineConfig(RunConfig):
+    """Fields shared by ``proxrl sft``, ``proxrl rm`` and ``proxrl dpo``."""
+
+    model: str = ""
+    """Hub id or local directory of the model to start from."""
+    data: str = ""
+    """Training data: a .jsonl/.json/.csv/.parquet file, a saved datasets directory, or a datasets hub name (name or name:split)."""
+    eval_data: str | None = None
+    """Held-out data in the same format (default: hold out eval_fraction of data)."""
+    eval_fraction: float = 0.0
+    """Share of data held out for evaluation when eval_data is not given (0: no evaluation)."""
+    max_length: int = 512
+    """Longest prompt + response, in tokens; longer examples follow the overlong policy."""
+    overlong: Literal["truncate", "drop"] = "truncate"
+    """What to do with an example longer than max_length: cut its end, or drop it (counted in the log)."""
+    batch_size: int = 8
+    """Examples per forward pass; one optimizer step sees batch_size × grad_accum examples."""
+    grad_accum: int = 1
+    """Micro-batches accumulated into one optimizer step."""
+    epochs: int = 1
+    """Passes over the training data."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps (0: run every epoch)."""
+    learning_rate: float = 1e-5
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 to learning_rate over this many steps."""
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    """After warm-up: keep the rate, or decay it linearly to 0 at the last step."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    lora_r: int = 0
+    """LoRA rank (0: train every weight)."""
+    lora_alpha: float = 0.0
+    """LoRA scale numerator (0: 2 × lora_r)."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16, float16, float64 or auto."""
+    attn_implementation: str | None = None
+    """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Run model code shipped with a hub repository (off unless you trust it)."""
+    log_every: int = 1
+    """Write metrics every this many optimizer steps."""
+    eval_every: int = 0
+    """Evaluate every this many optimizer steps (0: only at the end)."""
+    progress: bool = True
+    """Show a progress bar with loss and ETA."""
+
+    def validate(self) -> None:
+        super().validate()
+        checks = [
+            (bool(self.model), "model: expected a hub id or a local directory"),
+            (bool(self.data), "data: expected a data file, directory or datasets name"),
+            (self.batch_size >= 1, f"batch_size: expected >= 1, got {self.batch_size}"),
+            (self.grad_accum >= 1, f"grad_accum: expected >= 1, got {self.grad_accum}"),
+            (self.epochs >= 1, f"epochs: expected >= 1, got {self.epochs}"),
+            (self.max_steps >= 0, f"max_steps: expected >= 0, got {self.max_steps}"),
+            (self.max_length >= 2, f"max_length: expected >= 2, got {self.max_length}"),
+            (self.learning_rate > 0, f"learning_rate: expected > 0, got {self.learning_rate}"),
+            (0 <= self.eval_fraction < 1, f"eval_fraction: expected in [0, 1), got {self.eval_fraction}"),
+            (self.lora_r >= 0, f"lora_r: expected >= 0, got {self.lora_r}"),
+            (self.warmup_steps >= 0, f"warmup_steps: expected >= 0, got {self.warmup_steps}"),
+            (self.log_every >= 1, f"log_every: expected >= 1, got {self.log_every}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ProxrlError(message)
+
+
+# ------------------------------------------------------------------------------------------
+# Setup helpers
+
+
+def model_kwargs(cfg: OfflineConfig) -> dict[str, Any]:
+    """The loader options of ``models.load_causal_lm`` / ``load_score_model`` from a config."""
+    return {
+        "dtype": cfg.dtype,
+        "attn_implementation": cfg.attn_implementation,
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+
+
+def training_device() -> torch.device:
+    """The first GPU when there is one, else the CPU (multi-device runs go through accelerate,
+    not here)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def maybe_lora(model: nn.Module, cfg: OfflineConfig, task: str = "causal_lm") -> nn.Module:
+    """Wrap with LoRA when ``cfg.lora_r > 0``."""
+    if cfg.lora_r == 0:
+        return model
+    return apply_lora(model, cfg.lora_r, cfg.lora_alpha or None, task=task)
+
+
+def split_eval(items: list[Any], fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+    """Hold out ``fraction`` of ``items`` (at least one when fraction > 0), chosen by ``seed``."""
+    if fraction <= 0:
+        return items, []
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(items), generator=generator).tolist()
+    n_eval = max(1, round(fraction * len(items)))
+    if n_eval >= len(items):
+        raise ProxrlError(f"eval_fraction={fraction} leaves no training example out of {len(items)}")
+    held = set(order[:n_eval])
+    return [x for i, x in enumerate(items) if i not in held], [items[i] for i in order[:n_eval]]
+
+
+# ------------------------------------------------------------------------------------------
+# One optimizer step
+
+LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
+UnitsFn = Callable[[Any], int]
+
+
+def accumulate_gradients(
+    model: nn.Module, micro_batches: Sequence[Any], loss_fn: LossFn, units_fn: UnitsFn
+) -> dict[str, float]:
+    """Backward through every micro-batch, each loss weighted by its share of the step's units
+    (``units_fn``: tokens or pairs), so the accumulated gradient is that of the mean loss over
+    the whole step. Returns the step's stats (unit-weighted means; counts summed)."""
+    units = [units_fn(batch) for batch in micro_batches]
+    total = sum(units)
+    if total == 0:
+        raise ValueError("an optimizer step with no unit to learn from (empty loss masks)")
+    stats: dict[str, float] = defaultdict(float)
+    for batch, n in zip(micro_batches, units, strict=True):
+        if n == 0:
+            continue
+        loss, batch_stats = loss_fn(model, batch)
+        weight = n / total
+        (loss * weight).backward()
+        stats["loss"] += float(loss.detach()) * weight
+        for key, value in batch_stats.items():
+            stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
+    return dict(stats)
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, units_fn: UnitsFn
+) -> dict[str, float]:
+    """Unit-weighted mean of the loss and stats over ``batches``, no gradient."""
+    was_training = model.training
+    model.eval()
+    stats: dict[str, float] = defaultdict(float)
+    total = sum(units_fn(b) for b in batches)
+    for batch in batches:
+        n = units_fn(batch)
+        if n == 0:
+            continue
+        loss, batch_stats = loss_fn(model, batch)
+        stats["loss"] += float(loss) * n / total
+        for key, value in batch_stats.items():
+            stats[key] += float(value) * (1.0 if key in COUNT_STATS else n / total)
+    model.train(was_training)
+    return dict(stats)
+
+
+def learning_rate_at(step: int, total_steps: int, cfg: OfflineConfig) -> float:
+    """Linear warm-up to ``cfg.learning_rate``, then constant or linear decay to 0 (``step`` is
+    the 1-based index of the optimizer step about to be taken)."""
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.learning_rate * step / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.learning_rate
+    remaining = max(total_steps - cfg.warmup_steps, 1)
+    return cfg.learning_rate * max(0.0, 1 - (step - 1 - cfg.warmup_steps) / remaining)
+
+
+# ------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class Task:
+    """What a trainer hands the loop: how to batch its items and what loss to take."""
+
+    name: str  # progress bar label
+    train_items: Sequence[Any]  # encoded examples with len() = token length
+    make_batch: Callable[[list[int]], Any]  # indices into train_items → a batch
+    loss_fn: LossFn
+    units_fn: UnitsFn
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None  # → "eval/..." metrics
+    nonpad_share: Callable[[Any], float] | None = None  # of a batch, logged as perf/nonpad_share
+
+
+def _namespaced(stats: dict[str, float], prefix: str) -> dict[str, float]:
+    return {key if "/" in key else f"{prefix}/{key}": value for key, value in stats.items()}
+
+
+def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> dict[str, float]:
+    """Train ``model`` on ``task`` for ``cfg.epochs`` (or ``cfg.max_steps``) optimizer steps,
+    logging to ``output_dir/metrics.jsonl``, checkpointing every ``cfg.save_every`` steps and
+    resuming from the newest checkpoint when ``cfg.resume``. Returns the last logged row."""
+    # 1. The step plan: micro-batches of similar length, grad_accum of them per step.
+    lengths = [len(item) for item in task.train_items]
+    micro_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
+    steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    # 2. Optimizer over what trains (LoRA: adapters and head only).
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
+    logger = MetricsLogger(output_dir)
+    save_config_file(cfg, output_dir / "config.yaml")
+
+    # 3. Resume: trainable weights, optimizer, RNG, step counter.
+    step = 0
+    if cfg.resume:
+        latest = checkpoints.latest()
+        if latest is None:
+            raise ProxrlError(f"--resume: no complete checkpoint in {output_dir}")
+        tensors, state = checkpoints.load(latest)
+        _, unexpected = model.load_state_dict(tensors["model"], strict=False)
+        if unexpected:
+            raise ProxrlError(f"checkpoint {latest} does not match the model: unexpected {unexpected[:3]}")
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng_state(state["rng"])
+        step = int(state["step"])
+        logger.truncate_after(step)
+        log.info("resumed from %s at step %d of %d", latest, step, total_steps)
+
+    def save(at_step: int) -> None:
+        checkpoints.save(
+            at_step,
+            {"model": trainable_state_dict(model)},
+            {"step": at_step, "optimizer": optimizer.state_dict(), "rng": capture_rng_state()},
+        )
+
+    # 4. Train.
+    model.train()
+    last: dict[str, float] = {}
+    done = step
+    started = time.perf_counter()
+    tokens_seen = 0
+    with progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress) as bar:
+        for epoch in range(cfg.epochs):
+            micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+            groups = [micro[i : i + cfg.grad_accum] for i in range(0, len(micro), cfg.grad_accum)]
+            for group in groups:
+                if done >= total_steps:
+                    break
+                done += 1
+                if done <= step:  # taken before the checkpoint we resumed from
+                    continue
+                batches = [task.make_batch(indices) for indices in group]
+                lr = learning_rate_at(done, total_steps, cfg)
+                for param_group in optimizer.param_groups:
+                    param_group["lr"] = lr
+                stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
+                grad_norm = (
+                    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    if cfg.max_grad_norm > 0
+                    else torch.nn.utils.clip_grad_norm_(params, float("inf"))
+                )
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                tokens_seen += sum(lengths[i] for indices in group for i in indices)
+                row = _namespaced(stats, "train") | {
+                    "train/lr": lr,
+                    "train/grad_norm": float(grad_norm),
+                    "train/epoch": epoch + 1,
+                    "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
+                }
+                if task.nonpad_share is not None:
+                    row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(batches)
+                evaluate_now = done == total_steps or (cfg.eval_every and done % cfg.eval_every == 0)
+                if task.evaluate is not None and evaluate_now:
+                    row |= task.evaluate(model)
+                if done % cfg.log_every == 0 or done == total_steps:
+                    last = logger.log(done, row)
+                bar.update(1, loss=stats["loss"])
+                if cfg.save_every and done % cfg.save_every == 0 and done < total_steps:
+                    save(done)
+
+    # 5. Final checkpoint (the last step was evaluated and logged above).
+    if done > step:
+        save(done)
+    else:
+        log.warning("nothing to train: the checkpoint in %s is already at step %d", output_dir, step)
+    logger.close()
+    return last
+
+
+def save_final(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path) -> None:
+    """``save_pretrained`` (safetensors) of the model, or of the LoRA adapter, plus the tokenizer,
+    so ``AutoModelFor….from_pretrained(output_dir)`` (or peft) loads it without proxrl."""
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)

@@ -1,0 +1,120 @@
+"""Supervised fine-tuning: next-token cross-entropy on the completion, the prompt masked.
+
+Stage one of Ouyang et al. 2022 ("Training language models to follow instructions with human
+feedback", InstructGPT) and Stiennon et al. 2020. Departures from the papers:
+- The loss is the mean over every completion token of an optimizer step (all micro-batches
+  together), not a per-sequence mean: long and short answers weigh per token, and gradient
+  accumulation gives exactly the large-batch gradient.
+- For ``messages`` rows only the final assistant turn is trained on; earlier turns are prompt.
+- Padding is avoided by length bucketing, not packing.
+Metrics: ``train/loss``, ``eval/loss``, ``eval/perplexity`` (exp of the per-token eval loss),
+``perf/nonpad_share``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from proxrl.algos.offline_loop import (
+    OfflineConfig,
+    Task,
+    device_of,
+    evaluate_batches,
+    fit,
+    maybe_lora,
+    model_kwargs,
+    save_final,
+    split_eval,
+    training_device,
+)
+from proxrl.core.losses import sft_loss
+from proxrl.data.batching import Batch, bucket_batches, collate
+from proxrl.data.encoding import EncodedSequence, encode_sft
+from proxrl.data.formats import load_sft_examples
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.seeding import seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Config(OfflineConfig):
+    """proxrl sft: fine-tune a causal LM on prompt → completion pairs (or conversations)."""
+
+    output_dir: str = "runs/sft"
+    """Directory for metrics, checkpoints and the final model."""
+    learning_rate: float = 2e-5
+    """Peak AdamW learning rate."""
+
+
+def completion_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    """Mean next-token NLL over the batch's completion tokens: position t predicts token t+1,
+    counted when token t+1 is in the completion (``loss_mask``), never on the prompt."""
+    batch = batch.to(device_of(model))
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return sft_loss(logits[:, :-1], batch.input_ids[:, 1:], batch.loss_mask[:, 1:])
+
+
+def completion_tokens(batch: Batch) -> int:
+    """The units the SFT loss averages over."""
+    return int(batch.loss_mask[:, 1:].sum())
+
+
+def eval_metrics(model: nn.Module, batches: list[Batch]) -> dict[str, float]:
+    """``eval/loss`` (per completion token) and ``eval/perplexity``."""
+    stats = evaluate_batches(model, batches, completion_loss, completion_tokens)
+    return {"eval/loss": stats["loss"], "eval/perplexity": math.exp(min(stats["loss"], 50.0))}
+
+
+def make_batches(items: list[EncodedSequence], batch_size: int, pad_id: int) -> list[Batch]:
+    """Length-sorted batches of ``items`` (for evaluation)."""
+    order = bucket_batches([len(s) for s in items], batch_size, seed=0, shuffle=False)
+    return [collate([items[i] for i in indices], pad_id) for indices in order]
+
+
+def train(cfg: Config) -> dict[str, float]:
+    """Run SFT; returns the last logged metrics."""
+    # 1. Output directory and seeds.
+    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    seed_everything(cfg.seed)
+
+    # 2. Tokenizer (pad ≠ EOS, round-trip checked) and model (dropout off; LoRA if asked).
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    model = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    resize_for_tokenizer(model, tokenizer)
+    model = maybe_lora(model, cfg).to(training_device())
+
+    # 3. Data: validated rows → token ids with the prompt masked; a held-out split.
+    train_items = encode_sft(load_sft_examples(cfg.data), tokenizer, cfg.max_length, cfg.overlong)
+    if cfg.eval_data:
+        eval_items = encode_sft(
+            load_sft_examples(cfg.eval_data), tokenizer, cfg.max_length, cfg.overlong, name="eval data"
+        )
+    else:
+        train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
+    log.info("sft: %d training and %d eval examples", len(train_items), len(eval_items))
+    pad_id = tokenizer.pad_token_id
+    eval_batches = make_batches(eval_items, cfg.batch_size, pad_id) if eval_items else []
+
+    # 4. Train: mean NLL over the completion tokens of each optimizer step.
+    task = Task(
+        name="sft",
+        train_items=train_items,
+        make_batch=lambda indices: collate([train_items[i] for i in indices], pad_id),
+        loss_fn=completion_loss,
+        units_fn=completion_tokens,
+        evaluate=(lambda m: eval_metrics(m, eval_batches)) if eval_batches else None,
+        nonpad_share=lambda batch: batch.nonpad_share,
+    )
+    metrics = fit(cfg, model, task, Path(output_dir))
+
+    # 5. Save: a plain transformers model (or peft adapter) plus tokenizer.
+    save_final(model, tokenizer, Path(output_dir))
+    return metrics

@@ -1,0 +1,246 @@
+"""Turn validated examples into token ids, with a mask of the tokens a loss reads and an
+over-length policy.
+
+Prompt and response are tokenised separately and concatenated, so the prompt's tokens are the
+same ones the policy is later conditioned on at generation time and the boundary is exact. The
+response ends with EOS (the model must learn to stop). A ``messages`` conversation is rendered
+with the tokenizer's chat template (without one: ``role: content`` lines).
+
+Over-length policy (``overlong``): ``"truncate"`` keeps the first ``max_length`` tokens (the
+response loses its end, and its EOS); ``"drop"`` removes the example. An example whose prompt
+alone leaves no room for a response token is dropped under both. Counts are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from proxrl.data.formats import (
+    Message,
+    PreferenceExample,
+    PromptExample,
+    RankingExample,
+    SFTExample,
+)
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+Overlong = Literal["truncate", "drop"]
+
+
+@dataclass(frozen=True)
+class EncodedSequence:
+    input_ids: list[int]  # prompt + response (+ EOS)
+    loss_mask: list[int]  # 1 on response tokens (the ones a loss reads), 0 on the prompt
+    prompt_length: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    chosen: EncodedSequence
+    rejected: EncodedSequence
+    margin: float | None
+
+    def __len__(self) -> int:
+        return max(len(self.chosen), len(self.rejected))
+
+
+@dataclass(frozen=True)
+class EncodedRanking:
+    responses: list[EncodedSequence]
+    ranking: list[int]  # ranking[i] = rank of responses[i], 0 = best
+
+    def __len__(self) -> int:
+        return max(len(r) for r in self.responses)
+
+
+@dataclass
+class OverlongReport:
+    """What the over-length policy did."""
+
+    total: int = 0
+    truncated: int = 0
+    dropped: int = 0
+    where_dropped: list[str] = field(default_factory=list)
+
+    def log(self, name: str, max_length: int) -> None:
+        if self.truncated or self.dropped:
+            log.warning(
+                "%s: %d of %d examples exceed max_length=%d: %d truncated, %d dropped",
+                name, self.truncated + self.dropped, self.total, max_length, self.truncated, self.dropped,
+            )
+
+
+def render_conversation(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
+) -> str:
+    """The chat template applied to ``messages`` (``role: content`` lines without one)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return str(text)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    return text + ("assistant: " if add_generation_prompt else "")
+
+
+def encode_prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: str, messages: list[Message] | None) -> list[int]:
+    """Prompt ids: a chat-templated conversation (the template writes its own special tokens)
+    or a plain string (with the tokenizer's BOS if it adds one)."""
+    if messages is not None:
+        text = render_conversation(tokenizer, messages, add_generation_prompt=True)
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def encode_response_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Response ids ending with EOS (not added twice when a template already wrote it)."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids or ids[-1] != tokenizer.eos_token_id:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _join(
+    prompt_ids: list[int], response_ids: list[int], max_length: int, overlong: Overlong, report: OverlongReport
+) -> EncodedSequence | None:
+    length = len(prompt_ids) + len(response_ids)
+    if length > max_length:
+        if overlong == "drop" or len(prompt_ids) >= max_length:
+            return None
+        report.truncated += 1
+        response_ids = response_ids[: max_length - len(prompt_ids)]
+    return EncodedSequence(
+        prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids), len(prompt_ids)
+    )
+
+
+def _check_policy(overlong: str, max_length: int) -> None:
+    if overlong not in ("truncate", "drop"):
+        raise ProxrlError(f"overlong: expected 'truncate' or 'drop', got '{overlong}'")
+    if max_length < 2:
+        raise ProxrlError(f"max_length: expected at least 2, got {max_length}")
+
+
+def _finish(encoded: list, report: OverlongReport, name: str, max_length: int) -> list:
+    report.log(name, max_length)
+    if not encoded:
+        raise ProxrlError(f"{name}: every example is longer than max_length={max_length}")
+    return encoded
+
+
+def encode_sft(
+    examples: list[SFTExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overlong: Overlong = "truncate",
+    name: str = "sft data",
+) -> list[EncodedSequence]:
+    _check_policy(overlong, max_length)
+    report = OverlongReport(total=len(examples))
+    encoded = []
+    for example in examples:
+        if example.messages is not None:
+            prompt_text = render_conversation(tokenizer, example.messages[:-1], add_generation_prompt=True)
+            full_text = render_conversation(tokenizer, example.messages, add_generation_prompt=False)
+            if not full_text.startswith(prompt_text):
+                raise ProxrlError(
+                    f"{example.where}: the chat template does not render the conversation as "
+                    "prompt + assistant reply, so the prompt cannot be masked"
+                )
+            prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+            response_ids = encode_response_text(tokenizer, full_text[len(prompt_text):])
+        else:
+            prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
+            response_ids = encode_response_text(tokenizer, example.completion)
+        sequence = _join(prompt_ids, response_ids, max_length, overlong, report)
+        if sequence is None:
+            report.dropped += 1
+            report.where_dropped.append(example.where)
+        else:
+            encoded.append(sequence)
+    return _finish(encoded, report, name, max_length)
+
+
+def encode_preferences(
+    examples: list[PreferenceExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overlong: Overlong = "truncate",
+    name: str = "preference data",
+) -> list[EncodedPair]:
+    """Each pair shares the prompt ids; a pair is dropped when either side must be."""
+    _check_policy(overlong, max_length)
+    report = OverlongReport(total=len(examples))
+    encoded = []
+    for example in examples:
+        prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
+        truncated_before = report.truncated
+        chosen = _join(prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong, report)
+        rejected = _join(prompt_ids, encode_response_text(tokenizer, example.rejected), max_length, overlong, report)
+        report.truncated = truncated_before + int(report.truncated > truncated_before)
+        if chosen is None or rejected is None:
+            report.dropped += 1
+            report.where_dropped.append(example.where)
+        else:
+            encoded.append(EncodedPair(chosen, rejected, example.margin))
+    return _finish(encoded, report, name, max_length)
+
+
+def encode_rankings(
+    examples: list[RankingExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overlong: Overlong = "truncate",
+    name: str = "ranking data",
+) -> list[EncodedRanking]:
+    _check_policy(overlong, max_length)
+    report = OverlongReport(total=len(examples))
+    encoded = []
+    for example in examples:
+        prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
+        truncated_before = report.truncated
+        responses = [
+            _join(prompt_ids, encode_response_text(tokenizer, r), max_length, overlong, report)
+            for r in example.responses
+        ]
+        report.truncated = truncated_before + int(report.truncated > truncated_before)
+        if any(r is None for r in responses):
+            report.dropped += 1
+            report.where_dropped.append(example.where)
+        else:
+            encoded.append(EncodedRanking([r for r in responses if r is not None], example.ranking))
+    return _finish(encoded, report, name, max_length)
+
+
+def encode_prompts(
+    examples: list[PromptExample],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    overlong: Overlong = "drop",
+    name: str = "prompt data",
+) -> list[list[int]]:
+    """Prompt ids for generation. ``truncate`` keeps the last ``max_length`` tokens (the end
+    of a prompt is what the response continues)."""
+    _check_policy(overlong, max_length)
+    report = OverlongReport(total=len(examples))
+    encoded = []
+    for example in examples:
+        ids = encode_prompt_text(tokenizer, example.prompt, example.messages)
+        if len(ids) > max_length:
+            if overlong == "drop":
+                report.dropped += 1
+                report.where_dropped.append(example.where)
+                continue
+            report.truncated += 1
+            ids = ids[-max_length:]
+        encoded.append(ids)
+    return _finish(encoded, report, name, max_length)

@@ -1,0 +1,203 @@
+"""Row formats and their validation.
+
+- SFT: ``{"prompt", "completion"}`` or ``{"messages": [{"role", "content"}, ...]}`` whose last
+  message is the assistant's (the chat template is applied at encoding time).
+- Preference: ``{"prompt", "chosen", "rejected"}`` with an optional numeric ``"margin"``.
+- Ranking: ``{"prompt", "responses": [K strings], "ranking": [K ints]}`` where ``ranking[i]``
+  is the rank of ``responses[i]``, 0 the best; equal ranks are ties (no pair is formed).
+- Prompt (RL rollouts): ``{"prompt"}`` or ``{"messages": [...]}`` (continued by the assistant).
+
+Every row is checked; the first bad one stops the run with its file, line, field and what was
+expected, as one line. A preference row whose ``chosen`` equals ``rejected`` teaches nothing
+and is dropped with a warning that counts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from proxrl.data.readers import Row, read_rows
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt: str  # text before the completion ("" for a messages row: the template decides)
+    completion: str  # the text trained on
+    messages: list[Message] | None  # the conversation, when the row had one
+    where: str
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    prompt: str
+    chosen: str
+    rejected: str
+    margin: float | None  # how much better chosen is, when the data says
+    where: str
+
+
+@dataclass(frozen=True)
+class RankingExample:
+    prompt: str
+    responses: list[str]  # K responses
+    ranking: list[int]  # ranking[i] = rank of responses[i], 0 = best
+    where: str
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    prompt: str
+    messages: list[Message] | None
+    where: str
+
+
+def _expect_text(row: Row, field: str, allow_empty: bool = False) -> str:
+    if field not in row.data or row.data[field] is None:
+        raise ProxrlError(f"{row.where}: missing field '{field}'")
+    value = row.data[field]
+    if not isinstance(value, str):
+        raise ProxrlError(f"{row.where}: field '{field}': expected a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise ProxrlError(f"{row.where}: field '{field}': expected a non-empty string")
+    return value
+
+
+def _expect_messages(row: Row, final_role: str | None) -> list[Message]:
+    messages = row.data["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ProxrlError(f"{row.where}: field 'messages': expected a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise ProxrlError(
+                f"{row.where}: field 'messages[{i}]': expected {{\"role\": str, \"content\": str}}"
+            )
+    if final_role is not None and messages[-1]["role"] != final_role:
+        raise ProxrlError(
+            f"{row.where}: field 'messages': the last message must have role '{final_role}', "
+            f"got '{messages[-1]['role']}'"
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def parse_sft(row: Row) -> SFTExample:
+    if "messages" in row.data and row.data["messages"] is not None:
+        messages = _expect_messages(row, final_role="assistant")
+        if not messages[-1]["content"].strip():
+            raise ProxrlError(f"{row.where}: field 'messages': the assistant message is empty")
+        return SFTExample("", messages[-1]["content"], messages, row.where)
+    if "prompt" not in row.data and "completion" not in row.data:
+        raise ProxrlError(
+            f"{row.where}: missing field 'completion' (an SFT row needs 'prompt' and 'completion', "
+            "or 'messages')"
+        )
+    return SFTExample(
+        _expect_text(row, "prompt", allow_empty=True), _expect_text(row, "completion"), None, row.where
+    )
+
+
+def parse_preference(row: Row) -> PreferenceExample:
+    prompt = _expect_text(row, "prompt", allow_empty=True)
+    chosen = _expect_text(row, "chosen")
+    rejected = _expect_text(row, "rejected")
+    margin = row.data.get("margin")
+    if margin is not None:
+        if isinstance(margin, str):
+            try:
+                margin = float(margin)
+            except ValueError:
+                margin = None if not margin.strip() else margin
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, numbers.Real)):
+            raise ProxrlError(f"{row.where}: field 'margin': expected a number, got {margin!r}")
+    return PreferenceExample(prompt, chosen, rejected, None if margin is None else float(margin), row.where)
+
+
+def parse_ranking(row: Row) -> RankingExample:
+    prompt = _expect_text(row, "prompt", allow_empty=True)
+    for field in ("responses", "ranking"):
+        if field not in row.data:
+            raise ProxrlError(f"{row.where}: missing field '{field}'")
+    responses, ranking = row.data["responses"], row.data["ranking"]
+    if (
+        not isinstance(responses, list)
+        or len(responses) < 2
+        or not all(isinstance(r, str) and r.strip() for r in responses)
+    ):
+        raise ProxrlError(f"{row.where}: field 'responses': expected a list of at least 2 non-empty strings")
+    if (
+        not isinstance(ranking, list)
+        or len(ranking) != len(responses)
+        or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranking)
+    ):
+        raise ProxrlError(
+            f"{row.where}: field 'ranking': expected {len(responses)} non-negative integers "
+            "(the rank of each response, 0 = best)"
+        )
+    if len(set(ranking)) == 1:
+        raise ProxrlError(f"{row.where}: field 'ranking': all responses tie, so there is no pair to learn")
+    return RankingExample(prompt, list(responses), list(ranking), row.where)
+
+
+def parse_prompt(row: Row) -> PromptExample:
+    if "messages" in row.data and row.data["messages"] is not None:
+        return PromptExample("", _expect_messages(row, final_role=None), row.where)
+    return PromptExample(_expect_text(row, "prompt"), None, row.where)
+
+
+def load_sft_examples(source: str, split: str = "train") -> list[SFTExample]:
+    return _nonempty([parse_sft(row) for row in read_rows(source, split)], source)
+
+
+def load_preference_examples(source: str, split: str = "train") -> list[PreferenceExample]:
+    """Validated preference rows; rows with chosen == rejected are dropped with a warning."""
+    examples = [parse_preference(row) for row in read_rows(source, split)]
+    kept = [e for e in examples if e.chosen != e.rejected]
+    if len(kept) < len(examples):
+        log.warning(
+            "%s: dropped %d of %d rows whose 'chosen' equals 'rejected' (first: %s)",
+            source,
+            len(examples) - len(kept),
+            len(examples),
+            next(e.where for e in examples if e.chosen == e.rejected),
+        )
+    return _nonempty(kept, source)
+
+
+def load_ranking_examples(source: str, split: str = "train") -> list[RankingExample]:
+    """Validated rankings; every row must rank the same number K of responses."""
+    examples = _nonempty([parse_ranking(row) for row in read_rows(source, split)], source)
+    k = len(examples[0].responses)
+    for example in examples:
+        if len(example.responses) != k:
+            raise ProxrlError(
+                f"{example.where}: field 'responses': expected {k} responses like the first row, "
+                f"got {len(example.responses)}"
+            )
+    return examples
+
+
+def load_prompt_examples(source: str, split: str = "train") -> list[PromptExample]:
+    return _nonempty([parse_prompt(row) for row in read_rows(source, split)], source)
+
+
+def _nonempty(examples: list[Any], source: str) -> list[Any]:
+    if not examples:
+        raise ProxrlError(f"data '{source}' has no usable rows")
+    return examples
+
+
+def is_ranking_source(source: str, split: str = "train") -> bool:
+    """Whether the first row of ``source`` is a K-way ranking (has ``responses``)."""
+    rows = read_rows(source, split)
+    return bool(rows) and "responses" in rows[0].data and "chosen" not in rows[0].data

@@ -1,0 +1,29 @@
+"""Hugging Face plumbing: tokenizers, causal LMs, scalar-head (reward / value) models, LoRA.
+
+Everything here returns ordinary ``transformers`` / ``peft`` objects, so what proxrl trains
+loads anywhere else and what was trained elsewhere loads here.
+"""
+
+from proxrl.models.causal_lm import disable_dropout, load_causal_lm
+from proxrl.models.lora import apply_lora, trainable_state_dict
+from proxrl.models.scalar_head import (
+    last_token_index,
+    load_score_model,
+    sequence_scores,
+    token_values,
+)
+from proxrl.models.tokenizer import check_round_trip, load_tokenizer, resize_for_tokenizer
+
+__all__ = [
+    "apply_lora",
+    "check_round_trip",
+    "disable_dropout",
+    "last_token_index",
+    "load_causal_lm",
+    "load_score_model",
+    "load_tokenizer",
+    "resize_for_tokenizer",
+    "sequence_scores",
+    "token_values",
+    "trainable_state_dict",
+]

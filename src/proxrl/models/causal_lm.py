@@ -1,0 +1,102 @@
+"""Load a causal language model (``AutoModelForCausalLM``) from a hub id or a local directory.
+
+Options map one to one onto transformers: ``dtype`` (``"float32"``, ``"bfloat16"``,
+``"float16"``, ``"float64"`` or ``"auto"``), ``attn_implementation`` (``"eager"``, ``"sdpa"``,
+``"flash_attention_2"``; None lets transformers choose), gradient checkpointing
+(non-reentrant, so it composes with LoRA and frozen embeddings), and ``trust_remote_code``,
+which stays off unless the user turns it on. Dropout is disabled in every model loaded for
+RLHF: with dropout on, the log-probs of the same tokens differ between the rollout and the
+update, and the PPO ratio is no longer 1 at the first step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from proxrl.models.tokenizer import check_model_source
+from proxrl.runtime.errors import ProxrlError
+
+DTYPES: dict[str, torch.dtype | str] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "auto": "auto",
+}
+
+
+def resolve_dtype(name: str) -> torch.dtype | str:
+    """``"bf16"`` → ``torch.bfloat16``; an unknown name is a one-line error."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ProxrlError(f"dtype: expected one of {sorted(DTYPES)}, got '{name}'") from None
+
+
+def from_pretrained_kwargs(
+    dtype: str, attn_implementation: str | None, trust_remote_code: bool
+) -> dict[str, Any]:
+    """The keyword arguments every ``from_pretrained`` call here shares (transformers 5 names:
+    ``dtype``, not the deprecated ``torch_dtype``)."""
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype), "trust_remote_code": trust_remote_code}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    return kwargs
+
+
+def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> PreTrainedModel:
+    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id."""
+    check_model_source(name_or_path)
+    try:
+        return auto_class.from_pretrained(os.path.expanduser(name_or_path), **kwargs)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ProxrlError(f"cannot load a model from '{name_or_path}': {first_line}") from exc
+
+
+def load_causal_lm(
+    name_or_path: str,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """A causal LM ready for RLHF: dropout off, optional gradient checkpointing."""
+    kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    model = load_pretrained(AutoModelForCausalLM, name_or_path, **kwargs)
+    prepare_for_training(model, gradient_checkpointing)
+    return model
+
+
+def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool) -> None:
+    """Disable dropout; turn on non-reentrant gradient checkpointing (which needs the KV cache
+    off)."""
+    disable_dropout(model)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0: ``nn.Dropout`` modules, functional attention dropout
+    stored on modules (``attention_dropout``), and the config fields that would re-create them."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for attribute in ("attention_dropout", "dropout", "dropout_p"):
+            if isinstance(getattr(module, attribute, None), float):
+                setattr(module, attribute, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in list(vars(config).items()):
+            if "dropout" in key and isinstance(value, float):
+                setattr(config, key, 0.0)

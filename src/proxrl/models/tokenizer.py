@@ -1,0 +1,121 @@
+"""Tokenizer loading with the checks RLHF needs.
+
+- The pad token is distinct from EOS. When a tokenizer has no pad token, or reuses EOS as pad,
+  ``<|pad|>`` is added: with pad == EOS, a collator's attention mask and a reward model's
+  "last non-pad token" both confuse the real end of a response with padding.
+- Padding side is a choice made where padding happens: right for training (this module leaves
+  the tokenizer on the right), left for batched generation (``padding_side("left")``).
+- Every loaded tokenizer must round-trip a sample text. transformers 5.x can load a tokenizer
+  that encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type
+  config); training on empty sequences would then "work" and learn nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+PAD_TOKEN = "<|pad|>"
+ROUND_TRIP_SAMPLE = "The quick brown fox jumps over the lazy dog. 0123456789"
+
+
+def looks_like_local_path(name_or_path: str) -> bool:
+    """A string the user meant as a directory rather than a hub id (``org/name``)."""
+    return (
+        os.path.isabs(name_or_path)
+        or name_or_path.startswith((".", "~"))
+        or name_or_path.count("/") > 1
+    )
+
+
+def check_model_source(name_or_path: str) -> None:
+    """Fail with one line when a local model path does not exist (instead of a hub lookup)."""
+    if not name_or_path:
+        raise ProxrlError("model: expected a hub id or a local directory, got an empty string")
+    if looks_like_local_path(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
+        raise ProxrlError(f"model path '{name_or_path}' does not exist (or is not a directory)")
+
+
+def load_tokenizer(
+    name_or_path: str,
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> PreTrainedTokenizerBase:
+    """Load a tokenizer, give it a pad token distinct from EOS, pad on the right, and check that
+    it round-trips text. Embeddings of a model used with it must then be resized with
+    ``resize_for_tokenizer``."""
+    check_model_source(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.path.expanduser(name_or_path),
+            trust_remote_code=trust_remote_code,
+            revision=revision,
+        )
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ProxrlError(
+            f"cannot load a tokenizer from '{name_or_path}' (not a local directory, and the hub "
+            f"lookup failed): {first_line}"
+        ) from exc
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "right"
+    check_round_trip(tokenizer, source=name_or_path)
+    return tokenizer
+
+
+def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Add ``<|pad|>`` when the pad token is missing or equal to EOS. Returns True if added."""
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return False
+    tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+    log.info("tokenizer: added pad token %s (id %d), distinct from EOS", PAD_TOKEN, tokenizer.pad_token_id)
+    return True
+
+
+def check_round_trip(
+    tokenizer: PreTrainedTokenizerBase, text: str = ROUND_TRIP_SAMPLE, source: str = "tokenizer"
+) -> None:
+    """Raise if ``text`` encodes to no tokens or decodes to nothing; warn if it changes."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) == 0:
+        raise ProxrlError(
+            f"tokenizer from '{source}' encodes the sample text {text!r} to zero tokens; "
+            "it is broken (transformers may have loaded it with the wrong tokenizer class)"
+        )
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    if not decoded.strip():
+        raise ProxrlError(f"tokenizer from '{source}' decodes {len(ids)} sample tokens to empty text")
+    if decoded.strip() != text.strip():
+        log.warning("tokenizer from '%s' does not round-trip exactly: %r -> %r", source, text, decoded)
+
+
+def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Grow the embeddings when the tokenizer has tokens the model lacks (e.g. an added pad
+    token) and record the pad id in the model config, where sequence classifiers read it."""
+    embeddings = model.get_input_embeddings()
+    if embeddings is not None and len(tokenizer) > embeddings.weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+@contextlib.contextmanager
+def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreTrainedTokenizerBase]:
+    """Temporarily pad on ``side`` ("left" for batched generation), then restore."""
+    previous = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = previous
