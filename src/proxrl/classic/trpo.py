@@ -90,7 +90,7 @@ def trpo_policy_step(cfg: ClassicConfig, agent: Agent, batch: Batch) -> dict[str
     xfx = float(x @ fvp(x))
     step = x * (2 * cfg.trpo_max_kl / max(xfx, 1e-12)) ** 0.5
     old_flat = _flat([p.detach() for p in params]).clone()
-    old_objective = float(objective)
+    old_objective = float(objective.detach())
     accepted, frac, kl, improvement = 0.0, 0.0, 0.0, 0.0
     with torch.no_grad():
         for k in range(cfg.trpo_backtrack_iters):

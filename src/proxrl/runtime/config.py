@@ -289,6 +289,17 @@ def _check_flags(config_cls: type, argv: list[str]) -> list[str]:
             continue
         if negated:
             raise _unknown("option", name, list(fields), flag=True)
+        if typing.get_origin(_optional_inner(tp)[1]) in (list, tuple):
+            values = [inline] if eq else []
+            i += 1
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+            if not values:
+                raise ProxrlError(f"{flag} needs one or more values ({_type_name(tp)})")
+            (item_tp, *_) = typing.get_args(_optional_inner(tp)[1]) or (str,)
+            out += [flag, *(_check_flag_value(field, item_tp, v) for v in values)]
+            continue
         if eq:
             value, i = inline, i + 1
         elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):

@@ -1,0 +1,240 @@
+"""The PPO paper's surrogate-objective comparison (Schulman et al. 2017, Table 1), re-run.
+
+Runs ``proxrl classic`` for every setting × environment × seed at a chosen step budget, then
+scores each run by the mean return of its last 100 training episodes, normalises per
+environment (uniform-random policy = 0, best setting's mean = 1, as the paper did) and averages
+over environments and seeds. Writes ``OUTPUT_DIR/table.md`` and ``OUTPUT_DIR/curves.png``.
+
+Runs whose ``summary.json`` says complete are skipped, and interrupted ones resume from their
+checkpoint, so the script can be stopped and started again.
+
+    nice .venv/bin/python benchmarks/paper_table.py --envs Hopper-v5 HalfCheetah-v5 \
+        --settings clip-0.2 adaptive-kl-0.01 none --seeds 1 2 --total-steps 150000 --jobs 2
+
+Settings: ``none``, ``clip-<ε>``, ``adaptive-kl-<d_targ>``, ``fixed-kl-<β>``, ``trpo``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from proxrl.runtime.config import parse_config
+from proxrl.runtime.errors import ProxrlError
+
+# Table 1 of the paper (7 MuJoCo-v1 tasks × 3 seeds × 1M steps).
+PAPER_SCORES = {
+    "none": -0.39, "clip-0.1": 0.76, "clip-0.2": 0.82, "clip-0.3": 0.70,
+    "adaptive-kl-0.003": 0.68, "adaptive-kl-0.01": 0.74, "adaptive-kl-0.03": 0.71,
+    "fixed-kl-0.3": 0.62, "fixed-kl-1": 0.71, "fixed-kl-3": 0.72, "fixed-kl-10": 0.69,
+}
+
+
+@dataclasses.dataclass
+class TableConfig:
+    envs: list[str] = dataclasses.field(default_factory=lambda: ["Hopper-v5", "HalfCheetah-v5"])
+    """Gymnasium environment ids."""
+    settings: list[str] = dataclasses.field(
+        default_factory=lambda: ["none", "clip-0.1", "clip-0.2", "clip-0.3", "adaptive-kl-0.01",
+                                 "fixed-kl-1"]
+    )
+    """Objectives: none, clip-<eps>, adaptive-kl-<d_targ>, fixed-kl-<beta>, trpo."""
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
+    """Seeds per setting and environment."""
+    total_steps: int = 150_000
+    """Environment steps per run."""
+    output_dir: str = "runs/paper_table"
+    """Where the runs, table.md and curves.png go."""
+    jobs: int = 2
+    """Runs in parallel (each uses one core)."""
+    random_episodes: int = 100
+    """Episodes of the uniform-random policy that define score 0."""
+    report_only: bool = False
+    """Only aggregate the runs already on disk."""
+
+    def validate(self) -> None:
+        for s in self.settings:
+            setting_args(s)
+        if self.total_steps <= 0 or self.jobs <= 0 or not self.seeds or not self.envs:
+            raise ProxrlError("--total-steps and --jobs must be > 0; envs and seeds non-empty")
+
+
+def setting_args(setting: str) -> list[str]:
+    """``proxrl classic`` options for a setting name."""
+    if setting == "none":
+        return ["--objective", "none"]
+    if setting == "trpo":
+        return ["--algo", "trpo"]
+    for prefix, flag in (("clip-", "--clip"), ("adaptive-kl-", "--kl-target"),
+                         ("fixed-kl-", "--kl-beta")):
+        if setting.startswith(prefix):
+            value = setting[len(prefix):]
+            try:
+                float(value)
+            except ValueError:
+                break
+            return ["--objective", prefix[:-1], flag, value]
+    raise ProxrlError(
+        f"--settings: unknown setting {setting!r}; expected none, trpo, clip-<eps>, "
+        "adaptive-kl-<d_targ> or fixed-kl-<beta>"
+    )
+
+
+def run_dir(cfg: TableConfig, env: str, setting: str, seed: int) -> Path:
+    return Path(cfg.output_dir) / env / setting / f"seed{seed}"
+
+
+def run_one(cfg: TableConfig, env: str, setting: str, seed: int) -> str:
+    d = run_dir(cfg, env, setting, seed)
+    summary = d / "summary.json"
+    if summary.exists() and json.loads(summary.read_text()).get("complete"):
+        return f"skip {d}"
+    state = ["--resume"] if (d / "checkpoints").is_dir() else ["--overwrite"]
+    cmd = [sys.executable, "-m", "proxrl", "classic", "--env", env, "--seed", str(seed),
+           "--total-steps", str(cfg.total_steps), "--output-dir", str(d), "--save-every", "10",
+           "--no-progress", *state, *setting_args(setting)]
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with (d.parent / f"seed{seed}.log").open("w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return f"{'done' if rc == 0 else f'FAILED (rc {rc})'} {d}"
+
+
+def random_return(env_id: str, episodes: int, seed: int = 0) -> float:
+    """Mean undiscounted return of the uniform-random policy."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    total = []
+    for i in range(episodes):
+        env.reset(seed=seed + i)
+        ret, done = 0.0, False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            ret += float(r)
+            done = term or trunc
+        total.append(ret)
+    env.close()
+    return float(np.mean(total))
+
+
+def _curve(d: Path) -> tuple[np.ndarray, np.ndarray]:
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "charts/episodic_return" in r]
+    return (np.array([r["global_step"] for r in rows]),
+            np.array([r["charts/episodic_return"] for r in rows]))
+
+
+def report(cfg: TableConfig) -> str:
+    out = Path(cfg.output_dir)
+    cache = out / "random_returns.json"
+    randoms = json.loads(cache.read_text()) if cache.exists() else {}
+    for env in cfg.envs:
+        if env not in randoms:
+            randoms[env] = random_return(env, cfg.random_episodes)
+    cache.write_text(json.dumps(randoms, indent=1))
+
+    scores: dict[tuple[str, str], list[float]] = {}
+    walls: list[float] = []
+    for env in cfg.envs:
+        for setting in cfg.settings:
+            for seed in cfg.seeds:
+                path = run_dir(cfg, env, setting, seed) / "summary.json"
+                if path.exists() and json.loads(path.read_text()).get("complete"):
+                    s = json.loads(path.read_text())
+                    scores.setdefault((env, setting), []).append(s["mean_return_last_100"])
+                    walls.append(s["wall_time_s"])
+    best = {
+        env: max((float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
+                 default=math.nan)
+        for env in cfg.envs
+    }
+    lines = [
+        f"Budget: {cfg.total_steps:,} steps per run; seeds {cfg.seeds}; score = mean return of "
+        "the last 100 training episodes; normalised per environment so random = 0 and the best "
+        "setting's mean = 1, then averaged over environments × seeds.",
+        "",
+        "| setting | " + " | ".join(f"{e} (raw)" for e in cfg.envs)
+        + " | normalised (ours) | paper (1M steps, 7 envs) |",
+        "|---|" + "---|" * (len(cfg.envs) + 2),
+    ]
+    for setting in cfg.settings:
+        cells, normed = [], []
+        for env in cfg.envs:
+            vals = scores.get((env, setting), [])
+            cells.append(f"{np.mean(vals):.0f} ± {np.std(vals):.0f} (n={len(vals)})" if vals
+                         else "—")
+            normed += [(v - randoms[env]) / (best[env] - randoms[env]) for v in vals]
+        norm = f"{np.mean(normed):.2f}" if normed else "—"
+        paper = PAPER_SCORES.get(setting)
+        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {norm} | "
+                     + (f"{paper:.2f}" if paper is not None else "—") + " |")
+    lines += ["", "Random-policy returns: "
+              + ", ".join(f"{e} {randoms[e]:.1f}" for e in cfg.envs)]
+    if walls:
+        lines.append(f"Wall time per run: {np.mean(walls):.0f} s mean ({len(walls)} runs).")
+    table = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(table)
+    _plot(cfg, out / "curves.png")
+    return table
+
+
+def _plot(cfg: TableConfig, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cfg.envs), figsize=(6 * len(cfg.envs), 4), squeeze=False)
+    grid = np.linspace(0, cfg.total_steps, 60)
+    for ax, env in zip(axes[0], cfg.envs, strict=True):
+        for setting in cfg.settings:
+            curves = []
+            for seed in cfg.seeds:
+                d = run_dir(cfg, env, setting, seed)
+                if (d / "metrics.jsonl").exists():
+                    x, y = _curve(d)
+                    if len(x) > 1:
+                        curves.append(np.interp(grid, x, y, left=np.nan))
+            if curves:
+                with warnings.catch_warnings():  # grid points before a curve's first episode
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    mean = np.nanmean(np.stack(curves), axis=0)
+                ax.plot(grid, mean, label=setting)
+        ax.set_title(env)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("episodic return (mean over seeds)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_config(TableConfig, sys.argv[1:] if argv is None else argv,
+                           prog="paper_table.py")
+    except ProxrlError as e:
+        print(f"paper_table.py: error: {e}", file=sys.stderr)
+        return 2
+    if not cfg.report_only:
+        jobs = [(e, s, seed) for seed in cfg.seeds for e in cfg.envs for s in cfg.settings]
+        with ThreadPoolExecutor(cfg.jobs) as pool:
+            for line in pool.map(lambda j: run_one(cfg, *j), jobs):
+                print(line, flush=True)
+    print(report(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
