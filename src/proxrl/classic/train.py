@@ -83,17 +83,17 @@ def _write_config(cfg: ClassicConfig, out: Path) -> None:
 
 def train(cfg: ClassicConfig) -> dict[str, Any]:
     """Train, write metrics, checkpoints and summary.json; return the summary."""
-    # 1. Output directory, one torch thread, seeds.
-    torch.set_num_threads(cfg.torch_threads)
-    torch.distributions.Distribution.set_default_validate_args(False)
-    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    seed_everything(cfg.seed)
-
-    # 2. Fill the defaults of this kind of environment and record the resolved config.
+    # 1. Fill the defaults of this kind of environment and check the result.
     discrete, obs_dim, action_dim = _action_kind(cfg.env)
     cfg = cfg.resolved(discrete)
     assert cfg.num_envs and cfg.num_steps and cfg.lr and cfg.total_steps
+
+    # 2. Output directory (with the resolved config), one torch thread, seeds.
+    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     _write_config(cfg, out)
+    torch.set_num_threads(cfg.torch_threads)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    seed_everything(cfg.seed)
 
     # 3. Environments, networks, optimiser, KL-penalty controller.
     envs = make_vec_env(cfg.env, cfg.num_envs)
