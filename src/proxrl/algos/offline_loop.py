@@ -185,7 +185,8 @@ def accumulate_gradients(
         (loss * weight).backward()
         stats["loss"] += float(loss.detach()) * weight
         for key, value in batch_stats.items():
-            stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
+            if key != "loss":  # taken from the loss itself above
+                stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
     return dict(stats)
 
 
@@ -205,7 +206,8 @@ def evaluate_batches(
         loss, batch_stats = loss_fn(model, batch)
         stats["loss"] += float(loss) * n / total
         for key, value in batch_stats.items():
-            stats[key] += float(value) * (1.0 if key in COUNT_STATS else n / total)
+            if key != "loss":
+                stats[key] += float(value) * (1.0 if key in COUNT_STATS else n / total)
     model.train(was_training)
     return dict(stats)
 
@@ -287,7 +289,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     # 4. Train.
     model.train()
     last: dict[str, float] = {}
-    done = step
+    done = 0  # optimizer steps counted from the start of the run (resumed ones skipped)
     started = time.perf_counter()
     tokens_seen = 0
     with progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress) as bar:

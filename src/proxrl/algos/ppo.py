@@ -1,0 +1,109 @@
+"""PPO for language models with four models: actor, critic, reference and reward.
+
+Papers: Schulman et al. 2017 (PPO), Ziegler et al. 2019 and Ouyang et al. 2022 (InstructGPT)
+for the RLHF form, Huang et al. 2024 ("The N+ implementation details of RLHF with PPO").
+
+The score of a response is paid at its last token and the KL to the reference at every token
+(``shaped_rewards``); advantages are GAE over the response; the surrogate is PPO-Clip,
+PPO-Penalty (adaptive β on KL(π_old‖π)) or both. Where this departs from the papers:
+- advantages are whitened over the whole rollout batch, not per minibatch (as TRL does);
+- log-probs are recomputed by a forward pass after sampling rather than taken from the
+  sampler, so the ratio is exactly 1 on the first minibatch;
+- the critic is either a separate model (initialised from the reward model by default, as in
+  InstructGPT) or a zero-initialised value head on the policy's last hidden state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from proxrl.algos.online import Algorithm, OnlineConfig, train_online
+from proxrl.core import (
+    AdaptiveKL,
+    aggregate_loss,
+    gae,
+    kl_k3,
+    masked_whiten,
+    ppo_clip_loss,
+    ppo_penalty_loss,
+    shaped_rewards,
+)
+from proxrl.rollout.experience import Experience
+from proxrl.runtime.errors import ProxrlError
+
+
+@dataclass
+class Config(OnlineConfig):
+    """proxrl ppo: PPO with a critic, KL-shaped rewards and GAE."""
+
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
+    """PPO-Clip, PPO-Penalty (adaptive β on KL(π_old‖π)), or the clipped surrogate plus the penalty."""
+    penalty_beta: float = 1.0
+    """Initial β of PPO-Penalty (the paper starts at 1)."""
+    penalty_target: float = 0.01
+    """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above 1.5·d_targ)."""
+    gamma: float = 1.0
+    """Discount over response tokens."""
+    lam: float = 0.95
+    """GAE λ."""
+    whiten_rewards: bool = False
+    """Scale per-token rewards to unit variance over the batch (mean kept)."""
+    whiten_advantages: bool = True
+    """Normalise advantages to mean 0, std 1 over the batch."""
+    critic: Literal["separate", "head"] = "separate"
+    """A separate value model, or a value head on the policy's backbone."""
+    critic_model: str | None = None
+    """Where the separate critic starts (default: the reward model, else the policy)."""
+    critic_learning_rate: float = 1e-5
+    """Critic learning rate (AdamW)."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    value_clip: float | None = 0.2
+    """Clip value predictions to ±value_clip around the rollout's values (None: off)."""
+    critic_warmup_iterations: int = 0
+    """Train only the critic for this many first iterations."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
+            raise ProxrlError(f"gamma, lam: expected in [0, 1], got gamma={self.gamma}, lam={self.lam}")
+        if self.critic_warmup_iterations >= self.iterations:
+            raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
+
+
+def build(cfg: Config) -> Algorithm:
+    def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
+        mask = exp.response_mask.float()
+        rewards = shaped_rewards(exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator)
+        if cfg.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        return rewards, advantages, returns
+
+    penalty = AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
+
+    def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb.response_mask.float()
+        if cfg.surrogate == "penalty":
+            return ppo_penalty_loss(logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.loss_agg)  # type: ignore[union-attr]
+        loss, stats = ppo_clip_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
+        if penalty is not None:  # clip+penalty: β·KL(π_old‖π), k3 of r = π/π_old
+            loss = loss + penalty.value * aggregate_loss(kl_k3(mb.logprobs, logprobs), mask, cfg.loss_agg)
+        return loss, stats
+
+    return Algorithm(
+        name="ppo", estimate=estimate, policy_loss=policy_loss, critic=cfg.critic, critic_model=cfg.critic_model,
+        critic_learning_rate=cfg.critic_learning_rate, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
+        critic_warmup_iterations=cfg.critic_warmup_iterations, penalty=penalty,
+    )
+
+
+def train(cfg: Config) -> dict[str, float]:
+    return train_online(cfg, build(cfg))
