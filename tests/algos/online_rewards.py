@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-TARGET = "a"
+TARGET = set("abcdefghijklm")
 
 
 def target_fraction(prompts: list[str], completions: list[str], **columns: list) -> list[float]:
-    """Share of the completion's characters that are the target letter: learnable by a tiny
-    model in a few dozen iterations, 0 for an empty completion."""
-    return [c.count(TARGET) / max(len(c), 1) for c in completions]
+    """Share of the completion's characters among the first thirteen letters: learnable by a
+    tiny model in a few dozen iterations; 0 for an empty completion."""
+    return [sum(ch in TARGET for ch in c) / max(len(c), 1) for c in completions]
 
 
 def raises(prompts: list[str], completions: list[str], **columns: list) -> list[float]:

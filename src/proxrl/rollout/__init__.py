@@ -1,0 +1,1 @@
+"""Online RL plumbing: sampling responses, scoring them, and the rollout record."""

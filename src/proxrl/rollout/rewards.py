@@ -1,0 +1,120 @@
+"""Where scores come from: a learned reward model, a Python function (verifiable rewards), or
+a weighted sum of several.
+
+A reward function is named ``module:function`` and is imported only from there. It is called
+as ``fn(prompts, completions, **columns)`` — ``columns`` are the prompt file's other fields,
+one list entry per completion — and returns one finite float per completion. Anything else
+stops the run with a message naming the function and the first bad prompt index.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from proxrl.data.batching import pad_right
+from proxrl.data.encoding import encode_prompt_text, encode_response_text
+from proxrl.data.formats import PromptExample
+from proxrl.models.scalar_head import sequence_scores
+from proxrl.runtime.errors import ProxrlError
+
+RewardFn = Callable[..., Sequence[float]]
+
+
+def load_reward_function(spec: str) -> RewardFn:
+    """``"package.module:function"`` → the function; a one-line error when it is not there."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ProxrlError(f"reward_fn: expected 'module:function', got '{spec}'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ProxrlError(f"reward_fn: cannot import module '{module_name}' ({exc})") from exc
+    fn = getattr(module, attribute, None)
+    if not callable(fn):
+        raise ProxrlError(f"reward_fn: module '{module_name}' has no function '{attribute}'")
+    return fn  # type: ignore[no-any-return]
+
+
+@dataclass
+class FunctionReward:
+    """Scores from a Python function."""
+
+    spec: str
+    fn: RewardFn
+
+    @property
+    def name(self) -> str:
+        return self.spec.rpartition(":")[2]
+
+    def __call__(self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+        texts = [p.prompt for p in prompts]
+        try:
+            values = list(self.fn(texts, completions, **columns))
+        except Exception as exc:
+            raise ProxrlError(f"reward_fn '{self.spec}' raised {type(exc).__name__}: {exc}") from exc
+        if len(values) != len(completions):
+            raise ProxrlError(
+                f"reward_fn '{self.spec}' returned {len(values)} scores for {len(completions)} completions"
+            )
+        for index, value in enumerate(values):
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ProxrlError(
+                    f"reward_fn '{self.spec}' returned {value!r} for prompt index {index} "
+                    f"({prompts[index].where}); expected a finite number"
+                )
+        return torch.tensor(values, dtype=torch.float32)
+
+
+@dataclass
+class RewardModelReward:
+    """Scores from a ``num_labels=1`` sequence classifier. The text is re-encoded with the
+    reward model's own tokenizer exactly as the reward model was trained (prompt, response,
+    EOS), so a reward model need not share the policy's tokenizer."""
+
+    model: nn.Module
+    tokenizer: Any
+    normalize: bool = True
+    batch_size: int = 64
+
+    name = "reward_model"
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+        device = next(self.model.parameters()).device
+        rows = [
+            encode_prompt_text(self.tokenizer, p.prompt, p.messages) + encode_response_text(self.tokenizer, c)
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        scores = []
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
+            mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
+            scores.append(sequence_scores(self.model, ids, mask, normalize=self.normalize).float().cpu())
+        return torch.cat(scores)
+
+
+@dataclass
+class WeightedRewards:
+    """``Σ_k w_k · score_k``; each source's mean is logged as ``reward/<name>``."""
+
+    sources: list[Any]
+    weights: list[float]
+
+    def __call__(
+        self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
+    ) -> tuple[Tensor, dict[str, float]]:
+        total = torch.zeros(len(completions))
+        parts = {}
+        for source, weight in zip(self.sources, self.weights, strict=True):
+            scores = source(prompts, completions, columns)
+            parts[f"reward/{source.name}"] = scores.mean().item()
+            total = total + weight * scores
+        return total, parts
