@@ -1,0 +1,87 @@
+"""The proxrl command: dispatch, one-line errors with exit code 2, --debug tracebacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import types
+
+import pytest
+
+from proxrl import cli
+from proxrl.runtime.errors import ProxrlError
+
+
+@dataclasses.dataclass
+class _Config:
+    steps: int = 1
+    """Steps."""
+
+
+def _fake_module(monkeypatch, calls):
+    module = types.ModuleType("proxrl_fake_cmd")
+    module.Config = _Config
+
+    def train(cfg):
+        calls.append(cfg)
+        if cfg.steps < 0:
+            raise ProxrlError("--steps must be >= 0")
+
+    module.train = train
+    monkeypatch.setitem(sys.modules, "proxrl_fake_cmd", module)
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("proxrl_fake_cmd", "a test command"))
+
+
+def test_dispatch_parses_the_config_and_trains(monkeypatch):
+    calls = []
+    _fake_module(monkeypatch, calls)
+    assert cli.main(["fake", "--steps", "3"]) == 0
+    assert calls == [_Config(steps=3)]
+
+
+def test_user_error_is_one_line_on_stderr_with_exit_2(monkeypatch, capsys):
+    _fake_module(monkeypatch, [])
+    assert cli.main(["fake", "--steps", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "proxrl fake: error: --steps must be >= 0\n"
+    assert cli.main(["fake", "--stepz", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "proxrl fake: error: unknown option --stepz; did you mean --steps?\n"
+    )
+
+
+def test_debug_shows_the_traceback(monkeypatch, capsys):
+    _fake_module(monkeypatch, [])
+    assert cli.main(["fake", "--steps", "-1", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.endswith("proxrl fake: error: --steps must be >= 0\n")
+
+
+def test_unknown_and_missing_commands(capsys):
+    assert cli.main(["clasic"]) == 2
+    assert "unknown command 'clasic'; did you mean classic?" in capsys.readouterr().err
+    assert cli.main([]) == 2
+    assert cli.main(["--help"]) == 0
+    assert "classic-eval" in capsys.readouterr().out
+
+
+def test_python_dash_m_proxrl_exit_code():
+    proc = subprocess.run([sys.executable, "-m", "proxrl", "classic", "--seeed", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "proxrl classic: error: unknown option --seeed; did you mean --seed?\n"
+
+
+def test_command_whose_module_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "ghost", ("proxrl.no_such_module", "x"))
+    assert cli.main(["ghost"]) == 2
+    assert "command 'ghost' is not available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["classic", "--help"], ["classic-eval", "--help"]])
+def test_help_of_registered_commands(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0
+    assert "--output-dir" in capsys.readouterr().out or argv[0] == "classic-eval"
