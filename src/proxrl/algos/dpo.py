@@ -46,7 +46,7 @@ from proxrl.data.encoding import EncodedPair, encode_preferences
 from proxrl.data.formats import load_preference_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import adapter_disabled
-from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
 from proxrl.runtime.checkpoint import prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
@@ -81,6 +81,8 @@ class Config(OfflineConfig):
             raise ProxrlError(f"label_smoothing: expected in [0, 0.5), got {self.label_smoothing}")
         if self.loss == "ipo" and self.label_smoothing:
             raise ProxrlError("label_smoothing does not apply to loss=ipo")
+        if self.ref_model:
+            check_model_source(self.ref_model)
 
 
 @dataclass(frozen=True)
@@ -143,18 +145,12 @@ def make_batch(items: list[EncodedPair], indices: list[int], ref: tuple[Tensor, 
 
 def train(cfg: Config) -> dict[str, float]:
     """Run DPO / IPO / SimPO; returns the last logged metrics."""
-    # 1. Output directory and seeds.
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
-    seed_everything(cfg.seed)
-
-    # 2. Tokenizer and policy (dropout off; LoRA if asked).
+    # 1. Tokenizer; inputs are checked before anything is written.
+    cfg.validate()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
-    resize_for_tokenizer(policy, tokenizer)
-    policy = maybe_lora(policy, cfg).to(training_device())
     pad_id = tokenizer.pad_token_id
 
-    # 3. Data: validated pairs (chosen == rejected dropped); a held-out split.
+    # 2. Data: validated pairs (chosen == rejected dropped); a held-out split.
     def load(source: str, name: str) -> list[EncodedPair]:
         return encode_preferences(load_preference_examples(source), tokenizer, cfg.max_length, cfg.overlong, name)
 
@@ -164,6 +160,13 @@ def train(cfg: Config) -> dict[str, float]:
     else:
         train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
     log.info("dpo: %d training and %d eval pairs", len(train_items), len(eval_items))
+
+    # 3. Output directory, seeds, and the policy (dropout off; LoRA if asked).
+    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    seed_everything(cfg.seed)
+    policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    resize_for_tokenizer(policy, tokenizer)
+    policy = maybe_lora(policy, cfg).to(training_device())
 
     # 4. Reference log-probs, once: ref_model, or the starting policy (adapter disabled).
     average = uses_average(cfg.loss)

@@ -28,7 +28,9 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from proxrl.data.batching import bucket_batches
+from proxrl.data.readers import check_data_source
 from proxrl.models.lora import apply_lora, trainable_state_dict
+from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.config import RunConfig, save_config_file
 from proxrl.runtime.errors import ProxrlError
@@ -113,6 +115,10 @@ class OfflineConfig(RunConfig):
         for ok, message in checks:
             if not ok:
                 raise ProxrlError(message)
+        check_model_source(self.model)
+        for source in (self.data, self.eval_data):
+            if source:
+                check_data_source(source)
 
 
 # ------------------------------------------------------------------------------------------

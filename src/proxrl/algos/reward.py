@@ -145,17 +145,11 @@ def load_items(source: str, tokenizer, cfg: Config, name: str) -> list[Item]:  #
 
 def train(cfg: Config) -> dict[str, float]:
     """Train a reward model; returns the last logged metrics."""
-    # 1. Output directory and seeds.
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
-    seed_everything(cfg.seed)
-
-    # 2. Tokenizer and a num_labels=1 classifier (a new head is drawn N(0, 1/√(d+1))).
+    # 1. Tokenizer; inputs are checked before anything is written.
+    cfg.validate()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    model = load_score_model(cfg.model, new_head="reward", **model_kwargs(cfg))
-    resize_for_tokenizer(model, tokenizer)
-    model = maybe_lora(model, cfg, task="seq_cls").to(training_device())
 
-    # 3. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.
+    # 2. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.
     train_items = load_items(cfg.data, tokenizer, cfg, "training data")
     if cfg.eval_data:
         eval_items = load_items(cfg.eval_data, tokenizer, cfg, "eval data")
@@ -167,6 +161,14 @@ def train(cfg: Config) -> dict[str, float]:
     pad_id = tokenizer.pad_token_id
     eval_order = bucket_batches([len(x) for x in eval_items], cfg.batch_size, seed=0, shuffle=False)
     eval_batches = [make_batch([eval_items[i] for i in ix], cfg.use_margin, pad_id) for ix in eval_order]
+
+    # 3. Output directory, seeds, and a num_labels=1 classifier (a head missing from the
+    #    checkpoint is drawn N(0, 1/√(d+1)), bias 0).
+    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    seed_everything(cfg.seed)
+    model = load_score_model(cfg.model, new_head="reward", **model_kwargs(cfg))
+    resize_for_tokenizer(model, tokenizer)
+    model = maybe_lora(model, cfg, task="seq_cls").to(training_device())
 
     # 4. Train with the Bradley–Terry loss (mean over the pairs of each optimizer step).
     task = Task(

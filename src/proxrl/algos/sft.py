@@ -81,17 +81,12 @@ def make_batches(items: list[EncodedSequence], batch_size: int, pad_id: int) -> 
 
 def train(cfg: Config) -> dict[str, float]:
     """Run SFT; returns the last logged metrics."""
-    # 1. Output directory and seeds.
-    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    seed_everything(cfg.seed)
-
-    # 2. Tokenizer (pad ≠ EOS, round-trip checked) and model (dropout off; LoRA if asked).
+    # 1. Tokenizer: pad ≠ EOS, round-trip checked. Inputs are checked before anything is
+    #    written, so a typo leaves no half-made run directory behind.
+    cfg.validate()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    model = load_causal_lm(cfg.model, **model_kwargs(cfg))
-    resize_for_tokenizer(model, tokenizer)
-    model = maybe_lora(model, cfg).to(training_device())
 
-    # 3. Data: validated rows → token ids with the prompt masked; a held-out split.
+    # 2. Data: validated rows → token ids with the prompt masked; a held-out split.
     train_items = encode_sft(load_sft_examples(cfg.data), tokenizer, cfg.max_length, cfg.overlong)
     if cfg.eval_data:
         eval_items = encode_sft(
@@ -102,6 +97,13 @@ def train(cfg: Config) -> dict[str, float]:
     log.info("sft: %d training and %d eval examples", len(train_items), len(eval_items))
     pad_id = tokenizer.pad_token_id
     eval_batches = make_batches(eval_items, cfg.batch_size, pad_id) if eval_items else []
+
+    # 3. Output directory, seeds, and the model (dropout off; LoRA if asked).
+    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    seed_everything(cfg.seed)
+    model = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    resize_for_tokenizer(model, tokenizer)
+    model = maybe_lora(model, cfg).to(training_device())
 
     # 4. Train: mean NLL over the completion tokens of each optimizer step.
     task = Task(

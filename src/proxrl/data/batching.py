@@ -71,6 +71,8 @@ def bucket_batches(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = list(range(len(lengths)))
+    if not order:
+        return []
     rng = random.Random(f"{seed}:{epoch}")
     if shuffle:
         rng.shuffle(order)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxrl.data.readers import Row, read_rows
@@ -57,16 +57,17 @@ class PromptExample:
     prompt: str
     messages: list[Message] | None
     where: str
+    columns: dict[str, Any] = field(default_factory=dict)  # the row's other fields, for reward functions
 
 
-def _expect_text(row: Row, field: str, allow_empty: bool = False) -> str:
-    if field not in row.data or row.data[field] is None:
-        raise ProxrlError(f"{row.where}: missing field '{field}'")
-    value = row.data[field]
+def _expect_text(row: Row, name: str, allow_empty: bool = False) -> str:
+    if name not in row.data or row.data[name] is None:
+        raise ProxrlError(f"{row.where}: missing field '{name}'")
+    value = row.data[name]
     if not isinstance(value, str):
-        raise ProxrlError(f"{row.where}: field '{field}': expected a string, got {type(value).__name__}")
+        raise ProxrlError(f"{row.where}: field '{name}': expected a string, got {type(value).__name__}")
     if not allow_empty and not value.strip():
-        raise ProxrlError(f"{row.where}: field '{field}': expected a non-empty string")
+        raise ProxrlError(f"{row.where}: field '{name}': expected a non-empty string")
     return value
 
 
@@ -125,9 +126,9 @@ def parse_preference(row: Row) -> PreferenceExample:
 
 def parse_ranking(row: Row) -> RankingExample:
     prompt = _expect_text(row, "prompt", allow_empty=True)
-    for field in ("responses", "ranking"):
-        if field not in row.data:
-            raise ProxrlError(f"{row.where}: missing field '{field}'")
+    for name in ("responses", "ranking"):
+        if name not in row.data:
+            raise ProxrlError(f"{row.where}: missing field '{name}'")
     responses, ranking = row.data["responses"], row.data["ranking"]
     if (
         not isinstance(responses, list)
@@ -150,9 +151,10 @@ def parse_ranking(row: Row) -> RankingExample:
 
 
 def parse_prompt(row: Row) -> PromptExample:
+    columns = {k: v for k, v in row.data.items() if k not in ("prompt", "messages")}
     if "messages" in row.data and row.data["messages"] is not None:
-        return PromptExample("", _expect_messages(row, final_role=None), row.where)
-    return PromptExample(_expect_text(row, "prompt"), None, row.where)
+        return PromptExample("", _expect_messages(row, final_role=None), row.where, columns)
+    return PromptExample(_expect_text(row, "prompt"), None, row.where, columns)
 
 
 def load_sft_examples(source: str, split: str = "train") -> list[SFTExample]:

@@ -26,14 +26,23 @@ class Row:
     where: str  # "path:line" (or item / row index), used in error messages
 
 
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def check_data_source(source: str) -> None:
+    """Fail early (before a run starts) when ``source`` names a data file that is missing."""
+    path = os.path.expanduser(source)
+    if path.lower().endswith(FILE_SUFFIXES) and not os.path.isfile(path):
+        raise ProxrlError(f"data file '{source}' does not exist")
+
+
 def read_rows(source: str, split: str = "train") -> list[Row]:
     """Every row of ``source`` (see the module docstring for what a source may be)."""
     path = os.path.expanduser(source)
     if os.path.isdir(path):
         return _read_saved_dataset(path, split)
     lower = path.lower()
-    if lower.endswith((".jsonl", ".json", ".csv", ".parquet")) and not os.path.exists(path):
-        raise ProxrlError(f"data file '{source}' does not exist")
+    check_data_source(source)
     if lower.endswith(".jsonl"):
         return _read_jsonl(path)
     if lower.endswith(".json"):
