@@ -1,0 +1,184 @@
+"""Model plumbing: tokenizer pad/round-trip checks, causal-LM options, scalar heads, LoRA."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from peft import PeftModel
+from tokenizers import Tokenizer, models
+from torch import nn
+from transformers import (
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from proxrl.models.causal_lm import disable_dropout, load_causal_lm
+from proxrl.models.lora import adapter_disabled, apply_lora, trainable_state_dict
+from proxrl.models.scalar_head import (
+    init_score_head,
+    last_token_index,
+    load_score_model,
+    score_head,
+    token_values,
+)
+from proxrl.models.tiny import build_tiny_tokenizer
+from proxrl.models.tokenizer import (
+    check_round_trip,
+    load_tokenizer,
+    padding_side,
+    resize_for_tokenizer,
+)
+from proxrl.runtime.errors import ProxrlError
+
+
+def test_tokenizer_without_pad_gets_one_distinct_from_eos_and_the_model_is_resized(tmp_path, tiny_lm):
+    tokenizer = build_tiny_tokenizer(["hello world"] * 4)
+    tokenizer.pad_token = tokenizer.eos_token  # the common "pad = EOS" shortcut
+    tokenizer.save_pretrained(tmp_path)
+    n_before = len(tokenizer)
+
+    loaded = load_tokenizer(str(tmp_path))
+    assert loaded.pad_token == "<|pad|>" or loaded.pad_token_id != loaded.eos_token_id
+    assert loaded.pad_token_id != loaded.eos_token_id
+    assert loaded.padding_side == "right"
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=n_before - 1, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2))
+    resize_for_tokenizer(model, loaded)
+    assert model.get_input_embeddings().weight.shape[0] >= len(loaded) > loaded.pad_token_id
+    assert model.config.pad_token_id == loaded.pad_token_id
+    with padding_side(loaded, "left"):
+        batch = loaded(["hello", "hello world hello"], padding=True)["input_ids"]
+        assert batch[0][0] == loaded.pad_token_id  # generation layout: pads first
+    assert loaded.padding_side == "right"
+
+
+def test_tokenizer_that_encodes_text_to_nothing_is_a_clear_error(tmp_path):
+    empty = Tokenizer(models.BPE(vocab={"<|pad|>": 0, "<|eos|>": 1}, merges=[]))  # no unk: drops text
+    broken = PreTrainedTokenizerFast(tokenizer_object=empty, pad_token="<|pad|>", eos_token="<|eos|>")
+    assert broken("hello", add_special_tokens=False)["input_ids"] == []
+    with pytest.raises(ProxrlError, match="encodes the sample text .* to zero tokens"):
+        check_round_trip(broken)
+    broken.save_pretrained(tmp_path)
+    with pytest.raises(ProxrlError, match="zero tokens"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_missing_model_path_is_one_line(tmp_path):
+    for loader in (load_tokenizer, load_causal_lm, load_score_model):
+        with pytest.raises(ProxrlError, match="does not exist") as info:
+            loader(str(tmp_path / "nope"))
+        assert "\n" not in str(info.value)
+
+
+def test_causal_lm_options_dtype_checkpointing_and_remote_code_off(tiny_lm, monkeypatch):
+    seen = {}
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return original(path, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    model = load_causal_lm(tiny_lm, dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager")
+    assert seen["trust_remote_code"] is False and seen["dtype"] is torch.bfloat16 and "torch_dtype" not in seen
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert model.is_gradient_checkpointing and model.config.use_cache is False
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ProxrlError, match="dtype: expected one of"):
+        load_causal_lm(tiny_lm, dtype="float8")
+
+
+def test_dropout_is_disabled_everywhere():
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, attention_dropout=0.3)
+    model = LlamaForCausalLM(config)
+    model.extra = nn.Sequential(nn.Dropout(0.5))
+    disable_dropout(model)
+    assert model.config.attention_dropout == 0.0
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, nn.Dropout))
+    assert all(getattr(m, "attention_dropout", 0.0) == 0.0 for m in model.modules())
+    model.train()
+    ids = torch.randint(0, 64, (2, 8))
+    torch.testing.assert_close(model(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_reward_head_init_has_std_one_over_sqrt_d_plus_one():
+    head = nn.Linear(4095, 1, bias=True)
+    torch.manual_seed(0)
+    init_score_head(head, "reward")
+    expected = 1 / math.sqrt(4096)
+    # 4095 draws: the sample std is within 5% of sigma with overwhelming probability (≈ 3.2σ).
+    assert head.weight.std().item() == pytest.approx(expected, rel=0.05)
+    assert head.bias.item() == 0.0
+    init_score_head(head, "zero")
+    assert torch.count_nonzero(head.weight) == 0
+
+
+def test_score_model_from_a_causal_lm_gets_a_fresh_head_and_a_saved_one_is_kept(tiny_lm, tmp_path):
+    torch.manual_seed(1)
+    model = load_score_model(tiny_lm)
+    head = score_head(model)
+    d = head.in_features
+    assert head.bias is None and head.out_features == 1
+    # N(0, 1/√33) ≈ 0.174 here, far from transformers' own N(0, 0.02): the sample std of 32
+    # seeded draws lands inside ±50%, which 0.02 cannot.
+    assert head.weight.std().item() == pytest.approx(1 / math.sqrt(d + 1), rel=0.5)
+
+    model.save_pretrained(tmp_path)
+    again = load_score_model(str(tmp_path))
+    torch.testing.assert_close(score_head(again).weight, head.weight, rtol=0, atol=0)
+    critic = load_score_model(tiny_lm, new_head="zero")
+    assert torch.count_nonzero(score_head(critic).weight) == 0
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    assert plain.config.num_labels == 1
+
+
+def test_last_token_index_for_left_and_right_padding():
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    assert last_token_index(mask).tolist() == [2, 4, 4]
+
+
+def test_token_values_match_the_classifier_at_every_position(tiny_lm):
+    model = load_score_model(tiny_lm, dtype="float64").eval()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        values = token_values(model, ids, torch.ones_like(ids))
+        for t in range(1, 5):  # HF reads the last token of each prefix
+            prefix = model(input_ids=ids[:, :t]).logits[0, 0]
+            assert values[0, t - 1].item() == pytest.approx(prefix.item(), rel=1e-9, abs=1e-12)
+
+
+def test_lora_trains_only_adapters_and_disabling_it_gives_the_base_model(tiny_lm, tmp_path):
+    base = load_causal_lm(tiny_lm, dtype="float64")
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        base_logits = base(ids).logits.clone()
+    model = apply_lora(base, r=4)
+    trainable = trainable_state_dict(model)
+    assert trainable and all("lora_" in name for name in trainable)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.01)
+        adapted = model(ids).logits.clone()
+        with adapter_disabled(model) as reference:
+            torch.testing.assert_close(reference(ids).logits, base_logits, rtol=0, atol=0)
+    assert (adapted - base_logits).abs().max() > 1e-4
+    model.save_pretrained(tmp_path)
+    reloaded = PeftModel.from_pretrained(load_causal_lm(tiny_lm, dtype="float64"), str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, adapted, rtol=1e-12, atol=1e-12)
+
+
+def test_lora_on_a_score_model_also_trains_the_head(tiny_lm):
+    model = apply_lora(load_score_model(tiny_lm), r=2, task="seq_cls")
+    names = list(trainable_state_dict(model))
+    assert any("score" in n for n in names) and any("lora_A" in n for n in names)
+    assert score_head(model).weight.requires_grad
