@@ -135,7 +135,7 @@ def critic_update(
             loss.backward()
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
-            total += float(loss)
+            total += float(loss.detach())
             count += 1
     return {"losses/value_loss": total / count}
 
