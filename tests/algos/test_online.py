@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 
 from proxrl.algos import grpo, ppo
 from proxrl.rollout.generation import response_mask_after_stop, stopped
-from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -55,3 +54,198 @@ def test_group_estimators_raise_a_learnable_reward(estimator, tiny_lm, prompts, 
     grpo.train(cfg)
     history = scores(tmp_path)
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
+
+
+# ---------------------------------------------------------------- what a step must do
+
+
+@pytest.fixture(scope="module")
+def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A randomly initialised reward model in the sequence-classifier layout."""
+    from proxrl.models.scalar_head import load_score_model
+    from proxrl.models.tokenizer import load_tokenizer
+
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
+    load_tokenizer(tiny_lm).save_pretrained(out)
+    return str(out)
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_model, tmp_path):
+    """Two full iterations (rollout and update) through the loop's own functions: the actor and
+    critic move, the reference and the reward model do not change by a single bit."""
+    from proxrl.algos import online
+
+    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, reward_fn=(), reward_model=reward_model,
+                group_size=2, ppo_epochs=2, critic_learning_rate=1e-3)
+    algo = ppo.build(cfg)
+    models = online.load_models(cfg, algo)
+    rewards = online.load_rewards(cfg)
+    examples, ids = online.load_prompts(cfg, models.tokenizer)
+    before = {name: _state(m) for name, m in
+              (("actor", models.actor), ("critic", models.critic), ("reference", models.reference),
+               ("reward", rewards.sources[0].model))}
+    optimizers = [torch.optim.AdamW(models.actor.parameters(), lr=1e-3),
+                  torch.optim.AdamW(models.critic.parameters(), lr=1e-3)]
+    for _ in range(2):
+        experience, _, row = online.collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
+        online.update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0))
+    for name, model in (("reference", models.reference), ("reward", rewards.sources[0].model)):
+        after = _state(model)
+        assert all(torch.equal(before[name][k], after[k]) for k in after), name
+    for name, model in (("actor", models.actor), ("critic", models.critic)):
+        after = _state(model)
+        assert any(not torch.equal(before[name][k], after[k]) for k in after), name
+
+
+def test_first_iteration_kl_is_exactly_zero(tiny_lm, prompts, tmp_path):
+    ppo.train(small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=2, critic="head"))
+    rows = read_metrics(tmp_path)
+    assert rows[0]["objective/kl"] == 0.0
+    assert rows[1]["objective/kl"] != 0.0
+
+
+def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
+    """Replace every token after each response's stop with random ids: the policy loss, value
+    loss and their gradients are the same."""
+    from proxrl.algos import online
+
+    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, max_new_tokens=12,
+                critic_learning_rate=1e-3)
+    algo = ppo.build(cfg)
+    models = online.load_models(cfg, algo)
+    examples, ids = online.load_prompts(cfg, models.tokenizer)
+    experience, _, _ = online.collect_rollout(cfg, algo, models, online.load_rewards(cfg), examples, ids, 0.05, {})
+    experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
+    noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
+    perturbed = online.Experience(**{**experience.__dict__, "response_ids": torch.where(
+        experience.response_mask.bool(), experience.response_ids, noise)})
+    assert not torch.equal(perturbed.response_ids, experience.response_ids)
+
+    def loss_and_grads(exp):
+        models.actor.zero_grad()
+        models.critic.zero_grad()
+        P = exp.prompt_ids.shape[1]
+        out = online.policy_forward(models.actor, exp.input_ids, exp.attention_mask, P, cfg.temperature)
+        loss, _ = algo.policy_loss(out.logprobs, exp)
+        values = online.critic_forward(models.critic, exp.input_ids, exp.attention_mask, P)
+        loss = loss + online.value_loss(values, exp.values, exp.returns, exp.response_mask.float(), 0.2)[0]
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in models.actor.parameters()]
+
+    clean_loss, clean_grads = loss_and_grads(experience)
+    noisy_loss, noisy_grads = loss_and_grads(perturbed)
+    torch.testing.assert_close(noisy_loss, clean_loss, rtol=1e-6, atol=1e-7)
+    for a, b in zip(clean_grads, noisy_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_critic_warmup_raises_explained_variance(tiny_lm, prompts, tmp_path):
+    """During warm-up only the critic trains, on a score it can read off the prompt: its
+    explained variance climbs from 0 (a zero-initialised head) towards 1, and no policy step is
+    taken."""
+    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=13, critic_warmup_iterations=12,
+                reward_fn=("online_rewards:word_in_first_half",), group_size=2, ppo_epochs=4,
+                critic_learning_rate=3e-3, critic="head", kl_coef=0.0)
+    ppo.train(cfg)
+    explained = [row["value/explained_var"] for row in read_metrics(tmp_path)]
+    assert sum(explained[-3:]) / 3 > sum(explained[:2]) / 2 + 0.2, explained
+    assert all("policy/clipfrac" not in row for row in read_metrics(tmp_path)[:12])
+
+
+def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
+    """Run 4 iterations checkpointing every 2; copy the run, drop its final checkpoint and
+    resume from iteration 2: same metrics rows (timings aside) and bit-identical final weights."""
+    import shutil
+
+    whole = tmp_path / "whole"
+    ppo.train(small(ppo.Config, tiny_lm, prompts, whole, iterations=4, save_every=2, group_size=2))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / next(p.name for p in (resumed / "checkpoints").iterdir() if p.name.endswith("4")))
+    ppo.train(small(ppo.Config, tiny_lm, prompts, resumed, iterations=4, save_every=2, group_size=2, resume=True))
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+    assert comparable(read_metrics(resumed)) == comparable(read_metrics(whole))
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"surrogate": "penalty"},
+        {"surrogate": "clip+penalty", "dual_clip": 3.0, "clip_high": 0.28},
+        {"critic": "head", "kl_controller": "proportional", "kl_target": 0.1, "entropy_coef": 0.01},
+        {"lora_r": 4, "whiten_rewards": True, "reward_clip": 0.5, "no_stop_penalty": -1.0},
+        {"ref_reset_every": 1, "early_stop_kl": 1e-6, "loss_agg": "seq-mean-token-mean", "stop_strings": ("x",)},
+    ],
+)
+def test_ppo_variants_run_with_finite_metrics(overrides, tiny_lm, prompts, tmp_path):
+    ppo.train(small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, ppo_epochs=2, **overrides))
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 3
+    assert all(isinstance(v, float) and v == v and abs(v) != float("inf") for r in rows for v in r.values() if not isinstance(v, int))
+    if "surrogate" in overrides:
+        assert all("policy/penalty_beta" in r for r in rows)
+    if overrides.get("ref_reset_every"):
+        assert all(r["objective/kl"] == 0.0 for r in rows)  # each rollout samples the new reference
+        assert all(r["policy/early_stopped"] == 1.0 for r in rows)
+    if "no_stop_penalty" in overrides:
+        assert (tmp_path / "adapter_config.json").exists()
+
+
+def test_dataset_columns_reach_reward_functions(tiny_lm, prompts, tmp_path):
+    grpo.train(small(grpo.Config, tiny_lm, prompts, tmp_path, reward_fn=("online_rewards:echoes_word",),
+                     iterations=1, group_size=2, mini_batch_size=16))
+    assert len(read_metrics(tmp_path)) == 1
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 16 and {s["prompt"] for s in samples} <= {f"say: {w} ->" for w in WORDS}
+
+
+# ---------------------------------------------------------------- sampling masks
+
+
+def test_response_mask_after_stop_by_hand():
+    """EOS = 2, pad = 0: (5, 2, 7, 0) keeps up to and including the EOS → (1, 1, 0, 0);
+    (5, 6, 7, 8) never stops → all 1 and not stopped; (5, 6, 0, 0) stopped by a stop string."""
+    ids = torch.tensor([[5, 2, 7, 0], [5, 6, 7, 8], [5, 6, 0, 0]])
+    mask = response_mask_after_stop(ids, eos_token_id=2, pad_token_id=0)
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    assert stopped(mask, ids, eos_token_id=2, max_new_tokens=4).tolist() == [True, False, True]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "message"),
+    [
+        ("grpo", ["--group_size", "1"], "group_size: grpo needs at least 2"),
+        ("ppo", ["--mini_batch_size", "3"], "mini_batch_size: 3 does not divide the 8 responses"),
+        ("ppo", ["--reward_fn", "no_such_module:fn"], "reward_fn: cannot import module 'no_such_module'"),
+        ("ppo", ["--reward_fn", "online_rewards:missing"], "has no function 'missing'"),
+        ("ppo", ["--reward_fn", "online_rewards:raises"], "raised RuntimeError: boom"),
+        ("ppo", ["--reward_fn", "online_rewards:wrong_count"], "returned 1 scores for 8 completions"),
+        ("ppo", ["--reward_fn", "online_rewards:not_finite"], "returned nan for prompt index 0"),
+        ("ppo", ["--prompts", "EMPTY"], "has no usable rows"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(command, extra, message, tiny_lm, prompts, tmp_path, capsys):
+    from proxrl.cli import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    extra = [str(empty) if x == "EMPTY" else x for x in extra]
+    argv = [command, "--model", tiny_lm, "--prompts", prompts, "--reward_fn", "online_rewards:target_fraction",
+            "--output_dir", str(tmp_path / "run"), "--iterations", "1", "--rollout_batch_size", "4",
+            "--group_size", "2", "--mini_batch_size", "8", "--max_new_tokens", "4", "--progress", "False", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err.splitlines()[-1] and "Traceback" not in err, err

@@ -62,9 +62,9 @@ class Config(OnlineConfig):
     """reinforce_pp: discount of the reward-to-go."""
 
     def validate(self) -> None:
-        super().validate()
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise ProxrlError(f"group_size: {self.estimator} needs at least 2 samples per prompt, got {self.group_size}")
+        super().validate()
         if not 0 <= self.rank_weight <= 1:
             raise ProxrlError(f"rank_weight: expected in [0, 1], got {self.rank_weight}")
 

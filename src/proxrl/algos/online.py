@@ -514,8 +514,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 1. Output directory, seeds, models, reward sources, prompts.
     output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     seed_everything(cfg.seed)
+    rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
-    rewards = load_rewards(cfg)
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
     save_config_file(cfg, output_dir / "config.yaml")
 
