@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"paper_table.py: error: {e}", file=sys.stderr)
         return 2
     if not cfg.report_only:
-        jobs = [(e, s, seed) for seed in cfg.seeds for e in cfg.envs for s in cfg.settings]
+        # setting by setting, so a stopped benchmark still holds whole settings
+        jobs = [(e, s, seed) for s in cfg.settings for e in cfg.envs for seed in cfg.seeds]
         with ThreadPoolExecutor(cfg.jobs) as pool:
             for line in pool.map(lambda j: run_one(cfg, *j), jobs):
                 print(line, flush=True)

@@ -151,6 +151,18 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
     assert "holds no config.yaml" in capsys.readouterr().err
 
 
+def test_yaml_config_and_flag_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    out = tmp_path / "run"
+    path.write_text(f"env: Hopper-v5\nnum_steps: 64\nminibatch_size: 32\nepochs: 1\n"
+                    f"total_steps: 1000\noutput_dir: {out}\nprogress: false\n")
+    assert cli.main(["classic", "--config", str(path), "--total-steps", "128"]) == 0
+    rows = read_metrics(out)
+    assert [r["global_step"] for r in rows] == [64, 128]
+    saved = (out / "config.yaml").read_text()
+    assert "env: Hopper-v5" in saved and "normalize_obs: true" in saved  # resolved defaults
+
+
 @pytest.mark.slow
 def test_cartpole_reaches_400_with_the_clip_objective(tmp_path):
     """CleanRL's classic-control settings (4 × 128 steps, 4 epochs, 4 minibatches, lr 2.5e-4

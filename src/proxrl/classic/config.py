@@ -42,6 +42,8 @@ class ClassicConfig(RunConfig):
 
     output_dir: str = "runs/classic"
     """Directory for metrics, TensorBoard events, checkpoints and summary.json."""
+    save_every: int = 50
+    """Save a checkpoint every this many iterations (0: only at the end)."""
     env: str = "CartPole-v1"
     """Gymnasium environment id, e.g. CartPole-v1 or Hopper-v5."""
     algo: Literal["ppo", "trpo"] = "ppo"

@@ -133,7 +133,8 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         episodes_done, elapsed_before = state["episodes"], state["elapsed_s"]
         recent.extend(state["recent_returns"])
         metrics.truncate_after(global_step)
-        print(f"resumed {path} at step {global_step}", file=sys.stderr)
+        done = "; the run is already complete" if iteration >= cfg.num_iterations else ""
+        print(f"resumed {path} at step {global_step}{done}", file=sys.stderr)
 
     def save() -> Path:
         return checkpoints.save(
