@@ -60,7 +60,8 @@ class Agent(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         """(B, obs_dim) → (B,) V(s)."""
-        return self.critic(obs).squeeze(-1)
+        value: Tensor = self.critic(obs)
+        return value.squeeze(-1)
 
     def dist(self, obs: Tensor) -> Distribution:
         """(B, obs_dim) → π(·|s), a batch of B distributions."""

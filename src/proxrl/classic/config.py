@@ -18,7 +18,7 @@ continuous actions (MuJoCo) get the PPO paper's MuJoCo settings (CleanRL
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
@@ -26,11 +26,11 @@ from proxrl.runtime.errors import ProxrlError
 Objective = Literal["clip", "adaptive-kl", "fixed-kl", "none"]
 OBJECTIVES: tuple[str, ...] = ("clip", "adaptive-kl", "fixed-kl", "none")
 
-_CONTINUOUS = dict(
+_CONTINUOUS: dict[str, Any] = dict(
     total_steps=1_000_000, num_envs=1, num_steps=2048, minibatch_size=64, epochs=10, lr=3e-4,
     ent_coef=0.0, normalize_obs=True, normalize_reward=True,
 )
-_DISCRETE = dict(
+_DISCRETE: dict[str, Any] = dict(
     total_steps=500_000, num_envs=4, num_steps=128, minibatch_size=128, epochs=4, lr=2.5e-4,
     ent_coef=0.01, normalize_obs=False, normalize_reward=False,
 )

@@ -80,7 +80,7 @@ def ppo_update(
             loss = pg_loss + cfg.vf_coef * v_loss + cfg.ent_coef * ent_loss
 
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
             optimizer.step()
 

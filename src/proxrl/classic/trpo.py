@@ -132,7 +132,7 @@ def critic_update(
                 clip=cfg.clip if cfg.clip_vloss else None,
             )
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             total += float(loss.detach())

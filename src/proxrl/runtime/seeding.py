@@ -23,7 +23,7 @@ def seed_everything(seed: int) -> None:
 def capture_rng_state() -> dict[str, Any]:
     """The state of every global generator, as weights-only-loadable values."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
