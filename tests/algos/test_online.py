@@ -163,16 +163,18 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
     import shutil
 
     whole = tmp_path / "whole"
-    ppo.train(small(ppo.Config, tiny_lm, prompts, whole, iterations=4, save_every=2, group_size=2))
+    ppo.train(small(ppo.Config, tiny_lm, prompts, whole, iterations=4, save_every=2, group_size=2, sample_every=1))
     resumed = tmp_path / "resumed"
     shutil.copytree(whole, resumed)
     shutil.rmtree(resumed / "checkpoints" / next(p.name for p in (resumed / "checkpoints").iterdir() if p.name.endswith("4")))
-    ppo.train(small(ppo.Config, tiny_lm, prompts, resumed, iterations=4, save_every=2, group_size=2, resume=True))
+    ppo.train(small(ppo.Config, tiny_lm, prompts, resumed, iterations=4, save_every=2, group_size=2, sample_every=1,
+                    resume=True))
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
     assert comparable(read_metrics(resumed)) == comparable(read_metrics(whole))
+    assert (resumed / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

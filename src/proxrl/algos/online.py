@@ -566,6 +566,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         generator.set_state(state["generator"])
         start = int(state["iteration"])
         logger.truncate_after(start)
+        truncate_samples(output_dir, start)
         log.info("resumed from %s at iteration %d", latest, start)
 
     # 4. Iterate.
@@ -617,6 +618,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             row["guard/skipped_updates"] = float(skipped)
             elapsed = time.perf_counter() - started
             row["perf/tokens_per_s"] = mask.sum().item() / elapsed
+            row["time/iteration_s"] = elapsed
             row.update(timings)
             last = logger.log(iteration + 1, row)
             if cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations):
@@ -631,6 +633,14 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     save_policy(models, output_dir)
     logger.close()
     return last
+
+
+def truncate_samples(output_dir: Path, iteration: int) -> None:
+    """Drop samples written after ``iteration`` (a resumed run writes them again)."""
+    path = output_dir / "samples.jsonl"
+    if path.exists():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["iteration"] <= iteration]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def write_samples(output_dir: Path, iteration: int, prompts: list[PromptExample], completions: list[str], scores: Tensor) -> None:
