@@ -113,3 +113,24 @@ def test_lora_dpo_uses_the_disabled_adapter_as_reference_and_saves_the_adapter(t
     n = len(pairs)
     # The adapter moved chosen log-probs up relative to rejected ones.
     assert torch.all((trained[:n] - base_logps[:n]) > (trained[n:] - base_logps[n:]))
+
+
+def test_an_explicit_reference_model_sets_the_reference_point(tiny_lm, tmp_path):
+    """With ref_model = the policy's own starting point the run is unchanged; with a different
+    reference, step 1's implicit rewards are policy − reference, not 0."""
+    from proxrl.models.tiny import build_tiny_lm
+
+    other = str(build_tiny_lm(tmp_path / "other", ["abcdefghijklmnopqrstuvwxyz =.:->" * 3], seed=7))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    same = dpo.train(_config(tiny_lm, tmp_path / "a", ref_model=tiny_lm, max_steps=2))
+    default = dpo.train(_config(tiny_lm, tmp_path / "b", max_steps=2))
+    timing = {"perf/tokens_per_s"}
+    assert same.keys() == default.keys()
+    for key in same.keys() - timing:
+        assert same[key] == pytest.approx(default[key], rel=1e-9, abs=1e-12), key
+    (tmp_path / "c").mkdir()
+    cfg = _config(tiny_lm, tmp_path / "c", ref_model=other, max_steps=1)
+    dpo.train(cfg)
+    first = json.loads((Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()[0])
+    assert abs(first["rewards/chosen"]) > 1e-3

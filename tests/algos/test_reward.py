@@ -131,3 +131,21 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
         assert one_stats[key] == pytest.approx(eight_stats[key], rel=1e-10, abs=1e-12)
     for name in one:
         torch.testing.assert_close(eight[name], one[name], rtol=1e-9, atol=1e-12)
+
+
+def test_lora_reward_model_is_saved_merged_with_its_adapter_beside_it(tiny_lm, tmp_path):
+    cfg = _config(tiny_lm, tmp_path, lora_r=4, epochs=1, learning_rate=1e-2)
+    metrics = reward.train(cfg)
+    out = Path(cfg.output_dir)
+    assert (out / "model.safetensors").exists() and (out / "adapter" / "adapter_model.safetensors").exists()
+    merged = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    tokenizer = load_tokenizer(str(out))
+    pairs = encode_preferences(load_preference_examples(cfg.eval_data), tokenizer, 512)
+    batch = collate_pairs(pairs, tokenizer.pad_token_id).sequences
+    with torch.no_grad():
+        scores = merged(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0]
+    n = len(pairs)
+    accuracy = (scores[:n] > scores[n:]).float().mean().item()
+    assert accuracy == pytest.approx(metrics["eval/accuracy"], abs=1e-9)
+    assert accuracy >= 0.9

@@ -68,11 +68,16 @@ def test_tokenizer_that_encodes_text_to_nothing_is_a_clear_error(tmp_path):
         load_tokenizer(str(tmp_path))
 
 
-def test_missing_model_path_is_one_line(tmp_path):
+def test_missing_model_path_is_one_line(tmp_path, monkeypatch):
     for loader in (load_tokenizer, load_causal_lm, load_score_model):
         with pytest.raises(ProxrlError, match="does not exist") as info:
             loader(str(tmp_path / "nope"))
         assert "\n" not in str(info.value)
+    # A relative "dir/name" under an existing directory is a local path, not a hub id.
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ProxrlError, match="model path 'runs/sft' does not exist"):
+        load_causal_lm("runs/sft")
 
 
 def test_causal_lm_options_dtype_checkpointing_and_remote_code_off(tiny_lm, monkeypatch):

@@ -20,6 +20,7 @@ proxrl, and a reward model trained elsewhere loads here.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Literal
 
@@ -27,8 +28,11 @@ import torch
 from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from proxrl.models.causal_lm import from_pretrained_kwargs, load_pretrained, prepare_for_training
+
+log = logging.getLogger(__name__)
 
 HeadInit = Literal["reward", "zero"]
 
@@ -45,17 +49,33 @@ def load_score_model(
     """Load a ``num_labels=1`` sequence classifier; initialise its head if the checkpoint has
     none (``new_head="reward"``: N(0, 1/√(d+1)); ``"zero"``: zeros, for a critic)."""
     kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
-    model, info = load_pretrained(
-        AutoModelForSequenceClassification,
-        name_or_path,
-        num_labels=1,
-        output_loading_info=True,
-        **kwargs,
-    )
+    # transformers prints a multi-line load report when a causal LM becomes a classifier (its
+    # lm_head unused, the head missing): expected here, so it is replaced by one log line.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = load_pretrained(
+            AutoModelForSequenceClassification,
+            name_or_path,
+            num_labels=1,
+            output_loading_info=True,
+            **kwargs,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     head = score_head(model)
-    head_names = {f"{name}.{p}" for name, module in model.named_modules() if module is head for p in ("weight", "bias")}
-    if head_names & set(info["missing_keys"]):
+    head_names = {
+        f"{name}.{p}" for name, module in model.named_modules() if module is head for p in ("weight", "bias")
+    }
+    missing = set(info["missing_keys"])
+    if head_names & missing:
         init_score_head(head, new_head)
+        log.info("%s: no scalar head in the checkpoint; initialised a %s head", name_or_path, new_head)
+    if missing - head_names:
+        log.warning(
+            "%s: %d weights missing from the checkpoint were newly initialised (e.g. %s)",
+            name_or_path, len(missing - head_names), sorted(missing - head_names)[0],
+        )
     prepare_for_training(model, gradient_checkpointing)
     return model
 

@@ -28,11 +28,15 @@ ROUND_TRIP_SAMPLE = "The quick brown fox jumps over the lazy dog. 0123456789"
 
 
 def looks_like_local_path(name_or_path: str) -> bool:
-    """A string the user meant as a directory rather than a hub id (``org/name``)."""
+    """A string the user meant as a directory rather than a hub id (``org/name``): absolute,
+    ``./`` or ``~``-relative, deeper than ``org/name``, or under a directory that exists here
+    (``runs/sft`` when ``runs/`` exists). Such a string is never sent to the hub, whose
+    offline retries take about a minute to fail."""
     return (
         os.path.isabs(name_or_path)
         or name_or_path.startswith((".", "~"))
         or name_or_path.count("/") > 1
+        or ("/" in name_or_path and os.path.isdir(name_or_path.split("/", 1)[0]))
     )
 
 
