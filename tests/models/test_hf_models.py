@@ -94,7 +94,8 @@ def test_causal_lm_options_dtype_checkpointing_and_remote_code_off(tiny_lm, monk
     model = load_causal_lm(tiny_lm, dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager")
     assert seen["trust_remote_code"] is False and seen["dtype"] is torch.bfloat16 and "torch_dtype" not in seen
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert model.is_gradient_checkpointing and model.config.use_cache is False
+    checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+    assert checkpointed and model.config.use_cache is False
     assert model.config._attn_implementation == "eager"
     with pytest.raises(ProxrlError, match="dtype: expected one of"):
         load_causal_lm(tiny_lm, dtype="float8")
@@ -187,3 +188,17 @@ def test_lora_on_a_score_model_also_trains_the_head(tiny_lm):
     names = list(trainable_state_dict(model))
     assert any("score" in n for n in names) and any("lora_A" in n for n in names)
     assert score_head(model).weight.requires_grad
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_lm):
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]])
+
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        model = load_causal_lm(tiny_lm, dtype="float64", gradient_checkpointing=checkpointing)
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    plain, checkpointed = grads(False), grads(True)
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-10, atol=1e-12)

@@ -82,7 +82,12 @@ def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool) -
     off)."""
     disable_dropout(model)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        enable = getattr(model, "activation_checkpointing_enable", None)  # the name since 5.x
+        if enable is not None:
+            enable(kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
 
 
