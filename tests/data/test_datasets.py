@@ -225,3 +225,31 @@ def test_bucketed_batches_cover_every_example_once_and_waste_less_padding():
     with pytest.raises(ValueError):
         bucket_batches(lengths, 0, seed=0)
     assert bucket_batches([], 4, seed=0, shuffle=False) == []
+
+
+def test_packing_fills_rows_and_masks_each_sequence_start():
+    from proxrl.data.batching import collate_packed, pack_sequences
+
+    lengths = [int(x) for x in torch.randint(3, 30, (200,), generator=torch.Generator().manual_seed(1))]
+    sequences = [EncodedSequence(list(range(100 + n, 100 + 2 * n)), [0] + [1] * (n - 1), 1) for n in lengths]
+    rows = pack_sequences(sequences, max_length=64)
+    placed = sorted(id(s) for r in rows for s in r.sequences)
+    assert placed == sorted(id(s) for s in sequences)  # each sequence exactly once
+    assert all(len(r) <= 64 for r in rows)
+    assert sum(lengths) / (64 * len(rows)) > 0.95  # rows are nearly full
+    assert rows == pack_sequences(sequences, max_length=64)  # deterministic
+
+    a = EncodedSequence([7, 8, 9], [1, 1, 1], 0)  # no prompt: its first token is a start
+    b = EncodedSequence([4, 5], [0, 1], 1)
+    batch = collate_packed(rows_of([[a, b], [b]]), pad_id=0)
+    assert batch.input_ids.tolist() == [[7, 8, 9, 4, 5], [4, 5, 0, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1, 0, 1], [0, 1, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert batch.model_inputs().keys() == {"input_ids", "position_ids", "use_cache"}
+
+
+def rows_of(groups):
+    from proxrl.data.batching import PackedRow
+
+    return [PackedRow(list(g)) for g in groups]

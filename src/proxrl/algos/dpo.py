@@ -97,7 +97,7 @@ class DPOBatch:
 
 def response_logps(model: nn.Module, sequences: Batch, average: bool) -> Tensor:
     """(N,) log π(response | prompt): the sum (or mean) of the response tokens' log-probs."""
-    logits = model(input_ids=sequences.input_ids, attention_mask=sequences.attention_mask).logits
+    logits = model(**sequences.model_inputs()).logits
     token_logps = logprobs_from_logits(logits[:, :-1], sequences.input_ids[:, 1:])
     mask = sequences.loss_mask[:, 1:]
     return masked_mean(token_logps, mask, dim=-1) if average else masked_sum(token_logps, mask, dim=-1)

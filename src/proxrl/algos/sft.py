@@ -6,7 +6,9 @@ feedback", InstructGPT) and Stiennon et al. 2020. Departures from the papers:
   together), not a per-sequence mean: long and short answers weigh per token, and gradient
   accumulation gives exactly the large-batch gradient.
 - For ``messages`` rows only the final assistant turn is trained on; earlier turns are prompt.
-- Padding is avoided by length bucketing, not packing.
+- Padding is kept small by length bucketing, or removed by ``packing`` (several examples per
+  row, attention kept within each through position ids; the packing is fixed, the row order
+  shuffled each epoch).
 Metrics: ``train/loss``, ``eval/loss``, ``eval/perplexity`` (exp of the per-token eval loss),
 ``perf/nonpad_share``.
 """
@@ -33,7 +35,7 @@ from proxrl.algos.offline_loop import (
     training_device,
 )
 from proxrl.core.losses import sft_loss
-from proxrl.data.batching import Batch, bucket_batches, collate
+from proxrl.data.batching import Batch, bucket_batches, collate, collate_packed, pack_sequences
 from proxrl.data.encoding import EncodedSequence, encode_sft
 from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
@@ -52,13 +54,15 @@ class Config(OfflineConfig):
     """Directory for metrics, checkpoints and the final model."""
     learning_rate: float = 2e-5
     """Peak AdamW learning rate."""
+    packing: bool = False
+    """Pack several examples into each row of max_length tokens (no padding; attention kept within each example through position ids). batch_size then counts rows."""
 
 
 def completion_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
     """Mean next-token NLL over the batch's completion tokens: position t predicts token t+1,
     counted when token t+1 is in the completion (``loss_mask``), never on the prompt."""
     batch = batch.to(device_of(model))
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = model(**batch.model_inputs()).logits
     return sft_loss(logits[:, :-1], batch.input_ids[:, 1:], batch.loss_mask[:, 1:])
 
 
@@ -105,11 +109,18 @@ def train(cfg: Config) -> dict[str, float]:
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg).to(training_device())
 
-    # 4. Train: mean NLL over the completion tokens of each optimizer step.
+    # 4. Train: mean NLL over the completion tokens of each optimizer step, on padded
+    #    length-bucketed batches or on packed rows.
+    if cfg.packing:
+        rows = pack_sequences(train_items, cfg.max_length)
+        log.info("sft: packed %d examples into %d rows of <= %d tokens", len(train_items), len(rows), cfg.max_length)
+        items, collate_fn = rows, collate_packed
+    else:
+        items, collate_fn = train_items, collate
     task = Task(
         name="sft",
-        train_items=train_items,
-        make_batch=lambda indices: collate([train_items[i] for i in indices], pad_id),
+        train_items=items,
+        make_batch=lambda indices: collate_fn([items[i] for i in indices], pad_id),
         loss_fn=completion_loss,
         units_fn=completion_tokens,
         evaluate=(lambda m: eval_metrics(m, eval_batches)) if eval_batches else None,

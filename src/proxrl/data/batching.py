@@ -4,12 +4,13 @@ Batches are drawn from buckets of similar length so little compute goes to paddi
 is shuffled, cut into chunks of ``batch_size * bucket_factor`` examples, each chunk is sorted
 by length and split into batches, and the batch order is shuffled again. Every batch reports
 its share of non-pad tokens (``Batch.nonpad_share``), logged as ``perf/nonpad_share``.
-Packing several sequences into one row is not done: it needs an attention implementation
-that honours sequence boundaries (flash-attention with position ids), which CPU runs lack.
+SFT can also pack several sequences into each row (``pack_sequences``, ``collate_packed``):
+no padding at all inside a row, and attention kept within each sequence by position ids.
 """
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,14 +26,31 @@ class Batch:
     input_ids: Tensor  # (B, T) token ids, padded with the pad id
     attention_mask: Tensor  # (B, T) 1 on real tokens, 0 on padding
     loss_mask: Tensor  # (B, T) 1 on tokens a loss reads (the response), 0 on prompt and padding
+    position_ids: Tensor | None = None  # (B, T) packed rows only: restarts at 0 for each sequence
 
     @property
     def nonpad_share(self) -> float:
         """Real tokens / all positions in the batch."""
         return float(self.attention_mask.float().mean())
 
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device))
+        position_ids = None if self.position_ids is None else self.position_ids.to(device)
+        return Batch(
+            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device), position_ids
+        )
+
+    def model_inputs(self) -> dict[str, Tensor | bool | None]:
+        """Keyword arguments for a transformers forward pass. A packed row passes position ids
+        and no attention mask: transformers 5 then builds a block-diagonal causal mask from
+        where the positions restart (for every attention implementation of models built on
+        its masking utilities: Llama, Qwen2, Mistral, Gemma…); the KV cache must be off."""
+        if self.packed:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "use_cache": False}
 
 
 def pad_right(rows: Sequence[Sequence[int]], value: int) -> Tensor:
@@ -138,3 +156,55 @@ def collate_rankings(rankings: Sequence[EncodedRanking], pad_id: int) -> Ranking
         raise ValueError(f"rankings of different sizes {sorted(sizes)} in one batch")
     sequences = collate([s for r in rankings for s in r.responses], pad_id)
     return RankingBatch(sequences, torch.tensor([r.ranking for r in rankings], dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """Several encoded sequences laid end to end in one row."""
+
+    sequences: list[EncodedSequence]
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+
+def pack_sequences(sequences: Sequence[EncodedSequence], max_length: int) -> list[PackedRow]:
+    """Best-fit-decreasing bin packing into rows of at most ``max_length`` tokens (a sequence
+    longer than that gets a row of its own). Deterministic: same input, same rows."""
+    order = sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (free tokens, row index), sorted
+    for i in order:
+        n = len(sequences[i])
+        slot = bisect.bisect_left(free, (n, -1))
+        if slot < len(free):
+            room, row = free.pop(slot)
+            rows[row].append(i)
+            room -= n
+        else:
+            rows.append([i])
+            row, room = len(rows) - 1, max_length - n
+        if room > 0:
+            bisect.insort(free, (room, row))
+    return [PackedRow([sequences[i] for i in sorted(row)]) for row in rows]
+
+
+def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:
+    """Packed rows into a ``Batch`` with ``position_ids``. The first token of every sequence is
+    kept out of ``loss_mask``: the token before it belongs to another sequence, so predicting
+    it would cross a boundary (unpacked, position 0 is never a target either). Trailing
+    padding is a block of its own (positions restart at 0) and is never attended to."""
+    ids, positions, losses, real = [], [], [], []
+    for row in rows:
+        ids.append([t for s in row.sequences for t in s.input_ids])
+        positions.append([p for s in row.sequences for p in range(len(s))])
+        losses.append([m if p else 0 for s in row.sequences for p, m in enumerate(s.loss_mask)])
+        real.append([1] * len(row))
+    width = max(len(r) for r in ids)
+    position_ids = [p + list(range(width - len(p))) for p in positions]
+    return Batch(
+        input_ids=pad_right(ids, pad_id),
+        attention_mask=pad_right(real, 0),
+        loss_mask=pad_right(losses, 0),
+        position_ids=torch.tensor(position_ids, dtype=torch.long),
+    )

@@ -127,7 +127,8 @@ def last_token_index(attention_mask: Tensor) -> Tensor:
 
 def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The head at every position: (B, T) ids and mask → (B, T) values (a critic's V(s_t))."""
-    hidden = backbone(model)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    body = backbone(model)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return score_head(model)(hidden).squeeze(-1)
 
 
