@@ -251,3 +251,21 @@ def test_bad_input_is_one_line_and_exit_code_2(command, extra, message, tiny_lm,
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err.splitlines()[-1] and "Traceback" not in err, err
+
+
+def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
+    """π_old taken from the sampler's logits equals a fresh forward pass over the same tokens
+    to float rounding (KV cache vs full pass), at a non-unit temperature."""
+    from proxrl.algos import online
+
+    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, temperature=0.7, sampler_logprobs=True, group_size=2)
+    algo = ppo.build(cfg)
+    models = online.load_models(cfg, algo)
+    examples, ids = online.load_prompts(cfg, models.tokenizer)
+    experience, _, _ = online.collect_rollout(cfg, algo, models, online.load_rewards(cfg), examples, ids, 0.05, {})
+    with torch.no_grad():
+        fresh = online.policy_forward(models.actor, experience.input_ids, experience.attention_mask,
+                                      experience.prompt_ids.shape[1], 0.7).logprobs
+    mask = experience.response_mask.bool()
+    torch.testing.assert_close(experience.logprobs[mask], fresh[mask], rtol=0, atol=1e-4)
+    assert (experience.logprobs[~mask] == 0).all()

@@ -152,6 +152,10 @@ class OnlineConfig(RunConfig):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Run model code shipped with a hub repository (off unless you trust it)."""
+    sampler_logprobs: bool = False
+    """Take log π_old from the sampler's logits instead of a second forward pass: one pass
+    fewer per iteration, but π_old then differs from the trainer's own numbers by float
+    rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
     max_consecutive_skips: int = 5
     """Stop after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
     progress: bool = True
@@ -313,7 +317,9 @@ def collect_rollout(
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
     sampler = HFSampler(actor, tokenizer)
-    response_ids, response_mask = sampler.sample(prompt_tensor, prompt_mask, settings)
+    use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
+    samples = sampler.sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
+    response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
         response_mask[:, 0] = 1
     completions = tokenizer.batch_decode(response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask), skip_special_tokens=True)
@@ -334,12 +340,12 @@ def collect_rollout(
     if cfg.reward_clip:
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
     if algo.needs_greedy:
-        greedy_ids, greedy_mask = sampler.sample(
+        greedy = sampler.sample(
             pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
             pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
             SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
         )
-        greedy_text = tokenizer.batch_decode(torch.where(greedy_mask.bool(), greedy_ids, tokenizer.pad_token_id), skip_special_tokens=True)
+        greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
         prompt_columns = {k: v[::group] for k, v in columns.items()}
         algo.extras["greedy_scores"] = rewards(prompts, greedy_text, prompt_columns)[0]
     timings["time/score_s"] = time.perf_counter() - started
@@ -351,10 +357,14 @@ def collect_rollout(
     attention_mask = torch.cat([prompt_mask, response_mask], 1)
     logprobs, ref_logprobs, values, entropy = [], [], [], []
     for rows in torch.arange(len(ids)).split(cfg.micro_batch_size):
-        out = policy_forward(actor, input_ids[rows], attention_mask[rows], P, cfg.temperature,
-                             with_entropy=True, with_hidden=algo.critic == "head")
-        logprobs.append(out.logprobs.float())
-        entropy.append(out.entropy.float())  # type: ignore[union-attr]
+        if use_sampler_logprobs:
+            logprobs.append(samples.logprobs[rows])  # type: ignore[index]
+            entropy.append(samples.entropy[rows])  # type: ignore[index]
+        else:
+            out = policy_forward(actor, input_ids[rows], attention_mask[rows], P, cfg.temperature,
+                                 with_entropy=True, with_hidden=algo.critic == "head")
+            logprobs.append(out.logprobs.float())
+            entropy.append(out.entropy.float())  # type: ignore[union-attr]
         with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
             ref_logprobs.append(policy_forward(ref, input_ids[rows], attention_mask[rows], P, cfg.temperature).logprobs.float())
         if algo.critic == "separate":
@@ -362,7 +372,7 @@ def collect_rollout(
         elif algo.critic == "head":
             values.append(models.critic(out.hidden))  # type: ignore[misc]
         else:
-            values.append(torch.zeros_like(out.logprobs, dtype=torch.float32))
+            values.append(torch.zeros_like(logprobs[-1]))
     mask = response_mask.float()
     experience = Experience(
         prompt_ids=prompt_tensor, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
