@@ -96,6 +96,11 @@ class OfflineConfig(RunConfig):
     progress: bool = True
     """Show a progress bar with loss and ETA."""
 
+    @property
+    def examples_per_step(self) -> int:
+        """Examples (or packed rows) one optimizer step sees: batch_size × grad_accum."""
+        return self.batch_size * self.grad_accum
+
     def validate(self) -> None:
         super().validate()
         checks = [
@@ -261,6 +266,11 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
+
+    log.info(
+        "%s: %d items, %d per optimizer step (batch_size %d × grad_accum %d), %d steps",
+        task.name, len(lengths), cfg.examples_per_step, cfg.batch_size, cfg.grad_accum, total_steps,
+    )
 
     # 2. Optimizer over what trains (LoRA: adapters and head only).
     params = [p for p in model.parameters() if p.requires_grad]
