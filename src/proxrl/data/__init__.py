@@ -4,12 +4,15 @@ policy, and length-bucketed batches."""
 
 from proxrl.data.batching import (
     Batch,
+    PackedRow,
     PairBatch,
     RankingBatch,
     bucket_batches,
     collate,
+    collate_packed,
     collate_pairs,
     collate_rankings,
+    pack_sequences,
     pad_left,
     pad_right,
 )
@@ -36,6 +39,7 @@ from proxrl.data.readers import Row, read_rows
 
 __all__ = [
     "Batch",
+    "PackedRow",
     "PairBatch",
     "RankingBatch",
     "EncodedPair",
@@ -48,6 +52,7 @@ __all__ = [
     "SFTExample",
     "bucket_batches",
     "collate",
+    "collate_packed",
     "collate_pairs",
     "collate_rankings",
     "encode_preferences",
@@ -58,6 +63,7 @@ __all__ = [
     "load_prompt_examples",
     "load_ranking_examples",
     "load_sft_examples",
+    "pack_sequences",
     "pad_left",
     "pad_right",
     "read_rows",

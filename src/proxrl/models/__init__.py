@@ -5,16 +5,23 @@ loads anywhere else and what was trained elsewhere loads here.
 """
 
 from proxrl.models.causal_lm import disable_dropout, load_causal_lm
-from proxrl.models.lora import apply_lora, trainable_state_dict
+from proxrl.models.lora import adapter_disabled, apply_lora, trainable_state_dict
 from proxrl.models.scalar_head import (
     last_token_index,
     load_score_model,
     sequence_scores,
+    store_score_normalization,
     token_values,
 )
-from proxrl.models.tokenizer import check_round_trip, load_tokenizer, resize_for_tokenizer
+from proxrl.models.tokenizer import (
+    check_round_trip,
+    load_tokenizer,
+    padding_side,
+    resize_for_tokenizer,
+)
 
 __all__ = [
+    "adapter_disabled",
     "apply_lora",
     "check_round_trip",
     "disable_dropout",
@@ -22,8 +29,10 @@ __all__ = [
     "load_causal_lm",
     "load_score_model",
     "load_tokenizer",
+    "padding_side",
     "resize_for_tokenizer",
     "sequence_scores",
+    "store_score_normalization",
     "token_values",
     "trainable_state_dict",
 ]
