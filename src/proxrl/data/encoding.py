@@ -110,17 +110,27 @@ def encode_response_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[
 
 
 def _join(
-    prompt_ids: list[int], response_ids: list[int], max_length: int, overlong: Overlong, report: OverlongReport
-) -> EncodedSequence | None:
-    length = len(prompt_ids) + len(response_ids)
-    if length > max_length:
+    prompt_ids: list[int], response_ids: list[int], max_length: int, overlong: Overlong
+) -> tuple[EncodedSequence | None, bool]:
+    """Prompt + response under the over-length policy: (the sequence or None if dropped,
+    whether it was truncated)."""
+    truncated = len(prompt_ids) + len(response_ids) > max_length
+    if truncated:
         if overlong == "drop" or len(prompt_ids) >= max_length:
-            return None
-        report.truncated += 1
+            return None, False
         response_ids = response_ids[: max_length - len(prompt_ids)]
-    return EncodedSequence(
+    sequence = EncodedSequence(
         prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids), len(prompt_ids)
     )
+    return sequence, truncated
+
+
+def _count(report: OverlongReport, kept: bool, truncated: bool, where: str) -> None:
+    if not kept:
+        report.dropped += 1
+        report.where_dropped.append(where)
+    elif truncated:
+        report.truncated += 1
 
 
 def _check_policy(overlong: str, max_length: int) -> None:
@@ -161,11 +171,9 @@ def encode_sft(
         else:
             prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
             response_ids = encode_response_text(tokenizer, example.completion)
-        sequence = _join(prompt_ids, response_ids, max_length, overlong, report)
-        if sequence is None:
-            report.dropped += 1
-            report.where_dropped.append(example.where)
-        else:
+        sequence, truncated = _join(prompt_ids, response_ids, max_length, overlong)
+        _count(report, sequence is not None, truncated, example.where)
+        if sequence is not None:
             encoded.append(sequence)
     return _finish(encoded, report, name, max_length)
 
@@ -183,14 +191,13 @@ def encode_preferences(
     encoded = []
     for example in examples:
         prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
-        truncated_before = report.truncated
-        chosen = _join(prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong, report)
-        rejected = _join(prompt_ids, encode_response_text(tokenizer, example.rejected), max_length, overlong, report)
-        report.truncated = truncated_before + int(report.truncated > truncated_before)
-        if chosen is None or rejected is None:
-            report.dropped += 1
-            report.where_dropped.append(example.where)
-        else:
+        chosen, chosen_cut = _join(prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong)
+        rejected, rejected_cut = _join(
+            prompt_ids, encode_response_text(tokenizer, example.rejected), max_length, overlong
+        )
+        kept = chosen is not None and rejected is not None
+        _count(report, kept, chosen_cut or rejected_cut, example.where)
+        if chosen is not None and rejected is not None:
             encoded.append(EncodedPair(chosen, rejected, example.margin))
     return _finish(encoded, report, name, max_length)
 
@@ -207,17 +214,12 @@ def encode_rankings(
     encoded = []
     for example in examples:
         prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
-        truncated_before = report.truncated
-        responses = [
-            _join(prompt_ids, encode_response_text(tokenizer, r), max_length, overlong, report)
-            for r in example.responses
-        ]
-        report.truncated = truncated_before + int(report.truncated > truncated_before)
-        if any(r is None for r in responses):
-            report.dropped += 1
-            report.where_dropped.append(example.where)
-        else:
-            encoded.append(EncodedRanking([r for r in responses if r is not None], example.ranking))
+        joined = [_join(prompt_ids, encode_response_text(tokenizer, r), max_length, overlong) for r in example.responses]
+        responses = [sequence for sequence, _ in joined if sequence is not None]
+        kept = len(responses) == len(joined)
+        _count(report, kept, any(cut for _, cut in joined), example.where)
+        if kept:
+            encoded.append(EncodedRanking(responses, example.ranking))
     return _finish(encoded, report, name, max_length)
 
 
