@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline_loop import (
     OfflineConfig,
@@ -51,7 +52,7 @@ from proxrl.data.batching import (
     collate_rankings,
 )
 from proxrl.data.encoding import EncodedPair, EncodedRanking, encode_preferences, encode_rankings
-from proxrl.data.formats import is_ranking_source, load_preference_examples, load_ranking_examples
+from proxrl.data.formats import RankingExample, load_comparison_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime.checkpoint import prepare_output_dir
@@ -136,11 +137,14 @@ def _responses(item: Item) -> list:
     return item.responses if isinstance(item, EncodedRanking) else [item.chosen, item.rejected]
 
 
-def load_items(source: str, tokenizer, cfg: Config, name: str) -> list[Item]:  # noqa: ANN001
+def load_items(source: str, tokenizer: PreTrainedTokenizerBase, cfg: Config, name: str) -> list[Item]:
     """Pairs or rankings, whichever the data holds (rankings have ``responses``)."""
-    if is_ranking_source(source):
-        return encode_rankings(load_ranking_examples(source), tokenizer, cfg.max_length, cfg.overlong, name)
-    return encode_preferences(load_preference_examples(source), tokenizer, cfg.max_length, cfg.overlong, name)
+    examples = load_comparison_examples(source)
+    if isinstance(examples[0], RankingExample):
+        if cfg.center_coef:
+            raise ProxrlError(f"{name}: center_coef applies to preference pairs, not K-way rankings")
+        return encode_rankings(examples, tokenizer, cfg.max_length, cfg.overlong, name)  # type: ignore[arg-type]
+    return encode_preferences(examples, tokenizer, cfg.max_length, cfg.overlong, name)  # type: ignore[arg-type]
 
 
 def train(cfg: Config) -> dict[str, float]:

@@ -163,7 +163,11 @@ def load_sft_examples(source: str, split: str = "train") -> list[SFTExample]:
 
 def load_preference_examples(source: str, split: str = "train") -> list[PreferenceExample]:
     """Validated preference rows; rows with chosen == rejected are dropped with a warning."""
-    examples = [parse_preference(row) for row in read_rows(source, split)]
+    return preference_examples(read_rows(source, split), source)
+
+
+def preference_examples(rows: list[Row], source: str) -> list[PreferenceExample]:
+    examples = [parse_preference(row) for row in rows]
     kept = [e for e in examples if e.chosen != e.rejected]
     if len(kept) < len(examples):
         log.warning(
@@ -178,7 +182,11 @@ def load_preference_examples(source: str, split: str = "train") -> list[Preferen
 
 def load_ranking_examples(source: str, split: str = "train") -> list[RankingExample]:
     """Validated rankings; every row must rank the same number K of responses."""
-    examples = _nonempty([parse_ranking(row) for row in read_rows(source, split)], source)
+    return ranking_examples(read_rows(source, split), source)
+
+
+def ranking_examples(rows: list[Row], source: str) -> list[RankingExample]:
+    examples = _nonempty([parse_ranking(row) for row in rows], source)
     k = len(examples[0].responses)
     for example in examples:
         if len(example.responses) != k:
@@ -189,6 +197,15 @@ def load_ranking_examples(source: str, split: str = "train") -> list[RankingExam
     return examples
 
 
+def load_comparison_examples(source: str, split: str = "train") -> list[PreferenceExample] | list[RankingExample]:
+    """Preference pairs or K-way rankings, whichever ``source`` holds (decided by its first
+    row: ``responses`` without ``chosen`` is a ranking)."""
+    rows = read_rows(source, split)
+    if rows and "responses" in rows[0].data and "chosen" not in rows[0].data:
+        return ranking_examples(rows, source)
+    return preference_examples(rows, source)
+
+
 def load_prompt_examples(source: str, split: str = "train") -> list[PromptExample]:
     return _nonempty([parse_prompt(row) for row in read_rows(source, split)], source)
 
@@ -197,9 +214,3 @@ def _nonempty(examples: list[Any], source: str) -> list[Any]:
     if not examples:
         raise ProxrlError(f"data '{source}' has no usable rows")
     return examples
-
-
-def is_ranking_source(source: str, split: str = "train") -> bool:
-    """Whether the first row of ``source`` is a K-way ranking (has ``responses``)."""
-    rows = read_rows(source, split)
-    return bool(rows) and "responses" in rows[0].data and "chosen" not in rows[0].data
