@@ -141,8 +141,9 @@ def test_lora_run_saves_an_adapter_peft_loads(tiny_lm, tmp_path):
         assert _eval_loss(adapted, tokenizer, cfg.eval_data) == pytest.approx(base_loss, rel=1e-9)
 
 
-def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path):
-    common = dict(lr_schedule="constant", epochs=2, save_every=2)
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path, lora_r):
+    common = dict(lr_schedule="constant", epochs=2, save_every=2, lora_r=lora_r)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     straight = _config(tiny_lm, tmp_path / "a", max_steps=5, **common)
@@ -150,8 +151,10 @@ def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path):
     first = _config(tiny_lm, tmp_path / "b", max_steps=2, **common)
     sft.train(first)
     sft.train(_config(tiny_lm, tmp_path / "b", max_steps=5, resume=True, **common))
-    a = load_file(str(Path(straight.output_dir) / "model.safetensors"))
-    b = load_file(str(Path(first.output_dir) / "model.safetensors"))
+    weights = "adapter_model.safetensors" if lora_r else "model.safetensors"
+    a = load_file(str(Path(straight.output_dir) / weights))
+    b = load_file(str(Path(first.output_dir) / weights))
+    assert a.keys() == b.keys() and a
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
     rows = [json.loads(x) for x in (Path(first.output_dir) / "metrics.jsonl").read_text().splitlines()]

@@ -184,7 +184,8 @@ def train(cfg: Config) -> dict[str, float]:
         with adapter_disabled(policy) as reference:
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
             ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
-    dtype = next(policy.parameters()).dtype
+    # The policy's log-probs come out in float32 for half-precision weights (core.logprobs).
+    dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)
 
     # 5. Train on the preference loss (mean over the pairs of each optimizer step).
     order = bucket_batches([len(x) for x in eval_items], cfg.batch_size, seed=0, shuffle=False)
