@@ -253,3 +253,17 @@ def rows_of(groups):
     from proxrl.data.batching import PackedRow
 
     return [PackedRow(list(g)) for g in groups]
+
+
+def test_prompt_rows_render_conversations_with_the_generation_prompt(tokenizer, tmp_path):
+    path = _write(tmp_path / "p.jsonl", [
+        {"prompt": "copy: ab ="},
+        {"messages": [{"role": "user", "content": "copy ab"}], "answer": "ab"},
+    ])
+    examples = load_prompt_examples(path)
+    assert examples[1].columns == {"answer": "ab"}
+    plain, chat = encode_prompts(examples, tokenizer, max_length=64)
+    assert plain == tokenizer("copy: ab =")["input_ids"]
+    assert tokenizer.decode(chat) == "<|user|>copy ab\n<|assistant|>"
+    batch = pad_left([plain, chat], tokenizer.pad_token_id)
+    assert batch[:, -1].tolist() == [plain[-1], chat[-1]]  # every prompt ends where generation starts
