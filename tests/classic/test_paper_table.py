@@ -1,0 +1,57 @@
+"""benchmarks/paper_table.py: setting names → options, and the paper's normalisation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxrl.runtime.errors import ProxrlError
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "paper_table.py"
+_spec = importlib.util.spec_from_file_location("paper_table", _PATH)
+assert _spec is not None and _spec.loader is not None
+paper_table = importlib.util.module_from_spec(_spec)
+sys.modules["paper_table"] = paper_table  # dataclasses look their module up there
+_spec.loader.exec_module(paper_table)
+
+
+def test_setting_names_map_to_classic_options():
+    assert paper_table.setting_args("none") == ["--objective", "none"]
+    assert paper_table.setting_args("clip-0.3") == ["--objective", "clip", "--clip", "0.3"]
+    assert paper_table.setting_args("adaptive-kl-0.003") == [
+        "--objective", "adaptive-kl", "--kl-target", "0.003"]
+    assert paper_table.setting_args("fixed-kl-10") == ["--objective", "fixed-kl", "--kl-beta", "10"]
+    assert paper_table.setting_args("trpo") == ["--algo", "trpo"]
+    for bad in ("clip-x", "kl-0.1", "clip"):
+        with pytest.raises(ProxrlError, match="unknown setting"):
+            paper_table.setting_args(bad)
+
+
+def test_normalisation_random_zero_best_setting_one(tmp_path):
+    """Env A: random 0; clip-0.2 scores 10, 20 (mean 15, the best); none 5, 5.
+    Env B: random 10; clip-0.2 scores 110, 110; none 210, 210 (the best).
+    clip-0.2: mean(10/15, 20/15, 100/200, 100/200) = 0.75;
+    none: mean(5/15, 5/15, 200/200, 200/200) = 0.666… → "0.67"."""
+    cfg = paper_table.TableConfig(envs=["A-v0", "B-v0"], settings=["clip-0.2", "none"],
+                                  seeds=[1, 2], total_steps=100, output_dir=str(tmp_path))
+    scores = {("A-v0", "clip-0.2"): [10, 20], ("A-v0", "none"): [5, 5],
+              ("B-v0", "clip-0.2"): [110, 110], ("B-v0", "none"): [210, 210]}
+    for (env, setting), values in scores.items():
+        for seed, value in zip(cfg.seeds, values, strict=True):
+            d = paper_table.run_dir(cfg, env, setting, seed)
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps(
+                {"complete": True, "mean_return_last_100": value, "wall_time_s": 1.0}))
+            rows = [{"step": s, "global_step": s, "charts/episodic_return": value}
+                    for s in (50, 100)]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "random_returns.json").write_text(json.dumps({"A-v0": 0.0, "B-v0": 10.0}))
+    table = paper_table.report(cfg)
+    lines = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert lines["| clip-0.2"] == ("| clip-0.2 | 15 ± 5 (n=2) | 110 ± 0 (n=2) | 0.75 | 0.82 |")
+    assert lines["| none"] == "| none | 5 ± 0 (n=2) | 210 ± 0 (n=2) | 0.67 | -0.39 |"
+    assert (tmp_path / "curves.png").stat().st_size > 0
