@@ -1,0 +1,254 @@
+"""proxrl against TRL on the identical PPO and GRPO workload, side by side, on this machine.
+
+    .venv/bin/python benchmarks/vs_trl.py                 # both trainers, both sizes, 3 pairs
+    .venv/bin/python benchmarks/vs_trl.py --trainers ppo --sizes 128x2 --pairs 1
+
+TRL 1.12.0 (the last release with PPO; it also has GRPO) is installed into its own virtual
+environment, ``benchmarks/.venv-trl``, with the same torch and transformers as proxrl. Runs
+alternate A B A B … in fresh processes so machine noise hits both alike. The workload is the
+same on both sides: the same locally built Qwen2-style model, tokenizer, prompts, reward model
+(PPO) or reward function (GRPO), rollout batch, response length (generation runs to
+``max_new_tokens``: the random model almost never says EOS), PPO epochs and minibatches,
+learning rate and seed, and the same model calls per update — PPO: generate, reference, value
+and reward forward passes, then epochs × (policy + value forward and backward); GRPO with β = 0:
+generate, reward function, one forward and backward, no reference pass. proxrl takes π_old
+from the sampler's logits (``sampler_logprobs``), as TRL does.
+
+Printed per trainer and size: median seconds per update (first update of each run dropped as
+warm-up), generated tokens per second, peak RSS, and the proxrl/TRL throughput ratio per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROXRL_PYTHON = ROOT / ".venv" / "bin" / "python"
+TRL_VENV = ROOT / "benchmarks" / ".venv-trl"
+TRL_PYTHON = TRL_VENV / "bin" / "python"
+TRL_VERSION = "1.12.0"
+WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
+PROMPTS = [f"say: {w} ->" for w in WORDS]
+
+
+def letter_share(prompts: list[str], completions: list[str], **columns: object) -> list[float]:
+    """The GRPO reward function on both sides: share of characters among a..m."""
+    return [sum(ch in "abcdefghijklm" for ch in c) / max(len(c), 1) for c in completions]
+
+
+# ------------------------------------------------------------------------------------------
+# Setup (runs in proxrl's environment)
+
+
+def ensure_trl_venv() -> None:
+    if TRL_PYTHON.exists():
+        return
+    import transformers
+
+    print(f"installing TRL {TRL_VERSION} into {TRL_VENV} …", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+    pip = [str(TRL_VENV / "bin" / "pip"), "install", "--quiet"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this machine's disk
+    # requests: GRPOTrainer imports it and TRL does not declare it.
+    subprocess.run([*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}", "requests"], check=True)
+
+
+def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
+    """A Qwen2-style causal LM, a reward model with the same body and a random head, both
+    with the locally trained tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    sys.path.insert(0, str(ROOT / "tests" / "algos"))
+    from lm_tasks import CORPUS
+
+    from proxrl.models.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(CORPUS)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 2), num_key_value_heads=max(hidden // 64, 2), max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False, num_labels=1,
+    )
+    torch.manual_seed(0)
+    paths = {"model": work / "policy", "reward": work / "reward"}
+    Qwen2ForCausalLM(config).save_pretrained(paths["model"])
+    Qwen2ForSequenceClassification(config).save_pretrained(paths["reward"])
+    for path in paths.values():
+        tokenizer.save_pretrained(path)
+    prompts = work / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 4))
+    return {"model": str(paths["model"]), "reward": str(paths["reward"]), "prompts": str(prompts)}
+
+
+# ------------------------------------------------------------------------------------------
+# Workers (one process per run; each prints one JSON line)
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
+    import proxrl.runtime.metrics as metrics
+    from proxrl.algos import grpo, ppo
+
+    stamps: list[float] = []
+    original_log = metrics.MetricsLogger.log
+
+    def stamped_log(self, step, row):  # type: ignore[no-untyped-def]
+        result = original_log(self, step, row)
+        stamps.append(time.perf_counter())
+        return result
+
+    metrics.MetricsLogger.log = stamped_log  # type: ignore[method-assign]
+    common = dict(model=paths["model"], prompts=paths["prompts"], output_dir=args.out, overwrite=True, seed=1,
+                  iterations=args.updates, max_new_tokens=args.tokens, temperature=1.0, learning_rate=1e-5,
+                  progress=False, sample_every=0, sampler_logprobs=True, lr_schedule="linear")
+    if args.trainer == "ppo":
+        cfg = ppo.Config(**common, reward_model=paths["reward"], critic_model=paths["reward"], rollout_batch_size=32,
+                         group_size=1, ppo_epochs=4, mini_batch_size=16, grad_accum=1, kl_coef=0.05,
+                         critic_learning_rate=1e-5, max_grad_norm=0.0)
+        started = time.perf_counter()
+        ppo.train(cfg)
+    else:
+        sys.modules.setdefault("vs_trl", sys.modules[__name__])
+        cfg = grpo.Config(**common, reward_fn=("vs_trl:letter_share",), estimator="grpo", rollout_batch_size=8,
+                          group_size=4, ppo_epochs=1, mini_batch_size=32, grad_accum=2, kl_coef=0.0, max_grad_norm=1.0)
+        started = time.perf_counter()
+        grpo.train(cfg)
+    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "peak_mb": _peak_mb()}
+
+
+def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        TrainerCallback,
+    )
+
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *a, **k):  # type: ignore[no-untyped-def]
+            stamps.append(time.perf_counter())
+
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
+    common = dict(output_dir=args.out, learning_rate=1e-5, report_to=[], logging_steps=1, save_strategy="no",
+                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False)
+    torch.manual_seed(1)
+    if args.trainer == "ppo":
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+        dataset = Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS * 4]})
+        config = PPOConfig(**common, per_device_train_batch_size=16, gradient_accumulation_steps=2, num_mini_batches=2,
+                           num_ppo_epochs=4, response_length=args.tokens, stop_token="eos", temperature=1.0,
+                           total_episodes=32 * args.updates, local_rollout_forward_batch_size=16, kl_coef=0.05,
+                           num_sample_generations=0, missing_eos_penalty=None, max_grad_norm=None)
+        trainer = PPOTrainer(
+            args=config, processing_class=tokenizer, model=AutoModelForCausalLM.from_pretrained(paths["model"]),
+            ref_model=AutoModelForCausalLM.from_pretrained(paths["model"]),
+            reward_model=AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1),
+            value_model=AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1),
+            train_dataset=dataset, callbacks=[Stamp()],
+        )
+    else:
+        from trl import GRPOConfig, GRPOTrainer
+
+        dataset = Dataset.from_dict({"prompt": PROMPTS * 8})
+        config = GRPOConfig(**common, per_device_train_batch_size=16, gradient_accumulation_steps=2, num_generations=4,
+                            max_completion_length=args.tokens, temperature=1.0, beta=0.0, num_iterations=1,
+                            max_steps=args.updates, log_completions=False, max_grad_norm=1.0)
+        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(paths["model"]), reward_funcs=letter_share,
+                              args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
+    started = time.perf_counter()
+    trainer.train()
+    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "peak_mb": _peak_mb()}
+
+
+# ------------------------------------------------------------------------------------------
+# Orchestration
+
+
+def run_worker(framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
+    python = PROXRL_PYTHON if framework == "proxrl" else TRL_PYTHON
+    command = [str(python), __file__, "--worker", framework, "--trainer", trainer, "--paths", json.dumps(paths),
+               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out)]
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
+                        "PYTHONPATH": str(Path(__file__).parent)}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"{framework} {trainer} failed:\n{result.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="proxrl vs TRL, same workload, alternating runs")
+    parser.add_argument("--trainers", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"])
+    parser.add_argument("--sizes", nargs="+", default=["128x2", "256x4"], help="hidden x layers")
+    parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per trainer and size")
+    parser.add_argument("--updates", type=int, default=5, help="updates per run (the first is warm-up)")
+    parser.add_argument("--tokens", type=int, default=32, help="response length")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", choices=["proxrl", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        import logging
+
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+        logging.disable(logging.WARNING)
+        work = worker_proxrl if args.worker == "proxrl" else worker_trl
+        print(json.dumps(work(args, json.loads(args.paths))))
+        return
+
+    import tempfile
+
+    ensure_trl_venv()
+    root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
+    responses = {"ppo": 32, "grpo": 32}
+    print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/s':>12} "
+          f"{'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}", flush=True)
+    summary = []
+    for size in args.sizes:
+        hidden, layers = (int(x) for x in size.split("x"))
+        paths = build_models(root / size, hidden, layers)
+        for trainer in args.trainers:
+            ratios = []
+            for pair in range(args.pairs):
+                results = {}
+                for framework in ("proxrl", "trl"):  # A then B within every pair
+                    runs = run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}")
+                    seconds = statistics.median(runs["update_s"][1:])
+                    results[framework] = (seconds, responses[trainer] * args.tokens / seconds, runs["peak_mb"])
+                ratio = results["proxrl"][1] / results["trl"][1]
+                ratios.append(ratio)
+                print(f"{trainer:<6} {size:<7} {pair:<4} {results['proxrl'][0]:>12.3f} {results['trl'][0]:>10.3f} "
+                      f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
+                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f}", flush=True)
+            summary.append((trainer, size, statistics.median(ratios)))
+    print("\nmedian proxrl/TRL tokens-per-second ratio:")
+    for trainer, size, ratio in summary:
+        print(f"  {trainer:<5} {size:<7} {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
