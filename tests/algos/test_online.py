@@ -11,6 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos import grpo, ppo
+from proxrl.algos.online_rollout import collect_rollout, load_models, load_prompts, load_rewards
+from proxrl.algos.online_update import update
+from proxrl.core import value_loss
+from proxrl.rollout.experience import Experience
+from proxrl.rollout.forward import critic_forward, policy_forward
 from proxrl.rollout.generation import response_mask_after_stop, stopped
 from proxrl.runtime.metrics import read_metrics
 
@@ -78,22 +83,20 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_model, tmp_path):
     """Two full iterations (rollout and update) through the loop's own functions: the actor and
     critic move, the reference and the reward model do not change by a single bit."""
-    from proxrl.algos import online
-
     cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, reward_fn=(), reward_model=reward_model,
                 group_size=2, ppo_epochs=2, critic_learning_rate=1e-3)
     algo = ppo.build(cfg)
-    models = online.load_models(cfg, algo)
-    rewards = online.load_rewards(cfg)
-    examples, ids = online.load_prompts(cfg, models.tokenizer)
+    models = load_models(cfg, algo)
+    rewards = load_rewards(cfg)
+    examples, ids = load_prompts(cfg, models.tokenizer)
     before = {name: _state(m) for name, m in
               (("actor", models.actor), ("critic", models.critic), ("reference", models.reference),
                ("reward", rewards.sources[0].model))}
     optimizers = [torch.optim.AdamW(models.actor.parameters(), lr=1e-3),
                   torch.optim.AdamW(models.critic.parameters(), lr=1e-3)]
     for _ in range(2):
-        experience, _, row = online.collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
-        online.update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0))
+        experience, _, row = collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
+        update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0))
     for name, model in (("reference", models.reference), ("reward", rewards.sources[0].model)):
         after = _state(model)
         assert all(torch.equal(before[name][k], after[k]) for k in after), name
@@ -112,17 +115,15 @@ def test_first_iteration_kl_is_exactly_zero(tiny_lm, prompts, tmp_path):
 def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
     """Replace every token after each response's stop with random ids: the policy loss, value
     loss and their gradients are the same."""
-    from proxrl.algos import online
-
     cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, max_new_tokens=12,
                 critic_learning_rate=1e-3)
     algo = ppo.build(cfg)
-    models = online.load_models(cfg, algo)
-    examples, ids = online.load_prompts(cfg, models.tokenizer)
-    experience, _, _ = online.collect_rollout(cfg, algo, models, online.load_rewards(cfg), examples, ids, 0.05, {})
+    models = load_models(cfg, algo)
+    examples, ids = load_prompts(cfg, models.tokenizer)
+    experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
     experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
     noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
-    perturbed = online.Experience(**{**experience.__dict__, "response_ids": torch.where(
+    perturbed = Experience(**{**experience.__dict__, "response_ids": torch.where(
         experience.response_mask.bool(), experience.response_ids, noise)})
     assert not torch.equal(perturbed.response_ids, experience.response_ids)
 
@@ -130,10 +131,10 @@ def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
         models.actor.zero_grad()
         models.critic.zero_grad()
         P = exp.prompt_ids.shape[1]
-        out = online.policy_forward(models.actor, exp.input_ids, exp.attention_mask, P, cfg.temperature)
+        out = policy_forward(models.actor, exp.input_ids, exp.attention_mask, P, cfg.temperature)
         loss, _ = algo.policy_loss(out.logprobs, exp)
-        values = online.critic_forward(models.critic, exp.input_ids, exp.attention_mask, P)
-        loss = loss + online.value_loss(values, exp.values, exp.returns, exp.response_mask.float(), 0.2)[0]
+        values = critic_forward(models.critic, exp.input_ids, exp.attention_mask, P)
+        loss = loss + value_loss(values, exp.values, exp.returns, exp.response_mask.float(), 0.2)[0]
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in models.actor.parameters()]
 
@@ -256,15 +257,13 @@ def test_bad_input_is_one_line_and_exit_code_2(command, extra, message, tiny_lm,
 def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
     """π_old taken from the sampler's logits equals a fresh forward pass over the same tokens
     to float rounding (KV cache vs full pass), at a non-unit temperature."""
-    from proxrl.algos import online
-
     cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, temperature=0.7, sampler_logprobs=True, group_size=2)
     algo = ppo.build(cfg)
-    models = online.load_models(cfg, algo)
-    examples, ids = online.load_prompts(cfg, models.tokenizer)
-    experience, _, _ = online.collect_rollout(cfg, algo, models, online.load_rewards(cfg), examples, ids, 0.05, {})
+    models = load_models(cfg, algo)
+    examples, ids = load_prompts(cfg, models.tokenizer)
+    experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
     with torch.no_grad():
-        fresh = online.policy_forward(models.actor, experience.input_ids, experience.attention_mask,
+        fresh = policy_forward(models.actor, experience.input_ids, experience.attention_mask,
                                       experience.prompt_ids.shape[1], 0.7).logprobs
     mask = experience.response_mask.bool()
     torch.testing.assert_close(experience.logprobs[mask], fresh[mask], rtol=0, atol=1e-4)

@@ -1,0 +1,183 @@
+"""What the online algorithms share before any model is loaded: the config fields of
+``proxrl ppo`` / ``proxrl grpo`` and the ``Algorithm`` record of an algorithm's choices.
+
+Batch semantics, stated once: an iteration samples ``rollout_batch_size`` prompts ×
+``group_size`` responses; the update takes ``ppo_epochs`` passes over them in shuffled
+minibatches of ``mini_batch_size`` responses, one optimizer step each, computed in
+``grad_accum`` micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from torch import Tensor
+
+from proxrl.core import AdaptiveKL
+from proxrl.rollout.experience import Experience
+from proxrl.runtime.config import RunConfig
+from proxrl.runtime.errors import ProxrlError
+
+
+@dataclass
+class OnlineConfig(RunConfig):
+    """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
+
+    model: str = ""
+    """Policy to start from (usually an SFT model): hub id or local directory."""
+    prompts: str = ""
+    """Prompt data ({"prompt"} or {"messages"} rows; other fields reach reward functions)."""
+    reward_model: str | None = None
+    """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
+    reward_fn: tuple[str, ...] = ()
+    """Reward functions as module:function, called with (prompts, completions, **columns)."""
+    reward_weights: tuple[float, ...] = ()
+    """Weight of each reward source, reward model first (default: all 1)."""
+    iterations: int = 100
+    """Rollout-and-update iterations."""
+    rollout_batch_size: int = 16
+    """Prompts sampled per iteration."""
+    group_size: int = 1
+    """Responses sampled per prompt."""
+    max_prompt_length: int = 256
+    """Longest prompt in tokens; longer prompts are dropped (counted in the log)."""
+    max_new_tokens: int = 64
+    """Longest response in tokens."""
+    temperature: float = 0.7
+    """Sampling temperature; log-probs are computed from logits divided by it."""
+    top_k: int = 0
+    """Sample among the k likeliest tokens (0: off)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1: off)."""
+    stop_strings: tuple[str, ...] = ()
+    """Strings that end a response besides EOS."""
+    no_stop_penalty: float | None = None
+    """Score for a response that hit max_new_tokens without stopping (None: no penalty)."""
+    no_stop_mode: Literal["replace", "subtract"] = "replace"
+    """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from it."""
+    reward_clip: float = 0.0
+    """Clip scores to ±reward_clip (0: off)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batch_size: int = 16
+    """Responses per optimizer step."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
+    learning_rate: float = 1e-6
+    """Policy learning rate (AdamW)."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """Decay learning rates linearly to 0 at the last iteration, or keep them."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm (0: off)."""
+    clip: float = 0.2
+    """PPO clip range ε (lower side)."""
+    clip_high: float | None = None
+    """Upper clip range (default: clip); DAPO uses 0.28."""
+    dual_clip: float | None = None
+    """Dual-clip bound c > 1 on negative-advantage losses (None: off)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses reduce to a scalar."""
+    kl_coef: float = 0.05
+    """Initial coefficient β of the KL to the reference policy."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator for the KL paid in the reward."""
+    kl_controller: Literal["fixed", "proportional"] = "fixed"
+    """fixed β, or the proportional controller of Ziegler et al. (InstructGPT)."""
+    kl_target: float = 6.0
+    """Target sequence KL of the proportional controller."""
+    kl_horizon: int = 10000
+    """Horizon (in samples) of the proportional controller."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (entropy is logged either way)."""
+    early_stop_kl: float = 0.0
+    """Stop an iteration's epochs once approx-KL(π_old‖π) exceeds this (0: never)."""
+    ref_reset_every: int = 0
+    """Copy the policy into the reference every N iterations (0: never)."""
+    sample_every: int = 10
+    """Write sampled prompts, completions and scores to samples.jsonl every N iterations."""
+    lora_r: int = 0
+    """LoRA rank (0: full fine-tuning); the reference is then the adapter-disabled policy."""
+    lora_alpha: float = 0.0
+    """LoRA scale numerator (0: 2 × lora_r)."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16, float16, float64 or auto."""
+    attn_implementation: str | None = None
+    """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Run model code shipped with a hub repository (off unless you trust it)."""
+    sampler_logprobs: bool = False
+    """Take log π_old from the sampler's logits instead of a second forward pass: one pass
+    fewer per iteration, but π_old then differs from the trainer's own numbers by float
+    rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
+    max_consecutive_skips: int = 5
+    """Stop after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    @property
+    def responses_per_iteration(self) -> int:
+        return self.rollout_batch_size * self.group_size
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.mini_batch_size // self.grad_accum
+
+    def validate(self) -> None:
+        super().validate()
+        positive = ("iterations", "rollout_batch_size", "group_size", "max_new_tokens", "ppo_epochs",
+                    "mini_batch_size", "grad_accum", "max_prompt_length")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ProxrlError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if not self.model:
+            raise ProxrlError("model: expected a hub id or a local directory")
+        if not self.prompts:
+            raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
+        if self.reward_model is None and not self.reward_fn:
+            raise ProxrlError("reward_model / reward_fn: give a reward model, a reward function, or both")
+        sources = (self.reward_model is not None) + len(self.reward_fn)
+        if self.reward_weights and len(self.reward_weights) != sources:
+            raise ProxrlError(f"reward_weights: expected {sources} weights (one per reward source), got {len(self.reward_weights)}")
+        if self.responses_per_iteration % self.mini_batch_size:
+            raise ProxrlError(
+                f"mini_batch_size: {self.mini_batch_size} does not divide the {self.responses_per_iteration} "
+                f"responses of an iteration (rollout_batch_size {self.rollout_batch_size} × group_size {self.group_size})"
+            )
+        if self.mini_batch_size % self.grad_accum:
+            raise ProxrlError(f"grad_accum: {self.grad_accum} does not divide mini_batch_size {self.mini_batch_size}")
+        if self.temperature <= 0:
+            raise ProxrlError(f"temperature: expected > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ProxrlError(f"top_p: expected in (0, 1], got {self.top_p}")
+        if self.learning_rate <= 0:
+            raise ProxrlError(f"learning_rate: expected > 0, got {self.learning_rate}")
+        if self.lora_r and self.ref_reset_every:
+            raise ProxrlError("ref_reset_every: not available with lora_r > 0 (the reference is the base model)")
+
+
+@dataclass
+class Algorithm:
+    """The small, explicit choices that make one online algorithm differ from another."""
+
+    name: str
+    estimate: Callable[[Experience, float], tuple[Tensor, Tensor, Tensor]]
+    """(rollout, β) → (rewards, advantages, returns), each (B, T)."""
+    policy_loss: Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+    """(new log-probs (B, T), minibatch) → (loss, stats)."""
+    kl_in_loss: bool = False
+    """Pay β·KL(π‖π_ref) (k3) as a loss term instead of in the reward."""
+    needs_greedy: bool = False
+    """Also decode each prompt greedily and score it (ReMax's baseline), stored in ``extras``."""
+    critic: Literal["none", "separate", "head"] = "none"
+    critic_model: str | None = None
+    critic_learning_rate: float = 0.0
+    vf_coef: float = 0.1
+    value_clip: float | None = None
+    critic_warmup_iterations: int = 0
+    penalty: AdaptiveKL | None = None
+    """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
+    extras: dict[str, Tensor] = field(default_factory=dict)

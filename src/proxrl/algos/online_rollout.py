@@ -1,0 +1,210 @@
+"""The rollout half of the online loop: load the four roles, sample prompts, generate,
+score, run the reference / critic forward passes and estimate advantages."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from proxrl.algos.online_config import Algorithm, OnlineConfig
+from proxrl.core import masked_mean, sequence_kl
+from proxrl.data.batching import pad_left
+from proxrl.data.encoding import encode_prompt_text
+from proxrl.data.formats import PromptExample, load_prompt_examples
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.lora import adapter_disabled, apply_lora
+from proxrl.models.scalar_head import load_score_model
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.models.value_head import ValueHead
+from proxrl.rollout.experience import Experience
+from proxrl.rollout.forward import critic_forward, policy_forward
+from proxrl.rollout.generation import HFSampler, SamplingSettings, stopped
+from proxrl.rollout.rewards import (
+    FunctionReward,
+    RewardModelReward,
+    WeightedRewards,
+    load_reward_function,
+)
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Models:
+    actor: nn.Module
+    reference: nn.Module | None  # None with LoRA: the adapter-disabled actor is the reference
+    critic: nn.Module | None
+    tokenizer: Any
+
+
+def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
+    kwargs = {"dtype": cfg.dtype, "attn_implementation": cfg.attn_implementation,
+              "trust_remote_code": cfg.trust_remote_code}
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
+    resize_for_tokenizer(actor, tokenizer)
+    reference = None
+    if cfg.lora_r:
+        actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
+    else:
+        reference = load_causal_lm(cfg.model, **kwargs)
+        resize_for_tokenizer(reference, tokenizer)
+        reference.requires_grad_(False).eval()
+    critic: nn.Module | None = None
+    if algo.critic == "separate":
+        source = algo.critic_model or cfg.reward_model or cfg.model
+        critic = load_score_model(source, new_head="zero", gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
+        resize_for_tokenizer(critic, tokenizer)
+    elif algo.critic == "head":
+        critic = ValueHead(actor.config.hidden_size)
+    return Models(actor, reference, critic, tokenizer)
+
+
+def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
+    sources: list[Any] = []
+    if cfg.reward_model is not None:
+        model = load_score_model(cfg.reward_model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        model.requires_grad_(False).eval()
+        rm_tokenizer = load_tokenizer(cfg.reward_model, trust_remote_code=cfg.trust_remote_code)
+        sources.append(RewardModelReward(model, rm_tokenizer))
+    sources += [FunctionReward(spec, load_reward_function(spec)) for spec in cfg.reward_fn]
+    return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
+
+
+def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:
+    examples = load_prompt_examples(cfg.prompts)
+    kept, ids = [], []
+    for example in examples:
+        encoded = encode_prompt_text(tokenizer, example.prompt, example.messages)
+        if len(encoded) <= cfg.max_prompt_length:
+            kept.append(example)
+            ids.append(encoded)
+    if len(kept) < len(examples):
+        log.warning("%d of %d prompts are longer than max_prompt_length=%d and were dropped",
+                    len(examples) - len(kept), len(examples), cfg.max_prompt_length)
+    if not kept:
+        raise ProxrlError(f"prompts: every prompt in {cfg.prompts} is longer than max_prompt_length={cfg.max_prompt_length}")
+    return kept, ids
+
+
+def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[int]:
+    """The prompt indices of ``iteration`` (0-based): a fresh seeded permutation per pass over
+    the data, so the data position is a pure function of the iteration (exact resume)."""
+    start = iteration * batch
+    order: list[int] = []
+    while len(order) < batch:
+        epoch, offset = divmod(start + len(order), n_prompts)
+        permutation = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+        order.extend(permutation[offset : offset + batch - len(order)])
+    return order
+
+
+@torch.no_grad()
+def collect_rollout(
+    cfg: OnlineConfig, algo: Algorithm, models: Models, rewards: WeightedRewards,
+    prompts: list[PromptExample], prompt_ids: list[list[int]], kl_coef: float, timings: dict[str, float],
+) -> tuple[Experience, list[str], dict[str, float]]:
+    """Sample, score and evaluate one batch of prompts; returns the rollout, the completions
+    and the rollout-side metrics."""
+    tokenizer, actor = models.tokenizer, models.actor
+    device = next(actor.parameters()).device
+    group = cfg.group_size
+    started = time.perf_counter()
+    # Generate: G samples per prompt, consecutive.
+    ids = [row for row in prompt_ids for _ in range(group)]
+    batch_prompts = [p for p in prompts for _ in range(group)]
+    prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
+    prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
+    settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
+    sampler = HFSampler(actor, tokenizer)
+    use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
+    samples = sampler.sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
+    response_ids, response_mask = samples.response_ids, samples.response_mask
+    if not response_mask.any(-1).all():  # an empty response cannot carry a score
+        response_mask[:, 0] = 1
+    completions = tokenizer.batch_decode(response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask), skip_special_tokens=True)
+    timings["time/rollout_s"] = time.perf_counter() - started
+
+    # Score.
+    started = time.perf_counter()
+    columns: dict[str, list[Any]] = defaultdict(list)
+    for p in batch_prompts:
+        for key, value in getattr(p, "columns", {}).items():
+            columns[key].append(value)
+    scores, parts = rewards(batch_prompts, completions, dict(columns))
+    raw_scores = scores.clone()
+    ended = stopped(response_mask, response_ids, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    if cfg.no_stop_penalty is not None:
+        penalised = scores - cfg.no_stop_penalty if cfg.no_stop_mode == "subtract" else torch.full_like(scores, cfg.no_stop_penalty)
+        scores = torch.where(ended, scores, penalised)
+    if cfg.reward_clip:
+        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    if algo.needs_greedy:
+        greedy = sampler.sample(
+            pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
+            pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
+            SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
+        )
+        greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
+        prompt_columns = {k: v[::group] for k, v in columns.items()}
+        algo.extras["greedy_scores"] = rewards(prompts, greedy_text, prompt_columns)[0]
+    timings["time/score_s"] = time.perf_counter() - started
+
+    # Forward passes of the policy, the reference and the critic over the sampled tokens.
+    started = time.perf_counter()
+    P = prompt_tensor.shape[1]
+    input_ids = torch.cat([prompt_tensor, response_ids], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    logprobs, ref_logprobs, values, entropy = [], [], [], []
+    for rows in torch.arange(len(ids)).split(cfg.micro_batch_size):
+        if use_sampler_logprobs:
+            logprobs.append(samples.logprobs[rows])  # type: ignore[index]
+            entropy.append(samples.entropy[rows])  # type: ignore[index]
+        else:
+            out = policy_forward(actor, input_ids[rows], attention_mask[rows], P, cfg.temperature,
+                                 with_entropy=True, with_hidden=algo.critic == "head")
+            logprobs.append(out.logprobs.float())
+            entropy.append(out.entropy.float())  # type: ignore[union-attr]
+        with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
+            ref_logprobs.append(policy_forward(ref, input_ids[rows], attention_mask[rows], P, cfg.temperature).logprobs.float())
+        if algo.critic == "separate":
+            values.append(critic_forward(models.critic, input_ids[rows], attention_mask[rows], P))  # type: ignore[arg-type]
+        elif algo.critic == "head":
+            values.append(models.critic(out.hidden))  # type: ignore[misc]
+        else:
+            values.append(torch.zeros_like(logprobs[-1]))
+    mask = response_mask.float()
+    experience = Experience(
+        prompt_ids=prompt_tensor, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+        logprobs=torch.cat(logprobs), ref_logprobs=torch.cat(ref_logprobs), values=torch.cat(values) * mask,
+        scores=scores.to(device), rewards=torch.zeros_like(mask), advantages=torch.zeros_like(mask), returns=torch.zeros_like(mask),
+    )
+    timings["time/forward_s"] = time.perf_counter() - started
+
+    # Advantages.
+    experience.rewards, experience.advantages, experience.returns = algo.estimate(experience, kl_coef)
+    for name, tensor in (("scores", experience.scores), ("advantages", experience.advantages), ("rewards", experience.rewards)):
+        if not torch.isfinite(tensor).all():
+            raise ProxrlError(f"non-finite {name} in the rollout of this iteration; the update is not taken")
+    seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
+    lengths = mask.sum(-1)
+    metrics = {
+        "objective/kl": seq_kl.mean().item(),
+        "objective/scores": raw_scores.mean().item(),
+        "objective/scores_after_penalty": scores.mean().item(),
+        "objective/rlhf_reward": (scores.to(device) - kl_coef * seq_kl).mean().item(),
+        "objective/entropy": masked_mean(torch.cat(entropy), mask).item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/eos_rate": ended.float().mean().item(),
+        "policy/kl_coef": kl_coef,
+        **parts,
+    }
+    return experience, completions, metrics

@@ -1,0 +1,101 @@
+"""The update half of the online loop: epochs × shuffled minibatches × micro-batches of the
+algorithm's policy loss, the KL and entropy terms, and the critic's value loss, with a guard
+that skips any optimizer step whose loss or gradient is not finite."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+
+import torch
+from torch import Tensor, nn
+
+from proxrl.algos.online_config import Algorithm, OnlineConfig
+from proxrl.algos.online_rollout import Models
+from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
+from proxrl.rollout.experience import Experience
+from proxrl.rollout.forward import critic_forward, policy_forward
+
+log = logging.getLogger(__name__)
+
+
+def _finite_gradients(parameters: list[nn.Parameter]) -> bool:
+    return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in parameters)
+
+
+def update(
+    cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, optimizers: list[torch.optim.Optimizer],
+    kl_coef: float, train_policy: bool, generator: torch.Generator,
+) -> tuple[dict[str, float], int]:
+    """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
+    Returns the mean of each stat over the steps taken and the number of skipped steps."""
+    actor, critic = models.actor, models.critic
+    parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+    totals: dict[str, float] = defaultdict(float)
+    steps = skipped = 0
+    P = experience.prompt_ids.shape[1]
+    for _ in range(cfg.ppo_epochs):
+        epoch_kl = []
+        for minibatch in torch.randperm(len(experience), generator=generator).split(cfg.mini_batch_size):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            step_stats: dict[str, float] = defaultdict(float)
+            for rows in minibatch.split(cfg.micro_batch_size):
+                mb = experience.select(rows)
+                mask = mb.response_mask.float()
+                out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
+                                     with_entropy=True, with_hidden=algo.critic == "head")
+                loss = torch.zeros((), device=mask.device)
+                stats: dict[str, Tensor] = {}
+                if train_policy:
+                    loss, stats = algo.policy_loss(out.logprobs, mb)
+                    if algo.kl_in_loss and kl_coef:
+                        kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
+                        loss = loss + kl_coef * kl_loss
+                        stats["kl_loss"] = kl_loss.detach()
+                    bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
+                    stats.update(entropy_stats)
+                    if cfg.entropy_coef:
+                        loss = loss + cfg.entropy_coef * bonus
+                if algo.critic != "none":
+                    if algo.critic == "head":
+                        new_values = critic(out.hidden)  # type: ignore[misc]
+                    else:
+                        new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
+                    v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
+                    loss = loss + algo.vf_coef * v_loss
+                    stats.update(v_stats)
+                share = len(rows) / len(minibatch)
+                (loss * share).backward()
+                for key, value in stats.items():
+                    step_stats[key] += float(value) * share
+            if not (all(math.isfinite(v) for v in step_stats.values()) and _finite_gradients(parameters)):
+                skipped += 1
+                log.warning("skipped an optimizer step: non-finite loss or gradient (%s)",
+                            {k: v for k, v in step_stats.items() if not math.isfinite(v)} or "gradient")
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                continue
+            if cfg.max_grad_norm:
+                step_stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm))
+            for opt in optimizers:
+                opt.step()
+            steps += 1
+            for key, value in step_stats.items():
+                totals[key] += value
+            epoch_kl.append(step_stats.get("approx_kl", 0.0))
+        if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
+            totals["early_stopped"] = 1.0
+            break
+    stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
+    stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
+    stats_out["steps"] = float(steps)
+    return stats_out, skipped
+
+
+NAMESPACES = {
+    "value_loss": "value/loss", "value_clipfrac": "value/clipfrac", "value_mean": "value/mean",
+    "entropy": "policy/entropy", "grad_norm": "policy/grad_norm", "early_stopped": "policy/early_stopped",
+    "steps": "policy/optimizer_steps",
+}
