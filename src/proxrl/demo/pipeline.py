@@ -1,0 +1,277 @@
+"""``proxrl demo``: the whole RLHF pipeline on a tiny model built from scratch, on a CPU, with
+nothing downloaded — and what PPO and its KL penalty do, measured against the truth.
+
+Stages (each timed; ``summary.json`` records the wall time of each and the peak RSS):
+1. ``data``: generate the synthetic task (``demo.task``): sloppy demonstrations, clean
+   preference pairs, RL prompts and held-out evaluation prompts.
+2. ``base_model``: train a byte-level BPE tokenizer and initialise a tiny Llama.
+3. ``sft``: imitate the demonstrations (the policy learns the format and the annotator's errors).
+4. ``reward_model``: Bradley–Terry on the preference pairs; accuracy on held-out pairs.
+5. ``ppo``: PPO (critic initialised from the reward model) against the learned reward model,
+   KL penalty ``kl_coef`` to the SFT policy.
+6. ``ppo_no_kl``: the same PPO with ``kl_coef`` 0.
+7. ``grpo``: GRPO with the exact (verifiable) reward instead of the reward model.
+8. ``evaluate``: every policy on the held-out prompts: gold (exact accuracy), proxy (mean
+   reward-model score) and KL to the SFT policy.
+9. ``report``: plots and ``report.md`` (``proxrl report``).
+
+During RL the other signal is logged at weight 0 (the gold reward in the PPO runs, the reward
+model in GRPO), so every run's metrics hold gold and proxy side by side without changing what
+it optimises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from proxrl.algos import grpo, ppo, reward, sft
+from proxrl.data.formats import load_prompt_examples
+from proxrl.demo import task
+from proxrl.demo.evaluate import PolicyScores, evaluate_policy
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.scalar_head import load_score_model
+from proxrl.models.tiny import build_tiny_lm
+from proxrl.models.tokenizer import load_tokenizer
+from proxrl.rollout.rewards import RewardModelReward
+from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.config import RunConfig, save_config_file
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.seeding import seed_everything
+
+log = logging.getLogger(__name__)
+
+GOLD_FN = "proxrl.demo.task:gold"
+POLICIES = ("sft", "ppo", "ppo_no_kl", "grpo")
+
+
+@dataclass
+class Config(RunConfig):
+    """proxrl demo: SFT → reward model → PPO (with and without KL) and GRPO on a tiny model, on CPU."""
+
+    output_dir: str = "runs/demo"
+    """Directory for the data, every stage's run, summary.json and report.md."""
+    overwrite: bool = True
+    """Replace a previous demo in output_dir (only a directory that holds a proxrl run is deleted)."""
+    sft_examples: int = 2000
+    """Demonstrations (prompt → the sloppy annotator's answer)."""
+    demo_accuracy: float = 0.3
+    """Share of demonstrations that name the largest digit."""
+    off_list_rejects: float = 0.0
+    """Share of rejected answers drawn from all ten digits rather than from the list."""
+    preference_pairs: int = 2000
+    """Preference pairs for the reward model (chosen: the largest digit; rejected: another digit)."""
+    preference_eval_pairs: int = 400
+    """Held-out preference pairs the reward model's accuracy is measured on."""
+    rl_prompts: int = 1000
+    """Prompts the RL runs sample from."""
+    eval_prompts: int = 200
+    """Held-out prompts every policy is evaluated on."""
+    eval_samples: int = 4
+    """Responses sampled per held-out prompt."""
+    hidden_size: int = 64
+    """Width of the tiny Llama."""
+    num_layers: int = 2
+    """Transformer blocks of the tiny Llama."""
+    sft_epochs: int = 3
+    """Passes over the demonstrations."""
+    sft_learning_rate: float = 3e-3
+    """SFT peak learning rate."""
+    rm_epochs: int = 2
+    """Passes over the preference pairs."""
+    rm_learning_rate: float = 2e-3
+    """Reward-model peak learning rate."""
+    batch_size: int = 32
+    """Examples per optimizer step in SFT and reward-model training."""
+    rl_iterations: int = 100
+    """Iterations of each RL run."""
+    rollout_batch_size: int = 32
+    """Prompts per RL iteration."""
+    group_size: int = 2
+    """Responses per prompt in PPO (GRPO uses grpo_group_size)."""
+    grpo_group_size: int = 4
+    """Responses per prompt in GRPO."""
+    ppo_epochs: int = 2
+    """Passes over each rollout batch."""
+    rl_learning_rate: float = 5e-4
+    """Policy learning rate of every RL run."""
+    critic_learning_rate: float = 1e-3
+    """PPO critic learning rate."""
+    kl_coef: float = 3.0
+    """KL coefficient β of the PPO run, in reward-model units (its scores have a std of ~8 here); ppo_no_kl uses 0."""
+    grpo_kl_coef: float = 0.0
+    """KL coefficient β of the GRPO run (in the loss, k3)."""
+    max_new_tokens: int = 4
+    """Longest response in tokens (a correct one is 1 token + EOS)."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts and evaluation."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default; one is fastest for a model this small)."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 < self.demo_accuracy <= 1:
+            raise ProxrlError(f"demo_accuracy: expected in (0, 1], got {self.demo_accuracy}")
+        for name in ("sft_examples", "preference_pairs", "preference_eval_pairs", "rl_prompts",
+                     "eval_prompts", "eval_samples", "rl_iterations", "rollout_batch_size"):
+            if getattr(self, name) < 1:
+                raise ProxrlError(f"{name}: expected >= 1, got {getattr(self, name)}")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+class Stopwatch:
+    """Wall time per stage, printed as each stage ends."""
+
+    def __init__(self) -> None:
+        self.wall_s: dict[str, float] = {}
+        self._started = time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str):  # type: ignore[no-untyped-def]
+        print(f"[demo] {name} ...", flush=True)
+        started = time.perf_counter()
+        yield
+        self.wall_s[name] = round(time.perf_counter() - started, 2)
+        print(f"[demo] {name} done in {self.wall_s[name]:.1f} s (peak RSS {peak_rss_mb():.0f} MB)", flush=True)
+
+    def total(self) -> dict[str, float]:
+        return {"total": round(time.perf_counter() - self._started, 2), **self.wall_s}
+
+
+def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
+    """What the three RL runs share."""
+    return dict(
+        output_dir=str(out / name), prompts=str(out / "data" / "rl_prompts.jsonl"), model=str(out / "sft"),
+        iterations=cfg.rl_iterations, rollout_batch_size=cfg.rollout_batch_size, max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature, learning_rate=cfg.rl_learning_rate, ppo_epochs=cfg.ppo_epochs,
+        seed=cfg.seed, sample_every=max(1, cfg.rl_iterations // 4), progress=cfg.progress,
+    )
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Run every stage; write ``summary.json`` and ``report.md``; return the summary."""
+    from proxrl.report import write_report
+
+    cfg.validate()
+    hf_logging.disable_progress_bar()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    save_config_file(cfg, out / "demo_config.yaml")
+    watch = Stopwatch()
+    seed_everything(cfg.seed)
+
+    with watch.stage("data"):
+        sizes = task.TaskSizes(sft=cfg.sft_examples, preference=cfg.preference_pairs,
+                               preference_eval=cfg.preference_eval_pairs, rl=cfg.rl_prompts,
+                               eval=cfg.eval_prompts, demo_accuracy=cfg.demo_accuracy,
+                               off_list_rejects=cfg.off_list_rejects)
+        data = task.generate(out / "data", sizes, cfg.seed)
+
+    with watch.stage("base_model"):
+        build_tiny_lm(out / "base", task.tokenizer_corpus(), hidden_size=cfg.hidden_size,
+                      num_layers=cfg.num_layers, vocab_size=300, max_positions=64, seed=cfg.seed)
+
+    offline = dict(model=str(out / "base"), batch_size=cfg.batch_size, seed=cfg.seed, progress=cfg.progress,
+                   lr_schedule="linear", warmup_steps=10, max_length=32)
+    with watch.stage("sft"):
+        sft.train(sft.Config(**offline, output_dir=str(out / "sft"), data=str(data["sft"]),
+                             epochs=cfg.sft_epochs, learning_rate=cfg.sft_learning_rate))
+
+    with watch.stage("reward_model"):
+        rm_metrics = reward.train(reward.Config(
+            **offline, output_dir=str(out / "rm"), data=str(data["preferences"]),
+            eval_data=str(data["preferences_eval"]), epochs=cfg.rm_epochs, learning_rate=cfg.rm_learning_rate,
+        ))
+    rm_accuracy = rm_metrics["eval/accuracy"]
+    print(f"[demo] reward model held-out accuracy {rm_accuracy:.3f}", flush=True)
+
+    rm_dir = str(out / "rm")
+    ppo_fields = dict(reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(1.0, 0.0), group_size=cfg.group_size,
+                      mini_batch_size=cfg.rollout_batch_size * cfg.group_size, critic_learning_rate=cfg.critic_learning_rate)
+    with watch.stage("ppo"):
+        ppo.train(ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef))
+    with watch.stage("ppo_no_kl"):
+        ppo.train(ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0))
+    with watch.stage("grpo"):
+        grpo.train(grpo.Config(
+            **online_fields(cfg, out, "grpo"), reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(0.0, 1.0),
+            estimator="grpo", group_size=cfg.grpo_group_size, kl_coef=cfg.grpo_kl_coef,
+            mini_batch_size=cfg.rollout_batch_size * cfg.grpo_group_size,
+        ))
+
+    with watch.stage("evaluate"):
+        scores = evaluate_all(cfg, out)
+
+    summary: dict[str, Any] = {
+        "reward_model": {"heldout_accuracy": round(rm_accuracy, 4)},
+        "policies": {name: {"gold": round(s.gold, 4), "proxy": round(s.proxy, 4), "kl": round(s.kl, 4)}
+                     for name, s in scores.items()},
+        "wall_s": {},
+        "peak_rss_mb": 0.0,
+    }
+    with watch.stage("report"):
+        write_eval_samples(out, scores)
+        print_table(summary)
+        summary["wall_s"] = watch.total()
+        summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_report(out, summary=summary)
+    summary["wall_s"] = watch.total()  # the report stage included
+    summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"[demo] total {summary['wall_s']['total']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB; "
+          f"wrote {out / 'summary.json'} and {out / 'report.md'}", flush=True)
+    return summary
+
+
+def evaluate_all(cfg: Config, out: Path) -> dict[str, PolicyScores]:
+    tokenizer = load_tokenizer(str(out / "sft"))
+    sft_model = load_causal_lm(str(out / "sft")).eval()
+    rm_model = load_score_model(str(out / "rm")).eval()
+    reward_source = RewardModelReward(rm_model, load_tokenizer(str(out / "rm")))
+    prompts = load_prompt_examples(str(out / "data" / "eval_prompts.jsonl"))
+    scores = {}
+    for name in POLICIES:
+        policy = sft_model if name == "sft" else load_causal_lm(str(out / name)).eval()
+        scores[name] = evaluate_policy(policy, sft_model, reward_source, tokenizer, prompts, cfg.eval_samples,
+                                       cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
+    return scores
+
+
+def write_eval_samples(out: Path, scores: dict[str, PolicyScores]) -> None:
+    """``eval_samples.jsonl``: one row per held-out response of every policy."""
+    with open(out / "eval_samples.jsonl", "w", encoding="utf-8") as f:
+        for name, s in scores.items():
+            for row in s.samples:
+                f.write(json.dumps({"policy": name, **row}) + "\n")
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"held-out prompts (reward model held-out accuracy "
+                        f"{summary['reward_model']['heldout_accuracy']:.3f})")
+    for column in ("policy", "gold (exact accuracy)", "proxy (reward model)", "KL to SFT"):
+        table.add_column(column, justify="right" if column != "policy" else "left")
+    for name, s in summary["policies"].items():
+        table.add_row(name, f"{s['gold']:.3f}", f"{s['proxy']:+.3f}", f"{s['kl']:.3f}")
+    Console().print(table)

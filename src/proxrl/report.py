@@ -1,0 +1,249 @@
+"""``proxrl report RUN_DIR``: PNG plots of a run's ``metrics.jsonl`` and a ``report.md`` that
+links them, with a few before/after samples.
+
+RUN_DIR is one run (it holds ``metrics.jsonl``) or a directory of runs (each sub-directory that
+holds one, e.g. ``runs/demo/{sft,rm,ppo,ppo_no_kl,grpo}``); runs are drawn as one line each.
+Plots go to ``RUN_DIR/plots/<panel>.png``, one per panel that some run logged: score, KL,
+KL coefficient, value loss, clip fraction, entropy, response length, training loss, and gold
+vs proxy for every run that logged both (``reward/gold`` and ``reward/reward_model`` by
+default: the demo logs the signal a run does not optimise at weight 0).
+
+Samples: ``samples.jsonl`` (rows ``{iteration, prompt, completion, score}`` written by the
+online trainers) gives the first and last logged iteration of each run; a ``summary.json`` and
+an ``eval_samples.jsonl`` (rows ``{policy, prompt, completion, ...}``, written by the demo) add
+the summary table and held-out completions of every policy side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from proxrl.runtime.checkpoint import RUN_MARKER
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import METRICS_FILE, read_metrics
+
+# panel file name → (title, metric names tried in order: the first one a run logged is drawn)
+PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "score": ("score (objective/scores)", ("objective/scores",)),
+    "kl": ("KL to the reference (objective/kl, per sequence)", ("objective/kl",)),
+    "kl_coef": ("KL coefficient β (policy/kl_coef)", ("policy/kl_coef",)),
+    "value_loss": ("value loss (value/loss)", ("value/loss",)),
+    "clip_fraction": ("clip fraction (policy/clipfrac)", ("policy/clipfrac",)),
+    "entropy": ("entropy per token (objective/entropy)", ("objective/entropy", "policy/entropy")),
+    "response_length": ("response length in tokens (response/length_mean)", ("response/length_mean",)),
+    "loss": ("training loss (train/loss)", ("train/loss",)),
+}
+GOLD_METRIC = "reward/gold"
+PROXY_METRIC = "reward/reward_model"
+MAIN_PLOT = "gold_vs_proxy"
+
+
+def find_runs(run_dir: Path) -> dict[str, list[dict[str, float]]]:
+    """Run name → metric rows: RUN_DIR itself when it holds metrics, else its sub-directories."""
+    if (run_dir / METRICS_FILE).exists():
+        return {run_dir.name or str(run_dir): read_metrics(run_dir)}
+    dirs = [d for d in run_dir.iterdir() if (d / METRICS_FILE).exists()]
+    dirs.sort(key=lambda d: ((d / RUN_MARKER) if (d / RUN_MARKER).exists() else d / METRICS_FILE).stat().st_mtime)
+    runs = {d.name: read_metrics(d) for d in dirs}  # in the order the runs started
+    if not runs:
+        raise ProxrlError(f"{run_dir}: no {METRICS_FILE} in it or in any sub-directory")
+    return runs
+
+
+def series(rows: list[dict[str, float]], metric: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the rows that logged ``metric`` with a finite value."""
+    points = [(r["step"], r[metric]) for r in rows if metric in r and math.isfinite(r[metric])]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` points (the first points average what exists)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _plot_line(ax: Any, steps: list[float], values: list[float], label: str, color: Any) -> None:
+    window = max(1, len(values) // 15)
+    if window > 1:
+        ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+    ax.plot(steps, smooth(values, window), color=color, linewidth=1.6, label=label)
+
+
+def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict[str, Path]:
+    """One PNG per panel that at least one run logged; returns panel name → path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(runs)}
+    written = {}
+    for panel, (title, metrics) in PANELS.items():
+        lines = []
+        for name, rows in runs.items():
+            for metric in metrics:
+                steps, values = series(rows, metric)
+                if steps:
+                    lines.append((name, steps, values))
+                    break
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+        for name, steps, values in lines:
+            _plot_line(ax, steps, values, name, colors[name])
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step (iterations for RL runs)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written[panel] = plot_dir / f"{panel}.png"
+        fig.savefig(written[panel])
+        plt.close(fig)
+    gold_runs = {n: r for n, r in runs.items() if series(r, GOLD_METRIC)[0] and series(r, PROXY_METRIC)[0]}
+    if gold_runs:
+        written[MAIN_PLOT] = plot_gold_vs_proxy(gold_runs, plot_dir / f"{MAIN_PLOT}.png")
+    return written
+
+
+def plot_gold_vs_proxy(runs: dict[str, list[dict[str, float]]], path: Path) -> Path:
+    """One panel per run: gold (left axis, exact accuracy) and proxy (right axis, reward-model
+    score) of the sampled responses at each iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), dpi=100, squeeze=False)
+    proxy_range = [min(min(series(r, PROXY_METRIC)[1]) for r in runs.values()),
+                   max(max(series(r, PROXY_METRIC)[1]) for r in runs.values())]
+    pad = 0.05 * (proxy_range[1] - proxy_range[0] or 1.0)
+    for ax, (name, rows) in zip(axes[0], runs.items(), strict=True):
+        _plot_line(ax, *series(rows, GOLD_METRIC), "gold (exact accuracy)", "tab:green")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("iteration")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+        twin = ax.twinx()
+        _plot_line(twin, *series(rows, PROXY_METRIC), "proxy (reward model)", "tab:purple")
+        twin.set_ylim(proxy_range[0] - pad, proxy_range[1] + pad)
+        if ax is axes[0][0]:
+            ax.set_ylabel("gold", color="tab:green")
+        if ax is axes[0][-1]:
+            twin.set_ylabel("proxy", color="tab:purple")
+    handles = [axes[0][0].get_lines()[-1], fig.axes[len(runs)].get_lines()[-1]]
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=2, fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", "⏎") or "∅"
+
+
+def training_samples(run_dir: Path, runs: list[str], per_side: int) -> list[str]:
+    """Markdown: the first and last logged iteration's samples of each run with samples.jsonl."""
+    lines: list[str] = []
+    for name in runs:
+        path = (run_dir / name if (run_dir / name).is_dir() else run_dir) / "samples.jsonl"
+        if not path.exists():
+            continue
+        rows = _read_jsonl(path)
+        if not rows:
+            continue
+        first, last = min(r["iteration"] for r in rows), max(r["iteration"] for r in rows)
+        lines += [f"### {name}: iteration {first} → iteration {last}", "",
+                  "| when | prompt | completion | score |", "|---|---|---|---|"]
+        for when, it in (("before", first), ("after", last)):
+            for r in [r for r in rows if r["iteration"] == it][:per_side]:
+                lines.append(f"| {when} | `{_cell(r['prompt'])}` | `{_cell(r['completion'])}` | {r['score']:+.3f} |")
+        lines.append("")
+    return lines
+
+
+def eval_samples_table(path: Path, n_prompts: int) -> list[str]:
+    """Markdown: held-out prompts with each policy's completion (✓ when exactly right)."""
+    by_policy: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    prompts: list[str] = []
+    for row in _read_jsonl(path):
+        by_policy[row["policy"]].setdefault(row["prompt"], row)
+        if row["prompt"] not in prompts:
+            prompts.append(row["prompt"])
+    names = list(by_policy)
+    lines = ["| prompt | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for prompt in prompts[:n_prompts]:
+        cells = []
+        for name in names:
+            r = by_policy[name].get(prompt)
+            cells.append("" if r is None else f"`{_cell(r['completion'])}` {'✓' if r.get('correct') else '✗'}")
+        lines.append(f"| `{_cell(prompt)}` | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def summary_table(summary: dict[str, Any]) -> list[str]:
+    lines = [f"Reward model accuracy on held-out preference pairs: "
+             f"**{summary['reward_model']['heldout_accuracy']:.3f}**", "",
+             "| policy | gold (exact accuracy) | proxy (reward model) | KL to SFT |", "|---|---|---|---|"]
+    for name, s in summary["policies"].items():
+        lines.append(f"| {name} | {s['gold']:.3f} | {s['proxy']:+.3f} | {s['kl']:.3f} |")
+    wall = summary.get("wall_s", {})
+    if wall:
+        stages = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items() if k != "total")
+        lines += ["", f"Wall time {wall.get('total', 0):.0f} s ({stages}); peak RSS "
+                      f"{summary.get('peak_rss_mb', 0):.0f} MB."]
+    return lines + [""]
+
+
+def write_report(run_dir: str | Path, summary: dict[str, Any] | None = None, samples: int = 4) -> Path:
+    """Draw the plots and write ``RUN_DIR/report.md``; returns its path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ProxrlError(f"{run_dir}: not a directory")
+    runs = find_runs(run_dir)
+    plot_dir = run_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    plots = plot_panels(runs, plot_dir)
+    if summary is None and (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+
+    lines = [f"# Report: {run_dir.name or run_dir}", "", f"Runs: {', '.join(runs)}.", ""]
+    if summary is not None:
+        lines += ["## Held-out evaluation", "", *summary_table(summary)]
+    if MAIN_PLOT in plots:
+        lines += ["## Gold vs proxy during training", "", f"![gold vs proxy](plots/{MAIN_PLOT}.png)", ""]
+    lines += ["## Training curves", ""]
+    lines += [f"![{panel}](plots/{panel}.png)" for panel in plots if panel != MAIN_PLOT] + [""]
+    if (run_dir / "eval_samples.jsonl").exists():
+        lines += ["## Held-out samples, every policy on the same prompts", "",
+                  *eval_samples_table(run_dir / "eval_samples.jsonl", 2 * samples)]
+    sample_lines = training_samples(run_dir, list(runs), samples)
+    if sample_lines:
+        lines += ["## Samples before and after training", "", *sample_lines]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="proxrl report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a run directory, or a directory of runs")
+    parser.add_argument("--samples", type=int, default=4, help="samples shown before and after, per run")
+    args = parser.parse_args(argv)
+    path = write_report(args.run_dir, samples=args.samples)
+    print(f"wrote {path} and the plots in {Path(args.run_dir) / 'plots'}")
+    return 0
