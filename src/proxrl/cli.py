@@ -5,7 +5,9 @@ imports transformers). A module exposes either ``Config`` (a dataclass) and ``tr
 ``main(argv) -> int | None`` when it parses its own arguments.
 
 A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and exits 2; add
-``--debug`` anywhere on the command line to see the traceback instead.
+``--debug`` anywhere on the command line to see the traceback instead. A trainer stopped by
+SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where>``, exit code
+130 / 143 (``runtime.signals``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import importlib
 import sys
 import traceback
 
-from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.errors import Interrupted, ProxrlError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(command, rest)
+    except Interrupted as e:  # SIGINT/SIGTERM after the trainer saved a checkpoint
+        print(f"proxrl {command}: stopped: {e}", file=sys.stderr)
+        return e.exit_code
     except ProxrlError as e:
         if debug:
             traceback.print_exc()

@@ -48,3 +48,12 @@ def test_progress_bar_runs_without_a_terminal():
         bar.update(5, SPS=100.0, ret=1.5)
         bar.update(5)
     assert bar._progress.tasks[0].completed == 10
+
+
+def test_truncate_after_drops_a_line_a_killed_process_cut_in_half(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "m": 1.0}\n{"step": 2, "m": 2.0}\n{"step": 3, "m')
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.truncate_after(2)
+    logger.log(3, {"m": 3})
+    logger.close()
+    assert [(r["step"], r["m"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 3.0)]

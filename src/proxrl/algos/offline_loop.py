@@ -10,6 +10,11 @@ pass (a micro-batch); an optimizer step accumulates ``grad_accum`` micro-batches
 
 Resume: the batch order of an epoch depends only on ``(seed, epoch)``, so a resumed run skips
 the steps its checkpoint already took and sees exactly the batches an uninterrupted run would.
+
+Reliability: SIGINT/SIGTERM finish the current step, save a checkpoint and exit 130/143
+(``runtime.signals``); a step whose loss or gradient holds a NaN/Inf is skipped and counted in
+``guard/skipped_updates``, and ``max_consecutive_skips`` of them in a row stop the run with the
+last good checkpoint intact (``runtime.guard``). Non-finite weights are never saved.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.config import RunConfig, save_config_file
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
+from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +98,8 @@ class OfflineConfig(RunConfig):
     """Run model code shipped with a hub repository (off unless you trust it)."""
     log_every: int = 1
     """Write metrics every this many optimizer steps."""
+    max_consecutive_skips: int = 5
+    """Stop the run after this many optimizer steps in a row skipped for a NaN/Inf loss or gradient."""
     eval_every: int = 0
     """Evaluate every this many optimizer steps (0: only at the end)."""
     progress: bool = True
@@ -116,6 +125,13 @@ class OfflineConfig(RunConfig):
             (self.lora_r >= 0, f"lora_r: expected >= 0, got {self.lora_r}"),
             (self.warmup_steps >= 0, f"warmup_steps: expected >= 0, got {self.warmup_steps}"),
             (self.log_every >= 1, f"log_every: expected >= 1, got {self.log_every}"),
+            (self.eval_every >= 0, f"eval_every: expected >= 0, got {self.eval_every}"),
+            (self.max_grad_norm >= 0, f"max_grad_norm: expected >= 0, got {self.max_grad_norm}"),
+            (self.weight_decay >= 0, f"weight_decay: expected >= 0, got {self.weight_decay}"),
+            (
+                self.max_consecutive_skips >= 1,
+                f"max_consecutive_skips: expected >= 1, got {self.max_consecutive_skips}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -276,10 +292,11 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
     logger = MetricsLogger(output_dir)
     save_config_file(cfg, output_dir / "config.yaml")
 
-    # 3. Resume: trainable weights, optimizer, RNG, step counter.
+    # 3. Resume: trainable weights, optimizer, RNG, step counter, skip counters.
     step = 0
     if cfg.resume:
         latest = checkpoints.latest()
@@ -291,16 +308,19 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
             raise ProxrlError(f"checkpoint {latest} does not match the model: unexpected {unexpected[:3]}")
         optimizer.load_state_dict(state["optimizer"])
         restore_rng_state(state["rng"])
+        guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
         step = int(state["step"])
         logger.truncate_after(step)
         log.info("resumed from %s at step %d of %d", latest, step, total_steps)
 
-    def save(at_step: int) -> None:
-        checkpoints.save(
-            at_step,
-            {"model": trainable_state_dict(model)},
-            {"step": at_step, "optimizer": optimizer.state_dict(), "rng": capture_rng_state()},
-        )
+    def save(at_step: int) -> Path:
+        state = {
+            "step": at_step,
+            "optimizer": optimizer.state_dict(),
+            "rng": capture_rng_state(),
+            "guard": guard.state_dict(),
+        }
+        return checkpoints.save(at_step, {"model": trainable_state_dict(model)}, state)
 
     # 4. Train.
     model.train()
@@ -308,7 +328,10 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     done = 0  # optimizer steps counted from the start of the run (resumed ones skipped)
     started = time.perf_counter()
     tokens_seen = 0
-    with progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress) as bar:
+    with (
+        GracefulStop() as stop,
+        progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress) as bar,
+    ):
         for epoch in range(cfg.epochs):
             micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
             groups = [micro[i : i + cfg.grad_accum] for i in range(0, len(micro), cfg.grad_accum)]
@@ -323,12 +346,16 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
                 stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
+                # NaN/Inf loss or gradient: drop this step's gradients (checked before clipping,
+                # which would spread a NaN over every gradient and hide where it came from).
+                finite = guard.check(done, loss=stats["loss"], parameters=model)
                 grad_norm = (
                     torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                     if cfg.max_grad_norm > 0
                     else torch.nn.utils.clip_grad_norm_(params, float("inf"))
-                )
-                optimizer.step()
+                ) if finite else torch.tensor(float("nan"))
+                if finite:
+                    optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 tokens_seen += sum(lengths[i] for indices in group for i in indices)
                 row = _namespaced(stats, "train") | {
@@ -336,17 +363,24 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     "train/grad_norm": float(grad_norm),
                     "train/epoch": epoch + 1,
                     "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
-                }
+                } | guard.metrics()
                 if task.nonpad_share is not None:
                     row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(batches)
                 evaluate_now = done == total_steps or (cfg.eval_every and done % cfg.eval_every == 0)
                 if task.evaluate is not None and evaluate_now:
                     row |= task.evaluate(model)
+                row = {k: v for k, v in row.items() if math.isfinite(v)}  # a skipped step's NaNs
                 if done % cfg.log_every == 0 or done == total_steps:
                     last = logger.log(done, row)
                 bar.update(1, loss=stats["loss"])
+                saved = None
                 if cfg.save_every and done % cfg.save_every == 0 and done < total_steps:
-                    save(done)
+                    saved = save(done)
+                if stop.requested and done < total_steps:
+                    saved = saved or save(done)
+                    logger.close()
+                    log.warning("%s: stopping at step %d of %d on %s", task.name, done, total_steps, stop.signal_name)
+                    raise stop.interrupted(saved)
 
     # 5. Final checkpoint (the last step was evaluated and logged above).
     if done > step:
@@ -359,6 +393,8 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
 
 def save_final(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path) -> None:
     """``save_pretrained`` (safetensors) of the model, or of the LoRA adapter, plus the tokenizer,
-    so ``AutoModelFor….from_pretrained(output_dir)`` (or peft) loads it without proxrl."""
-    model.save_pretrained(output_dir)
+    so ``AutoModelFor….from_pretrained(output_dir)`` (or peft) loads it without proxrl. Refuses
+    (``ProxrlError``, nothing written) weights that hold a NaN or Inf."""
+    assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
+    model.save_pretrained(output_dir)  # transformers 5 and peft write safetensors only
     tokenizer.save_pretrained(output_dir)

@@ -12,7 +12,9 @@ A checkpoint is written into a hidden temporary directory and renamed into place
 set of checkpoints or the new one, never a half-written ``step_*`` directory. ``latest()`` still
 re-hashes every file and skips (with a warning) any checkpoint whose files are missing or do not
 match the manifest, e.g. after a disk error or a manual edit. Nothing is unpickled:
-``state.pt`` is read with ``torch.load(weights_only=True)``.
+``state.pt`` is read with ``torch.load(weights_only=True)``. Weights holding a NaN or Inf are
+refused (``ProxrlError``) before anything is written, so a poisoned step can never replace a good
+checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import assert_finite_weights
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -124,11 +127,15 @@ class CheckpointManager:
     # -- writing ---------------------------------------------------------------------------
 
     def save(self, step: int, tensors: dict[str, dict[str, Tensor]], state: dict[str, Any]) -> Path:
-        """Write checkpoint ``step`` atomically and prune old ones; return its path."""
+        """Write checkpoint ``step`` atomically and prune old ones; return its path.
+
+        Raises ``ProxrlError`` (and writes nothing) when a tensor holds a NaN or Inf."""
         _check_state(state, "state")
         for group in tensors:
             if not group.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"tensor group name {group!r} must be alphanumeric")
+        for group, state_dict in tensors.items():
+            assert_finite_weights(state_dict, f"checkpoint step {step} in {self.root} ({group})")
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"{_PREFIX}{step:09d}"
         tmp = self.root / f".tmp-{final.name}-{os.getpid()}"

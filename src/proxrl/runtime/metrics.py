@@ -4,7 +4,8 @@ TensorBoard events in ``OUTPUT_DIR/tensorboard/``, and a rich progress bar for t
 ``metrics.jsonl`` is the source of truth (tests and benchmarks read it); each line is
 ``{"step": <int>, "<namespace>/<name>": <float>, ...}`` and is flushed as soon as it is written,
 so a killed run keeps every line it logged. On resume, ``truncate_after(step)`` drops the lines a
-crashed run wrote after its last checkpoint, so the file reads as one uninterrupted run.
+crashed run wrote after its last checkpoint (and a last line a SIGKILL cut in half), so the file
+reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ def _scalar(value: Any) -> float:
     if hasattr(value, "item"):
         value = value.item()
     return float(value)
+
+
+def _parse_line(line: str) -> dict[str, Any] | None:
+    """A row, or ``None`` for a blank line or one a killed process left half-written."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
 
 
 class MetricsLogger:
@@ -77,7 +89,7 @@ class MetricsLogger:
         kept = [
             line
             for line in self.path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line)["step"] <= step
+            if (row := _parse_line(line)) is not None and row["step"] <= step
         ]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
