@@ -9,7 +9,8 @@ alternate A B A B … in fresh processes so machine noise hits both alike. The w
 same on both sides: the same locally built Qwen2-style model, tokenizer, prompts, reward model
 (PPO) or reward function (GRPO), rollout batch, response length (generation runs to
 ``max_new_tokens``: the random model almost never says EOS), PPO epochs and minibatches,
-learning rate and seed, and the same model calls per update — PPO: generate, reference, value
+learning rate and seed, float32 on both sides (TRL defaults to bf16 autocast and gradient checkpointing:
+both are turned off), and the same model calls per update — PPO: generate, reference, value
 and reward forward passes, then epochs × (policy + value forward and backward); GRPO with β = 0:
 generate, reward function, one forward and backward, no reference pass. proxrl takes π_old
 from the sampler's logits (``sampler_logprobs``), as TRL does.
@@ -147,7 +148,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     common = dict(output_dir=args.out, learning_rate=1e-5, report_to=[], logging_steps=1, save_strategy="no",
-                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False)
+                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False, bf16=False)
     torch.manual_seed(1)
     if args.trainer == "ppo":
         from trl.experimental.ppo import PPOConfig, PPOTrainer
