@@ -119,7 +119,10 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     if cfg.resume:
         path = checkpoints.latest()
         if path is None:
-            raise ProxrlError(f"--resume: no complete checkpoint in {checkpoints.root}")
+            raise ProxrlError(
+                f"--resume: no complete checkpoint in {checkpoints.root}; use --overwrite to "
+                "start afresh"
+            )
         tensors, state = checkpoints.load(path)
         agent.load_state_dict(tensors["agent"])
         optimizer.load_state_dict(state["optimizer"])
