@@ -48,7 +48,7 @@ def find_runs(run_dir: Path) -> dict[str, list[dict[str, float]]]:
     if (run_dir / METRICS_FILE).exists():
         return {run_dir.name or str(run_dir): read_metrics(run_dir)}
     dirs = [d for d in run_dir.iterdir() if (d / METRICS_FILE).exists()]
-    dirs.sort(key=lambda d: ((d / RUN_MARKER) if (d / RUN_MARKER).exists() else d / METRICS_FILE).stat().st_mtime)
+    dirs.sort(key=lambda d: (((d / RUN_MARKER) if (d / RUN_MARKER).exists() else d / METRICS_FILE).stat().st_mtime, d.name))
     runs = {d.name: read_metrics(d) for d in dirs}  # in the order the runs started
     if not runs:
         raise ProxrlError(f"{run_dir}: no {METRICS_FILE} in it or in any sub-directory")
