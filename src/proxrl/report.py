@@ -204,7 +204,8 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     wall = summary.get("wall_s", {})
     if wall:
         stages = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items() if k != "total")
-        lines += ["", f"Wall time {wall.get('total', 0):.0f} s ({stages}); peak RSS "
+        upto = "" if "report" in wall else " up to this report"
+        lines += ["", f"Wall time{upto} {wall.get('total', 0):.0f} s ({stages}); peak RSS "
                       f"{summary.get('peak_rss_mb', 0):.0f} MB."]
     return lines + [""]
 

@@ -50,9 +50,9 @@ def test_every_stage_ran_and_summary_has_the_issue_shape(toy_demo: Path) -> None
         assert set(scores) == {"gold", "proxy", "kl"}, name
         assert 0 <= scores["gold"] <= 1
     assert summary["policies"]["sft"]["kl"] == 0.0
-    assert list(summary["wall_s"]) == ["total", *STAGES]
+    assert [k for k in summary["wall_s"] if k != "startup"] == ["total", *STAGES]  # startup: Linux only
     assert all(v >= 0 for v in summary["wall_s"].values())
-    assert summary["wall_s"]["total"] >= sum(summary["wall_s"][s] for s in STAGES) - 0.1
+    assert summary["wall_s"]["total"] >= sum(v for k, v in summary["wall_s"].items() if k != "total") - 0.1
     assert 100 < summary["peak_rss_mb"] < 2048
 
 
