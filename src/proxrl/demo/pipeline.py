@@ -18,6 +18,16 @@ Stages (each timed; ``summary.json`` records the wall time of each and the peak 
 During RL the other signal is logged at weight 0 (the gold reward in the PPO runs, the reward
 model in GRPO), so every run's metrics hold gold and proxy side by side without changing what
 it optimises.
+
+What the defaults show (benchmarks/README.md has three seeds): the rejected answers of the
+preference pairs are digits of the list, so "a bigger digit is better" already ranks every
+held-out pair correctly and the reward model learns that shortcut (held-out accuracy 1.0).
+PPO with the KL penalty stays near the SFT policy's support (digits of the list) and climbs
+from ~0.25 to ~0.7 gold; without it, PPO drifts to what the shortcut scores highest — "9"
+whatever the list, or " 9 9 9 9" with no end — and the proxy rises above every other policy's
+while gold falls. ``kl_coef`` is in reward-model units: the trained scores have a std of about
+8, so β = 3 is about 0.4 in standardised units. ``--off-list-rejects 0.1`` (some rejected
+answers outside the list) teaches the reward model the rule instead, and the gap closes.
 """
 
 from __future__ import annotations
