@@ -70,7 +70,7 @@ def test_save_then_load_round_trips(tmp_path):
         (["--batch-size", "three"], "--batch-size expects int, found 'three'"),
         (["--lr", "fast"], "--lr expects float, found 'fast'"),
         (["--mode", "fats"], "--mode expects one of fast, slow, found 'fats'; did you mean fast?"),
-        (["--resume", "maybe"], "unexpected argument 'maybe'"),
+        (["--resume", "maybe"], "--resume expects true or false, found 'maybe'"),
         (["--batch-size", "0"], "--batch-size must be > 0, got 0"),
         (["--batch-size"], "--batch-size needs a value (int)"),
         (["stray"], "unexpected argument 'stray'"),

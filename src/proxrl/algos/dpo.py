@@ -82,7 +82,10 @@ class Config(OfflineConfig):
         if self.loss == "ipo" and self.label_smoothing:
             raise ProxrlError("label_smoothing does not apply to loss=ipo")
         if self.ref_model:
-            check_model_source(self.ref_model)
+            try:
+                check_model_source(self.ref_model)
+            except ProxrlError as exc:
+                raise ProxrlError(f"ref_model: {exc}") from None
 
 
 @dataclass(frozen=True)

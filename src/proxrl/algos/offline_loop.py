@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from proxrl.data.batching import bucket_batches
 from proxrl.data.readers import check_data_source
+from proxrl.models.causal_lm import resolve_dtype
 from proxrl.models.lora import apply_lora, trainable_state_dict
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime.checkpoint import CheckpointManager
@@ -136,10 +137,16 @@ class OfflineConfig(RunConfig):
         for ok, message in checks:
             if not ok:
                 raise ProxrlError(message)
-        check_model_source(self.model)
-        for source in (self.data, self.eval_data):
-            if source:
-                check_data_source(source)
+        resolve_dtype(self.dtype)
+        for name in ("model", "data", "eval_data"):
+            source = getattr(self, name)
+            try:
+                if source and name == "model":
+                    check_model_source(source)
+                elif source:
+                    check_data_source(source)
+            except ProxrlError as exc:
+                raise ProxrlError(f"{name}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------
@@ -293,23 +300,29 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
     guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
-    logger = MetricsLogger(output_dir)
-    save_config_file(cfg, output_dir / "config.yaml")
 
-    # 3. Resume: trainable weights, optimizer, RNG, step counter, skip counters.
+    # 3. Resume: trainable weights, optimizer, RNG, step counter, skip counters. Checked before
+    #    anything in output_dir is touched, so a failed resume leaves the run as it was.
     step = 0
     if cfg.resume:
         latest = checkpoints.latest()
         if latest is None:
-            raise ProxrlError(f"--resume: no complete checkpoint in {output_dir}")
+            raise ProxrlError(f"--resume: no complete checkpoint in {checkpoints.root}")
         tensors, state = checkpoints.load(latest)
-        _, unexpected = model.load_state_dict(tensors["model"], strict=False)
-        if unexpected:
-            raise ProxrlError(f"checkpoint {latest} does not match the model: unexpected {unexpected[:3]}")
-        optimizer.load_state_dict(state["optimizer"])
+        mismatch = f"checkpoint {latest} does not match this run's model (another model or lora_r?)"
+        try:
+            _, unexpected = model.load_state_dict(tensors["model"], strict=False)
+            if unexpected:
+                raise ProxrlError(f"{mismatch}: found {len(unexpected)} unknown tensors such as {unexpected[0]!r}")
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError) as exc:
+            raise ProxrlError(f"{mismatch}: {str(exc).strip().splitlines()[-1].strip()}") from None
         restore_rng_state(state["rng"])
         guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
         step = int(state["step"])
+    logger = MetricsLogger(output_dir)
+    save_config_file(cfg, output_dir / "config.yaml")
+    if cfg.resume:
         logger.truncate_after(step)
         log.info("resumed from %s at step %d of %d", latest, step, total_steps)
 

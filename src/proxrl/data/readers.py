@@ -10,6 +10,7 @@ message: ``file.jsonl:12`` (line), ``file.json:[3]`` (item), ``file.csv:5`` (lin
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -65,27 +66,39 @@ def _as_object(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
+def _read_text(path: str) -> str:
+    """The file as text; not UTF-8 is a one-line error naming the line and the byte."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ProxrlError(
+            f"{path}:{line}: expected UTF-8 text, found byte 0x{data[exc.start]:02x} at column {column}"
+        ) from None
+
+
 def _read_jsonl(path: str) -> list[Row]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ProxrlError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-            rows.append(Row(_as_object(value, where), where))
+    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProxrlError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        rows.append(Row(_as_object(value, where), where))
     return rows
 
 
 def _read_json(path: str) -> list[Row]:
-    with open(path, encoding="utf-8") as f:
-        try:
-            value = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ProxrlError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
+    try:
+        value = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ProxrlError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from None
     if isinstance(value, dict) and isinstance(value.get("data"), list):
         value = value["data"]
     if not isinstance(value, list):
@@ -97,13 +110,12 @@ def _read_csv(path: str) -> list[Row]:
     """CSV cells are strings; a cell that holds a JSON list or number (``responses``,
     ``ranking``, ``margin``) is decoded."""
     rows = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        for record in reader:
-            where = f"{path}:{reader.line_num}"
-            if None in record:
-                raise ProxrlError(f"{where}: more cells than the header has columns")
-            rows.append(Row({k: _decode_cell(v) for k, v in record.items()}, where))
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    for record in reader:
+        where = f"{path}:{reader.line_num}"
+        if None in record:
+            raise ProxrlError(f"{where}: more cells than the header has columns")
+        rows.append(Row({k: _decode_cell(v) for k, v in record.items()}, where))
     return rows
 
 

@@ -40,12 +40,26 @@ def looks_like_local_path(name_or_path: str) -> bool:
     )
 
 
+MODEL_FILES = ("config.json", "adapter_config.json")
+
+
 def check_model_source(name_or_path: str) -> None:
-    """Fail with one line when a local model path does not exist (instead of a hub lookup)."""
+    """Fail with one line when a local model path does not exist, is a file, or is a directory
+    that holds no model (instead of a hub lookup or a loader's traceback)."""
     if not name_or_path:
         raise ProxrlError("model: expected a hub id or a local directory, got an empty string")
-    if looks_like_local_path(name_or_path) and not os.path.isdir(os.path.expanduser(name_or_path)):
+    path = os.path.expanduser(name_or_path)
+    if os.path.isfile(path):
+        raise ProxrlError(
+            f"model path '{name_or_path}' is a file; expected a model directory (with config.json) or a hub id"
+        )
+    if looks_like_local_path(name_or_path) and not os.path.isdir(path):
         raise ProxrlError(f"model path '{name_or_path}' does not exist (or is not a directory)")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in MODEL_FILES):
+        raise ProxrlError(
+            f"model directory '{name_or_path}' has no config.json; expected a directory written by "
+            "save_pretrained"
+        )
 
 
 def load_tokenizer(

@@ -184,6 +184,14 @@ def _check_flag_value(name: str, tp: Any, text: str) -> str:
 # YAML files
 
 
+def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
+    """``file:line:column is not valid YAML: <problem>`` from a PyYAML error."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    return f"{where} is not valid YAML: {problem}"
+
+
 def load_config_file(config_cls: type[T], path: str | Path, validate: bool = True) -> T:
     """Build ``config_cls`` from a YAML mapping of field → value (missing fields keep defaults).
 
@@ -196,8 +204,11 @@ def load_config_file(config_cls: type[T], path: str | Path, validate: bool = Tru
     except FileNotFoundError:
         raise ProxrlError(f"config file {path} does not exist") from None
     except yaml.YAMLError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ProxrlError(f"config file {path} is not valid YAML: {first}") from None
+        raise ProxrlError(f"config file {_yaml_problem(path, e)}") from None
+    except UnicodeDecodeError as e:
+        raise ProxrlError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except IsADirectoryError:
+        raise ProxrlError(f"config file {path} is a directory; expected a YAML file") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -278,8 +289,8 @@ def _check_flags(config_cls: type, argv: list[str]) -> list[str]:
             text = inline if eq else None
             if text is None and not negated and i + 1 < len(argv):
                 nxt = argv[i + 1].lower()
-                if nxt in _TRUE | _FALSE:
-                    text, i = nxt, i + 1
+                if nxt in _TRUE | _FALSE or not nxt.startswith("-"):  # a value: checked below
+                    text, i = argv[i + 1], i + 1
             if text is not None:
                 if negated or text.lower() not in _TRUE | _FALSE:
                     raise ProxrlError(f"{flag} expects true or false, found {text!r}")
