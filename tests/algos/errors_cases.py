@@ -232,7 +232,7 @@ CASES: list[Case] = [
     Case("model path missing", ("sft", "--model", "models/nope", "--data", "sft.jsonl", "--output-dir", "runs/new"),
          "proxrl sft: error: model: model path 'models/nope' does not exist (or is not a directory)"),
     Case("model directory without config.json", ("sft", "--model", "models/empty", "--data", "sft.jsonl", "--output-dir", "runs/new"),
-         "proxrl sft: error: model: model directory 'models/empty' has no config.json; expected a directory written by save_pretrained"),
+         "proxrl sft: error: model: model directory 'models/empty' has no config.json (nor tokenizer files); expected a directory written by save_pretrained"),
     Case("model path that is a file", ("sft", "--model", "a_file", "--data", "sft.jsonl", "--output-dir", "runs/new"),
          "proxrl sft: error: model: model path 'a_file' is a file; expected a model directory (with config.json) or a hub id"),
     # -- output directories ----------------------------------------------------------------

@@ -40,7 +40,7 @@ def looks_like_local_path(name_or_path: str) -> bool:
     )
 
 
-MODEL_FILES = ("config.json", "adapter_config.json")
+MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json", "tokenizer.json")
 
 
 def check_model_source(name_or_path: str) -> None:
@@ -57,8 +57,8 @@ def check_model_source(name_or_path: str) -> None:
         raise ProxrlError(f"model path '{name_or_path}' does not exist (or is not a directory)")
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in MODEL_FILES):
         raise ProxrlError(
-            f"model directory '{name_or_path}' has no config.json; expected a directory written by "
-            "save_pretrained"
+            f"model directory '{name_or_path}' has no config.json (nor tokenizer files); expected a "
+            "directory written by save_pretrained"
         )
 
 
