@@ -4,7 +4,6 @@ cases, and a test checks docs/errors.md is up to date."""
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
@@ -35,7 +34,6 @@ def test_bad_input_gets_its_documented_message(case, master_workspace, tmp_path,
     shutil.copytree(master_workspace, workspace)
     monkeypatch.chdir(workspace)
     before = _snapshot(workspace)
-    logging.getLogger("proxrl").setLevel(logging.ERROR)
 
     code = main(list(case.argv))
 

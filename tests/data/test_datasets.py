@@ -102,7 +102,7 @@ def test_malformed_json_line_and_non_object_rows(tmp_path):
         (load_sft_examples, {"messages": [{"role": "user", "content": "hi"}]}, r":1: field 'messages': the last message must have role 'assistant'"),
         (load_sft_examples, {"messages": [{"role": "user"}]}, r":1: field 'messages\[0\]'"),
         (load_preference_examples, {"prompt": "a", "chosen": "x"}, r":1: missing field 'rejected'"),
-        (load_preference_examples, {"prompt": "a", "chosen": "x", "rejected": "y", "margin": "big"}, r":1: field 'margin': expected a number"),
+        (load_preference_examples, {"prompt": "a", "chosen": "x", "rejected": "y", "margin": "big"}, r":1: field 'margin': expected a finite number"),
         (load_preference_examples, {"prompt": 3, "chosen": "x", "rejected": "y"}, r":1: field 'prompt': expected a string, got int"),
         (load_ranking_examples, {"prompt": "a", "responses": ["x", "y"], "ranking": [0]}, r":1: field 'ranking': expected 2 non-negative integers"),
         (load_ranking_examples, {"prompt": "a", "responses": ["x"], "ranking": [0]}, r":1: field 'responses': expected a list of at least 2"),

@@ -15,6 +15,7 @@ and is dropped with a warning that counts them.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ def _expect_messages(row: Row, final_role: str | None) -> list[Message]:
     if final_role is not None and messages[-1]["role"] != final_role:
         raise ProxrlError(
             f"{row.where}: field 'messages': the last message must have role '{final_role}', "
-            f"got '{messages[-1]['role']}'"
+            f"got {messages[-1]['role']!r}"
         )
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
@@ -112,16 +113,30 @@ def parse_preference(row: Row) -> PreferenceExample:
     prompt = _expect_text(row, "prompt", allow_empty=True)
     chosen = _expect_text(row, "chosen")
     rejected = _expect_text(row, "rejected")
-    margin = row.data.get("margin")
-    if margin is not None:
-        if isinstance(margin, str):
-            try:
-                margin = float(margin)
-            except ValueError:
-                margin = None if not margin.strip() else margin
-        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, numbers.Real)):
-            raise ProxrlError(f"{row.where}: field 'margin': expected a number, got {margin!r}")
-    return PreferenceExample(prompt, chosen, rejected, None if margin is None else float(margin), row.where)
+    return PreferenceExample(prompt, chosen, rejected, _margin(row), row.where)
+
+
+def _margin(row: Row) -> float | None:
+    """The optional ``margin``: a finite number (a numeric string from CSV is accepted; an empty
+    cell means none)."""
+    raw = row.data.get("margin")
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    value: float | None = None
+    if isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            value = None
+    elif isinstance(raw, numbers.Real) and not isinstance(raw, bool):
+        try:
+            value = float(raw)
+        except OverflowError:
+            value = math.inf
+    if value is None or not math.isfinite(value):
+        shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
+        raise ProxrlError(f"{row.where}: field 'margin': expected a finite number, got {shown}")
+    return value
 
 
 def parse_ranking(row: Row) -> RankingExample:

@@ -76,6 +76,8 @@ def _unknown(kind: str, name: str, valid: list[str], flag: bool) -> ProxrlError:
     pool = [v.replace("_", "-") for v in valid] if flag else valid
     close = difflib.get_close_matches(shown, pool, n=1, cutoff=0.5)
     hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+    if not shown.isprintable() or not shown or shown != shown.strip():
+        shown = repr(shown)  # keep the message on one line and the name visible
     return ProxrlError(f"unknown {kind} {prefix}{shown}{hint}")
 
 
