@@ -128,9 +128,13 @@ def test_the_demo_never_deletes_a_directory_that_is_not_a_run(tmp_path: Path) ->
     assert (foreign / "keep.txt").read_text() == "mine"
 
 
-def test_bad_demo_option_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--output-dir", str(tmp_path / "d"), "--demo-accuracy", "0"]) == 2
-    assert "demo_accuracy" in capsys.readouterr().err
+@pytest.mark.parametrize(("flag", "field"), [(["--demo-accuracy", "0"], "demo_accuracy"), (["--resume"], "resume")])
+def test_bad_demo_option_is_a_one_line_error(flag: list[str], field: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--output-dir", str(tmp_path / "d"), *flag]) == 2
+    err = capsys.readouterr().err
+    assert field in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists()
 
 
 # ------------------------------------------------------------------------------- the task
