@@ -56,7 +56,7 @@ from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import prepare_output_dir
-from proxrl.runtime.config import RunConfig, save_config_file
+from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
 
@@ -67,11 +67,13 @@ POLICIES = ("sft", "ppo", "ppo_no_kl", "grpo")
 
 
 @dataclass
-class Config(RunConfig):
+class Config:
     """proxrl demo: SFT → reward model → PPO (with and without KL) and GRPO on a tiny model, on CPU."""
 
     output_dir: str = "runs/demo"
     """Directory for the data, every stage's run, summary.json and report.md."""
+    seed: int = 1
+    """Random seed of the data, the model's initialisation and every stage."""
     overwrite: bool = True
     """Replace a previous demo in output_dir (only a directory that holds a proxrl run is deleted)."""
     sft_examples: int = 2000
@@ -132,9 +134,6 @@ class Config(RunConfig):
     """Show progress bars."""
 
     def validate(self) -> None:
-        if self.resume:
-            raise ProxrlError("resume: the demo always starts afresh (each stage takes seconds)")
-        super().validate()
         if not 0 < self.demo_accuracy <= 1:
             raise ProxrlError(f"demo_accuracy: expected in (0, 1], got {self.demo_accuracy}")
         for name in ("sft_examples", "preference_pairs", "preference_eval_pairs", "rl_prompts",
@@ -201,7 +200,7 @@ def train(cfg: Config) -> dict[str, Any]:
     hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    out = prepare_output_dir(cfg.output_dir, resume=False, overwrite=cfg.overwrite)
     save_config_file(cfg, out / "demo_config.yaml")
     watch = Stopwatch()
     seed_everything(cfg.seed)

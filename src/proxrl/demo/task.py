@@ -9,8 +9,11 @@ it to prompts it never saw, while the data sets tell the classic RLHF story:
   ``demo_accuracy`` of the time and otherwise another digit of the list: imitation learns the
   format and the annotator's error rate.
 - Comparisons (the reward model's preference pairs) are easier to get right than
-  demonstrations: the chosen answer is always the largest digit, the rejected one any other
-  digit (from the list or not), so a reward model trained on them knows more than the SFT policy.
+  demonstrations: the chosen answer is always the largest digit, the rejected one another digit
+  of the list (or, a share ``off_list_rejects`` of the time, any other digit), so a reward
+  model trained on them knows more than the SFT policy. With no off-list rejects, "a bigger
+  digit is better" ranks every pair correctly: a shortcut the reward model can learn instead
+  of the rule, and one a policy can exploit by naming a digit that is not in the list.
 - RL prompts and held-out evaluation prompts are fresh lists; the evaluation prompts are seen
   by no stage of training.
 
@@ -60,7 +63,7 @@ class TaskSizes:
     """How many rows each split holds."""
 
     sft: int = 2000
-    preference: int = 3000
+    preference: int = 2000
     preference_eval: int = 400
     rl: int = 1000
     eval: int = 200
