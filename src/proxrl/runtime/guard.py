@@ -70,7 +70,7 @@ def first_nonfinite_grad(parameters: Parameters) -> str | None:
     if not grads:
         return None
     # Fast path: one reduction over every gradient; only on failure look for the culprit.
-    norms = torch._foreach_norm([g.detach() for _, g in grads])  # type: ignore[attr-defined]
+    norms = torch._foreach_norm([g.detach() for _, g in grads])
     if bool(torch.isfinite(torch.stack([n.float().cpu() for n in norms]).sum())):
         return None
     for name, grad in grads:
@@ -108,11 +108,12 @@ class NonFiniteGuard:
         if loss is not None and not _is_finite(loss):
             return f"loss is {_kind(loss)}"
         if parameters is not None:
-            name = first_nonfinite_grad(parameters)
-            if name is not None:
-                grad = dict(_named(parameters))[name].grad
+            named = _named(parameters)
+            culprit = first_nonfinite_grad(named)
+            if culprit is not None:
+                grad = dict(named)[culprit].grad
                 assert grad is not None
-                return f"grad of {name} holds {_kind(grad)}"
+                return f"grad of {culprit} holds {_kind(grad)}"
         return None
 
     def check(
