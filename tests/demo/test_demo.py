@@ -53,7 +53,10 @@ def test_every_stage_ran_and_summary_has_the_issue_shape(toy_demo: Path) -> None
     assert [k for k in summary["wall_s"] if k != "startup"] == ["total", *STAGES]  # startup: Linux only
     assert all(v >= 0 for v in summary["wall_s"].values())
     assert summary["wall_s"]["total"] >= sum(v for k, v in summary["wall_s"].items() if k != "total") - 0.1
-    assert 100 < summary["peak_rss_mb"] < 2048
+    # the process's peak so far (in a full test session, earlier tests' peaks count too)
+    from proxrl.demo.pipeline import peak_rss_mb
+
+    assert 100 < summary["peak_rss_mb"] <= peak_rss_mb() + 0.1
 
 
 def test_every_artefact_was_written(toy_demo: Path) -> None:
