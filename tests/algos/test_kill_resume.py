@@ -5,8 +5,10 @@ left alone. A run killed in the middle of writing a checkpoint, and runs whose n
 is torn or corrupt, resume from the previous checkpoint to the same result; SIGTERM from outside
 saves a checkpoint and exits 143 with a one-line message.
 
-The uninterrupted run runs in this process (one thread, as the subprocesses) while the killed
-one runs beside it; only the killed and resumed runs pay a Python start-up.
+The killed run is a subprocess (``python -m proxrl ...``); the uninterrupted run runs in this
+process (one thread, as the subprocess) while the killed one runs beside it, and the resume runs
+here too, so only the killed run pays a Python start-up and the state crosses processes through
+the checkpoint alone.
 """
 
 from __future__ import annotations
@@ -95,11 +97,11 @@ def _straight(command: str, config: Path, run: Path, capsys) -> None:
     assert main([command, "--config", str(config), "--output-dir", str(run)]) == 0, capsys.readouterr().err
 
 
-def _resume(command: str, config: Path, run: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "proxrl", command, "--config", str(config),
-                           "--output-dir", str(run), "--resume"], env=ENV, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done
+def _resume(command: str, config: Path, run: Path, capsys) -> None:
+    """``proxrl COMMAND --resume``, in this process: the state crosses from the killed process
+    to this one only through the checkpoint on disk."""
+    code = main([command, "--config", str(config), "--output-dir", str(run), "--resume"])
+    assert code == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["sft", "rm", "dpo"])
@@ -120,7 +122,7 @@ def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(com
     killed_at = CheckpointManager.step_of(newest)
     assert 10 <= killed_at < 300
 
-    _resume(command, config, killed_run)
+    _resume(command, config, killed_run, capsys)
     _assert_same_run(tmp_path / "straight", killed_run)
 
 
@@ -154,7 +156,7 @@ def test_kill_while_writing_a_checkpoint_resumes_from_the_previous_one(tiny_lm, 
     ]
     assert not (checkpoints / f".tmp-step_000000020-{process.pid}" / "manifest.json").exists()
 
-    _resume("sft", config, run)
+    _resume("sft", config, run, capsys)
     _assert_same_run(tmp_path / "straight", run)
     # The torn temporary directory was cleaned up by the resumed run's first save.
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000000030", "step_000000032"]
@@ -223,5 +225,5 @@ def test_sigterm_from_outside_saves_exits_143_and_resumes_exactly(tiny_lm, tmp_p
     saved = Path(last.split("checkpoint saved in ")[1].split(";")[0])
     assert CheckpointManager.verify(saved) is None and not (run / "model.safetensors").exists()
 
-    _resume("sft", config, run)
+    _resume("sft", config, run, capsys)
     _assert_same_run(tmp_path / "straight", run)
