@@ -47,7 +47,7 @@ from proxrl.data.formats import load_preference_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
-from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
 
@@ -150,6 +150,7 @@ def train(cfg: Config) -> dict[str, float]:
     """Run DPO / IPO / SimPO; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
+    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id
 
@@ -164,8 +165,7 @@ def train(cfg: Config) -> dict[str, float]:
         train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
     log.info("dpo: %d training and %d eval pairs", len(train_items), len(eval_items))
 
-    # 3. Output directory, seeds, and the policy (dropout off; LoRA if asked).
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    # 3. Seeds and the policy (dropout off; LoRA if asked).
     seed_everything(cfg.seed)
     policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
     resize_for_tokenizer(policy, tokenizer)
@@ -187,6 +187,8 @@ def train(cfg: Config) -> dict[str, float]:
         with adapter_disabled(policy) as reference:
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
             ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+    # Every input has loaded: now the output directory (a bad input leaves no run behind).
+    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
     # The policy's log-probs come out in float32 for half-precision weights (core.logprobs).
     dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)
 

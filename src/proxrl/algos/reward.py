@@ -55,7 +55,7 @@ from proxrl.data.encoding import EncodedPair, EncodedRanking, encode_preferences
 from proxrl.data.formats import RankingExample, load_comparison_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
-from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
 
@@ -151,6 +151,7 @@ def train(cfg: Config) -> dict[str, float]:
     """Train a reward model; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
+    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.
@@ -160,19 +161,22 @@ def train(cfg: Config) -> dict[str, float]:
     else:
         train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
     if eval_items and type(eval_items[0]) is not type(train_items[0]):
-        raise ProxrlError("eval_data must have the same format (pairs or rankings) as data")
+        kinds = {EncodedPair: "preference pairs", EncodedRanking: "K-way rankings"}
+        raise ProxrlError(
+            f"eval_data: expected {kinds[type(train_items[0])]} like data, found {kinds[type(eval_items[0])]}"
+        )
     log.info("rm: %d training and %d eval comparisons", len(train_items), len(eval_items))
     pad_id = tokenizer.pad_token_id
     eval_order = bucket_batches([len(x) for x in eval_items], cfg.batch_size, seed=0, shuffle=False)
     eval_batches = [make_batch([eval_items[i] for i in ix], cfg.use_margin, pad_id) for ix in eval_order]
 
-    # 3. Output directory, seeds, and a num_labels=1 classifier (a head missing from the
-    #    checkpoint is drawn N(0, 1/√(d+1)), bias 0).
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    # 3. Seeds, a num_labels=1 classifier (a head missing from the checkpoint is drawn
+    #    N(0, 1/√(d+1)), bias 0), then the output directory (once every input has loaded).
     seed_everything(cfg.seed)
     model = load_score_model(cfg.model, new_head="reward", **model_kwargs(cfg))
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg, task="seq_cls").to(training_device())
+    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
 
     # 4. Train with the Bradley–Terry loss (mean over the pairs of each optimizer step).
     task = Task(

@@ -40,7 +40,7 @@ from proxrl.data.encoding import EncodedSequence, encode_sft
 from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
-from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer: pad ≠ EOS, round-trip checked. Inputs are checked before anything is
     #    written, so a typo leaves no half-made run directory behind.
     cfg.validate()
+    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: validated rows → token ids with the prompt masked; a held-out split.
@@ -102,12 +103,13 @@ def train(cfg: Config) -> dict[str, float]:
     pad_id = tokenizer.pad_token_id
     eval_batches = make_batches(eval_items, cfg.batch_size, pad_id) if eval_items else []
 
-    # 3. Output directory, seeds, and the model (dropout off; LoRA if asked).
-    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    # 3. Seeds, the model (dropout off; LoRA if asked), then the output directory: created only
+    #    once every input has loaded, so a bad one leaves no half-made run behind.
     seed_everything(cfg.seed)
     model = load_causal_lm(cfg.model, **model_kwargs(cfg))
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg).to(training_device())
+    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
 
     # 4. Train: mean NLL over the completion tokens of each optimizer step, on padded
     #    length-bucketed batches or on packed rows.

@@ -254,6 +254,31 @@ def holds_run(output_dir: str | Path) -> bool:
     return any((d / name).exists() for name in (RUN_MARKER, "metrics.jsonl", CHECKPOINT_DIR))
 
 
+def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
+    """Raise the ``ProxrlError`` that ``prepare_output_dir`` would, without touching anything.
+
+    Call it first thing, so a wrong directory is reported before minutes of loading; call
+    ``prepare_output_dir`` once every input has loaded, so a bad input leaves no run behind.
+    """
+    d = Path(output_dir)
+    if resume and overwrite:
+        raise ProxrlError("--resume and --overwrite exclude each other; pick one")
+    if d.exists() and not d.is_dir():
+        raise ProxrlError(f"output directory {d} is a file")
+    if holds_run(d):
+        if not resume and not overwrite:
+            raise ProxrlError(
+                f"output directory {d} already holds a run; pass --resume to continue it or "
+                "--overwrite to replace it"
+            )
+    elif resume:
+        raise ProxrlError(f"--resume: output directory {d} holds no run to resume")
+    elif d.is_dir() and any(d.iterdir()):
+        raise ProxrlError(
+            f"output directory {d} is not empty and holds no proxrl run; choose another one"
+        )
+
+
 def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> Path:
     """Make ``output_dir`` ready for a run and return it.
 
@@ -263,26 +288,12 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     - ``resume`` with nothing to resume is refused too, rather than silently starting over;
     - a non-empty directory that is not a run is never deleted.
     """
+    check_output_dir(output_dir, resume, overwrite)
     d = Path(output_dir)
-    if resume and overwrite:
-        raise ProxrlError("--resume and --overwrite exclude each other; pick one")
-    if d.exists() and not d.is_dir():
-        raise ProxrlError(f"output directory {d} is a file")
     if holds_run(d):
         if resume:
             return d
-        if not overwrite:
-            raise ProxrlError(
-                f"output directory {d} already holds a run; pass --resume to continue it or "
-                "--overwrite to replace it"
-            )
         shutil.rmtree(d)
-    elif resume:
-        raise ProxrlError(f"--resume: output directory {d} holds no run to resume")
-    elif d.is_dir() and any(d.iterdir()):
-        raise ProxrlError(
-            f"output directory {d} is not empty and holds no proxrl run; choose another one"
-        )
     d.mkdir(parents=True, exist_ok=True)
     (d / RUN_MARKER).write_text("")
     return d
