@@ -108,3 +108,19 @@ def test_output_dir_guard(tmp_path):
     with pytest.raises(ProxrlError, match="not empty and holds no proxrl run"):
         prepare_output_dir(other, resume=False, overwrite=True)
     assert (other / "thesis.tex").exists()
+
+
+def test_check_output_dir_raises_what_prepare_would_and_touches_nothing(tmp_path):
+    from proxrl.runtime.checkpoint import check_output_dir
+
+    run = prepare_output_dir(tmp_path / "run", resume=False, overwrite=False)
+    (run / "metrics.jsonl").write_text("{}\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(ProxrlError, match="already holds a run; pass --resume"):
+        check_output_dir(run, resume=False, overwrite=False)
+    check_output_dir(run, resume=False, overwrite=True)  # allowed, but deletes nothing yet
+    check_output_dir(run, resume=True, overwrite=False)
+    check_output_dir(tmp_path / "fresh", resume=False, overwrite=False)  # creates nothing
+    with pytest.raises(ProxrlError, match="holds no run to resume"):
+        check_output_dir(tmp_path / "fresh", resume=True, overwrite=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
