@@ -13,7 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxrl.algos import sft
+from proxrl.algos import dpo, grpo, ppo, reward, sft
+from proxrl.classic.config import ClassicConfig
 from proxrl.runtime.config import RunConfig, load_config_file, parse_config
 from proxrl.runtime.errors import ProxrlError
 
@@ -36,7 +37,7 @@ class Demo(RunConfig):
     """A tuple of ints."""
 
 
-CONFIGS = [Demo, sft.Config]
+CONFIGS = [Demo, sft.Config, reward.Config, dpo.Config, ppo.Config, grpo.Config, ClassicConfig]
 FIELDS = sorted({f.name for c in CONFIGS for f in dataclasses.fields(c)})
 
 yaml_scalars = (
