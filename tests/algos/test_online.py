@@ -17,6 +17,8 @@ from proxrl.core import value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
 from proxrl.rollout.generation import response_mask_after_stop, stopped
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -96,7 +98,8 @@ def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_
                   torch.optim.AdamW(models.critic.parameters(), lr=1e-3)]
     for _ in range(2):
         experience, _, row = collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
-        update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0))
+        update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0),
+               NonFiniteGuard(), 1)
     for name, model in (("reference", models.reference), ("reward", rewards.sources[0].model)):
         after = _state(model)
         assert all(torch.equal(before[name][k], after[k]) for k in after), name
@@ -314,3 +317,49 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
     assert comparable(read_metrics(killed)) == comparable(read_metrics(whole))
     a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------- non-finite guard
+
+
+def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm, prompts, tmp_path, monkeypatch):
+    """Iteration 2's rewards are NaN: its whole update is skipped and counted; from iteration 4
+    on every gradient is NaN: each step is skipped until max_consecutive_skips stops the run
+    with a clear message, the checkpoint of iteration 3 intact and no NaN in any saved weight."""
+    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=8, group_size=2, save_every=1,
+                max_consecutive_skips=3, critic_learning_rate=1e-3)
+    algo = ppo.build(cfg)
+    estimate, calls = algo.estimate, []
+
+    def poisoned_estimate(exp, kl_coef):
+        rewards, advantages, returns = estimate(exp, kl_coef)
+        calls.append(1)
+        return (rewards * float("nan"), advantages, returns) if len(calls) == 2 else (rewards, advantages, returns)
+
+    algo.estimate = poisoned_estimate
+    real_backward = torch.Tensor.backward
+
+    def nan_backward(self, *args, **kwargs):
+        real_backward(self, *args, **kwargs)
+        if len(calls) >= 4:
+            for p in algo_models[0].actor.parameters():
+                p.grad = torch.full_like(p, float("nan"))
+
+    import proxrl.algos.online as online_module
+
+    algo_models = []
+    real_load = online_module.load_models
+    monkeypatch.setattr(online_module, "load_models", lambda c, a: algo_models.append(real_load(c, a)) or algo_models[0])
+    monkeypatch.setattr(ppo, "build", lambda c: algo)
+    monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
+    with pytest.raises(ProxrlError, match=r"3 updates in a row were skipped .*grad of .* holds NaN.*last good checkpoint"):
+        ppo.train(cfg)
+    rows = read_metrics(tmp_path)
+    assert [r["guard/skipped_updates"] for r in rows[:3]] == [0.0, 1.0, 1.0]
+    assert "policy/optimizer_steps" not in rows[1] and rows[2]["policy/optimizer_steps"] == 8.0  # 4 epochs × 2
+    from proxrl.runtime.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(tmp_path).latest()
+    tensors, state = CheckpointManager(tmp_path).load(latest)
+    assert state["iteration"] == 3
+    assert all(torch.isfinite(t).all() for group in tensors.values() for t in group.values())

@@ -34,8 +34,10 @@ from proxrl.models.value_head import ValueHead
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
+from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     kl = kl_controller(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoints.root)
     logger = MetricsLogger(output_dir)
 
-    def save(done: int) -> None:
+    def save(done: int) -> Path:
         tensors = {"actor": trainable_state_dict(models.actor)}
         if models.critic is not None:
             tensors["critic"] = trainable_state_dict(models.critic)
@@ -80,9 +83,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         state = {
             "iteration": done, "optimizers": [opt.state_dict() for opt in optimizers], "kl": kl.state_dict(),
             "penalty": algo.penalty.state_dict() if algo.penalty else {}, "rng": capture_rng_state(),
-            "generator": generator.get_state(),
+            "generator": generator.get_state(), "guard": guard.state_dict(),
         }
-        checkpoints.save(done, tensors, state)
+        return checkpoints.save(done, tensors, state)
 
     # 3. Resume: weights, optimizers, controllers, RNGs, iteration (which fixes the data position).
     start = 0
@@ -103,6 +106,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             algo.penalty.load_state_dict(state["penalty"])
         restore_rng_state(state["rng"])
         generator.set_state(state["generator"])
+        guard.load_state_dict(state["guard"])
         start = int(state["iteration"])
         logger.truncate_after(start)
         truncate_samples(output_dir, start)
@@ -110,8 +114,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
     # 4. Iterate.
     last: dict[str, float] = {}
-    consecutive_skips = 0
-    with progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=cfg.progress) as bar:
+    with progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=cfg.progress) as bar, GracefulStop() as stop:
         for iteration in range(start, cfg.iterations):
             started = time.perf_counter()
             fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
@@ -126,23 +129,23 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             experience, completions, row = collect_rollout(
                 cfg, algo, models, rewards, [prompts[i] for i in order], [prompt_ids[i] for i in order], kl.value, timings
             )
+            rollout_ok = guard.check(iteration + 1, tensors={
+                "scores": experience.scores, "rewards": experience.rewards, "advantages": experience.advantages})
 
-            # 4b. Update: the critic alone during warm-up, then both.
+            # 4b. Update: the critic alone during warm-up, then both. A rollout with a non-finite
+            # score, reward or advantage is skipped whole.
             models.actor.train()
             started_update = time.perf_counter()
             train_policy = iteration >= algo.critic_warmup_iterations
-            stats, skipped = update(cfg, algo, models, experience, optimizers, kl.value, train_policy, generator)
+            stats: dict[str, float] = {}
+            if rollout_ok:
+                stats = update(cfg, algo, models, experience, optimizers, kl.value, train_policy, generator, guard, iteration + 1)
             timings["time/update_s"] = time.perf_counter() - started_update
-            consecutive_skips = consecutive_skips + skipped if skipped and not stats["steps"] else 0
-            if consecutive_skips >= cfg.max_consecutive_skips:
-                raise ProxrlError(
-                    f"stopped: {consecutive_skips} optimizer steps in a row had a non-finite loss or gradient; "
-                    f"the last good checkpoint in {output_dir} is intact"
-                )
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
-            kl.update(row["objective/kl"], cfg.responses_per_iteration)
-            if algo.penalty is not None and train_policy:
+            if rollout_ok:
+                kl.update(row["objective/kl"], cfg.responses_per_iteration)
+            if algo.penalty is not None and train_policy and stats.get("steps"):
                 algo.penalty.update(stats.get("approx_kl", 0.0))
                 row["policy/penalty_beta"] = algo.penalty.value
             if cfg.ref_reset_every and (iteration + 1) % cfg.ref_reset_every == 0 and models.reference is not None:
@@ -150,11 +153,11 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
             # 4d. Metrics, samples, checkpoint.
             mask = experience.response_mask.float()
-            if algo.critic != "none":
+            if algo.critic != "none" and rollout_ok:
                 row["value/explained_var"] = explained_variance(experience.values, experience.returns, mask).item()
             for key, value in stats.items():
                 row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
-            row["guard/skipped_updates"] = float(skipped)
+            row.update(guard.metrics())
             elapsed = time.perf_counter() - started
             row["perf/tokens_per_s"] = mask.sum().item() / elapsed
             row["time/iteration_s"] = elapsed
@@ -163,6 +166,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             if cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations):
                 write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)], completions, experience.scores)
             bar.update(1, score=row["objective/scores"], kl=row["objective/kl"])
+            if stop.requested and iteration + 1 < cfg.iterations:
+                raise stop.interrupted(save(iteration + 1))
             if cfg.save_every and (iteration + 1) % cfg.save_every == 0 and iteration + 1 < cfg.iterations:
                 save(iteration + 1)
 

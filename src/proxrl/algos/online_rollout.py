@@ -191,9 +191,6 @@ def collect_rollout(
 
     # Advantages.
     experience.rewards, experience.advantages, experience.returns = algo.estimate(experience, kl_coef)
-    for name, tensor in (("scores", experience.scores), ("advantages", experience.advantages), ("rewards", experience.rewards)):
-        if not torch.isfinite(tensor).all():
-            raise ProxrlError(f"non-finite {name} in the rollout of this iteration; the update is not taken")
     seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
     lengths = mask.sum(-1)
     metrics = {

@@ -1,39 +1,37 @@
 """The update half of the online loop: epochs × shuffled minibatches × micro-batches of the
 algorithm's policy loss, the KL and entropy terms, and the critic's value loss, with a guard
-that skips any optimizer step whose loss or gradient is not finite."""
+that skips any optimizer step whose loss, statistics or gradient is not finite."""
 
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from proxrl.algos.online_config import Algorithm, OnlineConfig
 from proxrl.algos.online_rollout import Models
 from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
+from proxrl.runtime.guard import NonFiniteGuard
 
 log = logging.getLogger(__name__)
 
 
-def _finite_gradients(parameters: list[nn.Parameter]) -> bool:
-    return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in parameters)
-
-
 def update(
     cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, optimizers: list[torch.optim.Optimizer],
-    kl_coef: float, train_policy: bool, generator: torch.Generator,
-) -> tuple[dict[str, float], int]:
-    """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
-    Returns the mean of each stat over the steps taken and the number of skipped steps."""
+    kl_coef: float, train_policy: bool, generator: torch.Generator, guard: NonFiniteGuard, iteration: int,
+) -> dict[str, float]:
+    """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
+    loss or gradient is not finite is skipped by ``guard``. Returns the mean of each stat over
+    the steps taken."""
     actor, critic = models.actor, models.critic
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
+    named = list(actor.named_parameters()) + ([(f"critic.{n}", p) for n, p in critic.named_parameters()] if critic else [])
     totals: dict[str, float] = defaultdict(float)
-    steps = skipped = 0
+    steps = 0
     P = experience.prompt_ids.shape[1]
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
@@ -70,10 +68,7 @@ def update(
                 (loss * share).backward()
                 for key, value in stats.items():
                     step_stats[key] += float(value) * share
-            if not (all(math.isfinite(v) for v in step_stats.values()) and _finite_gradients(parameters)):
-                skipped += 1
-                log.warning("skipped an optimizer step: non-finite loss or gradient (%s)",
-                            {k: v for k, v in step_stats.items() if not math.isfinite(v)} or "gradient")
+            if not guard.check(iteration, tensors=step_stats, parameters=named):
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
                 continue
@@ -91,7 +86,7 @@ def update(
     stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
     stats_out["steps"] = float(steps)
-    return stats_out, skipped
+    return stats_out
 
 
 NAMESPACES = {
