@@ -1,0 +1,317 @@
+"""A thin layer over ``accelerate`` for data-parallel and sharded runs.
+
+Under ``accelerate launch`` or ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the first
+call builds ``accelerate.PartialState`` (which starts the process group: NCCL on GPUs, gloo on
+CPUs) and, when a model is wrapped, an ``Accelerator`` that reads the strategy (DDP, FSDP2,
+DeepSpeed ZeRO) from the accelerate config file. Otherwise every function here is a no-op on a
+world of one process, and accelerate is never imported: the single-process path is unchanged.
+
+What each function guarantees:
+- ``shard(items)``: rank r takes ``items[r::world]``, a deterministic split that needs no
+  communication; with ``len(items)`` divisible by the world size every rank gets the same count.
+- ``all_reduce_sum`` / ``all_reduce_mean``: on a tensor, a float, or a dict of floats (keys
+  are unioned across ranks; a missing key counts as 0). Dicts and floats travel in float64.
+- ``split_global(value, field)``: a global batch size divided by the world size, or a
+  ``ProxrlError`` naming the config field.
+- ``wrap_model``: ``accelerator.prepare(model)`` (DDP / FSDP / DeepSpeed chosen by the launch
+  config) or the model itself on one process.
+- ``all_reduce_gradients``: sum of every gradient over ranks (the DDP path accumulates locally
+  under ``no_sync`` and reduces once per optimizer step, so ranks may hold different numbers of
+  micro-batches, even none).
+- ``gathered_for_generation(model)``: full weights during generation under FSDP / ZeRO-3
+  (untested here: no GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar, overload
+
+import torch
+import torch.distributed as torch_dist
+from torch import Tensor, nn
+
+from proxrl.runtime.errors import ProxrlError
+
+T = TypeVar("T")
+
+
+def _env_world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+@lru_cache(maxsize=1)
+def _state() -> Any:
+    """``accelerate.PartialState`` when launched on several processes, else ``None``."""
+    if _env_world_size() <= 1:
+        return None
+    from accelerate import PartialState
+
+    return PartialState()
+
+
+@lru_cache(maxsize=1)
+def accelerator() -> Any:
+    """The process's ``accelerate.Accelerator`` (launched runs only)."""
+    if _state() is None:
+        raise RuntimeError("accelerator() is only available in a launched multi-process run")
+    from accelerate import Accelerator
+
+    return Accelerator()
+
+
+def world_size() -> int:
+    state = _state()
+    return 1 if state is None else int(state.num_processes)
+
+
+def rank() -> int:
+    state = _state()
+    return 0 if state is None else int(state.process_index)
+
+
+def local_rank() -> int:
+    state = _state()
+    return 0 if state is None else int(state.local_process_index)
+
+
+def is_main() -> bool:
+    """Whether this process writes (metrics, samples, checkpoints, final models)."""
+    return rank() == 0
+
+
+def device() -> torch.device:
+    """This process's device: accelerate's choice when launched, else the first GPU or the CPU."""
+    state = _state()
+    if state is not None:
+        return torch.device(state.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        _state().wait_for_everyone()
+
+
+def split_global(value: int, field: str) -> int:
+    """``value`` (a global batch size) per rank; ``ProxrlError`` naming ``field`` when the
+    world size does not divide it."""
+    n = world_size()
+    if value % n:
+        raise ProxrlError(
+            f"{field}: the global batch of {value} does not divide across {n} processes; "
+            f"use a multiple of {n}"
+        )
+    return value // n
+
+
+def shard(items: Sequence[T]) -> list[T]:
+    """This rank's share of ``items``: every ``world_size``-th one from ``rank``."""
+    return list(items[rank() :: world_size()])
+
+
+def _reduce_tensor(x: Tensor, op: Any) -> Tensor:
+    if world_size() == 1:
+        return x
+    out = x.detach().clone()
+    moved = out.to(device()) if device().type != "cpu" and out.device.type == "cpu" else out
+    torch_dist.all_reduce(moved, op=op)
+    return moved.to(x.device)
+
+
+def _dict_keys(values: dict[str, float]) -> list[str]:
+    gathered: list[Any] = [None] * world_size()
+    torch_dist.all_gather_object(gathered, sorted(values))
+    return sorted({key for keys in gathered for key in keys})
+
+
+def _reduce_dict(values: dict[str, float], op: Any) -> dict[str, float]:
+    keys = _dict_keys(values)
+    packed = torch.tensor([float(values.get(k, 0.0)) for k in keys], dtype=torch.float64)
+    reduced = _reduce_tensor(packed, op)
+    return {k: float(v) for k, v in zip(keys, reduced.tolist(), strict=True)}
+
+
+@overload
+def all_reduce_sum(x: Tensor) -> Tensor: ...
+@overload
+def all_reduce_sum(x: dict[str, float]) -> dict[str, float]: ...
+@overload
+def all_reduce_sum(x: float) -> float: ...
+def all_reduce_sum(x: Any) -> Any:
+    """Sum over ranks (a new object; the input is left as it is)."""
+    if world_size() == 1:
+        return x
+    if isinstance(x, Tensor):
+        return _reduce_tensor(x, torch_dist.ReduceOp.SUM)
+    if isinstance(x, dict):
+        return _reduce_dict(x, torch_dist.ReduceOp.SUM)
+    return float(_reduce_tensor(torch.tensor(float(x), dtype=torch.float64), torch_dist.ReduceOp.SUM))
+
+
+@overload
+def all_reduce_mean(x: Tensor) -> Tensor: ...
+@overload
+def all_reduce_mean(x: dict[str, float]) -> dict[str, float]: ...
+@overload
+def all_reduce_mean(x: float) -> float: ...
+def all_reduce_mean(x: Any) -> Any:
+    """Mean over ranks (each rank weighs the same)."""
+    n = world_size()
+    if n == 1:
+        return x
+    total = all_reduce_sum(x)
+    if isinstance(total, dict):
+        return {k: v / n for k, v in total.items()}
+    return total / n
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any (e.g. a stop signal seen by one rank)."""
+    if world_size() == 1:
+        return flag
+    return all_reduce_sum(1.0 if flag else 0.0) > 0
+
+
+def all_gather_cat(x: Tensor) -> Tensor:
+    """Concatenate (along dim 0) ``x`` from every rank in rank order; sizes may differ."""
+    if world_size() == 1:
+        return x
+    gathered: list[Any] = [None] * world_size()
+    torch_dist.all_gather_object(gathered, x.detach().cpu())
+    return torch.cat(gathered).to(x.device)
+
+
+def broadcast_object(obj: T) -> T:
+    """Rank 0's ``obj`` on every rank."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[return-value]
+
+
+def sampler_seed(seed: int) -> int:
+    """The seed of this rank's sampler: ``seed + rank``, so ranks draw different samples."""
+    return seed + rank()
+
+
+# ------------------------------------------------------------------------------------------
+# Models
+
+
+def distributed_type() -> str:
+    """``"NO"`` on one process, else accelerate's ``DistributedType`` name (``MULTI_CPU``,
+    ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``, ...)."""
+    state = _state()
+    return "NO" if state is None else str(state.distributed_type.value)
+
+
+def is_sharded() -> bool:
+    """FSDP or DeepSpeed: the engine owns gradient reduction and (ZeRO-3/FSDP) the weights."""
+    return distributed_type() in ("FSDP", "DEEPSPEED")
+
+
+def wrap_model(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
+    """``accelerator.prepare`` the model (and optimizer, which DeepSpeed needs together):
+    DDP, FSDP2 or DeepSpeed ZeRO as the launch config says. On one process, returns the inputs
+    unchanged. Returns the model, or ``(model, optimizer)`` when an optimizer is given."""
+    if world_size() == 1:
+        return model if optimizer is None else (model, optimizer)
+    acc = accelerator()
+    if optimizer is None:
+        return acc.prepare(model)
+    return acc.prepare(model, optimizer)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DDP / FSDP / DeepSpeed wrapper."""
+    if world_size() == 1:
+        return model
+    return accelerator().unwrap_model(model)  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def no_sync(model: nn.Module) -> Iterator[None]:
+    """Skip DDP's per-backward all-reduce (``all_reduce_gradients`` reduces once per step)."""
+    sync_off = getattr(model, "no_sync", None)
+    if world_size() == 1 or sync_off is None or is_sharded():
+        yield
+        return
+    with sync_off():
+        yield
+
+
+def all_reduce_gradients(params: Sequence[nn.Parameter]) -> None:
+    """Sum every parameter's gradient over ranks, in place (a rank without a gradient adds
+    zeros). Flattened into one buffer per dtype so it is one collective per dtype."""
+    if world_size() == 1:
+        return
+    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+    for p in params:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    for dtype, group in by_dtype.items():
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group]
+        ).to(dtype)
+        torch_dist.all_reduce(flat, op=torch_dist.ReduceOp.SUM)
+        offset = 0
+        for p in group:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+
+@contextlib.contextmanager
+def gathered_for_generation(model: nn.Module) -> Iterator[nn.Module]:
+    """Yield a module whose full weights are present on this rank, for ``generate``.
+
+    - one process / DDP: the plain module (weights are already whole);
+    - FSDP (v1): ``FullyShardedDataParallel.summon_full_params(model, writeback=False)``;
+      FSDP2 (``fully_shard``): ``model.unshard()`` before and ``model.reshard()`` after;
+    - DeepSpeed ZeRO-3: ``deepspeed.zero.GatheredParameters(model.parameters())``.
+    Every rank must enter it (the gather is a collective), and generation must run the same
+    number of forward passes on every rank under ZeRO-3 (``synced_gpus=True`` in ``generate``).
+    Untested here (no GPU); the DDP/CPU path is tested.
+    """
+    if world_size() == 1 or not is_sharded():
+        yield unwrap(model)
+        return
+    if distributed_type() == "DEEPSPEED":
+        import deepspeed  # type: ignore[import-not-found]
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            yield unwrap(model)
+        return
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True):
+            yield model.module
+        return
+    unshard = getattr(model, "unshard", None)  # FSDP2 FSDPModule
+    if unshard is not None:
+        unshard()
+        try:
+            yield model
+        finally:
+            model.reshard()  # type: ignore[operator]
+        return
+    yield unwrap(model)
+
+
+def needs_synced_generation() -> bool:
+    """ZeRO-3 / FSDP: every rank must run the same number of decoding steps."""
+    return is_sharded()
+
+
+def offload_to_cpu(model: nn.Module) -> nn.Module:
+    """Move a frozen role (reference, reward) to the CPU to free accelerator memory; its
+    forward then runs on the CPU (inputs are moved by the caller via ``device_of``)."""
+    return model.to("cpu")
