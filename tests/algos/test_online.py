@@ -363,3 +363,16 @@ def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm,
     tensors, state = CheckpointManager(tmp_path).load(latest)
     assert state["iteration"] == 3
     assert all(torch.isfinite(t).all() for group in tensors.values() for t in group.values())
+
+
+def test_grpo_without_kl_tracking_loads_no_reference(tiny_lm, prompts, tmp_path):
+    """β fixed at 0 and track_kl off: no reference model, no objective/kl; learning unaffected."""
+    from proxrl.algos.online_rollout import load_models
+
+    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, group_size=2, mini_batch_size=16,
+                track_kl=False, sampler_logprobs=True)
+    assert load_models(cfg, grpo.build(cfg)).reference is None
+    grpo.train(cfg)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2 and all("objective/kl" not in r for r in rows)
+    assert all(r["policy/optimizer_steps"] == 1.0 for r in rows)  # 1 epoch × 1 minibatch of 16

@@ -144,7 +144,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
             if rollout_ok:
-                kl.update(row["objective/kl"], cfg.responses_per_iteration)
+                kl.update(row.get("objective/kl", 0.0), cfg.responses_per_iteration)
             if algo.penalty is not None and train_policy and stats.get("steps"):
                 algo.penalty.update(stats.get("approx_kl", 0.0))
                 row["policy/penalty_beta"] = algo.penalty.value
@@ -165,7 +165,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             last = logger.log(iteration + 1, row)
             if cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations):
                 write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)], completions, experience.scores)
-            bar.update(1, score=row["objective/scores"], kl=row["objective/kl"])
+            bar.update(1, score=row["objective/scores"], kl=row.get("objective/kl", 0.0))
             if stop.requested and iteration + 1 < cfg.iterations:
                 raise stop.interrupted(save(iteration + 1))
             if cfg.save_every and (iteration + 1) % cfg.save_every == 0 and iteration + 1 < cfg.iterations:

@@ -109,6 +109,9 @@ class OnlineConfig(RunConfig):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Run model code shipped with a hub repository (off unless you trust it)."""
+    track_kl: bool = True
+    """Compute the KL to the reference even when kl_coef is fixed at 0 (one reference forward
+    pass per iteration); false loads no reference model then and logs no objective/kl."""
     sampler_logprobs: bool = False
     """Take log π_old from the sampler's logits instead of a second forward pass: one pass
     fewer per iteration, but π_old then differs from the trainer's own numbers by float

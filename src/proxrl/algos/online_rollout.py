@@ -43,6 +43,7 @@ class Models:
     reference: nn.Module | None  # None with LoRA: the adapter-disabled actor is the reference
     critic: nn.Module | None
     tokenizer: Any
+    tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
 
 
 def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
@@ -52,9 +53,10 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
     actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
     resize_for_tokenizer(actor, tokenizer)
     reference = None
+    tracks_kl = cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
     if cfg.lora_r:
         actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
-    else:
+    elif tracks_kl:
         reference = load_causal_lm(cfg.model, **kwargs)
         resize_for_tokenizer(reference, tokenizer)
         reference.requires_grad_(False).eval()
@@ -65,7 +67,7 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
         resize_for_tokenizer(critic, tokenizer)
     elif algo.critic == "head":
         critic = ValueHead(actor.config.hidden_size)
-    return Models(actor, reference, critic, tokenizer)
+    return Models(actor, reference, critic, tokenizer, tracks_kl)
 
 
 def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
@@ -173,8 +175,11 @@ def collect_rollout(
                                  with_entropy=True, with_hidden=algo.critic == "head")
             logprobs.append(out.logprobs.float())
             entropy.append(out.entropy.float())  # type: ignore[union-attr]
-        with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
-            ref_logprobs.append(policy_forward(ref, input_ids[rows], attention_mask[rows], P, cfg.temperature).logprobs.float())
+        if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
+            ref_logprobs.append(logprobs[-1])
+        else:
+            with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
+                ref_logprobs.append(policy_forward(ref, input_ids[rows], attention_mask[rows], P, cfg.temperature).logprobs.float())
         if algo.critic == "separate":
             values.append(critic_forward(models.critic, input_ids[rows], attention_mask[rows], P))  # type: ignore[arg-type]
         elif algo.critic == "head":
@@ -194,7 +199,6 @@ def collect_rollout(
     seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
     lengths = mask.sum(-1)
     metrics = {
-        "objective/kl": seq_kl.mean().item(),
         "objective/scores": raw_scores.mean().item(),
         "objective/scores_after_penalty": scores.mean().item(),
         "objective/rlhf_reward": (scores.to(device) - kl_coef * seq_kl).mean().item(),
@@ -204,4 +208,6 @@ def collect_rollout(
         "policy/kl_coef": kl_coef,
         **parts,
     }
+    if models.tracks_kl:
+        metrics["objective/kl"] = seq_kl.mean().item()
     return experience, completions, metrics

@@ -5,6 +5,7 @@ that skips any optimizer step whose loss, statistics or gradient is not finite."
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 
 import torch
@@ -15,7 +16,7 @@ from proxrl.algos.online_rollout import Models
 from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
-from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def update(
                 mb = experience.select(rows)
                 mask = mb.response_mask.float()
                 out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
-                                     with_entropy=True, with_hidden=algo.critic == "head")
+                                     with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
                 loss = torch.zeros((), device=mask.device)
                 stats: dict[str, Tensor] = {}
                 if train_policy:
@@ -52,9 +53,9 @@ def update(
                         kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
                         loss = loss + kl_coef * kl_loss
                         stats["kl_loss"] = kl_loss.detach()
-                    bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
-                    stats.update(entropy_stats)
-                    if cfg.entropy_coef:
+                    if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
+                        bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
+                        stats.update(entropy_stats)
                         loss = loss + cfg.entropy_coef * bonus
                 if algo.critic != "none":
                     if algo.critic == "head":
@@ -68,12 +69,17 @@ def update(
                 (loss * share).backward()
                 for key, value in stats.items():
                     step_stats[key] += float(value) * share
-            if not guard.check(iteration, tensors=step_stats, parameters=named):
+            # The global norm doubles as the finiteness check: only a non-finite one makes the
+            # guard look for the culprit tensor.
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf")))
+            tensors = dict(step_stats)
+            if not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None:  # overflowed norm
+                tensors["gradient norm"] = grad_norm
+            if not guard.check(iteration, tensors=tensors, parameters=None if math.isfinite(grad_norm) else named):
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
                 continue
-            if cfg.max_grad_norm:
-                step_stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm))
+            step_stats["grad_norm"] = grad_norm
             for opt in optimizers:
                 opt.step()
             steps += 1
