@@ -124,7 +124,8 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     else:
         sys.modules.setdefault("vs_trl", sys.modules[__name__])
         cfg = grpo.Config(**common, reward_fn=("vs_trl:letter_share",), estimator="grpo", rollout_batch_size=8,
-                          group_size=4, ppo_epochs=1, mini_batch_size=32, grad_accum=2, kl_coef=0.0, max_grad_norm=1.0)
+                          group_size=4, ppo_epochs=1, mini_batch_size=32, grad_accum=2, kl_coef=0.0, max_grad_norm=1.0,
+                          track_kl=False)
         started = time.perf_counter()
         grpo.train(cfg)
     return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "peak_mb": _peak_mb()}
