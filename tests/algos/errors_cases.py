@@ -94,13 +94,6 @@ class Case:
     xfail: str = ""  # why this case does not fully behave yet (another owner's code)
 
 
-LEAVES_RUN_DIR = (
-    "the right message and exit code 2, but the online trainer creates the output directory "
-    "(runs/new/.proxrl-run) before this check, so a second try needs --overwrite "
-    "(proxrl.algos.online, the lead's)"
-)
-
-
 SFT = ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "runs/new")
 PAIRS_RM = ("rm", "--model", "model", "--data", "pairs.jsonl", "--output-dir", "runs/new")
 PAIRS_DPO = ("dpo", "--model", "model", "--data", "pairs.jsonl", "--output-dir", "runs/new")
@@ -274,19 +267,19 @@ CASES: list[Case] = [
     Case("ppo: no reward source", PPO,
          "proxrl ppo: error: reward_model / reward_fn: give a reward model, a reward function, or both"),
     Case("ppo: prompts file missing", ("ppo", "--model", "model", "--prompts", "data/nope.jsonl", "--reward-fn", "os:getcwd", "--output-dir", "runs/new"),
-         "proxrl ppo: error: data file 'data/nope.jsonl' does not exist", xfail=LEAVES_RUN_DIR),
+         "proxrl ppo: error: data file 'data/nope.jsonl' does not exist"),
     Case("ppo: unknown KL estimator", (*PPO, "--reward-fn", "os:getcwd", "--kl-estimator", "k4"),
          "proxrl ppo: error: --kl-estimator expects one of k1, k2, k3, found 'k4'"),
     Case("grpo: group_size 1", (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),
          "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1"),
     Case("grpo: reward_fn without a colon", (*GRPO, "--reward-fn", "getcwd"),
-         "proxrl grpo: error: reward_fn: expected 'module:function', got 'getcwd'", xfail=LEAVES_RUN_DIR),
+         "proxrl grpo: error: reward_fn: expected 'module:function', got 'getcwd'"),
     Case("grpo: reward_fn module missing", (*GRPO, "--reward-fn", "no_such_module:score"),
-         "proxrl grpo: error: reward_fn: cannot import module 'no_such_module' (No module named 'no_such_module')", xfail=LEAVES_RUN_DIR),
+         "proxrl grpo: error: reward_fn: cannot import module 'no_such_module' (No module named 'no_such_module')"),
     Case("grpo: reward_fn function missing", (*GRPO, "--reward-fn", "os:no_such_function"),
-         "proxrl grpo: error: reward_fn: module 'os' has no function 'no_such_function'", xfail=LEAVES_RUN_DIR),
+         "proxrl grpo: error: reward_fn: module 'os' has no function 'no_such_function'"),
     Case("grpo: reward model path missing", (*GRPO, "--reward-model", "models/nope"),
-         "proxrl grpo: error: model path 'models/nope' does not exist (or is not a directory)", xfail=LEAVES_RUN_DIR),
+         "proxrl grpo: error: reward_model: model path 'models/nope' does not exist (or is not a directory)"),
     # -- classic (gymnasium) -----------------------------------------------------------------
     Case("classic: unknown environment", (*CLASSIC, "--env", "Nope-v0"),
          "proxrl classic: error: --env: unknown gymnasium environment 'Nope-v0'; did you mean Hopper-v5?"),

@@ -304,7 +304,7 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
 
     process = subprocess.Popen([*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not any((killed / "checkpoints").glob("*/manifest.json")) and time.time() < deadline:
+    while not any((killed / "checkpoints").glob("step_*/manifest.json")) and time.time() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()

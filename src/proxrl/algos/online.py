@@ -31,7 +31,7 @@ from proxrl.core import FixedKL, ProportionalKL, explained_variance
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
 from proxrl.models.value_head import ValueHead
-from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
+from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
@@ -53,11 +53,13 @@ def kl_controller(cfg: OnlineConfig) -> FixedKL:
 def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     """Run ``cfg.iterations`` of rollout → score → advantages → update for ``algo``."""
     # 1. Output directory, seeds, models, reward sources, prompts.
-    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    # Everything the user handed us is checked before the output directory is touched.
+    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     seed_everything(cfg.seed)
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     save_config_file(cfg, output_dir / "config.yaml")
 
     # 2. Optimizers: the policy at learning_rate, the critic at its own rate.

@@ -73,7 +73,10 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
 def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
     sources: list[Any] = []
     if cfg.reward_model is not None:
-        model = load_score_model(cfg.reward_model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        try:
+            model = load_score_model(cfg.reward_model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        except ProxrlError as exc:
+            raise ProxrlError(f"reward_model: {exc}") from exc
         model.requires_grad_(False).eval()
         rm_tokenizer = load_tokenizer(cfg.reward_model, trust_remote_code=cfg.trust_remote_code)
         sources.append(RewardModelReward(model, rm_tokenizer))
