@@ -37,6 +37,7 @@ from proxrl.data.readers import check_data_source
 from proxrl.models.causal_lm import resolve_dtype
 from proxrl.models.lora import apply_lora, trainable_state_dict
 from proxrl.models.tokenizer import check_model_source
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.config import RunConfig, save_config_file
 from proxrl.runtime.errors import ProxrlError
@@ -164,9 +165,9 @@ def model_kwargs(cfg: OfflineConfig) -> dict[str, Any]:
 
 
 def training_device() -> torch.device:
-    """The first GPU when there is one, else the CPU (multi-device runs go through accelerate,
-    not here)."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The first GPU when there is one, else the CPU; under ``accelerate launch`` / ``torchrun``
+    this process's device (``runtime.distributed``)."""
+    return dist.device()
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -201,13 +202,20 @@ UnitsFn = Callable[[Any], int]
 
 
 def accumulate_gradients(
-    model: nn.Module, micro_batches: Sequence[Any], loss_fn: LossFn, units_fn: UnitsFn
+    model: nn.Module,
+    micro_batches: Sequence[Any],
+    loss_fn: LossFn,
+    units_fn: UnitsFn,
+    total_units: int | None = None,
 ) -> dict[str, float]:
     """Backward through every micro-batch, each loss weighted by its share of the step's units
     (``units_fn``: tokens or pairs), so the accumulated gradient is that of the mean loss over
-    the whole step. Returns the step's stats (unit-weighted means; counts summed)."""
+    the whole step. Returns the step's stats (unit-weighted means; counts summed).
+
+    ``total_units``: the step's units over every rank (default: this rank's), so that with
+    data parallelism the gradients and stats summed over ranks are the global-batch ones."""
     units = [units_fn(batch) for batch in micro_batches]
-    total = sum(units)
+    total = sum(units) if total_units is None else total_units
     if total == 0:
         raise ValueError("an optimizer step with no unit to learn from (empty loss masks)")
     stats: dict[str, float] = defaultdict(float)
@@ -295,7 +303,13 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
         task.name, len(lengths), cfg.examples_per_step, cfg.batch_size, cfg.grad_accum, total_steps,
     )
 
-    # 2. Optimizer over what trains (LoRA: adapters and head only).
+    # 2. Optimizer over what trains (LoRA: adapters and head only). Several processes: each
+    #    takes a 1/world share of every micro-batch (batch_size is global), the model is wrapped
+    #    (DDP/FSDP/DeepSpeed by the launch config) and only rank 0 writes.
+    world = dist.world_size()
+    if world > 1:
+        dist.split_global(cfg.batch_size, "batch_size")
+    train_model = dist.wrap_model(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
@@ -320,20 +334,24 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
         restore_rng_state(state["rng"])
         guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
         step = int(state["step"])
-    logger = MetricsLogger(output_dir)
-    save_config_file(cfg, output_dir / "config.yaml")
+    logger = MetricsLogger(output_dir, enabled=dist.is_main())
+    if dist.is_main():
+        save_config_file(cfg, output_dir / "config.yaml")
     if cfg.resume:
         logger.truncate_after(step)
         log.info("resumed from %s at step %d of %d", latest, step, total_steps)
 
     def save(at_step: int) -> Path:
-        state = {
-            "step": at_step,
-            "optimizer": optimizer.state_dict(),
-            "rng": capture_rng_state(),
-            "guard": guard.state_dict(),
-        }
-        return checkpoints.save(at_step, {"model": trainable_state_dict(model)}, state)
+        saved = None
+        if dist.is_main():  # rank 0 writes; the others wait for its path
+            state = {
+                "step": at_step,
+                "optimizer": optimizer.state_dict(),
+                "rng": capture_rng_state(),
+                "guard": guard.state_dict(),
+            }
+            saved = str(checkpoints.save(at_step, {"model": trainable_state_dict(model)}, state))
+        return Path(dist.broadcast_object(saved) or "")
 
     # 4. Train.
     model.train()
@@ -343,7 +361,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     tokens_seen = 0
     with (
         GracefulStop() as stop,
-        progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress) as bar,
+        progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress and dist.is_main()) as bar,
     ):
         for epoch in range(cfg.epochs):
             micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
@@ -354,11 +372,21 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 done += 1
                 if done <= step:  # taken before the checkpoint we resumed from
                     continue
-                batches = [task.make_batch(indices) for indices in group]
+                local = [dist.shard(indices) for indices in group] if world > 1 else group
+                batches = [task.make_batch(indices) for indices in local if indices]
                 lr = learning_rate_at(done, total_steps, cfg)
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
-                stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
+                if world == 1:
+                    stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
+                else:  # local sums weighted by the global unit count, then summed over ranks
+                    global_units = int(dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches))))
+                    with dist.no_sync(train_model):
+                        stats = accumulate_gradients(
+                            train_model, batches, task.loss_fn, task.units_fn, total_units=global_units
+                        )
+                    dist.all_reduce_gradients(params)
+                    stats = dist.all_reduce_sum(stats)
                 # NaN/Inf loss or gradient: drop this step's gradients (checked before clipping,
                 # which would spread a NaN over every gradient and hide where it came from).
                 finite = guard.check(done, loss=stats["loss"], parameters=model)
@@ -377,8 +405,10 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     "train/epoch": epoch + 1,
                     "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
                 } | guard.metrics()
-                if task.nonpad_share is not None:
+                if task.nonpad_share is not None and batches:
                     row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(batches)
+                if world > 1 and task.nonpad_share is not None:
+                    row["perf/nonpad_share"] = dist.all_reduce_mean(row.get("perf/nonpad_share", 1.0))
                 evaluate_now = done == total_steps or (cfg.eval_every and done % cfg.eval_every == 0)
                 if task.evaluate is not None and evaluate_now:
                     row |= task.evaluate(model)
@@ -389,7 +419,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 saved = None
                 if cfg.save_every and done % cfg.save_every == 0 and done < total_steps:
                     saved = save(done)
-                if stop.requested and done < total_steps:
+                if dist.any_rank(stop.requested) and done < total_steps:
                     saved = saved or save(done)
                     logger.close()
                     log.warning("%s: stopping at step %d of %d on %s", task.name, done, total_steps, stop.signal_name)
@@ -409,5 +439,7 @@ def save_final(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir:
     so ``AutoModelFor….from_pretrained(output_dir)`` (or peft) loads it without proxrl. Refuses
     (``ProxrlError``, nothing written) weights that hold a NaN or Inf."""
     assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
-    model.save_pretrained(output_dir)  # transformers 5 and peft write safetensors only
-    tokenizer.save_pretrained(output_dir)
+    if dist.is_main():  # several processes: rank 0 writes, the others wait for it
+        model.save_pretrained(output_dir)  # transformers 5 and peft write safetensors only
+        tokenizer.save_pretrained(output_dir)
+    dist.barrier()

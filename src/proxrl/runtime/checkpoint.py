@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from proxrl.runtime import distributed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import assert_finite_weights
 
@@ -290,6 +291,16 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
     """
     check_output_dir(output_dir, resume, overwrite)
     d = Path(output_dir)
+    if distributed.world_size() > 1:  # every rank has checked; rank 0 alone creates or clears
+        distributed.barrier()
+        if distributed.is_main():
+            _make_run_dir(d, resume)
+        distributed.barrier()
+        return d
+    return _make_run_dir(d, resume)
+
+
+def _make_run_dir(d: Path, resume: bool) -> Path:
     if holds_run(d):
         if resume:
             return d

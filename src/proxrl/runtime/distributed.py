@@ -53,7 +53,9 @@ def _state() -> Any:
         return None
     from accelerate import PartialState
 
-    return PartialState()
+    # Without a GPU, accelerate only goes multi-process on the CPU when told (cpu=True); it then
+    # reads WORLD_SIZE/RANK from the launcher (torchrun, accelerate launch) and picks gloo.
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 @lru_cache(maxsize=1)
@@ -63,7 +65,7 @@ def accelerator() -> Any:
         raise RuntimeError("accelerator() is only available in a launched multi-process run")
     from accelerate import Accelerator
 
-    return Accelerator()
+    return Accelerator(cpu=not torch.cuda.is_available())
 
 
 def world_size() -> int:
