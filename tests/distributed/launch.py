@@ -1,0 +1,54 @@
+"""Start a proxrl command (or a script) on N CPU processes over gloo, as a user would.
+
+``accelerate launch --multi_gpu`` on a machine without GPUs runs ``torch.distributed.run`` and
+proxrl's ``runtime.distributed`` picks the CPU and gloo; ``torchrun`` is the other launcher.
+(``accelerate launch --cpu --num_processes N`` on one machine goes through ``mpirun`` in
+accelerate 1.x, which needs an MPI install and a hostfile.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+ALGOS_TESTS = REPO / "tests" / "algos"
+GLOO_CONFIG = REPO / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ALGOS_TESTS), env.get("PYTHONPATH", "")])
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def accelerate_launch(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
+    cmd = [
+        str(BIN / "accelerate"), "launch", "--config_file", str(GLOO_CONFIG),
+        "--num_processes", str(nproc), "--main_process_port", str(free_port()), *args,
+    ]
+    return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
+    cmd = [
+        str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}", *args,
+    ]
+    return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def check(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
