@@ -13,6 +13,7 @@ SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 
@@ -64,6 +65,9 @@ def _run(command: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``proxrl`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Our own progress bar shows the run; Hugging Face's per-file loading bars would only add
+    # noise between its lines (read once, when transformers is first imported).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
