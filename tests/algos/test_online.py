@@ -220,11 +220,12 @@ def test_dataset_columns_reach_reward_functions(tiny_lm, prompts, tmp_path):
 
 def test_response_mask_after_stop_by_hand():
     """EOS = 2, pad = 0: (5, 2, 7, 0) keeps up to and including the EOS → (1, 1, 0, 0);
-    (5, 6, 7, 8) never stops → all 1 and not stopped; (5, 6, 0, 0) stopped by a stop string."""
-    ids = torch.tensor([[5, 2, 7, 0], [5, 6, 7, 8], [5, 6, 0, 0]])
+    (5, 6, 7, 8) never stops → all 1 and not stopped; (5, 6, 0, 0) stopped by a stop string;
+    (5, 0, 6, 2): a pad the model sampled inside the response stays valid."""
+    ids = torch.tensor([[5, 2, 7, 0], [5, 6, 7, 8], [5, 6, 0, 0], [5, 0, 6, 2]])
     mask = response_mask_after_stop(ids, eos_token_id=2, pad_token_id=0)
-    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
-    assert stopped(mask, ids, eos_token_id=2, max_new_tokens=4).tolist() == [True, False, True]
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]]
+    assert stopped(mask, ids, eos_token_id=2, max_new_tokens=4).tolist() == [True, False, True, True]
 
 
 # ---------------------------------------------------------------- bad input
@@ -376,3 +377,57 @@ def test_grpo_without_kl_tracking_loads_no_reference(tiny_lm, prompts, tmp_path)
     rows = read_metrics(tmp_path)
     assert len(rows) == 2 and all("objective/kl" not in r for r in rows)
     assert all(r["policy/optimizer_steps"] == 1.0 for r in rows)  # 1 epoch × 1 minibatch of 16
+
+
+# ---------------------------------------------------------------- samplers
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_lm):
+    from proxrl.data.batching import pad_left
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.models.tokenizer import load_tokenizer
+
+    tokenizer, model = load_tokenizer(tiny_lm), load_causal_lm(tiny_lm)
+    ids = [tokenizer(f"say: {w} ->")["input_ids"] for w in ["abc", "de fg", "x", "hij kl mn"]] * 4
+    return model, tokenizer, pad_left(ids, tokenizer.pad_token_id), pad_left([[1] * len(r) for r in ids], 0)
+
+
+def test_cached_sampler_greedy_equals_generate(policy):
+    from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
+
+    model, tokenizer, ids, mask = policy
+    settings = SamplingSettings(12, greedy=True)
+    a, b = HFSampler(model, tokenizer).sample(ids, mask, settings), CachedSampler(model, tokenizer).sample(ids, mask, settings)
+    width = a.response_ids.shape[1]
+    assert torch.equal(a.response_ids, b.response_ids[:, :width]) and torch.equal(a.response_mask, b.response_mask[:, :width])
+
+
+@pytest.mark.parametrize("sampler", ["hf", "cached"])
+def test_sampler_logprobs_equal_a_fresh_forward(sampler, policy):
+    """Both samplers' own log-probs, over left-padded prompts of different lengths at T = 0.7,
+    equal a full forward pass over the sampled tokens to float rounding."""
+    from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
+
+    model, tokenizer, ids, mask = policy
+    torch.manual_seed(0)
+    cls = HFSampler if sampler == "hf" else CachedSampler
+    s = cls(model, tokenizer).sample(ids, mask, SamplingSettings(24, temperature=0.7), with_logprobs=True)
+    with torch.no_grad():
+        full = policy_forward(model, torch.cat([ids, s.response_ids], 1), torch.cat([mask, s.response_mask], 1),
+                              ids.shape[1], 0.7)
+    valid = s.response_mask.bool()
+    torch.testing.assert_close(s.logprobs[valid], full.logprobs[valid], rtol=0, atol=1e-5)
+    torch.testing.assert_close(s.entropy[valid], full.entropy[valid] if full.entropy is not None else s.entropy[valid])
+
+
+def test_filter_logits_by_hand():
+    """logits (4, 3, 2, 1): top-k 2 keeps (4, 3); top-p 0.7 keeps the smallest prefix whose
+    probability reaches 0.7 — softmax = (.644, .237, .087, .032), so the first two."""
+    from proxrl.rollout.generation import filter_logits
+
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
+    inf = float("-inf")
+    assert filter_logits(logits, 2, 1.0).tolist() == [[4.0, 3.0, inf, inf]]
+    assert filter_logits(logits, 0, 0.7).tolist() == [[4.0, 3.0, inf, inf]]
+    assert filter_logits(logits, 0, 0.6).tolist() == [[4.0, inf, inf, inf]]

@@ -44,14 +44,18 @@ class Sampler(Protocol):
 
 
 def response_mask_after_stop(response_ids: Tensor, eos_token_id: int, pad_token_id: int) -> Tensor:
-    """(B, T) → (B, T) mask: 1 up to and including the first EOS, 0 at pad and after the EOS.
+    """(B, T) → (B, T) mask: 1 up to and including the first EOS (or, without one, up to the
+    last non-pad token), 0 after it.
 
-    The pad id must differ from EOS (``models.tokenizer`` guarantees it), or a padded response
-    would look like one that stopped.
+    A pad token the model happened to sample inside a response stays valid: the sampler
+    attended to it, so dropping it would shift every later position and log-prob. Only the
+    padding after a response's end is masked. The pad id must differ from EOS
+    (``models.tokenizer`` guarantees it).
     """
     is_eos = response_ids == eos_token_id
     after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-    return (~after_eos & (response_ids != pad_token_id)).long()
+    before_trailing_pad = (response_ids != pad_token_id).long().flip(-1).cumsum(-1).flip(-1) > 0
+    return (~after_eos & before_trailing_pad).long()
 
 
 def stopped(response_mask: Tensor, response_ids: Tensor, eos_token_id: int, max_new_tokens: int) -> Tensor:
@@ -111,4 +115,83 @@ class HFSampler:
                 entropy.append(-torch.where(p > 0, p * log_p, 0.0).sum(-1))
             samples.logprobs = torch.stack(logprobs, 1) * mask
             samples.entropy = torch.stack(entropy, 1) * mask
+        return samples
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """(B, V) → (B, V) with the tokens outside the top-k / nucleus set to −inf."""
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logits
+
+
+class CachedSampler:
+    """A lean decoding loop over the model's KV cache: one forward per token and nothing else
+    (``generate``'s per-step machinery costs more than a small model's forward on a CPU).
+
+    Same distribution as ``HFSampler`` (temperature, top-k, top-p, EOS), with positions taken
+    from the attention mask as ``generate`` does for left padding. Stop strings need
+    ``generate``'s text matching: use ``HFSampler`` for them.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @torch.no_grad()
+    def sample(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, settings: SamplingSettings, with_logprobs: bool = False
+    ) -> Samples:
+        if settings.stop_strings:
+            raise ValueError("CachedSampler does not match stop strings; use HFSampler")
+        from transformers import DynamicCache
+
+        was_training = self.model.training
+        self.model.eval()
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        batch = prompt_ids.shape[0]
+        attention = prompt_mask.long()
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache()
+        logits = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
+                            past_key_values=cache, use_cache=True).logits[:, -1]
+        next_position = positions[:, -1:] + 1
+        finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        tokens, logprobs, entropies = [], [], []
+        for _ in range(settings.max_new_tokens):
+            if settings.greedy:
+                log_p = torch.log_softmax(logits.float(), dim=-1)
+                token = log_p.argmax(-1)
+            else:
+                scaled = logits.float() / settings.temperature
+                log_p = torch.log_softmax(scaled, dim=-1)  # π the trainer scores: temperature only
+                sample_from = filter_logits(scaled, settings.top_k, settings.top_p) if settings.top_k or settings.top_p < 1.0 else scaled
+                token = torch.multinomial(torch.softmax(sample_from, dim=-1), 1).squeeze(-1)
+            token = torch.where(finished, pad, token)
+            tokens.append(token)
+            if with_logprobs:
+                logprobs.append(log_p.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+                p = log_p.exp()
+                entropies.append(-torch.where(p > 0, p * log_p, 0.0).sum(-1))
+            finished = finished | (token == eos)
+            if bool(finished.all()):
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            logits = self.model(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+        self.model.train(was_training)
+        response_ids = torch.stack(tokens, 1)
+        mask = response_mask_after_stop(response_ids, eos, pad)
+        response_ids = torch.where(mask.bool(), response_ids, pad)
+        samples = Samples(response_ids, mask)
+        if with_logprobs:
+            samples.logprobs = torch.stack(logprobs, 1) * mask
+            samples.entropy = torch.stack(entropies, 1) * mask
         return samples
