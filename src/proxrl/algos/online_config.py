@@ -109,6 +109,9 @@ class OnlineConfig(RunConfig):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Run model code shipped with a hub repository (off unless you trust it)."""
+    sampler: Literal["cached", "hf"] = "cached"
+    """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
+    with stop_strings)."""
     track_kl: bool = True
     """Compute the KL to the reference even when kl_coef is fixed at 0 (one reference forward
     pass per iteration); false loads no reference model then and logs no objective/kl."""
