@@ -150,17 +150,15 @@ class CachedSampler:
     ) -> Samples:
         if settings.stop_strings:
             raise ValueError("CachedSampler does not match stop strings; use HFSampler")
-        from transformers import DynamicCache
-
         was_training = self.model.training
         self.model.eval()
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         batch = prompt_ids.shape[0]
         attention = prompt_mask.long()
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache()
-        logits = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
-                            past_key_values=cache, use_cache=True).logits[:, -1]
+        # The model builds the cache type it needs (sliding-window and hybrid models differ).
+        output = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        cache, logits = output.past_key_values, output.logits[:, -1]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
         tokens, logprobs, entropies = [], [], []
@@ -183,8 +181,9 @@ class CachedSampler:
             if bool(finished.all()):
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            logits = self.model(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+            output = self.model(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
+                                past_key_values=cache, use_cache=True)
+            cache, logits = output.past_key_values, output.logits[:, -1]
             next_position = next_position + 1
         self.model.train(was_training)
         response_ids = torch.stack(tokens, 1)
