@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from proxrl.core import FixedKL, ProportionalKL, explained_variance
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
 from proxrl.models.value_head import ValueHead
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
@@ -59,10 +61,22 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    world = dist.world_size()
+    if world > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
+        dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
     output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    save_config_file(cfg, output_dir / "config.yaml")
+    if dist.is_main():
+        save_config_file(cfg, output_dir / "config.yaml")
 
-    # 2. Optimizers: the policy at learning_rate, the critic at its own rate.
+    # 2. Optimizers: the policy at learning_rate, the critic at its own rate. Several
+    #    processes: data parallel (DDP) keeps the plain modules, the update summing gradients
+    #    over ranks itself once per optimizer step (critic_forward calls the backbone and head
+    #    directly, past any wrapper's forward); FSDP / DeepSpeed wrap the trained roles (launch
+    #    config), the rollout gathering full weights to generate. Each rank samples with seed + rank.
+    train_models = models
+    if world > 1 and dist.is_sharded():
+        train_models = replace(models, actor=dist.wrap_model(models.actor),
+                               critic=dist.wrap_model(models.critic) if models.critic is not None else None)
     actor_params = [p for p in models.actor.parameters() if p.requires_grad]
     optimizers = [torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0)]
     base_rates = [cfg.learning_rate]
@@ -74,9 +88,14 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
     guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoints.root)
-    logger = MetricsLogger(output_dir)
+    logger = MetricsLogger(output_dir, enabled=dist.is_main())
+    if world > 1:
+        seed_everything(dist.sampler_seed(cfg.seed))
 
     def save(done: int) -> Path:
+        rng_ranks = dist.all_gather_objects(capture_rng_state()) if world > 1 else []
+        if not dist.is_main():
+            return Path(dist.broadcast_object(""))
         tensors = {"actor": trainable_state_dict(models.actor)}
         if models.critic is not None:
             tensors["critic"] = trainable_state_dict(models.critic)
@@ -87,6 +106,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             "penalty": algo.penalty.state_dict() if algo.penalty else {}, "rng": capture_rng_state(),
             "generator": generator.get_state(), "guard": guard.state_dict(),
         }
+        if world > 1:
+            state["rng_ranks"] = rng_ranks  # each rank's sampler stream
+            return Path(dist.broadcast_object(str(checkpoints.save(done, tensors, state))))
         return checkpoints.save(done, tensors, state)
 
     # 3. Resume: weights, optimizers, controllers, RNGs, iteration (which fixes the data position).
@@ -107,16 +129,24 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         if algo.penalty is not None:
             algo.penalty.load_state_dict(state["penalty"])
         restore_rng_state(state["rng"])
+        if world > 1:  # this rank's stream, or (another world size) a fresh one per rank
+            ranks = state.get("rng_ranks", [])
+            if len(ranks) == world:
+                restore_rng_state(ranks[dist.rank()])
+            else:
+                seed_everything(dist.sampler_seed(cfg.seed) + 7919 * int(state["iteration"]))
         generator.set_state(state["generator"])
         guard.load_state_dict(state["guard"])
         start = int(state["iteration"])
         logger.truncate_after(start)
-        truncate_samples(output_dir, start)
+        if dist.is_main():
+            truncate_samples(output_dir, start)
         log.info("resumed from %s at iteration %d", latest, start)
 
     # 4. Iterate.
     last: dict[str, float] = {}
-    with progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=cfg.progress) as bar, GracefulStop() as stop:
+    bar_on = cfg.progress and dist.is_main()
+    with progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=bar_on) as bar, GracefulStop() as stop:
         for iteration in range(start, cfg.iterations):
             started = time.perf_counter()
             fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
@@ -127,9 +157,11 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             # 4a. Rollout: sample, score, forward passes, advantages.
             timings: dict[str, float] = {}
             order = prompt_order(len(prompts), cfg.rollout_batch_size, iteration, cfg.seed)
+            local = dist.shard(order)  # rank r: prompts r, r + world, ...; gathered in rank order
+            order = [i for r in range(world) for i in order[r::world]]
             models.actor.eval()
             experience, completions, row = collect_rollout(
-                cfg, algo, models, rewards, [prompts[i] for i in order], [prompt_ids[i] for i in order], kl.value, timings
+                cfg, algo, models, rewards, [prompts[i] for i in local], [prompt_ids[i] for i in local], kl.value, timings
             )
             rollout_ok = guard.check(iteration + 1, tensors={
                 "scores": experience.scores, "rewards": experience.rewards, "advantages": experience.advantages})
@@ -141,7 +173,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             train_policy = iteration >= algo.critic_warmup_iterations
             stats: dict[str, float] = {}
             if rollout_ok:
-                stats = update(cfg, algo, models, experience, optimizers, kl.value, train_policy, generator, guard, iteration + 1)
+                stats = update(cfg, algo, train_models, experience, optimizers, kl.value, train_policy, generator, guard, iteration + 1)
             timings["time/update_s"] = time.perf_counter() - started_update
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
@@ -165,10 +197,11 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             row["time/iteration_s"] = elapsed
             row.update(timings)
             last = logger.log(iteration + 1, row)
-            if cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations):
+            sample_now = cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations)
+            if sample_now and dist.is_main():
                 write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)], completions, experience.scores)
             bar.update(1, score=row["objective/scores"], kl=row.get("objective/kl", 0.0))
-            if stop.requested and iteration + 1 < cfg.iterations:
+            if dist.any_rank(stop.requested) and iteration + 1 < cfg.iterations:
                 raise stop.interrupted(save(iteration + 1))
             if cfg.save_every and (iteration + 1) % cfg.save_every == 0 and iteration + 1 < cfg.iterations:
                 save(iteration + 1)
@@ -176,7 +209,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 5. Final checkpoint and the policy (and critic) for transformers.
     if cfg.iterations > start:
         save(cfg.iterations)
-    save_policy(models, output_dir)
+    if dist.is_main():
+        save_policy(models, output_dir)
+    dist.barrier()
     logger.close()
     return last
 

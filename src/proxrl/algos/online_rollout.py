@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from proxrl.rollout.rewards import (
     WeightedRewards,
     load_reward_function,
 )
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,10 @@ def collect_rollout(
     prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
-    sampler = HFSampler(actor, tokenizer)
     use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
-    samples = sampler.sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
+    with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
+        sampler = HFSampler(whole, tokenizer)
+        samples = sampler.sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
         response_mask[:, 0] = 1
@@ -197,6 +199,15 @@ def collect_rollout(
     )
     timings["time/forward_s"] = time.perf_counter() - started
 
+    # Several processes: each sampled its own prompts (whole groups); gather the rollout so that
+    # advantages, whitening, group baselines, the KL measurement and metrics are global.
+    if dist.world_size() > 1:
+        entropy = [torch.cat(entropy)]
+        experience, raw_scores, ended, entropy[0], completions = gather_rollout(
+            experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id)
+        scores, mask = experience.scores, experience.response_mask.float()
+        parts = dist.all_reduce_mean(dict(parts))
+
     # Advantages.
     experience.rewards, experience.advantages, experience.returns = algo.estimate(experience, kl_coef)
     seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
@@ -214,3 +225,45 @@ def collect_rollout(
     if models.tracks_kl:
         metrics["objective/kl"] = seq_kl.mean().item()
     return experience, completions, metrics
+
+
+def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    extra = width - x.shape[1]
+    if extra == 0:
+        return x
+    pad = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x] if left else [x, pad], dim=1)
+
+
+def gather_rollout(
+    experience: Experience, raw_scores: torch.Tensor, ended: torch.Tensor, entropy: torch.Tensor,
+    completions: list[str], pad_id: int,
+) -> tuple[Experience, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """Every rank's rollout concatenated in rank order (rows of rank 0 first), prompts re-padded
+    on the left and responses on the right to the widest rank's (B, P) and (B, T)."""
+    device = experience.prompt_ids.device
+    parts = dist.all_gather_objects({
+        "experience": {f.name: getattr(experience, f.name).cpu() for f in fields(experience)},
+        "raw_scores": raw_scores.cpu(), "ended": ended.cpu(), "entropy": entropy.cpu(), "completions": completions,
+    })
+    P = max(p["experience"]["prompt_ids"].shape[1] for p in parts)
+    T = max(p["experience"]["response_ids"].shape[1] for p in parts)
+    columns: dict[str, torch.Tensor] = {}
+    for f in fields(experience):
+        rows = []
+        for p in parts:
+            x = p["experience"][f.name]
+            if f.name in ("prompt_ids", "prompt_mask"):
+                x = _pad_to(x, P, pad_id if f.name == "prompt_ids" else 0, left=True)
+            elif x.dim() == 2:
+                x = _pad_to(x, T, pad_id if f.name == "response_ids" else 0, left=False)
+            rows.append(x)
+        columns[f.name] = torch.cat(rows).to(device)
+    entropy_all = torch.cat([_pad_to(p["entropy"], T, 0.0, left=False) for p in parts]).to(device)
+    return (
+        Experience(**columns),
+        torch.cat([p["raw_scores"] for p in parts]),
+        torch.cat([p["ended"] for p in parts]),
+        entropy_all,
+        [c for p in parts for c in p["completions"]],
+    )

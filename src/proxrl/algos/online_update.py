@@ -4,6 +4,7 @@ that skips any optimizer step whose loss, statistics or gradient is not finite."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import defaultdict
@@ -16,6 +17,7 @@ from proxrl.algos.online_rollout import Models
 from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 
 log = logging.getLogger(__name__)
@@ -27,8 +29,13 @@ def update(
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
     loss or gradient is not finite is skipped by ``guard``. Returns the mean of each stat over
-    the steps taken."""
+    the steps taken.
+
+    Several processes: every rank holds the whole (gathered) rollout and draws the same
+    minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
+    are summed over ranks before the step, so the update equals the single-process one."""
     actor, critic = models.actor, models.critic
+    world, rank = dist.world_size(), dist.rank()
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
     named = list(actor.named_parameters()) + ([(f"critic.{n}", p) for n, p in critic.named_parameters()] if critic else [])
     totals: dict[str, float] = defaultdict(float)
@@ -40,35 +47,17 @@ def update(
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = defaultdict(float)
-            for rows in minibatch.split(cfg.micro_batch_size):
-                mb = experience.select(rows)
-                mask = mb.response_mask.float()
-                out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
-                                     with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
-                loss = torch.zeros((), device=mask.device)
-                stats: dict[str, Tensor] = {}
-                if train_policy:
-                    loss, stats = algo.policy_loss(out.logprobs, mb)
-                    if algo.kl_in_loss and kl_coef:
-                        kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
-                        loss = loss + kl_coef * kl_loss
-                        stats["kl_loss"] = kl_loss.detach()
-                    if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
-                        bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
-                        stats.update(entropy_stats)
-                        loss = loss + cfg.entropy_coef * bonus
-                if algo.critic != "none":
-                    if algo.critic == "head":
-                        new_values = critic(out.hidden)  # type: ignore[misc]
-                    else:
-                        new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
-                    v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
-                    loss = loss + algo.vf_coef * v_loss
-                    stats.update(v_stats)
-                share = len(rows) / len(minibatch)
-                (loss * share).backward()
-                for key, value in stats.items():
-                    step_stats[key] += float(value) * share
+            micro_batches = list(minibatch.split(cfg.micro_batch_size))
+            no_sync = contextlib.ExitStack()
+            for model in (actor, critic) if world > 1 else ():
+                if model is not None:
+                    no_sync.enter_context(dist.no_sync(model))
+            with no_sync:
+                _accumulate(cfg, algo, models, experience, micro_batches[rank::world], len(minibatch),
+                            P, kl_coef, train_policy, step_stats)
+            if world > 1:  # one all-reduce per optimizer step
+                dist.all_reduce_gradients(parameters)
+                step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
             # The global norm doubles as the finiteness check: only a non-finite one makes the
             # guard look for the culprit tensor.
             grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf")))
@@ -93,6 +82,44 @@ def update(
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
     stats_out["steps"] = float(steps)
     return stats_out
+
+
+def _accumulate(
+    cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, micro_batches: list[Tensor],
+    minibatch_size: int, P: int, kl_coef: float, train_policy: bool, step_stats: dict[str, float],
+) -> None:
+    """Backward through ``micro_batches`` (row indices into ``experience``), each loss weighted
+    by its rows' share of the minibatch; adds the weighted stats into ``step_stats``."""
+    actor, critic = models.actor, models.critic
+    for rows in micro_batches:
+        mb = experience.select(rows)
+        mask = mb.response_mask.float()
+        out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
+                             with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
+        loss = torch.zeros((), device=mask.device)
+        stats: dict[str, Tensor] = {}
+        if train_policy:
+            loss, stats = algo.policy_loss(out.logprobs, mb)
+            if algo.kl_in_loss and kl_coef:
+                kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
+                loss = loss + kl_coef * kl_loss
+                stats["kl_loss"] = kl_loss.detach()
+            if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
+                bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
+                stats.update(entropy_stats)
+                loss = loss + cfg.entropy_coef * bonus
+        if algo.critic != "none":
+            if algo.critic == "head":
+                new_values = critic(out.hidden)  # type: ignore[misc]
+            else:
+                new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
+            v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
+            loss = loss + algo.vf_coef * v_loss
+            stats.update(v_stats)
+        share = len(rows) / minibatch_size
+        (loss * share).backward()
+        for key, value in stats.items():
+            step_stats[key] += float(value) * share
 
 
 NAMESPACES = {

@@ -190,6 +190,15 @@ def all_gather_cat(x: Tensor) -> Tensor:
     return torch.cat(gathered).to(x.device)
 
 
+def all_gather_objects(obj: T) -> list[T]:
+    """``obj`` of every rank, in rank order (picklable objects; small ones)."""
+    if world_size() == 1:
+        return [obj]
+    gathered: list[Any] = [None] * world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def broadcast_object(obj: T) -> T:
     """Rank 0's ``obj`` on every rank."""
     if world_size() == 1:

@@ -1,0 +1,71 @@
+"""Run one online update phase on a saved rollout, on 1 process (python) or N (torchrun).
+
+    python online_update_script.py make   ALGO MODEL PROMPTS OUT   # rollout → OUT/experience.pt
+    python online_update_script.py update ALGO MODEL PROMPTS OUT   # update → OUT/weights.safetensors
+
+``update`` builds the models and optimizers as ``train_online`` does (seeded; on several
+processes the update sums gradients over ranks), loads the same rollout on every rank, runs ``online_update.update`` and has
+rank 0 save the actor and critic weights and the stats."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from proxrl.algos import grpo, ppo
+from proxrl.algos.online_rollout import collect_rollout, load_models, load_prompts, load_rewards
+from proxrl.algos.online_update import update
+from proxrl.rollout.experience import Experience
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.seeding import seed_everything
+
+
+def config(name: str, model: str, prompts: str, out: str):
+    common = dict(model=model, prompts=prompts, reward_fn=("online_rewards:target_fraction",), output_dir=out,
+                  max_new_tokens=8, temperature=1.0, learning_rate=3e-3, dtype="float64", progress=False,
+                  seed=3, ppo_epochs=2, mini_batch_size=8, grad_accum=4)
+    if name == "ppo":
+        return ppo, ppo.Config(**common, rollout_batch_size=8, group_size=2, critic_learning_rate=1e-3, kl_coef=0.05)
+    return grpo, grpo.Config(**common, rollout_batch_size=4, group_size=4, estimator="grpo", kl_coef=0.05)
+
+
+def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
+    module, cfg = config(name, model, prompts_path, out)
+    algo = module.build(cfg)
+    seed_everything(cfg.seed)
+    models = load_models(cfg, algo)
+    if mode == "make":
+        prompts, ids = load_prompts(cfg, models.tokenizer)
+        experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), prompts[:cfg.rollout_batch_size],
+                                           ids[:cfg.rollout_batch_size], 0.05, {})
+        torch.save({f.name: getattr(experience, f.name) for f in fields(experience)}, Path(out) / "experience.pt")
+        return
+    experience = Experience(**torch.load(Path(out) / "experience.pt", weights_only=True))
+    optimizers = [torch.optim.AdamW([p for p in models.actor.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0)]
+    if models.critic is not None:
+        optimizers.append(torch.optim.AdamW([p for p in models.critic.parameters() if p.requires_grad],
+                                            lr=algo.critic_learning_rate, weight_decay=0.0))
+    train_models = models
+    if dist.is_sharded():  # as train_online: DDP keeps plain modules and sums gradients itself
+        train_models = replace(models, actor=dist.wrap_model(models.actor),
+                               critic=dist.wrap_model(models.critic) if models.critic is not None else None)
+    stats = update(cfg, algo, train_models, experience, optimizers, 0.05, True,
+                   torch.Generator().manual_seed(cfg.seed), NonFiniteGuard(), 1)
+    if dist.is_main():
+        tag = f"world{dist.world_size()}"
+        weights = {f"actor.{k}": v.contiguous() for k, v in models.actor.state_dict().items()}
+        if models.critic is not None:
+            weights |= {f"critic.{k}": v.contiguous() for k, v in models.critic.state_dict().items()}
+        save_file(weights, str(Path(out) / f"{tag}.safetensors"))
+        (Path(out) / f"{tag}.json").write_text(json.dumps(stats))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])
