@@ -206,7 +206,7 @@ def accumulate_gradients(
     micro_batches: Sequence[Any],
     loss_fn: LossFn,
     units_fn: UnitsFn,
-    total_units: int | None = None,
+    total_units: float | None = None,
 ) -> dict[str, float]:
     """Backward through every micro-batch, each loss weighted by its share of the step's units
     (``units_fn``: tokens or pairs), so the accumulated gradient is that of the mean loss over
@@ -310,6 +310,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     if world > 1:
         dist.split_global(cfg.batch_size, "batch_size")
     train_model = dist.wrap_model(model)
+    sharded = dist.is_sharded()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
@@ -381,12 +382,22 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
                 else:  # local sums weighted by the global unit count, then summed over ranks
                     global_units = int(dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches))))
-                    with dist.no_sync(train_model):
-                        stats = accumulate_gradients(
-                            train_model, batches, task.loss_fn, task.units_fn, total_units=global_units
+                    if sharded and len(batches) < len(group):  # FSDP / ZeRO: every rank must run every forward
+                        raise ProxrlError(
+                            f"batch_size: under FSDP/DeepSpeed every micro-batch needs >= {world} examples; "
+                            f"step {done} has fewer (use a data size whose remainder by batch_size is 0 or >= {world})"
                         )
-                    dist.all_reduce_gradients(params)
+                    with dist.no_sync(train_model):
+                        # FSDP / DeepSpeed average gradients over ranks: weigh by world / units.
+                        stats = accumulate_gradients(
+                            train_model, batches, task.loss_fn, task.units_fn,
+                            total_units=global_units / world if sharded else global_units,
+                        )
+                    if not sharded:
+                        dist.all_reduce_gradients(params)
                     stats = dist.all_reduce_sum(stats)
+                    if sharded:
+                        stats = {k: v if k in COUNT_STATS else v / world for k, v in stats.items()}
                 # NaN/Inf loss or gradient: drop this step's gradients (checked before clipping,
                 # which would spread a NaN over every gradient and hide where it came from).
                 finite = guard.check(done, loss=stats["loss"], parameters=model)

@@ -32,6 +32,7 @@ from proxrl.core import FixedKL, ProportionalKL, explained_variance
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
 from proxrl.models.value_head import ValueHead
+from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
 from proxrl.runtime.config import save_config_file
@@ -73,6 +74,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     #    over ranks itself once per optimizer step (critic_forward calls the backbone and head
     #    directly, past any wrapper's forward); FSDP / DeepSpeed wrap the trained roles (launch
     #    config), the rollout gathering full weights to generate. Each rank samples with seed + rank.
+    place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
     train_models = models
     if world > 1 and dist.is_sharded():
         train_models = replace(models, actor=dist.wrap_model(models.actor),
@@ -214,6 +216,25 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     dist.barrier()
     logger.close()
     return last
+
+
+def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) -> None:
+    """Put the actor and critic on this process's device (``runtime.distributed.device``: the
+    CPU without a GPU, so a no-op there), and the reference and reward models too unless
+    ``offload_frozen`` keeps them on the CPU. FSDP / DeepSpeed place the trained roles
+    themselves when they wrap them."""
+    device = dist.device()
+    if device.type == "cpu":
+        return
+    models.actor.to(device)
+    if models.critic is not None:
+        models.critic.to(device)
+    frozen_device = torch.device("cpu") if offload_frozen else device
+    if models.reference is not None:
+        models.reference.to(frozen_device)
+    for source in rewards.sources:
+        if hasattr(source, "model"):
+            source.model.to(frozen_device)
 
 
 def truncate_samples(output_dir: Path, iteration: int) -> None:

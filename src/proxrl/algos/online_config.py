@@ -121,6 +121,8 @@ class OnlineConfig(RunConfig):
     rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
     max_consecutive_skips: int = 5
     """Stop after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
+    offload_frozen_roles: bool = False
+    """Keep the reference and reward models on the CPU (their forward passes run there), freeing accelerator memory for the actor and critic."""
     progress: bool = True
     """Show a progress bar."""
 

@@ -155,11 +155,12 @@ def collect_rollout(
     if cfg.reward_clip:
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
     if algo.needs_greedy:
-        greedy = sampler.sample(
-            pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
-            pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
-            SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
-        )
+        with dist.gathered_for_generation(actor) as whole:
+            greedy = HFSampler(whole, tokenizer).sample(
+                pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
+                pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
+                SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
+            )
         greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
         prompt_columns = {k: v[::group] for k, v in columns.items()}
         algo.extras["greedy_scores"] = rewards(prompts, greedy_text, prompt_columns)[0]
@@ -184,7 +185,9 @@ def collect_rollout(
             ref_logprobs.append(logprobs[-1])
         else:
             with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
-                ref_logprobs.append(policy_forward(ref, input_ids[rows], attention_mask[rows], P, cfg.temperature).logprobs.float())
+                ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
+                ref_logprobs.append(policy_forward(ref, input_ids[rows].to(ref_device), attention_mask[rows].to(ref_device), P,
+                                                   cfg.temperature).logprobs.float().to(device))
         if algo.critic == "separate":
             values.append(critic_forward(models.critic, input_ids[rows], attention_mask[rows], P))  # type: ignore[arg-type]
         elif algo.critic == "head":

@@ -18,6 +18,7 @@ from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ def update(
     are summed over ranks before the step, so the update equals the single-process one."""
     actor, critic = models.actor, models.critic
     world, rank = dist.world_size(), dist.rank()
+    sharded = dist.is_sharded()
+    if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
+        raise ProxrlError(f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step must divide across {world} processes")
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
     named = list(actor.named_parameters()) + ([(f"critic.{n}", p) for n, p in critic.named_parameters()] if critic else [])
     totals: dict[str, float] = defaultdict(float)
@@ -53,11 +57,15 @@ def update(
                 if model is not None:
                     no_sync.enter_context(dist.no_sync(model))
             with no_sync:
-                _accumulate(cfg, algo, models, experience, micro_batches[rank::world], len(minibatch),
-                            P, kl_coef, train_policy, step_stats)
+                # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
+                _accumulate(cfg, algo, models, experience, micro_batches[rank::world],
+                            len(minibatch) / world if sharded else len(minibatch), P, kl_coef, train_policy, step_stats)
             if world > 1:  # one all-reduce per optimizer step
-                dist.all_reduce_gradients(parameters)
+                if not sharded:
+                    dist.all_reduce_gradients(parameters)
                 step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
+                if sharded:
+                    step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
             # The global norm doubles as the finiteness check: only a non-finite one makes the
             # guard look for the culprit tensor.
             grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf")))
@@ -86,7 +94,7 @@ def update(
 
 def _accumulate(
     cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, micro_batches: list[Tensor],
-    minibatch_size: int, P: int, kl_coef: float, train_policy: bool, step_stats: dict[str, float],
+    minibatch_size: float, P: int, kl_coef: float, train_policy: bool, step_stats: dict[str, float],
 ) -> None:
     """Backward through ``micro_batches`` (row indices into ``experience``), each loss weighted
     by its rows' share of the minibatch; adds the weighted stats into ``step_stats``."""

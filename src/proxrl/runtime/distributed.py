@@ -24,6 +24,7 @@ What each function guarantees:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
@@ -55,7 +56,16 @@ def _state() -> Any:
 
     # Without a GPU, accelerate only goes multi-process on the CPU when told (cpu=True); it then
     # reads WORLD_SIZE/RANK from the launcher (torchrun, accelerate launch) and picks gloo.
-    return PartialState(cpu=not torch.cuda.is_available())
+    state = PartialState(cpu=not torch.cuda.is_available())
+    atexit.register(_shutdown)
+    return state
+
+
+def _shutdown() -> None:
+    """Destroy the process group before the interpreter exits: a gloo group left to C++
+    destructors can abort the process ("terminate called without an active exception")."""
+    if torch_dist.is_available() and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 @lru_cache(maxsize=1)
@@ -235,6 +245,11 @@ def wrap_model(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
     unchanged. Returns the model, or ``(model, optimizer)`` when an optimizer is given."""
     if world_size() == 1:
         return model if optimizer is None else (model, optimizer)
+    if distributed_type() == "DEEPSPEED":
+        raise ProxrlError(
+            "DeepSpeed is not wired into proxrl's optimizer step yet (it needs engine.backward and "
+            "engine.step); use configs/accelerate/fsdp.yaml: FSDP2 shards like ZeRO-3"
+        )
     acc = accelerator()
     if optimizer is None:
         return acc.prepare(model)
