@@ -129,3 +129,21 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
     assert weight_diff <= WEIGHT_TOL
+
+
+def test_reward_model_two_processes_match_one(tiny_lm, tmp_path):
+    """``proxrl rm`` (whose loss calls the backbone and score head directly) on 2 processes."""
+    from proxrl.algos import reward
+
+    cfg = _write_config(tmp_path / "rm.yaml", {
+        "model": tiny_lm, "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
+        "batch_size": 4, "grad_accum": 2, "epochs": 1, "learning_rate": 3e-3,
+        "dtype": "float64", "progress": False,
+    })
+    _run_one_process(reward, cfg, tmp_path / "one")
+    check(torchrun(["-m", "proxrl", "rm", "--config", cfg, "--output-dir", str(tmp_path / "two")]))
+    loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
+    print(f"rm 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}")
+    assert moved > 1e-3
+    assert loss_diff <= LOSS_TOL
+    assert weight_diff <= WEIGHT_TOL

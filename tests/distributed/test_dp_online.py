@@ -1,7 +1,7 @@
 """PPO and GRPO on 2 data-parallel CPU processes (gloo).
 
 1. The update phase, given the same rollout (saved once with torch.save), gives the same
-   weights and stats on 2 processes (torchrun; the actor and critic wrapped in DDP) as on 1:
+   weights and stats on 2 processes (torchrun; gradients summed over ranks once per step) as on 1:
    float64 weights, max |Δ| ≤ 1e-9 (measured ~1e-16; weights move ~1e-2, so dropping a
    rank's micro-batches or averaging instead of summing shows as ~1e-3).
 2. An end-to-end 2-process GRPO run (accelerate launch; each rank samples its own prompts with

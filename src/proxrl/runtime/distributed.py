@@ -13,8 +13,8 @@ What each function guarantees:
   are unioned across ranks; a missing key counts as 0). Dicts and floats travel in float64.
 - ``split_global(value, field)``: a global batch size divided by the world size, or a
   ``ProxrlError`` naming the config field.
-- ``wrap_model``: ``accelerator.prepare(model)`` (DDP / FSDP / DeepSpeed chosen by the launch
-  config) or the model itself on one process.
+- ``wrap_model``: ``accelerator.prepare(model)`` for FSDP (chosen by the launch config); the
+  model itself on one process and for plain data parallelism (see its docstring).
 - ``all_reduce_gradients``: sum of every gradient over ranks (the DDP path accumulates locally
   under ``no_sync`` and reduces once per optimizer step, so ranks may hold different numbers of
   micro-batches, even none).
@@ -240,10 +240,16 @@ def is_sharded() -> bool:
 
 
 def wrap_model(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """``accelerator.prepare`` the model (and optimizer, which DeepSpeed needs together):
-    DDP, FSDP2 or DeepSpeed ZeRO as the launch config says. On one process, returns the inputs
-    unchanged. Returns the model, or ``(model, optimizer)`` when an optimizer is given."""
-    if world_size() == 1:
+    """``accelerator.prepare`` the model for a sharded engine (FSDP2 as the launch config
+    says). Returns the model, or ``(model, optimizer)`` when an optimizer is given.
+
+    On one process, and for plain data parallelism (DDP, ``MULTI_GPU`` / ``MULTI_CPU``), the
+    inputs come back unchanged: the trainers accumulate a step locally and sum the gradients
+    once with ``all_reduce_gradients`` — what DDP's ``no_sync`` + final sync computes —
+    without a wrapper that hides the model's attributes from code that calls its submodules
+    (the reward model's and critic's backbone + head). DDP's start-up broadcast is not needed:
+    every rank loads the same weights with the same seed."""
+    if world_size() == 1 or not is_sharded():
         return model if optimizer is None else (model, optimizer)
     if distributed_type() == "DEEPSPEED":
         raise ProxrlError(
