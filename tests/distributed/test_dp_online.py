@@ -83,3 +83,34 @@ def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
     assert len(samples) == 4 * 32  # iterations 1, 11, 21, 30 × 32 responses (both ranks')
     assert (out / "model.safetensors").exists()
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) != []
+
+
+def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_path):
+    """2 iterations on 1 process, ``--resume`` on 2 processes to iteration 4: the rows of the
+    first run are kept as they were, the resumed iterations are logged once each (rank 0), and
+    the final checkpoint holds each rank's sampler state."""
+    fields = {
+        "model": tiny_lm, "prompts": prompts, "reward_fn": ["online_rewards:target_fraction"],
+        "rollout_batch_size": 4, "group_size": 4, "max_new_tokens": 8, "mini_batch_size": 16,
+        "learning_rate": 3e-3, "lr_schedule": "constant", "progress": False, "seed": 3,
+    }
+    out = tmp_path / "run"
+    first, second = tmp_path / "two.yaml", tmp_path / "four.yaml"
+    for path, iterations in ((first, 2), (second, 4)):
+        path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in (fields | {"iterations": iterations}).items()))
+    import subprocess
+
+    check(subprocess.run([sys.executable, "-m", "proxrl", "grpo", "--config", str(first), "--output-dir", str(out)],
+                         env=_env(), capture_output=True, text=True, timeout=120))
+    before = read_metrics(out)
+    check(torchrun(["-m", "proxrl", "grpo", "--config", str(second), "--output-dir", str(out), "--resume"]))
+    after = read_metrics(out)
+    assert [r["step"] for r in after] == [1, 2, 3, 4]
+    assert after[:2] == before
+    assert all(0.0 <= r["objective/scores"] <= 1.0 for r in after)
+    from proxrl.runtime.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(out)
+    _, state = manager.load(manager.latest())
+    assert state["iteration"] == 4 and len(state["rng_ranks"]) == 2
+    assert not state["rng_ranks"][0]["torch"].equal(state["rng_ranks"][1]["torch"])  # seed + rank
