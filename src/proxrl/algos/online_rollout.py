@@ -25,7 +25,7 @@ from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.models.value_head import ValueHead
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
-from proxrl.rollout.generation import HFSampler, SamplingSettings, stopped
+from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings, stopped
 from proxrl.rollout.rewards import (
     FunctionReward,
     RewardModelReward,
@@ -132,8 +132,8 @@ def collect_rollout(
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
     use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        sampler = HFSampler(whole, tokenizer)
-        samples = sampler.sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
+        sampler_cls = HFSampler if cfg.sampler == "hf" or cfg.stop_strings else CachedSampler
+        samples = sampler_cls(whole, tokenizer).sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
         response_mask[:, 0] = 1
@@ -156,7 +156,7 @@ def collect_rollout(
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
     if algo.needs_greedy:
         with dist.gathered_for_generation(actor) as whole:
-            greedy = HFSampler(whole, tokenizer).sample(
+            greedy = sampler_cls(whole, tokenizer).sample(
                 pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
                 pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
                 SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),

@@ -9,6 +9,7 @@ method and no algorithm changes.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -156,9 +157,13 @@ class CachedSampler:
         batch = prompt_ids.shape[0]
         attention = prompt_mask.long()
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
-        # The model builds the cache type it needs (sliding-window and hybrid models differ).
-        output = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        cache, logits = output.past_key_values, output.logits[:, -1]
+        # The model builds the cache type it needs (sliding-window and hybrid models differ);
+        # transformers renamed ``past_key_values`` to ``cache`` in 5.x.
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
+        cache_name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        output = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                            logits_to_keep=1)
+        cache, logits = getattr(output, cache_name), output.logits[:, -1]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
         tokens, logprobs, entropies = [], [], []
@@ -182,8 +187,8 @@ class CachedSampler:
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             output = self.model(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
-                                past_key_values=cache, use_cache=True)
-            cache, logits = output.past_key_values, output.logits[:, -1]
+                                use_cache=True, **{cache_name: cache})
+            cache, logits = getattr(output, cache_name), output.logits[:, -1]
             next_position = next_position + 1
         self.model.train(was_training)
         response_ids = torch.stack(tokens, 1)
