@@ -16,7 +16,8 @@ generate, reward function, one forward and backward, no reference pass. proxrl t
 from the sampler's logits (``sampler_logprobs``), as TRL does.
 
 Printed per trainer and size: median seconds per update (first update of each run dropped as
-warm-up), generated tokens per second, peak RSS, and the proxrl/TRL throughput ratio per pair.
+warm-up), the response tokens each side kept per update (counted, not assumed: up to and
+including EOS), tokens per second, peak RSS, and the proxrl/TRL throughput ratio per pair.
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                           track_kl=False)
         started = time.perf_counter()
         grpo.train(cfg)
-    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "peak_mb": _peak_mb()}
+    rows = metrics.read_metrics(args.out)
+    tokens = [r["response/length_mean"] * 32 for r in rows]  # 32 responses per update on both trainers
+    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
+            "peak_mb": _peak_mb()}
 
 
 def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
@@ -142,17 +146,35 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     )
 
     stamps: list[float] = []
+    tokens: list[float] = []
 
     class Stamp(TrainerCallback):
         def on_step_end(self, *a, **k):  # type: ignore[no-untyped-def]
             stamps.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **k):  # type: ignore[no-untyped-def]
+            if logs and "completions/mean_length" in logs:  # GRPO: the kept completion tokens
+                tokens.append(logs["completions/mean_length"] * 32)
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     common = dict(output_dir=args.out, learning_rate=1e-5, report_to=[], logging_steps=1, save_strategy="no",
                   seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False, bf16=False)
     torch.manual_seed(1)
     if args.trainer == "ppo":
+        import trl.experimental.ppo.ppo_trainer as ppo_module
         from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+        truncate = ppo_module.truncate_response
+        kept: list[float] = []
+
+        def counting_truncate(stop_token_id, pad_token_id, responses):  # type: ignore[no-untyped-def]
+            out = truncate(stop_token_id, pad_token_id, responses)
+            kept.append(float((out != pad_token_id).sum()))  # tokens up to and including EOS
+            if len(kept) % 2 == 0:  # two rollout chunks of 16 per update
+                tokens.append(kept[-1] + kept[-2])
+            return out
+
+        ppo_module.truncate_response = counting_truncate
 
         dataset = Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS * 4]})
         config = PPOConfig(**common, per_device_train_batch_size=16, gradient_accumulation_steps=2, num_mini_batches=2,
@@ -177,7 +199,8 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                               args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
     started = time.perf_counter()
     trainer.train()
-    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "peak_mb": _peak_mb()}
+    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
+            "peak_mb": _peak_mb()}
 
 
 # ------------------------------------------------------------------------------------------
@@ -226,9 +249,9 @@ def main() -> None:
 
     ensure_trl_venv()
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
-    responses = {"ppo": 32, "grpo": 32}
-    print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/s':>12} "
-          f"{'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}", flush=True)
+    print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/upd':>14} "
+          f"{'TRL tok/upd':>11} {'proxrl tok/s':>12} {'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}",
+          flush=True)
     summary = []
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
@@ -240,10 +263,13 @@ def main() -> None:
                 for framework in ("proxrl", "trl"):  # A then B within every pair
                     runs = run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}")
                     seconds = statistics.median(runs["update_s"][1:])
-                    results[framework] = (seconds, responses[trainer] * args.tokens / seconds, runs["peak_mb"])
+                    rates = [n / s for n, s in zip(runs["tokens"][1:], runs["update_s"][1:], strict=True)]
+                    results[framework] = (seconds, statistics.median(rates), runs["peak_mb"],
+                                          statistics.mean(runs["tokens"][1:]))
                 ratio = results["proxrl"][1] / results["trl"][1]
                 ratios.append(ratio)
                 print(f"{trainer:<6} {size:<7} {pair:<4} {results['proxrl'][0]:>12.3f} {results['trl'][0]:>10.3f} "
+                      f"{results['proxrl'][3]:>14.0f} {results['trl'][3]:>11.0f} "
                       f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
                       f"{results['trl'][2]:>7.0f} {ratio:>6.2f}", flush=True)
             summary.append((trainer, size, statistics.median(ratios)))
