@@ -291,6 +291,8 @@ CASES: list[Case] = [
          "proxrl classic: error: --clip must be > 0, got 0.0"),
     Case("classic: gamma above 1", (*CLASSIC, "--gamma", "1.5"),
          "proxrl classic: error: --gamma must lie in [0, 1]"),
+    Case("classic: max_consecutive_skips 0", (*CLASSIC, "--max-consecutive-skips", "0"),
+         "proxrl classic: error: --max-consecutive-skips must be > 0, got 0"),
 ]
 
 
@@ -322,7 +324,8 @@ def render() -> str:
     lines += [
         "",
         "Also covered elsewhere: a NaN/Inf loss or gradient (skipped, then `stopped at step N: ...;",
-        "the last good checkpoint in DIR is intact`, `tests/algos/test_offline_reliability.py`), a",
+        "the last good checkpoint in DIR is intact`, `tests/algos/test_offline_reliability.py`,",
+        "`tests/classic/test_reliability.py`), a",
         "torn or corrupt checkpoint (skipped with a warning on `--resume`,",
         "`tests/algos/test_kill_resume.py`), and any JSON value in any field of a data row or any",
         "YAML mapping / flag value (loads or gets a one-line error: `tests/data/test_properties.py`,",

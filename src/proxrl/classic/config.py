@@ -108,6 +108,8 @@ class ClassicConfig(RunConfig):
     """TRPO: line-search steps before the update is rejected."""
     trpo_backtrack_coef: float = 0.8
     """TRPO: step shrink factor of the line search."""
+    max_consecutive_skips: int = 5
+    """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
     torch_threads: int = 1
     """torch intra-op threads (one is fastest for these small networks)."""
     progress: bool = True
@@ -120,7 +122,7 @@ class ClassicConfig(RunConfig):
         check_env_id(self.env)
         positive = ["total_steps", "num_envs", "num_steps", "minibatch_size", "epochs",
                     "hidden_size", "torch_threads", "trpo_cg_iters", "trpo_backtrack_iters",
-                    "stop_at_step"]
+                    "stop_at_step", "max_consecutive_skips"]
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -9,6 +9,10 @@ share one Adam optimiser and one global gradient-norm clip; advantages are white
 minibatch; the value loss is clipped; for the penalty objectives the per-sample KL in the loss
 is core's k3 estimate, while the d that drives the adaptive β is the exact mean
 KL[π_old ‖ π_new] over the whole batch after the update (as in the paper).
+
+A minibatch whose loss or a gradient holds a NaN/Inf is skipped (``runtime.guard``); its
+numbers are left out of the iteration's means, and β is not updated by an iteration that took
+no step at all.
 """
 
 from __future__ import annotations
@@ -27,6 +31,29 @@ from proxrl.core import (
     ppo_penalty_loss,
     value_loss,
 )
+from proxrl.runtime.guard import NonFiniteGuard
+
+
+def guarded_step(
+    optimizer: torch.optim.Optimizer,
+    loss: Tensor,
+    module: nn.Module,
+    max_grad_norm: float,
+    guard: NonFiniteGuard,
+    iteration: int,
+) -> bool:
+    """Backward ``loss``, clip the gradient norm of ``module`` and take the optimizer step,
+    unless ``guard`` finds a NaN/Inf in the loss or a gradient: then the gradients are dropped
+    and ``False`` is returned (after ``guard.max_consecutive`` skips in a row it raises)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    # Checked before clipping, which would spread one NaN gradient over all of them.
+    if not guard.check(iteration, loss=loss, parameters=module):
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+    optimizer.step()
+    return True
 
 
 def policy_loss(
@@ -51,8 +78,11 @@ def ppo_update(
     optimizer: torch.optim.Optimizer,
     batch: Batch,
     kl_ctrl: FixedKL,
+    guard: NonFiniteGuard,
+    iteration: int,
 ) -> dict[str, float]:
-    """Run the epochs, update β, and return the iteration's mean losses and diagnostics."""
+    """Run the epochs, update β, and return the iteration's mean losses and diagnostics (over
+    the minibatch steps taken; ``guard`` skips those with a NaN/Inf loss or gradient)."""
     assert cfg.epochs is not None and cfg.minibatch_size is not None and cfg.ent_coef is not None
     size = batch.logprobs.shape[0]
     with torch.no_grad():
@@ -79,10 +109,8 @@ def ppo_update(
             ent_loss, ent_stats = entropy_bonus(agent.entropy(dist), mask)
             loss = pg_loss + cfg.vf_coef * v_loss + cfg.ent_coef * ent_loss
 
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            nn.utils.clip_grad_norm_(agent.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            if not guarded_step(optimizer, loss, agent, cfg.max_grad_norm, guard, iteration):
+                continue
 
             for name, value in (
                 ("losses/policy_loss", pg_loss.detach()), ("losses/value_loss", v_loss.detach()),
@@ -104,5 +132,6 @@ def ppo_update(
     stats["losses/kl"] = measured_kl
     stats["losses/kl_beta"] = beta
     stats["losses/epochs"] = float(epochs_run)
-    kl_ctrl.update(measured_kl)
+    if count:  # an iteration whose every step was skipped left the policy (and d) unchanged
+        kl_ctrl.update(measured_kl)
     return stats

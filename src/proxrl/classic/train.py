@@ -11,6 +11,12 @@ actor and critic; observations are normalised and rewards scaled (MuJoCo); time-
 truncations are bootstrapped with γ·V(final observation) rather than treated as terminal.
 
 Each iteration: collect N×T steps → GAE (``proxrl.core.gae_env``) → update → log → checkpoint.
+
+Reliability (``proxrl.runtime``): SIGINT/SIGTERM finish the current iteration, save a checkpoint
+and exit 130/143; a resumed run continues exactly as the uninterrupted one. A NaN/Inf in the
+advantages or returns skips the iteration's update, one in a loss or gradient skips that
+minibatch step (TRPO: the policy step); skips are counted in ``guard/skipped_updates`` and
+``max_consecutive_skips`` of them in a row stop the run with the last good checkpoint intact.
 """
 
 from __future__ import annotations
@@ -44,13 +50,16 @@ from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import config_to_dict
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
+from proxrl.runtime.signals import GracefulStop
 
 Config = ClassicConfig
 
 # Fields that may differ between a run and its resumption without changing what is computed.
-_RESUME_FREE = {"resume", "overwrite", "stop_at_step", "progress", "save_every", "keep_checkpoints"}
+_RESUME_FREE = {"resume", "overwrite", "stop_at_step", "progress", "save_every", "keep_checkpoints",
+                "max_consecutive_skips"}
 
 
 def _action_kind(env_id: str) -> tuple[bool, int, int]:
@@ -95,7 +104,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     torch.distributions.Distribution.set_default_validate_args(False)
     seed_everything(cfg.seed)
 
-    # 3. Environments, networks, optimiser, KL-penalty controller.
+    # 3. Environments, networks, optimiser, KL-penalty controller, non-finite guard.
     envs = make_vec_env(cfg.env, cfg.num_envs)
     agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
     trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
@@ -112,6 +121,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     )
     metrics = MetricsLogger(out)
     checkpoints = CheckpointManager(out, keep=cfg.keep_checkpoints)
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
     recent: deque[float] = deque(maxlen=100)
     iteration, global_step, episodes_done, elapsed_before = 0, 0, 0, 0.0
 
@@ -127,6 +137,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         agent.load_state_dict(tensors["agent"])
         optimizer.load_state_dict(state["optimizer"])
         kl_ctrl.load_state_dict(state["kl_ctrl"])
+        guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
         exact = all(snapshot_supported(e) for e in envs.envs)
         collector.load_state_dict(state["collector"], envs_too=exact)
         if not exact:
@@ -146,6 +157,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             {
                 "optimizer": optimizer.state_dict(),
                 "kl_ctrl": kl_ctrl.state_dict(),
+                "guard": guard.state_dict(),
                 "collector": collector.state_dict(),
                 "rng": capture_rng_state(),
                 "iteration": iteration,
@@ -156,12 +168,12 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             },
         )
 
-    # 5. The loop: collect → GAE → update → log → checkpoint.
+    # 5. The loop: collect → GAE → update → log → checkpoint (→ stop on SIGINT/SIGTERM).
     start = time.perf_counter()
     steps_at_start = global_step
     stop_at = min(cfg.stop_at_step or cfg.total_steps, cfg.num_iterations * cfg.batch_size)
     bar = progress_bar(cfg.num_iterations * cfg.batch_size, cfg.env, global_step, cfg.progress)
-    with bar, metrics:
+    with bar, metrics, GracefulStop() as stop:
         while iteration < cfg.num_iterations and global_step < stop_at:
             iteration += 1
             lr = cfg.lr * (1.0 - (iteration - 1) / cfg.num_iterations) if cfg.anneal_lr else cfg.lr
@@ -181,12 +193,17 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             )
             batch = rollout.flatten(advantages, returns)
 
-            # 5c. Update the policy and the critic.
+            # 5c. Update the policy and the critic. A batch whose advantages or returns hold a
+            #     NaN/Inf is skipped whole (counted by the guard); a finite one is only looked
+            #     at, so that it does not reset the count of skipped steps in a row.
             t1 = time.perf_counter()
-            if cfg.algo == "ppo":
-                stats = ppo_update(cfg, agent, optimizer, batch, kl_ctrl)
-            else:
-                stats = trpo_update(cfg, agent, optimizer, batch)
+            stats: dict[str, float] = {}
+            targets = {"advantages": advantages, "returns": returns}
+            if guard.problem(tensors=targets) is None or guard.check(iteration, tensors=targets):
+                if cfg.algo == "ppo":
+                    stats = ppo_update(cfg, agent, optimizer, batch, kl_ctrl, guard, iteration)
+                else:
+                    stats = trpo_update(cfg, agent, optimizer, batch, guard, iteration)
             update_s = time.perf_counter() - t1
 
             # 5d. Log one row per iteration.
@@ -204,15 +221,19 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
                 explained_variance(batch.values, batch.returns, mask)
             )
             row["time/rollout_s"], row["time/update_s"] = rollout_s, update_s
-            metrics.log(global_step, row)
+            row.update(guard.metrics())
+            metrics.log(global_step, {k: v for k, v in row.items() if math.isfinite(v)})
             shown = {"SPS": row["charts/SPS"]}
             if recent:
                 shown["return"] = float(np.mean(recent))
             bar.update(cfg.batch_size, **shown)
 
             # 5e. Checkpoint.
-            if cfg.save_every and iteration % cfg.save_every == 0:
-                save()
+            saved = save() if cfg.save_every and iteration % cfg.save_every == 0 else None
+
+            # 5f. SIGINT/SIGTERM: the iteration is complete; save it and stop (exit 130/143).
+            if stop.requested and iteration < cfg.num_iterations and global_step < stop_at:
+                raise stop.interrupted(saved or save())
     latest = checkpoints.latest()
     final = latest if latest and checkpoints.step_of(latest) == global_step else save()
     envs.close()

@@ -12,6 +12,9 @@ negative) subject to ``KL̄[π_old ‖ π_θ] ≤ δ``:
 3. try θ_old + c^k·s for k = 0, 1, …: accept the first with KL̄ ≤ δ and L improved; if none,
    keep θ_old.
 
+A NaN/Inf in the surrogate, its gradient or the step skips the policy step, and one in a
+critic minibatch's loss or gradient skips that minibatch (``runtime.guard``).
+
 Departures: advantages are whitened over the whole batch (``norm_adv``); the critic is trained
 with Adam on the same (optionally clipped) value loss as PPO, over the same epochs and
 minibatches, instead of the original's L-BFGS.
@@ -26,8 +29,10 @@ from torch import Tensor, nn
 
 from proxrl.classic.agent import Agent, detach_dist
 from proxrl.classic.config import ClassicConfig
+from proxrl.classic.ppo import guarded_step
 from proxrl.classic.rollout import Batch
 from proxrl.core import masked_whiten, ppo_penalty_loss, value_loss
+from proxrl.runtime.guard import NonFiniteGuard
 
 
 def conjugate_gradient(fvp: Callable[[Tensor], Tensor], b: Tensor, iters: int) -> Tensor:
@@ -61,8 +66,11 @@ def _assign(params: list[nn.Parameter], flat: Tensor) -> None:
         offset += n
 
 
-def trpo_policy_step(cfg: ClassicConfig, agent: Agent, batch: Batch) -> dict[str, float]:
-    """One natural-gradient step of the actor within the KL trust region."""
+def trpo_policy_step(
+    cfg: ClassicConfig, agent: Agent, batch: Batch, guard: NonFiniteGuard, iteration: int
+) -> dict[str, float]:
+    """One natural-gradient step of the actor within the KL trust region (none when ``guard``
+    finds a NaN/Inf in the surrogate, its gradient or the step)."""
     params = agent.actor_parameters()
     adv = batch.advantages
     mask = torch.ones_like(adv)
@@ -92,8 +100,12 @@ def trpo_policy_step(cfg: ClassicConfig, agent: Agent, batch: Batch) -> dict[str
     old_flat = _flat([p.detach() for p in params]).clone()
     old_objective = float(objective.detach())
     accepted, frac, kl, improvement = 0.0, 0.0, 0.0, 0.0
+    # A NaN/Inf surrogate, gradient or step: no try at all, and the else branch keeps θ_old.
+    finite = guard.check(
+        iteration, loss=objective, tensors={"policy gradient": g, "natural-gradient step": step}
+    )
     with torch.no_grad():
-        for k in range(cfg.trpo_backtrack_iters):
+        for k in range(cfg.trpo_backtrack_iters if finite else 0):
             frac = cfg.trpo_backtrack_coef**k
             _assign(params, old_flat + frac * step)
             kl = float(mean_kl())
@@ -115,13 +127,18 @@ def trpo_policy_step(cfg: ClassicConfig, agent: Agent, batch: Batch) -> dict[str
 
 
 def critic_update(
-    cfg: ClassicConfig, agent: Agent, optimizer: torch.optim.Optimizer, batch: Batch
+    cfg: ClassicConfig,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    guard: NonFiniteGuard,
+    iteration: int,
 ) -> dict[str, float]:
-    """Fit the critic with the PPO value loss over the configured epochs and minibatches."""
+    """Fit the critic with the PPO value loss over the configured epochs and minibatches
+    (skipping those with a NaN/Inf loss or gradient)."""
     assert cfg.epochs is not None and cfg.minibatch_size is not None
     size = batch.returns.shape[0]
     total, count = 0.0, 0
-    params = list(agent.critic.parameters())
     for _ in range(cfg.epochs):
         perm = torch.randperm(size)
         for start in range(0, size, cfg.minibatch_size):
@@ -131,22 +148,24 @@ def critic_update(
                 agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
                 clip=cfg.clip if cfg.clip_vloss else None,
             )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            total += float(loss.detach())
-            count += 1
-    return {"losses/value_loss": total / count}
+            if guarded_step(optimizer, loss, agent.critic, cfg.max_grad_norm, guard, iteration):
+                total += float(loss.detach())
+                count += 1
+    return {"losses/value_loss": total / count} if count else {}
 
 
 def trpo_update(
-    cfg: ClassicConfig, agent: Agent, optimizer: torch.optim.Optimizer, batch: Batch
+    cfg: ClassicConfig,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    guard: NonFiniteGuard,
+    iteration: int,
 ) -> dict[str, float]:
     """The TRPO iteration: the policy step, then the critic fit; returns diagnostics."""
     with torch.no_grad():
         entropy = float(agent.entropy(agent.dist(batch.obs)).mean())
-    stats = trpo_policy_step(cfg, agent, batch)
-    stats.update(critic_update(cfg, agent, optimizer, batch))
+    stats = trpo_policy_step(cfg, agent, batch, guard, iteration)
+    stats.update(critic_update(cfg, agent, optimizer, batch, guard, iteration))
     stats["losses/entropy"] = entropy
     return stats
