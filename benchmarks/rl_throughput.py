@@ -1,7 +1,7 @@
 """One PPO iteration of proxrl against its bare-compute floor, on a fixed tiny model.
 
-The floor is the same model work done in a plain torch loop with nothing around it: generate
-with the KV cache, the policy, reference and critic forward passes over the rollout, and
+The floor is the same model work done in a plain torch loop with nothing around it: a bare
+KV-cache decoding loop, the policy, reference and critic forward passes over the rollout, and
 ppo_epochs × minibatches of policy and critic forward + backward + AdamW step. The ratio
 (proxrl iteration / floor) is the framework's overhead. Both run in this process, interleaved
 A B A B, so machine noise hits both alike.
@@ -38,13 +38,32 @@ def letter_share(prompts: list[str], completions: list[str], **columns: list) ->
     return [sum(ch in "abcdefghijklm" for ch in c) / max(len(c), 1) for c in completions]
 
 
+def bare_decode(model, prompt_ids, prompt_mask, max_new_tokens, temperature, eos):
+    """The least a sampler can do: prefill, then one cached forward and one multinomial draw per
+    token until every row has said EOS."""
+    attention = prompt_mask.clone()
+    positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    output = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache, logits, step = output.cache, output.logits[:, -1], positions[:, -1:] + 1
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    tokens = []
+    for _ in range(max_new_tokens):
+        token = torch.multinomial(torch.softmax(logits / temperature, -1), 1).squeeze(-1)
+        tokens.append(token)
+        done |= token == eos
+        if done.all():
+            break
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
+        output = model(input_ids=token[:, None], attention_mask=attention, position_ids=step, cache=cache, use_cache=True)
+        cache, logits, step = output.cache, output.logits[:, -1], step + 1
+    return torch.cat([prompt_ids, torch.stack(tokens, 1)], 1)
+
+
 def floor_iteration(model, ref, critic, tokenizer, prompt_ids, prompt_mask, cfg) -> float:
     """The same calls as one proxrl PPO iteration, in a bare loop. Returns seconds."""
     started = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=cfg.temperature,
-                             max_new_tokens=cfg.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, min_new_tokens=cfg.max_new_tokens)
+        out = bare_decode(model, prompt_ids, prompt_mask, cfg.max_new_tokens, cfg.temperature, tokenizer.eos_token_id)
         ids = out
         mask = torch.ones_like(ids)
         P = prompt_ids.shape[1]

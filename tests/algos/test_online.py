@@ -431,3 +431,31 @@ def test_filter_logits_by_hand():
     assert filter_logits(logits, 2, 1.0).tolist() == [[4.0, 3.0, inf, inf]]
     assert filter_logits(logits, 0, 0.7).tolist() == [[4.0, 3.0, inf, inf]]
     assert filter_logits(logits, 0, 0.6).tolist() == [[4.0, inf, inf, inf]]
+
+
+def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(tiny_lm, prompts, tmp_path, monkeypatch):
+    """One optimizer step per iteration and every gradient NaN: the finite rollouts in between
+    must not reset the in-a-row count, so the run stops after max_consecutive_skips iterations."""
+    real_backward = torch.Tensor.backward
+
+    def nan_backward(self, *args, **kwargs):
+        real_backward(self, *args, **kwargs)
+        for p in model_params:
+            p.grad = torch.full_like(p, float("nan"))
+
+    import proxrl.algos.online as online_module
+
+    real_load, model_params = online_module.load_models, []
+
+    def load_and_remember(cfg, algo):
+        models = real_load(cfg, algo)
+        model_params.extend(models.actor.parameters())
+        return models
+
+    monkeypatch.setattr(online_module, "load_models", load_and_remember)
+    monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
+    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=10, group_size=2, mini_batch_size=16,
+                max_consecutive_skips=3)
+    with pytest.raises(ProxrlError, match="3 updates in a row were skipped"):
+        grpo.train(cfg)
+    assert [r["guard/skipped_updates"] for r in read_metrics(tmp_path)] == [1.0, 2.0]

@@ -165,8 +165,11 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             experience, completions, row = collect_rollout(
                 cfg, algo, models, rewards, [prompts[i] for i in local], [prompt_ids[i] for i in local], kl.value, timings
             )
-            rollout_ok = guard.check(iteration + 1, tensors={
-                "scores": experience.scores, "rewards": experience.rewards, "advantages": experience.advantages})
+            # A finite rollout is only inspected: counting it as a success would reset the
+            # in-a-row count, and a run with fewer steps per iteration than max_consecutive_skips
+            # whose gradients are always NaN would then never stop.
+            rollout = {"scores": experience.scores, "rewards": experience.rewards, "advantages": experience.advantages}
+            rollout_ok = guard.problem(tensors=rollout) is None or guard.check(iteration + 1, tensors=rollout)
 
             # 4b. Update: the critic alone during warm-up, then both. A rollout with a non-finite
             # score, reward or advantage is skipped whole.
