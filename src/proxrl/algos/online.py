@@ -204,7 +204,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             last = logger.log(iteration + 1, row)
             sample_now = cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations)
             if sample_now and dist.is_main():
-                write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)], completions, experience.scores)
+                write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)],
+                              completions, experience.scores, show=cfg.progress)
             bar.update(1, score=row["objective/scores"], kl=row.get("objective/kl", 0.0))
             if dist.any_rank(stop.requested) and iteration + 1 < cfg.iterations:
                 raise stop.interrupted(save(iteration + 1))
@@ -248,10 +249,25 @@ def truncate_samples(output_dir: Path, iteration: int) -> None:
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
-def write_samples(output_dir: Path, iteration: int, prompts: list[PromptExample], completions: list[str], scores: Tensor) -> None:
+def write_samples(
+    output_dir: Path, iteration: int, prompts: list[PromptExample], completions: list[str], scores: Tensor,
+    show: bool = False, shown: int = 3,
+) -> None:
+    """Append every sample to samples.jsonl; with ``show``, print the first few as a table."""
+    rows = list(zip(prompts, completions, scores.tolist(), strict=True))
     with open(output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
-        for prompt, completion, score in zip(prompts, completions, scores.tolist(), strict=True):
+        for prompt, completion, score in rows:
             f.write(json.dumps({"iteration": iteration, "prompt": prompt.prompt, "completion": completion, "score": score}) + "\n")
+    if show:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"samples at iteration {iteration}", show_lines=True)
+        for column in ("prompt", "completion", "score"):
+            table.add_column(column, overflow="fold")
+        for prompt, completion, score in rows[:shown]:
+            table.add_row(prompt.prompt or str(prompt.messages), completion, f"{score:.3f}")
+        Console(stderr=True).print(table)
 
 
 def save_policy(models: Models, output_dir: Path) -> None:
