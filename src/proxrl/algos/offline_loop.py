@@ -34,12 +34,12 @@ from transformers import PreTrainedTokenizerBase
 
 from proxrl.data.batching import bucket_batches
 from proxrl.data.readers import check_data_source
-from proxrl.models.causal_lm import resolve_dtype
 from proxrl.models.lora import apply_lora, trainable_state_dict
+from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager
-from proxrl.runtime.config import RunConfig, save_config_file
+from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
@@ -53,7 +53,7 @@ COUNT_STATS = ("tokens", "pairs")
 
 
 @dataclass
-class OfflineConfig(RunConfig):
+class OfflineConfig(ModelRunConfig):
     """Fields shared by ``proxrl sft``, ``proxrl rm`` and ``proxrl dpo``."""
 
     model: str = ""
@@ -86,18 +86,6 @@ class OfflineConfig(RunConfig):
     """After warm-up: keep the rate, or decay it linearly to 0 at the last step."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
-    lora_r: int = 0
-    """LoRA rank (0: train every weight)."""
-    lora_alpha: float = 0.0
-    """LoRA scale numerator (0: 2 × lora_r)."""
-    dtype: str = "float32"
-    """Weights dtype: float32, bfloat16, float16, float64 or auto."""
-    attn_implementation: str | None = None
-    """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
-    trust_remote_code: bool = False
-    """Run model code shipped with a hub repository (off unless you trust it)."""
     log_every: int = 1
     """Write metrics every this many optimizer steps."""
     max_consecutive_skips: int = 5
@@ -124,7 +112,6 @@ class OfflineConfig(RunConfig):
             (self.max_length >= 2, f"max_length: expected >= 2, got {self.max_length}"),
             (self.learning_rate > 0, f"learning_rate: expected > 0, got {self.learning_rate}"),
             (0 <= self.eval_fraction < 1, f"eval_fraction: expected in [0, 1), got {self.eval_fraction}"),
-            (self.lora_r >= 0, f"lora_r: expected >= 0, got {self.lora_r}"),
             (self.warmup_steps >= 0, f"warmup_steps: expected >= 0, got {self.warmup_steps}"),
             (self.log_every >= 1, f"log_every: expected >= 1, got {self.log_every}"),
             (self.eval_every >= 0, f"eval_every: expected >= 0, got {self.eval_every}"),
@@ -138,7 +125,6 @@ class OfflineConfig(RunConfig):
         for ok, message in checks:
             if not ok:
                 raise ProxrlError(message)
-        resolve_dtype(self.dtype)
         for name in ("model", "data", "eval_data"):
             source = getattr(self, name)
             try:
@@ -156,12 +142,7 @@ class OfflineConfig(RunConfig):
 
 def model_kwargs(cfg: OfflineConfig) -> dict[str, Any]:
     """The loader options of ``models.load_causal_lm`` / ``load_score_model`` from a config."""
-    return {
-        "dtype": cfg.dtype,
-        "attn_implementation": cfg.attn_implementation,
-        "gradient_checkpointing": cfg.gradient_checkpointing,
-        "trust_remote_code": cfg.trust_remote_code,
-    }
+    return cfg.loader_kwargs() | {"gradient_checkpointing": cfg.gradient_checkpointing}
 
 
 def training_device() -> torch.device:

@@ -16,13 +16,13 @@ from typing import Literal
 from torch import Tensor
 
 from proxrl.core import AdaptiveKL
+from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
-from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
 
 
 @dataclass
-class OnlineConfig(RunConfig):
+class OnlineConfig(ModelRunConfig):
     """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
 
     model: str = ""
@@ -97,18 +97,6 @@ class OnlineConfig(RunConfig):
     """Copy the policy into the reference every N iterations (0: never)."""
     sample_every: int = 10
     """Write sampled prompts, completions and scores to samples.jsonl every N iterations."""
-    lora_r: int = 0
-    """LoRA rank (0: full fine-tuning); the reference is then the adapter-disabled policy."""
-    lora_alpha: float = 0.0
-    """LoRA scale numerator (0: 2 × lora_r)."""
-    dtype: str = "float32"
-    """Weights dtype: float32, bfloat16, float16, float64 or auto."""
-    attn_implementation: str | None = None
-    """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
-    trust_remote_code: bool = False
-    """Run model code shipped with a hub repository (off unless you trust it)."""
     sampler: Literal["cached", "hf"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings)."""

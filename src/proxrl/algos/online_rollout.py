@@ -48,8 +48,7 @@ class Models:
 
 
 def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
-    kwargs = {"dtype": cfg.dtype, "attn_implementation": cfg.attn_implementation,
-              "trust_remote_code": cfg.trust_remote_code}
+    kwargs = cfg.loader_kwargs()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
     resize_for_tokenizer(actor, tokenizer)

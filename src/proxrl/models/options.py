@@ -1,0 +1,39 @@
+"""How a language-model trainer loads its models: the options sft, rm, dpo, ppo and grpo share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxrl.models.causal_lm import resolve_dtype
+from proxrl.runtime.config import RunConfig
+from proxrl.runtime.errors import ProxrlError
+
+
+@dataclass
+class ModelRunConfig(RunConfig):
+    """``RunConfig`` plus how models are loaded; every language-model config subclasses it."""
+
+    lora_r: int = 0
+    """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled base)."""
+    lora_alpha: float = 0.0
+    """LoRA scale numerator (0: 2 × lora_r)."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16, float16, float64 or auto."""
+    attn_implementation: str | None = None
+    """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Run model code shipped with a hub repository (off unless you trust it)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.lora_r < 0:
+            raise ProxrlError(f"lora_r: expected >= 0, got {self.lora_r}")
+        resolve_dtype(self.dtype)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The options every ``from_pretrained`` call of a run shares."""
+        return {"dtype": self.dtype, "attn_implementation": self.attn_implementation,
+                "trust_remote_code": self.trust_remote_code}
