@@ -74,7 +74,7 @@ def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
     sources: list[Any] = []
     if cfg.reward_model is not None:
         try:
-            model = load_score_model(cfg.reward_model, dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+            model = load_score_model(cfg.reward_model, **cfg.loader_kwargs())
         except ProxrlError as exc:
             raise ProxrlError(f"reward_model: {exc}") from exc
         model.requires_grad_(False).eval()

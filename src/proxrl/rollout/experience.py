@@ -6,7 +6,7 @@ padded), T response columns (right padded after the stop token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -42,10 +42,10 @@ class Experience:
     def select(self, index: Tensor) -> Experience:
         """The rows ``index`` (a minibatch), trimmed of response columns that are padding in
         every selected row, so an update never computes on all-pad columns."""
-        rows = replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
-        width = int(rows.response_mask.sum(0).nonzero().max()) + 1 if rows.response_mask.any() else 1
-        return replace(
-            rows,
-            **{f.name: getattr(rows, f.name)[:, :width] for f in fields(rows) if getattr(rows, f.name).dim() == 2
-               and f.name not in ("prompt_ids", "prompt_mask")},
-        )
+        rows = {f.name: getattr(self, f.name)[index] for f in fields(self)}
+        used = rows["response_mask"].any(0).nonzero()
+        width = int(used.max()) + 1 if len(used) else 1
+        for name, tensor in rows.items():
+            if tensor.dim() == 2 and not name.startswith("prompt_"):  # (B, T) response fields
+                rows[name] = tensor[:, :width]
+        return Experience(**rows)
