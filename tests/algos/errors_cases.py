@@ -157,6 +157,8 @@ CASES: list[Case] = [
          "proxrl sft: error: max_grad_norm: expected >= 0, got -1.0"),
     Case("unknown dtype", (*SFT, "--dtype", "float8"),
          "proxrl sft: error: dtype: expected one of ['auto', 'bf16', 'bfloat16', 'float16', 'float32', 'float64', 'fp16', 'fp32'], got 'float8'"),
+    Case("mixed_precision fp16", (*SFT, "--mixed-precision", "fp16"),
+         "proxrl sft: error: mixed_precision: expected no or bf16, got 'fp16' (fp16 would need loss scaling; use bf16)"),
     Case("dpo: beta 0", (*PAIRS_DPO, "--beta", "0"),
          "proxrl dpo: error: beta: expected > 0, got 0.0"),
     Case("dpo: unknown loss", (*PAIRS_DPO, "--loss", "hinge"),

@@ -179,12 +179,13 @@ def train(cfg: Config) -> dict[str, float]:
     elif cfg.ref_model:
         reference = load_causal_lm(cfg.ref_model, **model_kwargs(cfg)).to(training_device())
         resize_for_tokenizer(reference, tokenizer)
-        ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
-        ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+        with cfg.autocast():
+            ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
+            ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
         del reference
         gc.collect()
     else:
-        with adapter_disabled(policy) as reference:
+        with adapter_disabled(policy) as reference, cfg.autocast():
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
             ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
     # Every input has loaded: now the output directory (a bad input leaves no run behind).

@@ -182,6 +182,16 @@ LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
 UnitsFn = Callable[[Any], int]
 
 
+def under_autocast(loss_fn: LossFn, cfg: ModelRunConfig) -> LossFn:
+    """``loss_fn`` with its forward pass under ``cfg.autocast()`` (the backward stays outside)."""
+
+    def loss_in_precision(model: nn.Module, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        with cfg.autocast():
+            return loss_fn(model, batch)
+
+    return loss_in_precision
+
+
 def accumulate_gradients(
     model: nn.Module,
     micro_batches: Sequence[Any],
@@ -294,6 +304,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     sharded = dist.is_sharded()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    loss_fn = under_autocast(task.loss_fn, cfg)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
     guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
 
@@ -360,7 +371,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 for param_group in optimizer.param_groups:
                     param_group["lr"] = lr
                 if world == 1:
-                    stats = accumulate_gradients(model, batches, task.loss_fn, task.units_fn)
+                    stats = accumulate_gradients(model, batches, loss_fn, task.units_fn)
                 else:  # local sums weighted by the global unit count, then summed over ranks
                     global_units = int(dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches))))
                     if sharded and len(batches) < len(group):  # FSDP / ZeRO: every rank must run every forward
@@ -371,7 +382,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     with dist.no_sync(train_model):
                         # FSDP / DeepSpeed average gradients over ranks: weigh by world / units.
                         stats = accumulate_gradients(
-                            train_model, batches, task.loss_fn, task.units_fn,
+                            train_model, batches, loss_fn, task.units_fn,
                             total_units=global_units / world if sharded else global_units,
                         )
                     if not sharded:
@@ -403,7 +414,8 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     row["perf/nonpad_share"] = dist.all_reduce_mean(row.get("perf/nonpad_share", 1.0))
                 evaluate_now = done == total_steps or (cfg.eval_every and done % cfg.eval_every == 0)
                 if task.evaluate is not None and evaluate_now:
-                    row |= task.evaluate(model)
+                    with cfg.autocast():
+                        row |= task.evaluate(model)
                 row = {k: v for k, v in row.items() if math.isfinite(v)}  # a skipped step's NaNs
                 if done % cfg.log_every == 0 or done == total_steps:
                     last = logger.log(done, row)

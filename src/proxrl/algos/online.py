@@ -162,9 +162,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             local = dist.shard(order)  # rank r: prompts r, r + world, ...; gathered in rank order
             order = [i for r in range(world) for i in order[r::world]]
             models.actor.eval()
-            experience, completions, row = collect_rollout(
-                cfg, algo, models, rewards, [prompts[i] for i in local], [prompt_ids[i] for i in local], kl.value, timings
-            )
+            with cfg.autocast():
+                experience, completions, row = collect_rollout(
+                    cfg, algo, models, rewards, [prompts[i] for i in local], [prompt_ids[i] for i in local], kl.value, timings
+                )
             # A finite rollout is only inspected: counting it as a success would reset the
             # in-a-row count, and a run with fewer steps per iteration than max_consecutive_skips
             # whose gradients are always NaN would then never stop.

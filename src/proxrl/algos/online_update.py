@@ -98,36 +98,45 @@ def _accumulate(
 ) -> None:
     """Backward through ``micro_batches`` (row indices into ``experience``), each loss weighted
     by its rows' share of the minibatch; adds the weighted stats into ``step_stats``."""
-    actor, critic = models.actor, models.critic
     for rows in micro_batches:
         mb = experience.select(rows)
-        mask = mb.response_mask.float()
-        out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
-                             with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
-        loss = torch.zeros((), device=mask.device)
-        stats: dict[str, Tensor] = {}
-        if train_policy:
-            loss, stats = algo.policy_loss(out.logprobs, mb)
-            if algo.kl_in_loss and kl_coef:
-                kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
-                loss = loss + kl_coef * kl_loss
-                stats["kl_loss"] = kl_loss.detach()
-            if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
-                bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
-                stats.update(entropy_stats)
-                loss = loss + cfg.entropy_coef * bonus
-        if algo.critic != "none":
-            if algo.critic == "head":
-                new_values = critic(out.hidden)  # type: ignore[misc]
-            else:
-                new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
-            v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
-            loss = loss + algo.vf_coef * v_loss
-            stats.update(v_stats)
+        with cfg.autocast():  # the forward passes and losses; the backward runs outside
+            loss, stats = _minibatch_loss(cfg, algo, models, mb, P, kl_coef, train_policy)
         share = len(rows) / minibatch_size
         (loss * share).backward()
         for key, value in stats.items():
             step_stats[key] += float(value) * share
+
+
+def _minibatch_loss(
+    cfg: OnlineConfig, algo: Algorithm, models: Models, mb: Experience, P: int, kl_coef: float, train_policy: bool,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Policy loss (+ KL in the loss, − entropy bonus) + vf_coef × value loss on one micro-batch."""
+    actor, critic = models.actor, models.critic
+    mask = mb.response_mask.float()
+    out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
+                         with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
+    loss = torch.zeros((), device=mask.device)
+    stats: dict[str, Tensor] = {}
+    if train_policy:
+        loss, stats = algo.policy_loss(out.logprobs, mb)
+        if algo.kl_in_loss and kl_coef:
+            kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
+            loss = loss + kl_coef * kl_loss
+            stats["kl_loss"] = kl_loss.detach()
+        if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
+            bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
+            stats.update(entropy_stats)
+            loss = loss + cfg.entropy_coef * bonus
+    if algo.critic != "none":
+        if algo.critic == "head":
+            new_values = critic(out.hidden)  # type: ignore[misc]
+        else:
+            new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
+        v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
+        loss = loss + algo.vf_coef * v_loss
+        stats.update(v_stats)
+    return loss, stats
 
 
 NAMESPACES = {

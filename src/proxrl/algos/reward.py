@@ -195,7 +195,8 @@ def train(cfg: Config) -> dict[str, float]:
         model.save_pretrained(output_dir / "adapter")
         model = model.merge_and_unload()
     if cfg.normalize:
-        mean, std = score_statistics(model, train_items, cfg.batch_size, pad_id)
+        with cfg.autocast():  # the statistics of the scores the run's precision gives
+            mean, std = score_statistics(model, train_items, cfg.batch_size, pad_id)
         store_score_normalization(model, mean, std)
         log.info("rm: training scores mean %.4f std %.4f (stored in the model config)", mean, std)
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from proxrl.models.causal_lm import resolve_dtype
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
 
@@ -20,6 +24,9 @@ class ModelRunConfig(RunConfig):
     """LoRA scale numerator (0: 2 × lora_r)."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16, float16, float64 or auto."""
+    mixed_precision: str = "no"
+    """Compute precision: no (as the weights), or bf16 (matrix products in bfloat16 under autocast,
+    weights, optimizer and losses in float32: TRL's ``bf16=True``)."""
     attn_implementation: str | None = None
     """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
     gradient_checkpointing: bool = False
@@ -32,6 +39,15 @@ class ModelRunConfig(RunConfig):
         if self.lora_r < 0:
             raise ProxrlError(f"lora_r: expected >= 0, got {self.lora_r}")
         resolve_dtype(self.dtype)
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ProxrlError(
+                f"mixed_precision: expected no or bf16, got {self.mixed_precision!r} (fp16 would need loss scaling; use bf16)"
+            )
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The context every forward pass runs in: bfloat16 autocast on this process's device
+        under ``mixed_precision=bf16``, a no-op otherwise. Backward passes run outside it."""
+        return torch.autocast(dist.device().type, dtype=torch.bfloat16, enabled=self.mixed_precision == "bf16")
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The options every ``from_pretrained`` call of a run shares."""
