@@ -9,8 +9,10 @@ alternate A B A B … in fresh processes so machine noise hits both alike. The w
 same on both sides: the same locally built Qwen2-style model, tokenizer, prompts, reward model
 (PPO) or reward function (GRPO), rollout batch, response length (generation runs to
 ``max_new_tokens``: the random model almost never says EOS), PPO epochs and minibatches,
-learning rate and seed, float32 on both sides (TRL defaults to bf16 autocast and gradient checkpointing:
-both are turned off), and the same model calls per update — PPO: generate, reference, value
+learning rate and seed, the same precision on both sides (``--precision fp32``, the default: TRL's
+bf16 autocast is turned off; ``--precision bf16``: bfloat16 autocast on both, proxrl's
+``mixed_precision=bf16`` and TRL's ``bf16=True``; TRL's gradient checkpointing is off either way),
+and the same model calls per update — PPO: generate, reference, value
 and reward forward passes, then epochs × (policy + value forward and backward); GRPO with β = 0:
 generate, reward function, one forward and backward, no reference pass. proxrl takes π_old
 from the sampler's logits (``sampler_logprobs``), as TRL does.
@@ -115,7 +117,8 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     metrics.MetricsLogger.log = stamped_log  # type: ignore[method-assign]
     common = dict(model=paths["model"], prompts=paths["prompts"], output_dir=args.out, overwrite=True, seed=1,
                   iterations=args.updates, max_new_tokens=args.tokens, temperature=1.0, learning_rate=1e-5,
-                  progress=False, sample_every=0, sampler_logprobs=True, lr_schedule="linear")
+                  progress=False, sample_every=0, sampler_logprobs=True, lr_schedule="linear",
+                  mixed_precision="bf16" if args.precision == "bf16" else "no")
     if args.trainer == "ppo":
         cfg = ppo.Config(**common, reward_model=paths["reward"], critic_model=paths["reward"], rollout_batch_size=32,
                          group_size=1, ppo_epochs=4, mini_batch_size=16, grad_accum=1, kl_coef=0.05,
@@ -158,7 +161,8 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     common = dict(output_dir=args.out, learning_rate=1e-5, report_to=[], logging_steps=1, save_strategy="no",
-                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False, bf16=False)
+                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False,
+                  bf16=args.precision == "bf16")
     torch.manual_seed(1)
     if args.trainer == "ppo":
         import trl.experimental.ppo.ppo_trainer as ppo_module
@@ -210,7 +214,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 def run_worker(framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
     python = PROXRL_PYTHON if framework == "proxrl" else TRL_PYTHON
     command = [str(python), __file__, "--worker", framework, "--trainer", trainer, "--paths", json.dumps(paths),
-               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out)]
+               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out), "--precision", args.precision]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
                         "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -228,6 +232,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=5, help="updates per run (the first is warm-up)")
     parser.add_argument("--tokens", type=int, default=32, help="response length")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, both sides")
     parser.add_argument("--worker", choices=["proxrl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
@@ -273,7 +278,7 @@ def main() -> None:
                       f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
                       f"{results['trl'][2]:>7.0f} {ratio:>6.2f}", flush=True)
             summary.append((trainer, size, statistics.median(ratios)))
-    print("\nmedian proxrl/TRL tokens-per-second ratio:")
+    print(f"\nmedian proxrl/TRL tokens-per-second ratio ({args.precision} on both sides):")
     for trainer, size, ratio in summary:
         print(f"  {trainer:<5} {size:<7} {ratio:.2f}")
 

@@ -433,6 +433,33 @@ def test_filter_logits_by_hand():
     assert filter_logits(logits, 0, 0.6).tolist() == [[4.0, inf, inf, inf]]
 
 
+def test_draw_tokens_by_hand(monkeypatch):
+    """CDF (0, .25, .25, 1): a uniform u picks the first token whose CDF exceeds u, so u in
+    [0, .25) → 1 and [.25, 1) → 3; zero-probability tokens 0 and 2 are never picked. An
+    unnormalised row (2, 0, 6) scales u by its total 8: u = .3 → 2.4 → token 2."""
+    from proxrl.rollout import generation
+
+    uniforms = torch.tensor([[0.0], [0.2499], [0.25], [0.9999]], dtype=torch.float64)
+    monkeypatch.setattr(generation.torch, "rand", lambda *a, **k: uniforms)
+    assert generation.draw_tokens(torch.tensor([[0.0, 0.25, 0.0, 0.75]] * 4)).tolist() == [1, 1, 3, 3]
+    monkeypatch.setattr(generation.torch, "rand", lambda *a, **k: torch.tensor([[0.3], [0.2]], dtype=torch.float64))
+    assert generation.draw_tokens(torch.tensor([[2.0, 0.0, 6.0], [2.0, 0.0, 6.0]])).tolist() == [2, 0]
+
+
+def test_draw_tokens_follows_the_distribution():
+    """200,000 draws: every frequency within 4 standard errors of its probability (a draw
+    off by one token would be ~100 standard errors out), zero-probability tokens never drawn."""
+    from proxrl.rollout.generation import draw_tokens
+
+    torch.manual_seed(0)
+    p = torch.tensor([0.1, 0.0, 0.3, 0.05, 0.0, 0.55])
+    n = 200_000
+    counts = torch.bincount(draw_tokens(p.expand(n, -1)), minlength=6).double()
+    standard_error = (p * (1 - p) / n).sqrt().double()
+    assert counts[p == 0].sum() == 0
+    assert ((counts / n - p.double()).abs() <= 4 * standard_error + 1e-12).all(), counts / n
+
+
 def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(tiny_lm, prompts, tmp_path, monkeypatch):
     """One optimizer step per iteration and every gradient NaN: the finite rollouts in between
     must not reset the in-a-row count, so the run stops after max_consecutive_skips iterations."""
