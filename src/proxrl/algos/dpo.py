@@ -47,6 +47,7 @@ from proxrl.data.formats import load_preference_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
@@ -127,18 +128,22 @@ def preference_loss(model: nn.Module, batch: DPOBatch, cfg: Config) -> tuple[Ten
 def reference_logps(
     model: nn.Module, items: list[EncodedPair], batch_size: int, pad_id: int, average: bool
 ) -> tuple[Tensor, Tensor]:
-    """(N,) chosen and (N,) rejected log-probs of every pair under ``model`` (eval mode)."""
+    """(N,) chosen and (N,) rejected log-probs of every pair under ``model`` (eval mode).
+
+    With several processes each computes every world-th batch and the sums over ranks fill in
+    the rest (the same batches as one process, so the same numbers). ``model`` must be a plain
+    module here: FSDP would need every rank in every forward pass."""
     was_training = model.training
     model.eval()
     chosen = torch.zeros(len(items), dtype=torch.float64)
     rejected = torch.zeros(len(items), dtype=torch.float64)
-    for indices in bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False):
+    for indices in dist.shard(bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False)):
         pairs = collate_pairs([items[i] for i in indices], pad_id).to(device_of(model))
         logps = response_logps(model, pairs.sequences, average).double().cpu()
         chosen[indices] = logps[: len(indices)]
         rejected[indices] = logps[len(indices) :]
     model.train(was_training)
-    return chosen, rejected
+    return dist.all_reduce_sum(chosen), dist.all_reduce_sum(rejected)
 
 
 def make_batch(items: list[EncodedPair], indices: list[int], ref: tuple[Tensor, Tensor], pad_id: int, dtype: torch.dtype) -> DPOBatch:
