@@ -19,7 +19,10 @@ from the sampler's logits (``sampler_logprobs``), as TRL does.
 
 Printed per trainer and size: median seconds per update (first update of each run dropped as
 warm-up), the response tokens each side kept per update (counted, not assumed: up to and
-including EOS), tokens per second, peak RSS, and the proxrl/TRL throughput ratio per pair.
+including EOS), tokens per second, peak RSS, the proxrl/TRL throughput ratio per pair, and the
+dtype each side's linear layers actually produced in the warm-up update (a ratio between
+different precisions is flagged in the summary). TRL 1.12's PPOTrainer ignores ``bf16=True`` on
+a CPU, so under ``--precision bf16`` its loop runs inside ``torch.autocast``.
 """
 
 from __future__ import annotations
@@ -102,16 +105,39 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class ComputeDtypes:
+    """The dtypes the model's linear layers produced during the first (warm-up) update, to check
+    both sides really computed in the precision asked for (a flag a trainer ignores would make
+    the ratio compare different work). Removed at the first update's end: no cost after it."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.seen: set[str] = set()
+        self.handle = torch.nn.modules.module.register_module_forward_hook(self.record)
+
+    def record(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
+        import torch
+
+        if isinstance(module, torch.nn.Linear) and isinstance(output, torch.Tensor):
+            self.seen.add(str(output.dtype).removeprefix("torch."))
+
+    def stop(self) -> None:
+        self.handle.remove()
+
+
 def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     import proxrl.runtime.metrics as metrics
     from proxrl.algos import grpo, ppo
 
     stamps: list[float] = []
     original_log = metrics.MetricsLogger.log
+    dtypes = ComputeDtypes()
 
     def stamped_log(self, step, row):  # type: ignore[no-untyped-def]
         result = original_log(self, step, row)
         stamps.append(time.perf_counter())
+        dtypes.stop()
         return result
 
     metrics.MetricsLogger.log = stamped_log  # type: ignore[method-assign]
@@ -135,7 +161,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     rows = metrics.read_metrics(args.out)
     tokens = [r["response/length_mean"] * 32 for r in rows]  # 32 responses per update on both trainers
     return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
-            "peak_mb": _peak_mb()}
+            "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
 
 
 def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
@@ -151,9 +177,12 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     stamps: list[float] = []
     tokens: list[float] = []
 
+    dtypes = ComputeDtypes()
+
     class Stamp(TrainerCallback):
         def on_step_end(self, *a, **k):  # type: ignore[no-untyped-def]
             stamps.append(time.perf_counter())
+            dtypes.stop()
 
         def on_log(self, args, state, control, logs=None, **k):  # type: ignore[no-untyped-def]
             if logs and "completions/mean_length" in logs:  # GRPO: the kept completion tokens
@@ -201,10 +230,14 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                             max_steps=args.updates, log_completions=False, max_grad_norm=1.0)
         trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(paths["model"]), reward_funcs=letter_share,
                               args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
+    # TRL 1.12's experimental PPOTrainer leaves its bf16 flag unapplied on a CPU (ComputeDtypes
+    # saw float32 throughout): autocast around its loop gives it the bf16 compute it asks for.
+    ppo_needs_autocast = args.precision == "bf16" and args.trainer == "ppo"
     started = time.perf_counter()
-    trainer.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ppo_needs_autocast):
+        trainer.train()
     return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
-            "peak_mb": _peak_mb()}
+            "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -255,14 +288,15 @@ def main() -> None:
     ensure_trl_venv()
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/upd':>14} "
-          f"{'TRL tok/upd':>11} {'proxrl tok/s':>12} {'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}",
+          f"{'TRL tok/upd':>11} {'proxrl tok/s':>12} {'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}  "
+          f"computed in (proxrl / TRL)",
           flush=True)
     summary = []
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
         paths = build_models(root / size, hidden, layers)
         for trainer in args.trainers:
-            ratios = []
+            ratios, computed = [], set()
             for pair in range(args.pairs):
                 results = {}
                 for framework in ("proxrl", "trl"):  # A then B within every pair
@@ -270,17 +304,20 @@ def main() -> None:
                     seconds = statistics.median(runs["update_s"][1:])
                     rates = [n / s for n, s in zip(runs["tokens"][1:], runs["update_s"][1:], strict=True)]
                     results[framework] = (seconds, statistics.median(rates), runs["peak_mb"],
-                                          statistics.mean(runs["tokens"][1:]))
+                                          statistics.mean(runs["tokens"][1:]), "+".join(runs["dtypes"]))
                 ratio = results["proxrl"][1] / results["trl"][1]
                 ratios.append(ratio)
+                computed.add((results["proxrl"][4], results["trl"][4]))
                 print(f"{trainer:<6} {size:<7} {pair:<4} {results['proxrl'][0]:>12.3f} {results['trl'][0]:>10.3f} "
                       f"{results['proxrl'][3]:>14.0f} {results['trl'][3]:>11.0f} "
                       f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
-                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f}", flush=True)
-            summary.append((trainer, size, statistics.median(ratios)))
+                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f}  {results['proxrl'][4]} / {results['trl'][4]}", flush=True)
+            summary.append((trainer, size, statistics.median(ratios), computed))
     print(f"\nmedian proxrl/TRL tokens-per-second ratio ({args.precision} on both sides):")
-    for trainer, size, ratio in summary:
-        print(f"  {trainer:<5} {size:<7} {ratio:.2f}")
+    for trainer, size, ratio, computed in summary:
+        alike = all(a == b for a, b in computed)
+        note = "" if alike else "   NOT like for like: the two sides computed in " + ", ".join(" vs ".join(c) for c in computed)
+        print(f"  {trainer:<5} {size:<7} {ratio:.2f}{note}")
 
 
 if __name__ == "__main__":
