@@ -31,6 +31,7 @@ from proxrl.core import logprobs_from_logits, ppo_clip_loss, value_loss  # noqa:
 from proxrl.models.scalar_head import load_score_model  # noqa: E402
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
 from proxrl.rollout.forward import critic_forward, position_ids  # noqa: E402
+from proxrl.rollout.generation import draw_tokens  # noqa: E402
 from proxrl.runtime.metrics import read_metrics  # noqa: E402
 
 
@@ -39,8 +40,8 @@ def letter_share(prompts: list[str], completions: list[str], **columns: list) ->
 
 
 def bare_decode(model, prompt_ids, prompt_mask, max_new_tokens, temperature, eos):
-    """The least a sampler can do: prefill, then one cached forward and one multinomial draw per
-    token until every row has said EOS."""
+    """The least a sampler can do: prefill, then one cached forward and one draw per token (the
+    cheapest proxrl has, ``draw_tokens``) until every row has said EOS."""
     attention = prompt_mask.clone()
     positions = (attention.cumsum(-1) - 1).clamp_min(0)
     output = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
@@ -48,7 +49,7 @@ def bare_decode(model, prompt_ids, prompt_mask, max_new_tokens, temperature, eos
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     tokens = []
     for _ in range(max_new_tokens):
-        token = torch.multinomial(torch.softmax(logits / temperature, -1), 1).squeeze(-1)
+        token = draw_tokens(torch.softmax(logits / temperature, -1))
         tokens.append(token)
         done |= token == eos
         if done.all():
