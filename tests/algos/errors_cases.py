@@ -272,6 +272,8 @@ CASES: list[Case] = [
          "proxrl ppo: error: data file 'data/nope.jsonl' does not exist"),
     Case("ppo: unknown KL estimator", (*PPO, "--reward-fn", "os:getcwd", "--kl-estimator", "k4"),
          "proxrl ppo: error: --kl-estimator expects one of k1, k2, k3, found 'k4'"),
+    Case("ppo: compile_sampler with generate", (*PPO, "--reward-fn", "os:getcwd", "--sampler", "hf", "--compile-sampler"),
+         "proxrl ppo: error: compile_sampler: needs sampler=cached without stop_strings (generate runs those)"),
     Case("grpo: group_size 1", (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),
          "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1"),
     Case("grpo: reward_fn without a colon", (*GRPO, "--reward-fn", "getcwd"),

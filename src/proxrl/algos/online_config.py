@@ -100,6 +100,9 @@ class OnlineConfig(ModelRunConfig):
     sampler: Literal["cached", "hf"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings)."""
+    compile_sampler: bool = False
+    """cached sampler: run its decoding step through torch.compile over a static KV cache. A
+    compile (seconds) per rollout batch size, then cheaper steps: for long runs of small models."""
     track_kl: bool = True
     """Compute the KL to the reference even when kl_coef is fixed at 0 (one reference forward
     pass per iteration); false loads no reference model then and logs no objective/kl."""
@@ -151,6 +154,8 @@ class OnlineConfig(ModelRunConfig):
             raise ProxrlError(f"top_p: expected in (0, 1], got {self.top_p}")
         if self.learning_rate <= 0:
             raise ProxrlError(f"learning_rate: expected > 0, got {self.learning_rate}")
+        if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
+            raise ProxrlError("compile_sampler: needs sampler=cached without stop_strings (generate runs those)")
         if self.lora_r and self.ref_reset_every:
             raise ProxrlError("ref_reset_every: not available with lora_r > 0 (the reference is the base model)")
 

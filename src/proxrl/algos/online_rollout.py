@@ -112,6 +112,13 @@ def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[
     return order
 
 
+def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | CachedSampler:
+    """``generate`` when asked for or when stop strings need its text matching, else the lean loop."""
+    if cfg.sampler == "hf" or cfg.stop_strings:
+        return HFSampler(model, tokenizer)
+    return CachedSampler(model, tokenizer, compile=cfg.compile_sampler)
+
+
 @torch.no_grad()
 def collect_rollout(
     cfg: OnlineConfig, algo: Algorithm, models: Models, rewards: WeightedRewards,
@@ -131,8 +138,8 @@ def collect_rollout(
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
     use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        sampler_cls = HFSampler if cfg.sampler == "hf" or cfg.stop_strings else CachedSampler
-        samples = sampler_cls(whole, tokenizer).sample(prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs)
+        samples = make_sampler(cfg, whole, tokenizer).sample(prompt_tensor, prompt_mask, settings,
+                                                             with_logprobs=use_sampler_logprobs)
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
         response_mask[:, 0] = 1
@@ -155,7 +162,7 @@ def collect_rollout(
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
     if algo.needs_greedy:
         with dist.gathered_for_generation(actor) as whole:
-            greedy = sampler_cls(whole, tokenizer).sample(
+            greedy = make_sampler(cfg, whole, tokenizer).sample(
                 pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
                 pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
                 SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),

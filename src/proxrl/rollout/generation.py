@@ -153,11 +153,19 @@ class CachedSampler:
     Same distribution as ``HFSampler`` (temperature, top-k, top-p, EOS), with positions taken
     from the attention mask as ``generate`` does for left padding. Stop strings need
     ``generate``'s text matching: use ``HFSampler`` for them.
+
+    ``compile=True``: the decoding step goes through ``torch.compile`` over a static KV cache
+    (its length rounded up to a multiple of ``CACHE_BUCKET`` so that prompts of other lengths
+    reuse the compiled step). One compile per batch size and bucket — seconds on a CPU — then
+    every step is cheaper: it pays on long runs of small models, where per-step overhead rules.
     """
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    CACHE_BUCKET = 64
+
+    def __init__(self, model: Any, tokenizer: Any, compile: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
+        self.compile = compile
 
     @torch.no_grad()
     def sample(
@@ -168,15 +176,28 @@ class CachedSampler:
         was_training = self.model.training
         self.model.eval()
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        batch = prompt_ids.shape[0]
+        batch, prompt_length = prompt_ids.shape
         attention = prompt_mask.long()
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
-        # The model builds the cache type it needs (sliding-window and hybrid models differ);
         # transformers renamed ``past_key_values`` to ``cache`` in 5.x.
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
         cache_name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        output = self.model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                            logits_to_keep=1)
+        step = self.model
+        prefill: dict[str, Any] = {}
+        if self.compile:
+            # Every step then has the same shapes: the cache and the mask span the whole bucket
+            # (the cache tracks how far it is filled and the causal mask hides the rest), so one
+            # compiled graph serves every step.
+            from transformers import StaticCache
+
+            length = -(-(prompt_length + settings.max_new_tokens) // self.CACHE_BUCKET) * self.CACHE_BUCKET
+            attention = torch.cat([attention, attention.new_ones(batch, length - prompt_length)], dim=1)
+            prefill = {cache_name: StaticCache(config=base.config, max_cache_len=length)}
+            step = torch.compile(self.model.forward, dynamic=False)
+        # Without ``compile`` the model builds the cache type it needs (sliding-window and
+        # hybrid models differ) and the mask grows by one column a step.
+        output = self.model(input_ids=prompt_ids, attention_mask=attention,
+                            position_ids=positions, use_cache=True, logits_to_keep=1, **prefill)
         cache, logits = getattr(output, cache_name), output.logits[:, -1]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
@@ -199,9 +220,10 @@ class CachedSampler:
             finished = finished | (token == eos)
             if bool(finished.all()):
                 break
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            output = self.model(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
-                                use_cache=True, **{cache_name: cache})
+            if not self.compile:
+                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            output = step(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
+                          use_cache=True, **{cache_name: cache})
             cache, logits = getattr(output, cache_name), output.logits[:, -1]
             next_position = next_position + 1
         self.model.train(was_training)
