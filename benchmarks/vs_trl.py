@@ -144,7 +144,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     common = dict(model=paths["model"], prompts=paths["prompts"], output_dir=args.out, overwrite=True, seed=1,
                   iterations=args.updates, max_new_tokens=args.tokens, temperature=1.0, learning_rate=1e-5,
                   progress=False, sample_every=0, sampler_logprobs=True, lr_schedule="linear",
-                  mixed_precision="bf16" if args.precision == "bf16" else "no")
+                  mixed_precision="bf16" if args.precision == "bf16" else "no", compile_sampler=args.compile_sampler)
     if args.trainer == "ppo":
         cfg = ppo.Config(**common, reward_model=paths["reward"], critic_model=paths["reward"], rollout_batch_size=32,
                          group_size=1, ppo_epochs=4, mini_batch_size=16, grad_accum=1, kl_coef=0.05,
@@ -247,7 +247,8 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 def run_worker(framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
     python = PROXRL_PYTHON if framework == "proxrl" else TRL_PYTHON
     command = [str(python), __file__, "--worker", framework, "--trainer", trainer, "--paths", json.dumps(paths),
-               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out), "--precision", args.precision]
+               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out), "--precision", args.precision,
+               *(["--compile-sampler"] if args.compile_sampler else [])]
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
                         "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
@@ -266,6 +267,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="response length")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, both sides")
+    parser.add_argument("--compile-sampler", action="store_true",
+                        help="proxrl's compile_sampler (its compiles land in the first two updates: warm-up, printed apart)")
     parser.add_argument("--worker", choices=["proxrl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
@@ -289,8 +292,13 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/upd':>14} "
           f"{'TRL tok/upd':>11} {'proxrl tok/s':>12} {'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}  "
-          f"computed in (proxrl / TRL)",
+          f"{'warm-up s':>11}  computed in (proxrl / TRL)",
           flush=True)
+    # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
+    # step once, in update 2: with compile_sampler the first two updates are warm-up.
+    warmup = 2 if args.compile_sampler else 1
+    if args.updates <= warmup:
+        raise SystemExit(f"--updates: expected more than the {warmup} warm-up update(s)")
     summary = []
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
@@ -301,17 +309,18 @@ def main() -> None:
                 results = {}
                 for framework in ("proxrl", "trl"):  # A then B within every pair
                     runs = run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}")
-                    seconds = statistics.median(runs["update_s"][1:])
-                    rates = [n / s for n, s in zip(runs["tokens"][1:], runs["update_s"][1:], strict=True)]
+                    seconds = statistics.median(runs["update_s"][warmup:])
+                    rates = [n / s for n, s in zip(runs["tokens"][warmup:], runs["update_s"][warmup:], strict=True)]
                     results[framework] = (seconds, statistics.median(rates), runs["peak_mb"],
-                                          statistics.mean(runs["tokens"][1:]), "+".join(runs["dtypes"]))
+                                          statistics.mean(runs["tokens"][warmup:]), "+".join(runs["dtypes"]), sum(runs["update_s"][:warmup]))
                 ratio = results["proxrl"][1] / results["trl"][1]
                 ratios.append(ratio)
                 computed.add((results["proxrl"][4], results["trl"][4]))
                 print(f"{trainer:<6} {size:<7} {pair:<4} {results['proxrl'][0]:>12.3f} {results['trl'][0]:>10.3f} "
                       f"{results['proxrl'][3]:>14.0f} {results['trl'][3]:>11.0f} "
                       f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
-                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f}  {results['proxrl'][4]} / {results['trl'][4]}", flush=True)
+                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f} {results['proxrl'][5]:>5.1f}/{results['trl'][5]:<5.1f}  "
+                      f"{results['proxrl'][4]} / {results['trl'][4]}", flush=True)
             summary.append((trainer, size, statistics.median(ratios), computed))
     print(f"\nmedian proxrl/TRL tokens-per-second ratio ({args.precision} on both sides):")
     for trainer, size, ratio, computed in summary:
