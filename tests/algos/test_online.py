@@ -3,6 +3,7 @@ reward goes up."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -400,9 +401,26 @@ def test_cached_sampler_greedy_equals_generate(compiled, policy):
     model, tokenizer, ids, mask = policy
     settings = SamplingSettings(12, greedy=True)
     a = HFSampler(model, tokenizer).sample(ids, mask, settings)
-    b = CachedSampler(model, tokenizer, compile=compiled).sample(ids, mask, settings)
+    b = CachedSampler(model, tokenizer, compile_step=compiled).sample(ids, mask, settings)
     width = a.response_ids.shape[1]
     assert torch.equal(a.response_ids, b.response_ids[:, :width]) and torch.equal(a.response_mask, b.response_mask[:, :width])
+
+
+def test_compiled_sampler_on_a_lora_policy_equals_the_plain_loop(policy):
+    """Through peft's wrapper (LoRA on q and v, non-zero adapters) the compiled step gives the
+    plain loop's greedy tokens and log-probs, left padding included."""
+    from peft import LoraConfig, get_peft_model
+
+    from proxrl.rollout.generation import CachedSampler, SamplingSettings
+
+    model, tokenizer, ids, mask = policy
+    torch.manual_seed(0)
+    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    settings = SamplingSettings(16, greedy=True)
+    plain = CachedSampler(lora, tokenizer).sample(ids, mask, settings, with_logprobs=True)
+    compiled = CachedSampler(lora, tokenizer, compile_step=True).sample(ids, mask, settings, with_logprobs=True)
+    assert torch.equal(plain.response_ids, compiled.response_ids)
+    torch.testing.assert_close(plain.logprobs, compiled.logprobs, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("sampler", ["hf", "cached", "compiled"])
@@ -413,7 +431,7 @@ def test_sampler_logprobs_equal_a_fresh_forward(sampler, policy):
 
     model, tokenizer, ids, mask = policy
     torch.manual_seed(0)
-    chosen = HFSampler(model, tokenizer) if sampler == "hf" else CachedSampler(model, tokenizer, compile=sampler == "compiled")
+    chosen = HFSampler(model, tokenizer) if sampler == "hf" else CachedSampler(model, tokenizer, compile_step=sampler == "compiled")
     s = chosen.sample(ids, mask, SamplingSettings(24, temperature=0.7), with_logprobs=True)
     with torch.no_grad():
         full = policy_forward(model, torch.cat([ids, s.response_ids], 1), torch.cat([mask, s.response_mask], 1),
@@ -437,15 +455,18 @@ def test_filter_logits_by_hand():
 
 def test_compiled_sampler_draws_the_same_responses_in_a_run(tiny_lm, prompts, tmp_path):
     """compile_sampler changes how each step is computed, not what is drawn: with the same seed
-    a GRPO iteration samples the same completions (logits agree to ~1e-6; the uniform draws are
-    the same stream)."""
+    three GRPO iterations sample the same completions (logits agree to ~1e-6; the uniform draws
+    are the same stream), so the compiled step also sees each update's new weights."""
     runs = {}
     for compiled in (False, True):
         out = tmp_path / str(compiled)
-        grpo.train(small(grpo.Config, tiny_lm, prompts, out, iterations=1, group_size=4, mini_batch_size=16,
+        grpo.train(small(grpo.Config, tiny_lm, prompts, out, iterations=3, group_size=4, mini_batch_size=16,
                          sample_every=1, compile_sampler=compiled))
-        runs[compiled] = [json.loads(line)["completion"] for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert len(runs[True]) == 32 and runs[True] == runs[False]
+        runs[compiled] = [(row["iteration"], row["completion"])
+                          for row in map(json.loads, (out / "samples.jsonl").read_text().splitlines())]
+    assert len(runs[True]) == 3 * 32 and runs[True] == runs[False]
+    first, last = ([c for i, c in runs[True] if i == k] for k in (1, 3))
+    assert first != last  # the policy moved, so equal samples are not equal by accident
 
 
 def test_draw_tokens_by_hand(monkeypatch):

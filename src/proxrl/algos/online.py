@@ -32,6 +32,7 @@ from proxrl.core import FixedKL, ProportionalKL, explained_variance
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
 from proxrl.models.value_head import ValueHead
+from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
@@ -61,6 +62,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     seed_everything(cfg.seed)
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
+    if cfg.compile_sampler:
+        static_cache(models.actor, CachedSampler.CACHE_BUCKET)  # a model without one fails here, not mid-run
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
     world = dist.world_size()
     if world > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global

@@ -102,7 +102,8 @@ class OnlineConfig(ModelRunConfig):
     with stop_strings)."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
-    compile (seconds) per rollout batch size, then cheaper steps: for long runs of small models."""
+    compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
+    long runs of small models."""
     track_kl: bool = True
     """Compute the KL to the reference even when kl_coef is fixed at 0 (one reference forward
     pass per iteration); false loads no reference model then and logs no objective/kl."""

@@ -116,7 +116,7 @@ def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | C
     """``generate`` when asked for or when stop strings need its text matching, else the lean loop."""
     if cfg.sampler == "hf" or cfg.stop_strings:
         return HFSampler(model, tokenizer)
-    return CachedSampler(model, tokenizer, compile=cfg.compile_sampler)
+    return CachedSampler(model, tokenizer, compile_step=cfg.compile_sampler)
 
 
 @torch.no_grad()

@@ -192,7 +192,7 @@ def ranking_loss(scores: Tensor, ranking: Tensor) -> tuple[Tensor, Stats]:
     loss = -F.logsigmoid(gaps[better]).mean()
     return loss, {
         "accuracy": (gaps[better] > 0).float().mean().detach(),
-        "pairs": better.sum().to(scores.dtype).detach(),
+        "pairs": better.sum().float().detach(),  # a count: exact in float32 up to 2^24
     }
 
 
@@ -270,4 +270,4 @@ def sft_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Stat
     safe_labels = torch.where(mask.bool(), labels, 0)
     nll = -logprobs_from_logits(logits, safe_labels)
     loss = masked_mean(nll, mask)
-    return loss, {"loss": loss.detach(), "tokens": mask.sum().to(logits.dtype).detach()}
+    return loss, {"loss": loss.detach(), "tokens": mask.sum().float().detach()}  # float32 even for bf16 logits

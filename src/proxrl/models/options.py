@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +45,17 @@ class ModelRunConfig(RunConfig):
                 f"mixed_precision: expected no or bf16, got {self.mixed_precision!r} (fp16 would need loss scaling; use bf16)"
             )
 
-    def autocast(self) -> AbstractContextManager[Any]:
-        """The context every forward pass runs in: bfloat16 autocast on this process's device
-        under ``mixed_precision=bf16``, a no-op otherwise. Backward passes run outside it."""
-        return torch.autocast(dist.device().type, dtype=torch.bfloat16, enabled=self.mixed_precision == "bf16")
+    @contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The context every forward pass runs in: bfloat16 autocast under
+        ``mixed_precision=bf16`` (a no-op otherwise) on this process's device and on the CPU,
+        where ``offload_frozen_roles`` runs the reference and reward models. Backward passes
+        run outside it."""
+        enabled = self.mixed_precision == "bf16"
+        with ExitStack() as stack:
+            for device_type in {dist.device().type, "cpu"}:
+                stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled))
+            yield
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The options every ``from_pretrained`` call of a run shares."""

@@ -125,11 +125,19 @@ def last_token_index(attention_mask: Tensor) -> Tensor:
     return (positions * attention_mask.to(positions.dtype)).argmax(-1)
 
 
+def apply_head(head: nn.Linear, hidden: Tensor) -> Tensor:
+    """``head(hidden)`` in the head's own dtype, outside any autocast: under
+    ``mixed_precision=bf16`` a bfloat16 score near 8 moves in steps of 1/32, enough to tie the
+    responses of a group or coarsen a value target. (..., d) → (..., out)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return head(hidden.to(head.weight.dtype))
+
+
 def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The head at every position: (B, T) ids and mask → (B, T) values (a critic's V(s_t))."""
     body = backbone(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    return score_head(model)(hidden).squeeze(-1)
+    return apply_head(score_head(model), hidden).squeeze(-1)
 
 
 def sequence_scores(

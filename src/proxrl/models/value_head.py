@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from proxrl.models.scalar_head import apply_head
+
 
 class ValueHead(nn.Module):
     """V(s) = w·h + b on the policy's last hidden state (the shared-backbone critic), zero-initialised."""
@@ -15,4 +17,4 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.linear(hidden.float()).squeeze(-1)
+        return apply_head(self.linear, hidden).squeeze(-1).float()

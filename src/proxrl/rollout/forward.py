@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from proxrl.core import entropy_from_logits, logprobs_from_logits
-from proxrl.models.scalar_head import backbone, score_head
+from proxrl.models.scalar_head import apply_head, backbone, score_head
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -63,4 +63,4 @@ def critic_forward(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor,
     hidden = backbone(critic)(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
     ).last_hidden_state
-    return score_head(critic)(hidden[:, prompt_length - 1 : -1]).squeeze(-1).float()
+    return apply_head(score_head(critic), hidden[:, prompt_length - 1 : -1]).squeeze(-1).float()

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from proxrl.runtime.errors import ProxrlError
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -142,8 +144,24 @@ def draw_tokens(probs: Tensor) -> Tensor:
     probability (top-k, top-p) is never drawn.
     """
     cdf = probs.double().cumsum(-1)
+    if not bool(torch.isfinite(cdf[:, -1]).all()):
+        raise ValueError("draw_tokens: non-finite probabilities (the policy's logits hold NaN or inf)")
     u = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def static_cache(model: Any, length: int) -> Any:
+    """transformers' ``StaticCache`` of ``length`` positions for ``model`` (peft looked through);
+    a ``ProxrlError`` naming ``compile_sampler`` for a model that has none."""
+    from transformers import StaticCache
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return StaticCache(config=base.config, max_cache_len=length)
+    except Exception as error:  # transformers raises several types for configs it cannot cache
+        raise ProxrlError(
+            f"compile_sampler: {type(base).__name__} has no static KV cache ({error}); set compile_sampler false"
+        ) from error
 
 
 class CachedSampler:
@@ -154,18 +172,19 @@ class CachedSampler:
     from the attention mask as ``generate`` does for left padding. Stop strings need
     ``generate``'s text matching: use ``HFSampler`` for them.
 
-    ``compile=True``: the decoding step goes through ``torch.compile`` over a static KV cache
-    (its length rounded up to a multiple of ``CACHE_BUCKET`` so that prompts of other lengths
-    reuse the compiled step). One compile per batch size and bucket — seconds on a CPU — then
-    every step is cheaper: it pays on long runs of small models, where per-step overhead rules.
+    ``compile_step=True``: the decoding step goes through ``torch.compile`` over a static KV
+    cache (its length rounded up to a multiple of ``CACHE_BUCKET`` so that prompts of other
+    lengths reuse the compiled step). One compile per batch size and bucket — seconds on a CPU —
+    then every step is cheaper: it pays on long runs of small models, where per-step overhead
+    rules. Past torch's recompile limit (8 shapes) dynamo runs the step uncompiled, with a warning.
     """
 
     CACHE_BUCKET = 64
 
-    def __init__(self, model: Any, tokenizer: Any, compile: bool = False) -> None:
+    def __init__(self, model: Any, tokenizer: Any, compile_step: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.compile = compile
+        self.compile_step = compile_step
 
     @torch.no_grad()
     def sample(
@@ -184,15 +203,13 @@ class CachedSampler:
         cache_name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         step = self.model
         prefill: dict[str, Any] = {}
-        if self.compile:
+        if self.compile_step:
             # Every step then has the same shapes: the cache and the mask span the whole bucket
             # (the cache tracks how far it is filled and the causal mask hides the rest), so one
             # compiled graph serves every step.
-            from transformers import StaticCache
-
             length = -(-(prompt_length + settings.max_new_tokens) // self.CACHE_BUCKET) * self.CACHE_BUCKET
             attention = torch.cat([attention, attention.new_ones(batch, length - prompt_length)], dim=1)
-            prefill = {cache_name: StaticCache(config=base.config, max_cache_len=length)}
+            prefill = {cache_name: static_cache(self.model, length)}
             step = torch.compile(self.model.forward, dynamic=False)
         # Without ``compile`` the model builds the cache type it needs (sliding-window and
         # hybrid models differ) and the mask grows by one column a step.
@@ -220,7 +237,7 @@ class CachedSampler:
             finished = finished | (token == eos)
             if bool(finished.all()):
                 break
-            if not self.compile:
+            if not self.compile_step:
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             output = step(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
                           use_cache=True, **{cache_name: cache})
