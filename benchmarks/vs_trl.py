@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,12 +241,111 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
 
 
+def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
+    """The model calls of one update of the workload in a bare loop, nothing around them: what
+    no trainer can go below, so TRL's time over it bounds what any trainer can gain on TRL.
+    PPO: sample with log-probs, the reward, reference and value passes, then 4 epochs × 2
+    minibatches of policy + value forward, backward and two AdamW steps. GRPO: sample with
+    log-probs, the reward function, then two micro-batches of policy forward and backward, one
+    clipped AdamW step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from proxrl.core import logprobs_from_logits, ppo_clip_loss, value_loss
+    from proxrl.models.scalar_head import sequence_scores
+    from proxrl.rollout.forward import critic_forward, position_ids
+    from proxrl.rollout.generation import draw_tokens, response_mask_after_stop
+
+    torch.manual_seed(1)
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
+    policy = AutoModelForCausalLM.from_pretrained(paths["model"])
+    prompts = PROMPTS * 4 if args.trainer == "ppo" else [p for p in PROMPTS for _ in range(4)]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    P, eos, pad = batch.input_ids.shape[1], tokenizer.eos_token_id, tokenizer.pad_token_id
+    params = list(policy.parameters())
+    optimizers = [torch.optim.AdamW(params, lr=1e-5)]
+    if args.trainer == "ppo":
+        ref = AutoModelForCausalLM.from_pretrained(paths["model"]).requires_grad_(False)
+        reward = AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1).requires_grad_(False)
+        critic = AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1)
+        optimizers.append(torch.optim.AdamW(critic.parameters(), lr=1e-5))
+    dtypes = ComputeDtypes()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    def sample() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (B, P+T) ids, (B, P+T) mask, (B, T) log-probs
+        attention = batch.attention_mask.clone()
+        positions = position_ids(attention)
+        out = policy(input_ids=batch.input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache, logits, step = out.cache, out.logits[:, -1], positions[:, -1:] + 1
+        done = torch.zeros(len(prompts), dtype=torch.bool)
+        tokens, logprobs = [], []
+        for _ in range(args.tokens):
+            log_p = torch.log_softmax(logits.float(), -1)
+            token = torch.where(done, pad, draw_tokens(log_p.exp()))
+            tokens.append(token)
+            logprobs.append(log_p.gather(-1, token[:, None]).squeeze(-1))
+            done |= token == eos
+            if done.all():
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
+            out = policy(input_ids=token[:, None], attention_mask=attention, position_ids=step, cache=cache, use_cache=True)
+            cache, logits, step = out.cache, out.logits[:, -1], step + 1
+        response = torch.stack(tokens, 1)
+        response_mask = response_mask_after_stop(response, eos, pad)
+        ids = torch.cat([batch.input_ids, response], 1)
+        return ids, torch.cat([batch.attention_mask, response_mask], 1), torch.stack(logprobs, 1) * response_mask
+
+    def policy_logprobs(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, P - 1 : -1]
+        return logprobs_from_logits(logits, ids[:, P:])
+
+    update_s, tokens = [], []
+    for _ in range(args.updates):
+        started = time.perf_counter()
+        with torch.no_grad(), autocast:
+            ids, mask, old = sample()
+            response_mask = mask[:, P:].float()
+            completions = tokenizer.batch_decode(ids[:, P:] * mask[:, P:] + pad * (1 - mask[:, P:]), skip_special_tokens=True)
+            if args.trainer == "ppo":
+                scores = sequence_scores(reward, ids, mask)
+                ref_logprobs = logprobs_from_logits(ref(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
+                                                    .logits[:, P - 1 : -1], ids[:, P:])
+                old_values = critic_forward(critic, ids, mask, P)
+            else:
+                scores = torch.tensor(letter_share(prompts, completions))
+        advantages = torch.randn_like(old)  # advantage arithmetic is noise next to the passes
+        if args.trainer == "ppo":
+            returns = old_values + advantages + 0 * scores[:, None] + 0 * ref_logprobs
+            for _ in range(4):
+                for rows in torch.randperm(len(prompts)).split(16):
+                    with autocast:
+                        loss = ppo_clip_loss(policy_logprobs(ids[rows], mask[rows]), old[rows], advantages[rows], response_mask[rows])[0]
+                        values = critic_forward(critic, ids[rows], mask[rows], P)
+                        loss = loss + 0.1 * value_loss(values, old_values[rows], returns[rows], response_mask[rows], 0.2)[0]
+                    loss.backward()
+                    for opt in optimizers:
+                        opt.step()
+                        opt.zero_grad()
+        else:
+            for rows in torch.arange(len(prompts)).split(16):
+                with autocast:
+                    loss = ppo_clip_loss(policy_logprobs(ids[rows], mask[rows]), old[rows], advantages[rows], response_mask[rows])[0]
+                (loss / 2).backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizers[0].step()
+            optimizers[0].zero_grad()
+        update_s.append(time.perf_counter() - started)
+        tokens.append(float(response_mask.sum()))
+        dtypes.stop()
+    return {"update_s": update_s, "tokens": tokens, "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
+
+
 # ------------------------------------------------------------------------------------------
 # Orchestration
 
 
 def run_worker(framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
-    python = PROXRL_PYTHON if framework == "proxrl" else TRL_PYTHON
+    python = TRL_PYTHON if framework == "trl" else PROXRL_PYTHON
     command = [str(python), __file__, "--worker", framework, "--trainer", trainer, "--paths", json.dumps(paths),
                "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out), "--precision", args.precision,
                *(["--compile-sampler"] if args.compile_sampler else [])]
@@ -269,7 +369,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, both sides")
     parser.add_argument("--compile-sampler", action="store_true",
                         help="proxrl's compile_sampler (its compiles land in the first two updates: warm-up, printed apart)")
-    parser.add_argument("--worker", choices=["proxrl", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the bare-loop floor runs (the ceiling column is then nan)")
+    parser.add_argument("--worker", choices=["proxrl", "trl", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -282,7 +384,7 @@ def main() -> None:
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
         logging.disable(logging.WARNING)
-        work = worker_proxrl if args.worker == "proxrl" else worker_trl
+        work = {"proxrl": worker_proxrl, "trl": worker_trl, "floor": worker_floor}[args.worker]
         print(json.dumps(work(args, json.loads(args.paths))))
         return
 
@@ -290,10 +392,9 @@ def main() -> None:
 
     ensure_trl_venv()
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
-    print(f"{'trainer':<6} {'size':<7} {'pair':<4} {'proxrl s/upd':>12} {'TRL s/upd':>10} {'proxrl tok/upd':>14} "
-          f"{'TRL tok/upd':>11} {'proxrl tok/s':>12} {'TRL tok/s':>10} {'proxrl MB':>9} {'TRL MB':>7} {'ratio':>6}  "
-          f"{'warm-up s':>11}  computed in (proxrl / TRL)",
-          flush=True)
+    frameworks = ("proxrl", "trl", "floor") if args.floor else ("proxrl", "trl")
+    print(f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} {'tokens/update':>15} "
+          f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  computed in (proxrl / TRL / floor)", flush=True)
     # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
     # step once, in update 2: with compile_sampler the first two updates are warm-up.
     warmup = 2 if args.compile_sampler else 1
@@ -304,29 +405,44 @@ def main() -> None:
         hidden, layers = (int(x) for x in size.split("x"))
         paths = build_models(root / size, hidden, layers)
         for trainer in args.trainers:
-            ratios, computed = [], set()
+            ratios, ceilings, computed = [], [], set()
             for pair in range(args.pairs):
-                results = {}
-                for framework in ("proxrl", "trl"):  # A then B within every pair
-                    runs = run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}")
-                    seconds = statistics.median(runs["update_s"][warmup:])
-                    rates = [n / s for n, s in zip(runs["tokens"][warmup:], runs["update_s"][warmup:], strict=True)]
-                    results[framework] = (seconds, statistics.median(rates), runs["peak_mb"],
-                                          statistics.mean(runs["tokens"][warmup:]), "+".join(runs["dtypes"]), sum(runs["update_s"][:warmup]))
-                ratio = results["proxrl"][1] / results["trl"][1]
-                ratios.append(ratio)
-                computed.add((results["proxrl"][4], results["trl"][4]))
-                print(f"{trainer:<6} {size:<7} {pair:<4} {results['proxrl'][0]:>12.3f} {results['trl'][0]:>10.3f} "
-                      f"{results['proxrl'][3]:>14.0f} {results['trl'][3]:>11.0f} "
-                      f"{results['proxrl'][1]:>12.0f} {results['trl'][1]:>10.0f} {results['proxrl'][2]:>9.0f} "
-                      f"{results['trl'][2]:>7.0f} {ratio:>6.2f} {results['proxrl'][5]:>5.1f}/{results['trl'][5]:<5.1f}  "
-                      f"{results['proxrl'][4]} / {results['trl'][4]}", flush=True)
-            summary.append((trainer, size, statistics.median(ratios), computed))
-    print(f"\nmedian proxrl/TRL tokens-per-second ratio ({args.precision} on both sides):")
-    for trainer, size, ratio, computed in summary:
-        alike = all(a == b for a, b in computed)
-        note = "" if alike else "   NOT like for like: the two sides computed in " + ", ".join(" vs ".join(c) for c in computed)
-        print(f"  {trainer:<5} {size:<7} {ratio:.2f}{note}")
+                runs = {}
+                for framework in frameworks:  # A B (C) within every pair
+                    runs[framework] = Run.of(run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}"), warmup)
+                ratios.append(runs["proxrl"].tokens_per_s / runs["trl"].tokens_per_s)
+                ceilings.append(runs["floor"].tokens_per_s / runs["trl"].tokens_per_s if args.floor else float("nan"))
+                computed.add(tuple(run.dtypes for run in runs.values()))
+                print(f"{trainer:<6} {size:<6} {pair:<4} {'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
+                      f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>15} "
+                      f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} {ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
+                      f"{'/'.join(f'{r.warmup_s:.1f}' for r in list(runs.values())[:2]):>10}  "
+                      f"{' / '.join(run.dtypes for run in runs.values())}", flush=True)
+            summary.append((trainer, size, statistics.median(ratios), statistics.median(ceilings), computed))
+    print(f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; ceiling = floor/TRL, "
+          "the ratio a trainer with no overhead at all would reach")
+    for trainer, size, ratio, ceiling, computed in summary:
+        alike = all(len(set(c)) == 1 for c in computed)
+        note = "" if alike else "   NOT like for like: computed in " + ", ".join(" vs ".join(c) for c in computed)
+        print(f"  {trainer:<5} {size:<7} ratio {ratio:.2f}   ceiling {ceiling:.2f}{note}")
+
+
+@dataclass
+class Run:
+    """One worker's numbers, warm-up updates left out."""
+
+    seconds: float  # median seconds per update
+    tokens_per_s: float  # median over updates of the tokens kept / seconds
+    tokens: float  # mean response tokens kept per update
+    peak_mb: float
+    dtypes: str  # what its linear layers computed in
+    warmup_s: float  # the warm-up updates together (compiles land here)
+
+    @classmethod
+    def of(cls, numbers: dict, warmup: int) -> Run:
+        seconds, tokens = numbers["update_s"][warmup:], numbers["tokens"][warmup:]
+        return cls(statistics.median(seconds), statistics.median(n / t for n, t in zip(tokens, seconds, strict=True)),
+                   statistics.mean(tokens), numbers["peak_mb"], "+".join(numbers["dtypes"]), sum(numbers["update_s"][:warmup]))
 
 
 if __name__ == "__main__":
