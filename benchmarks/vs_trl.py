@@ -107,9 +107,11 @@ def _peak_mb() -> float:
 
 
 class ComputeDtypes:
-    """The dtypes the model's linear layers produced during the first (warm-up) update, to check
-    both sides really computed in the precision asked for (a flag a trainer ignores would make
-    the ratio compare different work). Removed at the first update's end: no cost after it."""
+    """The dtypes the transformer's linear layers produced during the first (warm-up) update, to
+    check both sides really computed in the precision asked for (a flag a trainer ignores would
+    make the ratio compare different work). The d → 1 scalar heads are left out: proxrl keeps
+    them in float32 under bf16, TRL does not, and their cost is nil. Removed at the first
+    update's end: no cost after it."""
 
     def __init__(self) -> None:
         import torch
@@ -120,7 +122,7 @@ class ComputeDtypes:
     def record(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
         import torch
 
-        if isinstance(module, torch.nn.Linear) and isinstance(output, torch.Tensor):
+        if isinstance(module, torch.nn.Linear) and module.out_features > 1 and isinstance(output, torch.Tensor):
             self.seen.add(str(output.dtype).removeprefix("torch."))
 
     def stop(self) -> None:
