@@ -140,6 +140,49 @@ def test_bad_demo_option_is_a_one_line_error(flag: list[str], field: str, tmp_pa
     assert not (tmp_path / "d").exists()
 
 
+def test_a_demo_stopped_by_ctrl_c_resumes_to_the_uninterrupted_results(
+    toy_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT during GRPO: the trainer saves a checkpoint and the demo exits 130. ``--resume``
+    then runs none of the finished stages again, continues GRPO from its checkpoint and ends
+    with exactly the summary of the demo that was never interrupted (same options, same seed)."""
+    import os
+    import signal
+
+    from proxrl.algos import grpo, ppo, reward, sft
+    from proxrl.runtime import metrics
+
+    out = tmp_path / "demo"
+    original_log = metrics.MetricsLogger.log
+
+    def interrupt_grpo(self, step, row):  # type: ignore[no-untyped-def]
+        result = original_log(self, step, row)
+        if self.path.parent.name == "grpo" and step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(metrics.MetricsLogger, "log", interrupt_grpo)
+    assert cli.main(["demo", "--output-dir", str(out), *TOY]) == 130
+    assert not (out / "summary.json").exists() and (out / "grpo" / "checkpoints").is_dir()
+
+    monkeypatch.setattr(metrics.MetricsLogger, "log", original_log)
+    for module in (sft, reward, ppo):
+        monkeypatch.setattr(module, "train", lambda cfg: pytest.fail(f"{cfg.output_dir} ran again"))
+    grpo_configs = []
+    grpo_train = grpo.train
+    monkeypatch.setattr(grpo, "train", lambda cfg: grpo_configs.append(cfg) or grpo_train(cfg))
+    assert cli.main(["demo", "--output-dir", str(out), *TOY, "--resume"]) == 0
+    assert [c.resume for c in grpo_configs] == [True]  # from its checkpoint, not from scratch
+    resumed, uninterrupted = (json.loads((d / "summary.json").read_text()) for d in (out, toy_demo))
+    for key in ("reward_model", "policies"):
+        assert resumed[key] == uninterrupted[key]
+
+
+def test_resume_refuses_other_options(toy_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--output-dir", str(toy_demo), *TOY, "--rl-iterations", "3", "--resume"]) == 2
+    assert "--resume: rl_iterations is 3 but the demo in" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- the task
 
 

@@ -39,7 +39,7 @@ import resource
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,10 @@ from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
-from proxrl.runtime.checkpoint import prepare_output_dir
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
+from proxrl.runtime.config import load_config_file, save_config_file
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class Config:
     """Random seed of the data, the model's initialisation and every stage."""
     overwrite: bool = True
     """Replace a previous demo in output_dir (only a directory that holds a proxrl run is deleted)."""
+    resume: bool = False
+    """Continue an interrupted demo in output_dir, with the same options: finished stages are kept,
+    a stage stopped by Ctrl-C resumes from its checkpoint, one killed outright starts over."""
     sft_examples: int = 2000
     """Demonstrations (prompt → the sloppy annotator's answer)."""
     demo_accuracy: float = 0.3
@@ -182,6 +186,49 @@ class Stopwatch:
         return {"total": round(total, 2), **self.wall_s}
 
 
+# Written into a stage's run directory once its trainer has returned: ``--resume`` skips it.
+STAGE_DONE = "demo_stage_done"
+RESUME_IGNORES = {"resume", "overwrite", "progress", "threads"}  # options that may change on resume
+
+
+def check_same_demo(cfg: Config) -> None:
+    """``--resume`` continues the demo in ``output_dir`` only with the options it started with."""
+    saved_path = Path(cfg.output_dir) / "demo_config.yaml"
+    if not saved_path.is_file():
+        raise ProxrlError(f"--resume: {cfg.output_dir} holds no demo to resume (no demo_config.yaml)")
+    saved = load_config_file(Config, saved_path, validate=False)
+    for field in fields(Config):
+        before, now = getattr(saved, field.name), getattr(cfg, field.name)
+        if field.name not in RESUME_IGNORES and before != now:
+            raise ProxrlError(f"--resume: {field.name} is {now!r} but the demo in {cfg.output_dir} ran with {before!r}")
+
+
+class StageRunner:
+    """Runs one trainer stage; with ``resume``, a stage that finished is skipped (its last
+    metrics row returned), one with a checkpoint resumes from it and any other starts over."""
+
+    def __init__(self, resume: bool) -> None:
+        self.resume = resume
+
+    def __call__(self, train_fn: Any, config: Any) -> dict[str, float]:
+        stage_dir = Path(config.output_dir)
+        if self.resume and (stage_dir / STAGE_DONE).exists():
+            print(f"[demo] {stage_dir.name}: finished before, kept", flush=True)
+            return last_metrics(stage_dir)
+        has_checkpoint = self.resume and CheckpointManager(stage_dir).latest() is not None
+        metrics: dict[str, float] = train_fn(replace(config, resume=has_checkpoint, overwrite=not has_checkpoint))
+        (stage_dir / STAGE_DONE).write_text("", encoding="utf-8")
+        return metrics
+
+
+def last_metrics(run_dir: Path) -> dict[str, float]:
+    """Every key's last logged value in ``run_dir/metrics.jsonl`` (evaluation rows included)."""
+    merged: dict[str, float] = {}
+    for row in read_metrics(run_dir):
+        merged.update(row)
+    return merged
+
+
 def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
     """What the three RL runs share."""
     return dict(
@@ -200,9 +247,13 @@ def train(cfg: Config) -> dict[str, Any]:
     hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = prepare_output_dir(cfg.output_dir, resume=False, overwrite=cfg.overwrite)
-    save_config_file(cfg, out / "demo_config.yaml")
+    if cfg.resume:
+        check_same_demo(cfg)
+    out = prepare_output_dir(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite and not cfg.resume)
+    if not cfg.resume:
+        save_config_file(cfg, out / "demo_config.yaml")
     watch = Stopwatch()
+    run = StageRunner(resume=cfg.resume)
     seed_everything(cfg.seed)
 
     with watch.stage("data"):
@@ -219,11 +270,11 @@ def train(cfg: Config) -> dict[str, Any]:
     offline = dict(model=str(out / "base"), batch_size=cfg.batch_size, seed=cfg.seed, progress=cfg.progress,
                    lr_schedule="linear", warmup_steps=10, max_length=32)
     with watch.stage("sft"):
-        sft.train(sft.Config(**offline, output_dir=str(out / "sft"), data=str(data["sft"]),
-                             epochs=cfg.sft_epochs, learning_rate=cfg.sft_learning_rate))
+        run(sft.train, sft.Config(**offline, output_dir=str(out / "sft"), data=str(data["sft"]),
+                                  epochs=cfg.sft_epochs, learning_rate=cfg.sft_learning_rate))
 
     with watch.stage("reward_model"):
-        rm_metrics = reward.train(reward.Config(
+        rm_metrics = run(reward.train, reward.Config(
             **offline, output_dir=str(out / "rm"), data=str(data["preferences"]),
             eval_data=str(data["preferences_eval"]), epochs=cfg.rm_epochs, learning_rate=cfg.rm_learning_rate,
         ))
@@ -234,11 +285,11 @@ def train(cfg: Config) -> dict[str, Any]:
     ppo_fields = dict(reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(1.0, 0.0), group_size=cfg.group_size,
                       mini_batch_size=cfg.rollout_batch_size * cfg.group_size, critic_learning_rate=cfg.critic_learning_rate)
     with watch.stage("ppo"):
-        ppo.train(ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef))
+        run(ppo.train, ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef))
     with watch.stage("ppo_no_kl"):
-        ppo.train(ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0))
+        run(ppo.train, ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0))
     with watch.stage("grpo"):
-        grpo.train(grpo.Config(
+        run(grpo.train, grpo.Config(
             **online_fields(cfg, out, "grpo"), reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(0.0, 1.0),
             estimator="grpo", group_size=cfg.grpo_group_size, kl_coef=cfg.grpo_kl_coef,
             mini_batch_size=cfg.rollout_batch_size * cfg.grpo_group_size,
