@@ -202,3 +202,39 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_lm):
     plain, checkpointed = grads(False), grads(True)
     for name in plain:
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-10, atol=1e-12)
+
+
+def test_an_uncached_hub_id_without_a_reachable_hub_fails_at_once(monkeypatch):
+    """No DNS for the hub and nothing in the cache: one line naming the id and the host, before
+    any download is tried (it would retry for ~50 s)."""
+    import socket
+    import time
+
+    from huggingface_hub import file_download
+
+    from proxrl.models import tokenizer as tokenizer_module
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a download was tried")
+
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(file_download, "hf_hub_download", no_download)
+    started = time.perf_counter()
+    with pytest.raises(ProxrlError, match=r"hub model 'nobody/no-such-model' is neither a local directory nor in the "
+                                          r"Hugging Face cache, and huggingface\.co cannot be reached"):
+        load_tokenizer("nobody/no-such-model")
+    assert time.perf_counter() - started < 5
+
+
+def test_a_cached_or_reachable_hub_id_is_left_to_transformers(monkeypatch):
+    """The check only speaks when both the cache and the network fail."""
+    from proxrl.models import tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: [])
+    tokenizer_module.check_model_source("nobody/no-such-model")  # resolves: transformers takes over
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name, **k: "/cache/" + name)
+    tokenizer_module.check_model_source("nobody/no-such-model")  # cached: loads from the cache

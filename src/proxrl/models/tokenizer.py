@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -60,6 +61,38 @@ def check_model_source(name_or_path: str) -> None:
             f"model directory '{name_or_path}' has no config.json (nor tokenizer files); expected a "
             "directory written by save_pretrained"
         )
+    if not os.path.isdir(path):
+        check_hub_model_reachable(name_or_path)
+
+
+def check_hub_model_reachable(repo_id: str) -> None:
+    """A hub id that is not in the local cache while the hub's host does not even resolve fails
+    now, in one line, instead of after the ~50 s of retries the download would spend."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE:
+        return  # transformers fails at once itself, from the cache only
+    try:
+        cached = any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in MODEL_FILES)
+    except ValueError:  # not a valid repo id: transformers' own message says why
+        return
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    if cached or host_resolves(host):
+        return
+    raise ProxrlError(
+        f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, and {host} cannot be "
+        "reached from here; download it on a connected machine (huggingface-cli download) or pass a local directory"
+    )
+
+
+def host_resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
 
 
 def load_tokenizer(
