@@ -229,12 +229,39 @@ def test_an_uncached_hub_id_without_a_reachable_hub_fails_at_once(monkeypatch):
     assert time.perf_counter() - started < 5
 
 
-def test_a_cached_or_reachable_hub_id_is_left_to_transformers(monkeypatch):
-    """The check only speaks when both the cache and the network fail."""
+def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(tiny_lm, tmp_path, monkeypatch):
+    """No DNS for the hub but the id in the Hugging Face cache: tokenizer and model load from the
+    cache in offline mode, and no request is even attempted (it would retry for ~50 s)."""
+    import shutil
+
+    from huggingface_hub import constants, file_download
+
+    from proxrl.models import tokenizer as tokenizer_module
+    from proxrl.models.causal_lm import load_causal_lm
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--proxrl-test--tiny"
+    shutil.copytree(tiny_lm, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError("no DNS")))
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", lambda *a, **k: pytest.fail("a request was made"))
+
+    tokenizer = load_tokenizer("proxrl-test/tiny")
+    model = load_causal_lm("proxrl-test/tiny")
+    assert constants.HF_HUB_OFFLINE and len(tokenizer) > 0 and model.config.vocab_size > 0
+
+
+def test_a_reachable_hub_is_left_to_transformers(monkeypatch):
+    """With the hub's host resolving, the check says nothing and changes nothing."""
+    from huggingface_hub import constants
+
     from proxrl.models import tokenizer as tokenizer_module
 
     monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: [])
-    tokenizer_module.check_model_source("nobody/no-such-model")  # resolves: transformers takes over
-    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError()))
-    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name, **k: "/cache/" + name)
-    tokenizer_module.check_model_source("nobody/no-such-model")  # cached: loads from the cache
+    offline = constants.HF_HUB_OFFLINE
+    tokenizer_module.check_model_source("nobody/no-such-model")
+    assert offline is constants.HF_HUB_OFFLINE

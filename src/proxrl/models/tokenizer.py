@@ -66,20 +66,26 @@ def check_model_source(name_or_path: str) -> None:
 
 
 def check_hub_model_reachable(repo_id: str) -> None:
-    """A hub id that is not in the local cache while the hub's host does not even resolve fails
-    now, in one line, instead of after the ~50 s of retries the download would spend."""
+    """When the hub's host does not even resolve (an air-gapped machine), every download would
+    retry for ~50 s before giving up: a hub id in the local cache is then loaded from it alone
+    (Hugging Face's offline mode, for this process), and one that is not fails now, in one line."""
     from urllib.parse import urlparse
 
     from huggingface_hub import constants, try_to_load_from_cache
 
     if constants.HF_HUB_OFFLINE:
-        return  # transformers fails at once itself, from the cache only
+        return  # transformers reads the cache only, and fails at once without it
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    if host_resolves(host):
+        return
     try:
         cached = any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in MODEL_FILES)
     except ValueError:  # not a valid repo id: transformers' own message says why
         return
-    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
-    if cached or host_resolves(host):
+    if cached:
+        log.warning("%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)", host, repo_id)
+        constants.HF_HUB_OFFLINE = True
+        os.environ["HF_HUB_OFFLINE"] = "1"  # and for the processes this one starts
         return
     raise ProxrlError(
         f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, and {host} cannot be "
