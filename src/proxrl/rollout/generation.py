@@ -211,7 +211,7 @@ class CachedSampler:
             attention = torch.cat([attention, attention.new_ones(batch, length - prompt_length)], dim=1)
             prefill = {cache_name: static_cache(self.model, length)}
             step = torch.compile(self.model.forward, dynamic=False)
-        # Without ``compile`` the model builds the cache type it needs (sliding-window and
+        # Without ``compile_step`` the model builds the cache type it needs (sliding-window and
         # hybrid models differ) and the mask grows by one column a step.
         output = self.model(input_ids=prompt_ids, attention_mask=attention,
                             position_ids=positions, use_cache=True, logits_to_keep=1, **prefill)
