@@ -220,6 +220,8 @@ def test_an_uncached_hub_id_without_a_reachable_hub_fails_at_once(monkeypatch):
     def no_download(*args, **kwargs):
         raise AssertionError("a download was tried")
 
+    for name in tokenizer_module.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", no_dns)
     monkeypatch.setattr(file_download, "hf_hub_download", no_download)
     started = time.perf_counter()
@@ -247,6 +249,8 @@ def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(tiny_lm, tm
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    for name in tokenizer_module.PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError("no DNS")))
     monkeypatch.setattr(file_download, "get_hf_file_metadata", lambda *a, **k: pytest.fail("a request was made"))
 
@@ -255,13 +259,17 @@ def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(tiny_lm, tm
     assert constants.HF_HUB_OFFLINE and len(tokenizer) > 0 and model.config.vocab_size > 0
 
 
-def test_a_reachable_hub_is_left_to_transformers(monkeypatch):
-    """With the hub's host resolving, the check says nothing and changes nothing."""
+def test_a_reachable_hub_or_a_proxy_is_left_to_transformers(monkeypatch):
+    """With the hub's host resolving, or a proxy set (which may resolve what this machine
+    cannot), the check says nothing and changes nothing."""
     from huggingface_hub import constants
 
     from proxrl.models import tokenizer as tokenizer_module
 
-    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: [])
     offline = constants.HF_HUB_OFFLINE
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: [])
+    tokenizer_module.check_model_source("nobody/no-such-model")
+    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     tokenizer_module.check_model_source("nobody/no-such-model")
     assert offline is constants.HF_HUB_OFFLINE

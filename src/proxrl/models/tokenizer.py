@@ -65,6 +65,9 @@ def check_model_source(name_or_path: str) -> None:
         check_hub_model_reachable(name_or_path)
 
 
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
 def check_hub_model_reachable(repo_id: str) -> None:
     """When the hub's host does not even resolve (an air-gapped machine), every download would
     retry for ~50 s before giving up: a hub id in the local cache is then loaded from it alone
@@ -75,6 +78,8 @@ def check_hub_model_reachable(repo_id: str) -> None:
 
     if constants.HF_HUB_OFFLINE:
         return  # transformers reads the cache only, and fails at once without it
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return  # behind a proxy the hub's name need not resolve here: let the download try
     host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
     if host_resolves(host):
         return
