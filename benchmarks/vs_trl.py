@@ -17,12 +17,17 @@ and reward forward passes, then epochs × (policy + value forward and backward);
 generate, reward function, one forward and backward, no reference pass. proxrl takes π_old
 from the sampler's logits (``sampler_logprobs``), as TRL does.
 
-Printed per trainer and size: median seconds per update (first update of each run dropped as
-warm-up), the response tokens each side kept per update (counted, not assumed: up to and
-including EOS), tokens per second, peak RSS, the proxrl/TRL throughput ratio per pair, and the
-dtype each side's linear layers actually produced in the warm-up update (a ratio between
-different precisions is flagged in the summary). TRL 1.12's PPOTrainer ignores ``bf16=True`` on
-a CPU, so under ``--precision bf16`` its loop runs inside ``torch.autocast``.
+Each pair also runs the floor (``worker_floor``, unless ``--no-floor``): the same model calls in
+a bare loop, in proxrl's environment. Its tokens per second over TRL's is the ceiling, the
+ratio a trainer with no overhead at all would reach with those calls.
+
+Printed per trainer, size and pair: median seconds per update of proxrl / TRL / floor (the
+first update of each run is warm-up and dropped; two with ``--compile-sampler``), the response
+tokens each kept per update (counted, not assumed: up to and including EOS), peak RSS, the
+proxrl/TRL tokens-per-second ratio, the ceiling, and the dtype each side's transformer layers
+actually produced in the warm-up update (a ratio between different precisions is flagged in
+the summary). TRL 1.12's PPOTrainer ignores ``bf16=True`` on a CPU, so under
+``--precision bf16`` its loop runs inside ``torch.autocast``.
 """
 
 from __future__ import annotations
