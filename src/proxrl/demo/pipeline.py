@@ -79,7 +79,8 @@ class Config:
     """Replace a previous demo in output_dir (only a directory that holds a proxrl run is deleted)."""
     resume: bool = False
     """Continue an interrupted demo in output_dir, with the same options: finished stages are kept,
-    a stage stopped by Ctrl-C resumes from its checkpoint, one killed outright starts over."""
+    a stopped RL stage resumes from its last checkpoint (Ctrl-C saves one, and one is kept every
+    quarter of a run), and a stage with none starts over."""
     sft_examples: int = 2000
     """Demonstrations (prompt → the sloppy annotator's answer)."""
     demo_accuracy: float = 0.3
@@ -236,6 +237,7 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
         iterations=cfg.rl_iterations, rollout_batch_size=cfg.rollout_batch_size, max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature, learning_rate=cfg.rl_learning_rate, ppo_epochs=cfg.ppo_epochs,
         seed=cfg.seed, sample_every=max(1, cfg.rl_iterations // 4), progress=cfg.progress,
+        save_every=max(1, cfg.rl_iterations // 4),  # a killed stage resumes from the last quarter
     )
 
 
