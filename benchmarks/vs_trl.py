@@ -122,12 +122,11 @@ class ComputeDtypes:
         import torch
 
         self.seen: set[str] = set()
+        self.linear, self.tensor = torch.nn.Linear, torch.Tensor
         self.handle = torch.nn.modules.module.register_module_forward_hook(self.record)
 
     def record(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
-        import torch
-
-        if isinstance(module, torch.nn.Linear) and module.out_features > 1 and isinstance(output, torch.Tensor):
+        if isinstance(module, self.linear) and module.out_features > 1 and isinstance(output, self.tensor):
             self.seen.add(str(output.dtype).removeprefix("torch."))
 
     def stop(self) -> None:
@@ -258,7 +257,14 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from proxrl.core import logprobs_from_logits, ppo_clip_loss, value_loss
+    from proxrl.core import (
+        gae,
+        grpo_advantages,
+        logprobs_from_logits,
+        ppo_clip_loss,
+        shaped_rewards,
+        value_loss,
+    )
     from proxrl.models.scalar_head import sequence_scores
     from proxrl.rollout.forward import critic_forward, position_ids
     from proxrl.rollout.generation import draw_tokens, response_mask_after_stop
@@ -320,9 +326,9 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                 old_values = critic_forward(critic, ids, mask, P)
             else:
                 scores = torch.tensor(letter_share(prompts, completions))
-        advantages = torch.randn_like(old)  # advantage arithmetic is noise next to the passes
-        if args.trainer == "ppo":
-            returns = old_values + advantages + 0 * scores[:, None] + 0 * ref_logprobs
+        if args.trainer == "ppo":  # KL-shaped rewards and GAE, as both trainers compute them
+            rewards = shaped_rewards(scores, old, ref_logprobs, response_mask, 0.05)
+            advantages, returns = gae(rewards, old_values, response_mask, gamma=1.0, lam=0.95)
             for _ in range(4):
                 for rows in torch.randperm(len(prompts)).split(16):
                     with autocast:
@@ -334,6 +340,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                         opt.step()
                         opt.zero_grad()
         else:
+            advantages = grpo_advantages(scores, 4)[:, None].expand_as(old)
             for rows in torch.arange(len(prompts)).split(16):
                 with autocast:
                     loss = ppo_clip_loss(policy_logprobs(ids[rows], mask[rows]), old[rows], advantages[rows], response_mask[rows])[0]
