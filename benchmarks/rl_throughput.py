@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "algos"))
 from lm_tasks import CORPUS  # noqa: E402
 
-from proxrl.algos import ppo  # noqa: E402
+from proxrl.algos.online import ppo  # noqa: E402
 from proxrl.core import logprobs_from_logits, ppo_clip_loss, value_loss  # noqa: E402
 from proxrl.models.scalar_head import load_score_model  # noqa: E402
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402

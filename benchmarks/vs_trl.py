@@ -135,7 +135,7 @@ class ComputeDtypes:
 
 def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     import proxrl.runtime.metrics as metrics
-    from proxrl.algos import grpo, ppo
+    from proxrl.algos.online import grpo, ppo
 
     stamps: list[float] = []
     original_log = metrics.MetricsLogger.log

@@ -22,11 +22,11 @@ from proxrl.runtime.errors import Interrupted, ProxrlError
 COMMANDS: dict[str, tuple[str, str]] = {
     "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
     "classic-eval": ("proxrl.classic.evaluate", "run a saved classic policy deterministically"),
-    "sft": ("proxrl.algos.sft", "supervised fine-tuning"),
-    "rm": ("proxrl.algos.reward", "train a Bradley-Terry reward model"),
-    "dpo": ("proxrl.algos.dpo", "DPO / IPO / SimPO on preference pairs"),
-    "ppo": ("proxrl.algos.ppo", "RLHF PPO (actor, critic, reference, reward)"),
-    "grpo": ("proxrl.algos.grpo", "GRPO and the critic-free family"),
+    "sft": ("proxrl.algos.offline.sft", "supervised fine-tuning"),
+    "rm": ("proxrl.algos.offline.reward", "train a Bradley-Terry reward model"),
+    "dpo": ("proxrl.algos.offline.dpo", "DPO / IPO / SimPO on preference pairs"),
+    "ppo": ("proxrl.algos.online.ppo", "RLHF PPO (actor, critic, reference, reward)"),
+    "grpo": ("proxrl.algos.online.grpo", "GRPO and the critic-free family"),
     "demo": ("proxrl.demo", "the whole pipeline on a tiny model"),
     "report": ("proxrl.report", "summarise runs"),
 }

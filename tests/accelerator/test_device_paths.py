@@ -13,7 +13,9 @@ from safetensors.torch import load_file
 from test_mixed_precision import linear_output_dtypes
 from test_online import prompts, scores, small  # noqa: F401  (prompts: a fixture)
 
-from proxrl.algos import grpo, online, ppo, sft
+from proxrl.algos.offline import sft
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online import loop as online
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer

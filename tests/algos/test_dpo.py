@@ -11,8 +11,8 @@ import torch
 from lm_tasks import preference_rows, write_jsonl
 from peft import PeftModel
 
-from proxrl.algos import dpo
-from proxrl.algos.offline_loop import accumulate_gradients
+from proxrl.algos.offline import dpo
+from proxrl.algos.offline.loop import accumulate_gradients
 from proxrl.data.batching import collate_pairs
 from proxrl.data.encoding import encode_preferences
 from proxrl.data.formats import parse_preference

@@ -14,7 +14,8 @@ from lm_tasks import preference_rows, sft_rows, write_jsonl
 from safetensors.torch import load_file
 from test_online import prompts, scores, small  # noqa: F401  (prompts: a fixture)
 
-from proxrl.algos import dpo, grpo, ppo, reward, sft
+from proxrl.algos.offline import dpo, reward, sft
+from proxrl.algos.online import grpo, ppo
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 

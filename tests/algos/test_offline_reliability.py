@@ -17,7 +17,8 @@ import torch
 from lm_tasks import sft_rows, write_jsonl
 from safetensors.torch import load_file
 
-from proxrl.algos import offline_loop, sft
+from proxrl.algos.offline import loop as offline_loop
+from proxrl.algos.offline import sft
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import Interrupted

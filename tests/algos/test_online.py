@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from proxrl.algos import grpo, ppo
-from proxrl.algos.online_rollout import collect_rollout, load_models, load_prompts, load_rewards
-from proxrl.algos.online_update import update
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.rollout import collect_rollout
+from proxrl.algos.online.update import update
 from proxrl.core import value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
@@ -347,7 +348,7 @@ def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm,
             for p in algo_models[0].actor.parameters():
                 p.grad = torch.full_like(p, float("nan"))
 
-    import proxrl.algos.online as online_module
+    import proxrl.algos.online.loop as online_module
 
     algo_models = []
     real_load = online_module.load_models
@@ -369,7 +370,7 @@ def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm,
 
 def test_grpo_without_kl_tracking_loads_no_reference(tiny_lm, prompts, tmp_path):
     """β fixed at 0 and track_kl off: no reference model, no objective/kl; learning unaffected."""
-    from proxrl.algos.online_rollout import load_models
+    from proxrl.algos.online.roles import load_models
 
     cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, group_size=2, mini_batch_size=16,
                 track_kl=False, sampler_logprobs=True)
@@ -506,7 +507,7 @@ def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(tiny_lm, pr
         for p in model_params:
             p.grad = torch.full_like(p, float("nan"))
 
-    import proxrl.algos.online as online_module
+    import proxrl.algos.online.loop as online_module
 
     real_load, model_params = online_module.load_models, []
 

@@ -12,8 +12,8 @@ import torch
 from lm_tasks import preference_rows, write_jsonl
 from transformers import AutoModelForSequenceClassification
 
-from proxrl.algos import reward
-from proxrl.algos.offline_loop import accumulate_gradients
+from proxrl.algos.offline import reward
+from proxrl.algos.offline.loop import accumulate_gradients
 from proxrl.data.batching import collate_pairs
 from proxrl.data.encoding import encode_preferences
 from proxrl.data.formats import load_preference_examples

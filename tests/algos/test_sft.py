@@ -13,8 +13,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from proxrl.algos import sft
-from proxrl.algos.offline_loop import accumulate_gradients
+from proxrl.algos.offline import sft
+from proxrl.algos.offline.loop import accumulate_gradients
 from proxrl.data.batching import collate
 from proxrl.data.encoding import encode_sft
 from proxrl.data.formats import load_sft_examples

@@ -149,7 +149,8 @@ def test_a_demo_stopped_by_ctrl_c_resumes_to_the_uninterrupted_results(
     import os
     import signal
 
-    from proxrl.algos import grpo, ppo, reward, sft
+    from proxrl.algos.offline import reward, sft
+    from proxrl.algos.online import grpo, ppo
     from proxrl.runtime import metrics
 
     out = tmp_path / "demo"

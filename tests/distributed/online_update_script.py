@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from proxrl.algos import grpo, ppo
-from proxrl.algos.online_rollout import collect_rollout, load_models, load_prompts, load_rewards
-from proxrl.algos.online_update import update
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.rollout import collect_rollout
+from proxrl.algos.online.update import update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.guard import NonFiniteGuard

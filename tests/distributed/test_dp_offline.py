@@ -54,7 +54,7 @@ def _run_one_process(module, cfg_path: str, output_dir: Path) -> None:
 
 
 def test_sft_two_processes_match_one(tiny_lm, tmp_path):
-    from proxrl.algos import sft
+    from proxrl.algos.offline import sft
 
     cfg = _write_config(tmp_path / "sft.yaml", {
         "model": tiny_lm, "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(41, seed=0)),
@@ -76,7 +76,7 @@ def test_sft_two_processes_match_one(tiny_lm, tmp_path):
 
 
 def test_dpo_two_processes_match_one_under_torchrun(tiny_lm, tmp_path):
-    from proxrl.algos import dpo
+    from proxrl.algos.offline import dpo
 
     cfg = _write_config(tmp_path / "dpo.yaml", {
         "model": tiny_lm, "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
@@ -110,7 +110,7 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
     """3 steps on 2 processes, then ``--resume`` on 1 process to step 6, equals 6 steps on 1
     process (constant learning rate, so max_steps does not change the schedule): the checkpoint
     holds the global state, whatever the world size that wrote it. Float64, |Δ| ≤ 1e-9."""
-    from proxrl.algos import sft
+    from proxrl.algos.offline import sft
 
     fields = {
         "model": tiny_lm, "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(48, seed=0)),
@@ -133,7 +133,7 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
 
 def test_reward_model_two_processes_match_one(tiny_lm, tmp_path):
     """``proxrl rm`` (whose loss calls the backbone and score head directly) on 2 processes."""
-    from proxrl.algos import reward
+    from proxrl.algos.offline import reward
 
     cfg = _write_config(tmp_path / "rm.yaml", {
         "model": tiny_lm, "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),

@@ -13,7 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxrl.algos import dpo, grpo, ppo, reward, sft
+from proxrl.algos.offline import dpo, reward, sft
+from proxrl.algos.online import grpo, ppo
 from proxrl.classic.config import ClassicConfig
 from proxrl.runtime.config import RunConfig, load_config_file, parse_config
 from proxrl.runtime.errors import ProxrlError

@@ -46,7 +46,8 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from proxrl.algos import grpo, ppo, reward, sft
+from proxrl.algos.offline import reward, sft
+from proxrl.algos.online import grpo, ppo
 from proxrl.data.formats import load_prompt_examples
 from proxrl.demo import task
 from proxrl.demo.evaluate import PolicyScores, evaluate_policy

@@ -41,6 +41,9 @@ class RunConfig:
     """Random seed for Python, NumPy, torch and the environments."""
     resume: bool = False
     """Continue the run in output_dir from its newest complete checkpoint."""
+    resume_with_changes: bool = False
+    """With --resume: continue even though options differ from the run's config.yaml (without
+    it such a resume is refused, naming the changed options)."""
     overwrite: bool = False
     """Delete a previous run in output_dir and start afresh."""
     save_every: int = 0

@@ -30,18 +30,15 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from proxrl.algos.offline_loop import (
+from proxrl.algos.offline.config import (
     OfflineConfig,
-    Task,
     device_of,
-    evaluate_batches,
-    fit,
     maybe_lora,
     model_kwargs,
-    save_final,
     split_eval,
     training_device,
 )
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.losses import bradley_terry_loss, ranking_loss
 from proxrl.data.batching import (
     PairBatch,

@@ -22,18 +22,15 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from proxrl.algos.offline_loop import (
+from proxrl.algos.offline.config import (
     OfflineConfig,
-    Task,
     device_of,
-    evaluate_batches,
-    fit,
     maybe_lora,
     model_kwargs,
-    save_final,
     split_eval,
     training_device,
 )
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.losses import sft_loss
 from proxrl.data.batching import Batch, bucket_batches, collate, collate_packed, pack_sequences
 from proxrl.data.encoding import EncodedSequence, encode_sft

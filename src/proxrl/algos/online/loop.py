@@ -1,10 +1,10 @@
 """The loop every online algorithm shares: rollout → score → advantages → update.
 
 PPO, GRPO, RLOO, ReMax, REINFORCE++ and REINFORCE differ only in what an ``Algorithm`` says
-(``online_config``): whether a critic is trained, whether the KL to the reference is paid in
+(``config``): whether a critic is trained, whether the KL to the reference is paid in
 the reward or in the loss, how advantages are estimated and which policy loss is minimised.
 Each algorithm file builds one and calls ``train_online``; the loop below is written once, its
-two halves in ``online_rollout`` and ``online_update``.
+two halves in ``rollout`` and ``update``; the roles it trains and queries are loaded in ``roles``.
 """
 
 from __future__ import annotations
@@ -18,22 +18,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from proxrl.algos.online_config import Algorithm, OnlineConfig
-from proxrl.algos.online_rollout import (
-    Models,
-    collect_rollout,
-    load_models,
-    load_prompts,
-    load_rewards,
-    prompt_order,
-)
-from proxrl.algos.online_update import NAMESPACES, update
+from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
+from proxrl.algos.online.rollout import collect_rollout, prompt_order
+from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, explained_variance
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
 from proxrl.models.value_head import ValueHead
 from proxrl.rollout.generation import CachedSampler, static_cache
-from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
 from proxrl.runtime.config import save_config_file
@@ -224,25 +217,6 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     dist.barrier()
     logger.close()
     return last
-
-
-def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) -> None:
-    """Put the actor and critic on this process's device (``runtime.distributed.device``: the
-    CPU without a GPU, so a no-op there), and the reference and reward models too unless
-    ``offload_frozen`` keeps them on the CPU. FSDP / DeepSpeed place the trained roles
-    themselves when they wrap them."""
-    device = dist.device()
-    if device.type == "cpu":
-        return
-    models.actor.to(device)
-    if models.critic is not None:
-        models.critic.to(device)
-    frozen_device = torch.device("cpu") if offload_frozen else device
-    if models.reference is not None:
-        models.reference.to(frozen_device)
-    for source in rewards.sources:
-        if hasattr(source, "model"):
-            source.model.to(frozen_device)
 
 
 def truncate_samples(output_dir: Path, iteration: int) -> None:

@@ -26,18 +26,15 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from proxrl.algos.offline_loop import (
+from proxrl.algos.offline.config import (
     OfflineConfig,
-    Task,
     device_of,
-    evaluate_batches,
-    fit,
     maybe_lora,
     model_kwargs,
-    save_final,
     split_eval,
     training_device,
 )
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.logprobs import logprobs_from_logits
 from proxrl.core.losses import dpo_loss, ipo_loss, simpo_loss
 from proxrl.core.masked import masked_mean, masked_sum

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from proxrl.algos.online import Algorithm, OnlineConfig, train_online
+from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
 from proxrl.core import (
     discounted_returns,
     grpo_advantages,

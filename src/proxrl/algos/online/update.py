@@ -12,8 +12,8 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from proxrl.algos.online_config import Algorithm, OnlineConfig
-from proxrl.algos.online_rollout import Models
+from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.roles import Models
 from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward

@@ -20,7 +20,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from proxrl.algos.online import Algorithm, OnlineConfig, train_online
+from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
 from proxrl.core import (
     AdaptiveKL,
     aggregate_loss,

@@ -1,0 +1,112 @@
+"""The roles of the online loop and what they are fed: the actor, the reference, the critic and
+the reward sources loaded from a config, placed on devices, and the prompts they start from."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.data.encoding import encode_prompt_text
+from proxrl.data.formats import PromptExample, load_prompt_examples
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.lora import apply_lora
+from proxrl.models.scalar_head import load_score_model
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.models.value_head import ValueHead
+from proxrl.rollout.rewards import (
+    FunctionReward,
+    RewardModelReward,
+    WeightedRewards,
+    load_reward_function,
+)
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Models:
+    actor: nn.Module
+    reference: nn.Module | None  # None with LoRA: the adapter-disabled actor is the reference
+    critic: nn.Module | None
+    tokenizer: Any
+    tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
+
+
+def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
+    kwargs = cfg.loader_kwargs()
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
+    resize_for_tokenizer(actor, tokenizer)
+    reference = None
+    tracks_kl = cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
+    if cfg.lora_r:
+        actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
+    elif tracks_kl:
+        reference = load_causal_lm(cfg.model, **kwargs)
+        resize_for_tokenizer(reference, tokenizer)
+        reference.requires_grad_(False).eval()
+    critic: nn.Module | None = None
+    if algo.critic == "separate":
+        source = algo.critic_model or cfg.reward_model or cfg.model
+        critic = load_score_model(source, new_head="zero", gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
+        resize_for_tokenizer(critic, tokenizer)
+    elif algo.critic == "head":
+        critic = ValueHead(actor.config.hidden_size)
+    return Models(actor, reference, critic, tokenizer, tracks_kl)
+
+
+def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
+    sources: list[Any] = []
+    if cfg.reward_model is not None:
+        try:
+            model = load_score_model(cfg.reward_model, **cfg.loader_kwargs())
+        except ProxrlError as exc:
+            raise ProxrlError(f"reward_model: {exc}") from exc
+        model.requires_grad_(False).eval()
+        rm_tokenizer = load_tokenizer(cfg.reward_model, trust_remote_code=cfg.trust_remote_code)
+        sources.append(RewardModelReward(model, rm_tokenizer))
+    sources += [FunctionReward(spec, load_reward_function(spec)) for spec in cfg.reward_fn]
+    return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
+
+
+def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:
+    examples = load_prompt_examples(cfg.prompts)
+    kept, ids = [], []
+    for example in examples:
+        encoded = encode_prompt_text(tokenizer, example.prompt, example.messages)
+        if len(encoded) <= cfg.max_prompt_length:
+            kept.append(example)
+            ids.append(encoded)
+    if len(kept) < len(examples):
+        log.warning("%d of %d prompts are longer than max_prompt_length=%d and were dropped",
+                    len(examples) - len(kept), len(examples), cfg.max_prompt_length)
+    if not kept:
+        raise ProxrlError(f"prompts: every prompt in {cfg.prompts} is longer than max_prompt_length={cfg.max_prompt_length}")
+    return kept, ids
+
+
+
+def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) -> None:
+    """Put the actor and critic on this process's device (``runtime.distributed.device``: the
+    CPU without a GPU, so a no-op there), and the reference and reward models too unless
+    ``offload_frozen`` keeps them on the CPU. FSDP / DeepSpeed place the trained roles
+    themselves when they wrap them."""
+    device = dist.device()
+    if device.type == "cpu":
+        return
+    models.actor.to(device)
+    if models.critic is not None:
+        models.critic.to(device)
+    frozen_device = torch.device("cpu") if offload_frozen else device
+    if models.reference is not None:
+        models.reference.to(frozen_device)
+    for source in rewards.sources:
+        if hasattr(source, "model"):
+            source.model.to(frozen_device)
