@@ -11,7 +11,13 @@ import torch
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online import rollout as online_rollout
-from proxrl.algos.online.critic import CRITICS, CriticSettings, NoCritic, SeparateCritic, ValueHeadCritic
+from proxrl.algos.online.critic import (
+    CRITICS,
+    CriticSettings,
+    NoCritic,
+    SeparateCritic,
+    ValueHeadCritic,
+)
 from proxrl.core import value_loss
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.value_head import ValueHead
