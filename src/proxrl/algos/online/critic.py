@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedModel
 
 from proxrl.core import explained_variance, value_loss
 from proxrl.models.lora import trainable_state_dict
@@ -161,6 +162,8 @@ class SeparateCritic(_TrainedCritic):
     """A value model of its own in the ``AutoModelForSequenceClassification`` (num_labels=1)
     layout, its head read at every response token (InstructGPT's critic)."""
 
+    module: PreTrainedModel
+
     @classmethod
     def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> SeparateCritic:
         source = settings.source or cfg.reward_model or cfg.model
@@ -173,23 +176,26 @@ class SeparateCritic(_TrainedCritic):
 
     def save_pretrained(self, output_dir: Path) -> None:
         """Under ``critic/``, a sequence classifier transformers loads."""
-        self.module.save_pretrained(output_dir / "critic")  # type: ignore[operator]
+        self.module.save_pretrained(output_dir / "critic")
 
 
 class ValueHeadCritic(_TrainedCritic):
     """A zero-initialised linear head on the policy's last hidden state: the critic shares the
     actor's backbone (its gradient reaches the actor through the hidden state)."""
 
+    module: ValueHead
     needs_hidden = True
 
     @classmethod
     def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> ValueHeadCritic:
-        return cls(ValueHead(actor.config.hidden_size), settings)
+        config: Any = actor.config  # a transformers config (through peft's wrapper under LoRA)
+        return cls(ValueHead(config.hidden_size), settings)
 
     def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
         if hidden is None:
             raise ValueError("a value head reads the policy's hidden state: run policy_forward with with_hidden=True")
-        return self.module(hidden)  # type: ignore[no-any-return]
+        values: Tensor = self.module(hidden)
+        return values
 
     def save_pretrained(self, output_dir: Path) -> None:
         """``value_head.safetensors`` beside the policy."""
