@@ -134,11 +134,11 @@ def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
 
     def loss_and_grads(exp):
         models.actor.zero_grad()
-        models.critic.zero_grad()
+        models.critic.module.zero_grad()
         P = exp.prompt_ids.shape[1]
         out = policy_forward(models.actor, exp.input_ids, exp.attention_mask, P, cfg.temperature)
         loss, _ = algo.policy_loss(out.logprobs, exp)
-        values = critic_forward(models.critic, exp.input_ids, exp.attention_mask, P)
+        values = critic_forward(models.critic.module, exp.input_ids, exp.attention_mask, P)
         loss = loss + value_loss(values, exp.values, exp.returns, exp.response_mask.float(), 0.2)[0]
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in models.actor.parameters()]

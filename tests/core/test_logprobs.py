@@ -3,7 +3,7 @@ import math
 import torch
 from helpers import close, t
 
-from proxrl.core import entropy_from_logits, logprobs_from_logits
+from proxrl.core import entropy_from_logits, entropy_from_logprobs, logprobs_from_logits
 
 
 def test_logprobs_by_hand():
@@ -25,6 +25,13 @@ def test_entropy_by_hand():
         entropy_from_logits(t([[[0.0, math.log(3), -math.inf]]])),
         [[-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]],
     )
+
+
+def test_entropy_from_logprobs_by_hand():
+    """log-probs (ln ¼, ln ¾, −inf) → −(¼ ln ¼ + ¾ ln ¾) = 0.5623…, the −inf entry contributing
+    0 (not NaN); two rows of a (2, V) step at once, the second uniform over 2 → ln 2."""
+    log_p = t([[math.log(0.25), math.log(0.75), -math.inf], [math.log(0.5), math.log(0.5), -math.inf]])
+    close(entropy_from_logprobs(log_p), [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2)])
 
 
 def test_matches_full_log_softmax_reference():

@@ -48,21 +48,17 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
         torch.save({f.name: getattr(experience, f.name) for f in fields(experience)}, Path(out) / "experience.pt")
         return
     experience = Experience(**torch.load(Path(out) / "experience.pt", weights_only=True))
-    optimizers = [torch.optim.AdamW([p for p in models.actor.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0)]
-    if models.critic is not None:
-        optimizers.append(torch.optim.AdamW([p for p in models.critic.parameters() if p.requires_grad],
-                                            lr=algo.critic_learning_rate, weight_decay=0.0))
+    optimizers = [torch.optim.AdamW([p for p in models.actor.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0),
+                  *models.critic.optimizers()]
     train_models = models
     if dist.is_sharded():  # as train_online: DDP keeps plain modules and sums gradients itself
-        train_models = replace(models, actor=dist.wrap_model(models.actor),
-                               critic=dist.wrap_model(models.critic) if models.critic is not None else None)
+        train_models = replace(models, actor=dist.wrap_model(models.actor), critic=models.critic.wrapped(dist.wrap_model))
     stats = update(cfg, algo, train_models, experience, optimizers, 0.05, True,
                    torch.Generator().manual_seed(cfg.seed), NonFiniteGuard(), 1)
     if dist.is_main():
         tag = f"world{dist.world_size()}"
         weights = {f"actor.{k}": v.contiguous() for k, v in models.actor.state_dict().items()}
-        if models.critic is not None:
-            weights |= {f"critic.{k}": v.contiguous() for k, v in models.critic.state_dict().items()}
+        weights |= {f"critic.{k}": v.contiguous() for k, v in models.critic.state_dict().items()}
         save_file(weights, str(Path(out) / f"{tag}.safetensors"))
         (Path(out) / f"{tag}.json").write_text(json.dumps(stats))
     dist.barrier()

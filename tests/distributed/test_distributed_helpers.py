@@ -21,7 +21,7 @@ def test_one_process_is_a_no_op():
     assert dist.split_global(7, "batch_size") == 7
     assert dist.sampler_seed(11) == 11
     model = torch.nn.Linear(2, 1)
-    assert dist.wrap_model(model) is model and dist.unwrap(model) is model
+    assert dist.wrap_model(model) is model and dist.unwrap_parallel(model) is model
     with dist.gathered_for_generation(model) as whole:
         assert whole is model
     assert dist.distributed_type() == "NO" and not dist.is_sharded()

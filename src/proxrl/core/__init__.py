@@ -26,7 +26,7 @@ from proxrl.core.kl import (
     sequence_kl,
     shaped_rewards,
 )
-from proxrl.core.logprobs import entropy_from_logits, logprobs_from_logits
+from proxrl.core.logprobs import entropy_from_logits, entropy_from_logprobs, logprobs_from_logits
 from proxrl.core.losses import (
     bradley_terry_loss,
     dpo_loss,
@@ -59,6 +59,7 @@ __all__ = [
     "dpo_loss",
     "entropy_bonus",
     "entropy_from_logits",
+    "entropy_from_logprobs",
     "explained_variance",
     "gae",
     "gae_env",

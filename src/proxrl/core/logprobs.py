@@ -44,7 +44,13 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
         z = row_logits.to(out_dtype)
         if temperature != 1.0:
             z = z / temperature
-        log_p = torch.log_softmax(z, dim=-1)
-        p = log_p.exp()
-        rows.append(-torch.where(p > 0, p * log_p, 0.0).sum(-1))
+        rows.append(entropy_from_logprobs(torch.log_softmax(z, dim=-1)))
     return torch.stack(rows)
+
+
+def entropy_from_logprobs(log_p: Tensor) -> Tensor:
+    """Entropy −Σ p·log p of a distribution given as log-probabilities over the last dim:
+    (..., V) → (...). p = 0 (log p = −inf) contributes 0 rather than 0·(−inf) = NaN. The
+    samplers call it on the log-softmax they already hold for each decoding step."""
+    p = log_p.exp()
+    return -torch.where(p > 0, p * log_p, 0.0).sum(-1)

@@ -83,7 +83,7 @@ def load_score_model(
 def score_head(model: nn.Module) -> nn.Linear:
     """The scalar head of a sequence classifier (``score`` in most HF models, ``classifier`` in
     some), looking through a peft wrapper."""
-    inner = unwrap(model)
+    inner = unwrap_peft(model)
     for name in ("score", "classifier"):
         head = getattr(inner, name, None)
         if head is not None:
@@ -108,14 +108,15 @@ def init_score_head(head: nn.Linear, how: HeadInit) -> None:
             head.bias.zero_()
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The transformers model inside a peft wrapper (LoRA layers stay injected)."""
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (LoRA layers stay injected); a
+    data-parallel wrapper stays (``runtime.distributed.unwrap_parallel`` removes that one)."""
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
 def backbone(model: nn.Module) -> nn.Module:
     """The transformer body of a sequence classifier (``model.model`` for Llama)."""
-    inner = unwrap(model)
+    inner = unwrap_peft(model)
     return getattr(inner, inner.base_model_prefix)
 
 
@@ -149,7 +150,7 @@ def sequence_scores(
     batch = torch.arange(values.shape[0], device=values.device)
     scores = values[batch, last_token_index(attention_mask)]
     if normalize:
-        scores = scores - float(getattr(unwrap(model).config, "reward_offset", 0.0))
+        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
     return scores
 
 
@@ -158,7 +159,7 @@ def store_score_normalization(model: nn.Module, mean: float, std: float) -> None
     normalised score mean 0: shift the head's bias when it has one, else store the offset that
     ``sequence_scores(normalize=True)`` subtracts."""
     head = score_head(model)
-    config = unwrap(model).config
+    config = unwrap_peft(model).config
     config.reward_mean = float(mean)
     config.reward_std = float(std)
     if head.bias is not None:

@@ -6,7 +6,7 @@ padded), T response columns (right padded after the stop token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -25,6 +25,9 @@ class Experience:
     rewards: Tensor  # (B, T) per-token rewards the advantages are computed from
     advantages: Tensor  # (B, T) A_t, 0 where masked
     returns: Tensor  # (B, T) value targets A_t + V_old(s_t)
+    greedy_scores: Tensor | None = None  # (B,) score of the greedy decode of each response's prompt
+    # (ReMax's baseline), the same for a prompt's G samples so rows select and gather like any
+    # other (B,) field; None unless the algorithm decodes greedily
 
     @property
     def input_ids(self) -> Tensor:
@@ -41,11 +44,19 @@ class Experience:
 
     def select(self, index: Tensor) -> Experience:
         """The rows ``index`` (a minibatch), trimmed of response columns that are padding in
-        every selected row, so an update never computes on all-pad columns."""
-        rows = {f.name: getattr(self, f.name)[index] for f in fields(self)}
-        used = rows["response_mask"].any(0).nonzero()
+        every selected row, so an update never computes on all-pad columns. A field that is
+        None stays None."""
+        used = self.response_mask[index].any(0).nonzero()
         width = int(used.max()) + 1 if len(used) else 1
-        for name, tensor in rows.items():
-            if tensor.dim() == 2 and not name.startswith("prompt_"):  # (B, T) response fields
-                rows[name] = tensor[:, :width]
-        return Experience(**rows)
+        rows: dict[str, Tensor | None] = {}
+        for name, tensor in self.tensors().items():
+            if tensor is not None:
+                tensor = tensor[index]
+                if tensor.dim() == 2 and not name.startswith("prompt_"):  # (B, T) response fields
+                    tensor = tensor[:, :width]
+            rows[name] = tensor
+        return replace(self, **rows)
+
+    def tensors(self) -> dict[str, Tensor | None]:
+        """Every field by name (None where an optional field is absent)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

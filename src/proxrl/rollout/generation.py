@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from proxrl.core import entropy_from_logprobs
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -114,8 +115,7 @@ class HFSampler:
             for t, step_logits in enumerate(output.logits):
                 log_p = torch.log_softmax(step_logits.float() / temperature, dim=-1)
                 logprobs.append(log_p.gather(-1, response_ids[:, t : t + 1]).squeeze(-1))
-                p = log_p.exp()
-                entropy.append(-torch.where(p > 0, p * log_p, 0.0).sum(-1))
+                entropy.append(entropy_from_logprobs(log_p))
             samples.logprobs = torch.stack(logprobs, 1) * mask
             samples.entropy = torch.stack(entropy, 1) * mask
         return samples
@@ -232,8 +232,7 @@ class CachedSampler:
             tokens.append(token)
             if with_logprobs:
                 logprobs.append(log_p.gather(-1, token.unsqueeze(-1)).squeeze(-1))
-                p = log_p.exp()
-                entropies.append(-torch.where(p > 0, p * log_p, 0.0).sum(-1))
+                entropies.append(entropy_from_logprobs(log_p))
             finished = finished | (token == eos)
             if bool(finished.all()):
                 break

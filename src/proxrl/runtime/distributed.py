@@ -18,7 +18,7 @@ What each function guarantees:
 - ``all_reduce_gradients``: sum of every gradient over ranks (the DDP path accumulates locally
   under ``no_sync`` and reduces once per optimizer step, so ranks may hold different numbers of
   micro-batches, even none).
-- ``gathered_for_generation(model)``: full weights during generation under FSDP / ZeRO-3
+- ``gathered_for_generation(model)``: full weights during generation under FSDP
   (untested here: no GPU).
 """
 
@@ -86,11 +86,6 @@ def world_size() -> int:
 def rank() -> int:
     state = _state()
     return 0 if state is None else int(state.process_index)
-
-
-def local_rank() -> int:
-    state = _state()
-    return 0 if state is None else int(state.local_process_index)
 
 
 def is_main() -> bool:
@@ -191,15 +186,6 @@ def any_rank(flag: bool) -> bool:
     return all_reduce_sum(1.0 if flag else 0.0) > 0
 
 
-def all_gather_cat(x: Tensor) -> Tensor:
-    """Concatenate (along dim 0) ``x`` from every rank in rank order; sizes may differ."""
-    if world_size() == 1:
-        return x
-    gathered: list[Any] = [None] * world_size()
-    torch_dist.all_gather_object(gathered, x.detach().cpu())
-    return torch.cat(gathered).to(x.device)
-
-
 def all_gather_objects(obj: T) -> list[T]:
     """``obj`` of every rank, in rank order (picklable objects; small ones)."""
     if world_size() == 1:
@@ -262,8 +248,9 @@ def wrap_model(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
     return acc.prepare(model, optimizer)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DDP / FSDP / DeepSpeed wrapper."""
+def unwrap_parallel(model: nn.Module) -> nn.Module:
+    """The plain module inside a data-parallel wrapper (DDP / FSDP); a peft wrapper stays
+    (``models.scalar_head.unwrap_peft`` removes that one)."""
     if world_size() == 1:
         return model
     return accelerator().unwrap_model(model)  # type: ignore[no-any-return]
@@ -306,20 +293,14 @@ def gathered_for_generation(model: nn.Module) -> Iterator[nn.Module]:
 
     - one process / DDP: the plain module (weights are already whole);
     - FSDP (v1): ``FullyShardedDataParallel.summon_full_params(model, writeback=False)``;
-      FSDP2 (``fully_shard``): ``model.unshard()`` before and ``model.reshard()`` after;
-    - DeepSpeed ZeRO-3: ``deepspeed.zero.GatheredParameters(model.parameters())``.
-    Every rank must enter it (the gather is a collective), and generation must run the same
-    number of forward passes on every rank under ZeRO-3 (``synced_gpus=True`` in ``generate``).
-    Untested here (no GPU); the DDP/CPU path is tested.
+      FSDP2 (``fully_shard``): ``model.unshard()`` before and ``model.reshard()`` after.
+    Every rank must enter it (the gather is a collective). DeepSpeed never gets here:
+    ``wrap_model`` refuses it first. The samplers do not synchronise decoding steps across
+    ranks (sharded generation comes back with the Ray/FSDP2 issue). Untested here (no GPU);
+    the DDP/CPU path is tested.
     """
     if world_size() == 1 or not is_sharded():
-        yield unwrap(model)
-        return
-    if distributed_type() == "DEEPSPEED":
-        import deepspeed  # type: ignore[import-not-found]
-
-        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
-            yield unwrap(model)
+        yield unwrap_parallel(model)
         return
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -335,15 +316,4 @@ def gathered_for_generation(model: nn.Module) -> Iterator[nn.Module]:
         finally:
             model.reshard()  # type: ignore[operator]
         return
-    yield unwrap(model)
-
-
-def needs_synced_generation() -> bool:
-    """ZeRO-3 / FSDP: every rank must run the same number of decoding steps."""
-    return is_sharded()
-
-
-def offload_to_cpu(model: nn.Module) -> nn.Module:
-    """Move a frozen role (reference, reward) to the CPU to free accelerator memory; its
-    forward then runs on the CPU (inputs are moved by the caller via ``device_of``)."""
-    return model.to("cpu")
+    yield unwrap_parallel(model)

@@ -10,11 +10,12 @@ minibatches of ``mini_batch_size`` responses, one optimizer step each, computed 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from torch import Tensor
 
+from proxrl.algos.online.critic import CriticLoader, NoCritic
 from proxrl.core import AdaptiveKL
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
@@ -173,13 +174,9 @@ class Algorithm:
     kl_in_loss: bool = False
     """Pay β·KL(π‖π_ref) (k3) as a loss term instead of in the reward."""
     needs_greedy: bool = False
-    """Also decode each prompt greedily and score it (ReMax's baseline), stored in ``extras``."""
-    critic: Literal["none", "separate", "head"] = "none"
-    critic_model: str | None = None
-    critic_learning_rate: float = 0.0
-    vf_coef: float = 0.1
-    value_clip: float | None = None
-    critic_warmup_iterations: int = 0
+    """Also decode each prompt greedily and score it (ReMax's baseline), in
+    ``Experience.greedy_scores``."""
+    critic: CriticLoader = NoCritic.load
+    """Loads the critic (``critic.CRITICS[option]`` bound to its settings; none by default)."""
     penalty: AdaptiveKL | None = None
     """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
-    extras: dict[str, Tensor] = field(default_factory=dict)

@@ -92,7 +92,9 @@ def build(cfg: Config) -> Algorithm:
             if cfg.estimator == "rloo":
                 advantages = rloo_advantages(returns, cfg.group_size)
             elif cfg.estimator == "remax":
-                advantages = remax_advantages(returns, algorithm.extras["greedy_scores"].to(returns.device))
+                if exp.greedy_scores is None:
+                    raise ValueError("remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)")
+                advantages = remax_advantages(returns, exp.greedy_scores)
             else:
                 advantages = returns - returns.mean()
         # The sequence return sits at the last token, as a per-token reward would.
@@ -105,11 +107,10 @@ def build(cfg: Config) -> Algorithm:
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.loss_agg)
         return ppo_clip_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
 
-    algorithm = Algorithm(
+    return Algorithm(
         name=cfg.estimator, estimate=estimate, policy_loss=policy_loss,
         kl_in_loss=cfg.estimator == "grpo", needs_greedy=cfg.estimator == "remax",
     )
-    return algorithm
 
 
 def train(cfg: Config) -> dict[str, float]:

@@ -22,10 +22,9 @@ from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
 from proxrl.algos.online.rollout import collect_rollout, prompt_order
 from proxrl.algos.online.update import NAMESPACES, update
-from proxrl.core import FixedKL, ProportionalKL, explained_variance
+from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import trainable_state_dict
-from proxrl.models.value_head import ValueHead
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
@@ -73,15 +72,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
     train_models = models
     if world > 1 and dist.is_sharded():
-        train_models = replace(models, actor=dist.wrap_model(models.actor),
-                               critic=dist.wrap_model(models.critic) if models.critic is not None else None)
+        train_models = replace(models, actor=dist.wrap_model(models.actor), critic=models.critic.wrapped(dist.wrap_model))
     actor_params = [p for p in models.actor.parameters() if p.requires_grad]
-    optimizers = [torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0)]
-    base_rates = [cfg.learning_rate]
-    if models.critic is not None:
-        critic_params = [p for p in models.critic.parameters() if p.requires_grad]
-        optimizers.append(torch.optim.AdamW(critic_params, lr=algo.critic_learning_rate, weight_decay=0.0))
-        base_rates.append(algo.critic_learning_rate)
+    optimizers = [torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0), *models.critic.optimizers()]
+    base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
     kl = kl_controller(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
@@ -95,8 +89,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         if not dist.is_main():
             return Path(dist.broadcast_object(""))
         tensors = {"actor": trainable_state_dict(models.actor)}
-        if models.critic is not None:
-            tensors["critic"] = trainable_state_dict(models.critic)
+        critic_state = models.critic.state_dict()
+        if critic_state:  # the critic-free family has none
+            tensors["critic"] = critic_state
         if cfg.ref_reset_every and models.reference is not None:
             tensors["reference"] = {k: v.detach().clone() for k, v in models.reference.state_dict().items()}
         state = {
@@ -117,8 +112,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             raise ProxrlError(f"--resume: no complete checkpoint in {output_dir}")
         tensors, state = checkpoints.load(latest)
         models.actor.load_state_dict(tensors["actor"], strict=False)
-        if models.critic is not None:
-            models.critic.load_state_dict(tensors["critic"], strict=False)
+        models.critic.load_state_dict(tensors.get("critic", {}))
         if "reference" in tensors and models.reference is not None:
             models.reference.load_state_dict(tensors["reference"])
         for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
@@ -172,7 +166,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             # score, reward or advantage is skipped whole.
             models.actor.train()
             started_update = time.perf_counter()
-            train_policy = iteration >= algo.critic_warmup_iterations
+            train_policy = iteration >= models.critic.warmup_iterations
             stats: dict[str, float] = {}
             if rollout_ok:
                 stats = update(cfg, algo, train_models, experience, optimizers, kl.value, train_policy, generator, guard, iteration + 1)
@@ -189,8 +183,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
             # 4d. Metrics, samples, checkpoint.
             mask = experience.response_mask.float()
-            if algo.critic != "none" and rollout_ok:
-                row["value/explained_var"] = explained_variance(experience.values, experience.returns, mask).item()
+            if rollout_ok:
+                row.update(models.critic.rollout_metrics(experience))
             for key, value in stats.items():
                 row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
             row.update(guard.metrics())
@@ -250,12 +244,8 @@ def write_samples(
 
 def save_policy(models: Models, output_dir: Path) -> None:
     """The policy via ``save_pretrained`` (safetensors; a peft adapter under LoRA) plus the
-    tokenizer; a separate critic under ``critic/``."""
+    tokenizer, and the critic as it saves itself (a separate one under ``critic/``, a value head
+    in ``value_head.safetensors``)."""
     models.actor.save_pretrained(output_dir)
     models.tokenizer.save_pretrained(output_dir)
-    if isinstance(models.critic, ValueHead):
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in models.critic.state_dict().items()}, str(output_dir / "value_head.safetensors"))
-    elif models.critic is not None:
-        models.critic.save_pretrained(output_dir / "critic")
+    models.critic.save_pretrained(output_dir)

@@ -16,10 +16,12 @@ PPO-Penalty (adaptive β on KL(π_old‖π)) or both. Where this departs from th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from torch import Tensor
 
+from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
 from proxrl.core import (
     AdaptiveKL,
@@ -98,11 +100,12 @@ def build(cfg: Config) -> Algorithm:
             loss = loss + penalty.value * aggregate_loss(kl_k3(mb.logprobs, logprobs), mask, cfg.loss_agg)
         return loss, stats
 
-    return Algorithm(
-        name="ppo", estimate=estimate, policy_loss=policy_loss, critic=cfg.critic, critic_model=cfg.critic_model,
-        critic_learning_rate=cfg.critic_learning_rate, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
-        critic_warmup_iterations=cfg.critic_warmup_iterations, penalty=penalty,
+    settings = CriticSettings(
+        learning_rate=cfg.critic_learning_rate, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
+        warmup_iterations=cfg.critic_warmup_iterations, source=cfg.critic_model,
     )
+    return Algorithm(name="ppo", estimate=estimate, policy_loss=policy_loss,
+                     critic=partial(CRITICS[cfg.critic], settings), penalty=penalty)
 
 
 def train(cfg: Config) -> dict[str, float]:

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.critic import Critic
 from proxrl.data.encoding import encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
-from proxrl.models.value_head import ValueHead
 from proxrl.rollout.rewards import (
     FunctionReward,
     RewardModelReward,
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class Models:
     actor: nn.Module
     reference: nn.Module | None  # None with LoRA: the adapter-disabled actor is the reference
-    critic: nn.Module | None
+    critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
 
@@ -52,13 +52,7 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
         reference = load_causal_lm(cfg.model, **kwargs)
         resize_for_tokenizer(reference, tokenizer)
         reference.requires_grad_(False).eval()
-    critic: nn.Module | None = None
-    if algo.critic == "separate":
-        source = algo.critic_model or cfg.reward_model or cfg.model
-        critic = load_score_model(source, new_head="zero", gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
-        resize_for_tokenizer(critic, tokenizer)
-    elif algo.critic == "head":
-        critic = ValueHead(actor.config.hidden_size)
+    critic = algo.critic(cfg, actor, tokenizer)  # after the reference: the same random stream as before
     return Models(actor, reference, critic, tokenizer, tracks_kl)
 
 
@@ -102,8 +96,8 @@ def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) 
     if device.type == "cpu":
         return
     models.actor.to(device)
-    if models.critic is not None:
-        models.critic.to(device)
+    for module in models.critic.modules():
+        module.to(device)
     frozen_device = torch.device("cpu") if offload_frozen else device
     if models.reference is not None:
         models.reference.to(frozen_device)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from dataclasses import fields
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import critic_forward, policy_forward
+from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings, stopped
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
@@ -60,7 +60,8 @@ def collect_rollout(
     prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
     settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
-    use_sampler_logprobs = cfg.sampler_logprobs and algo.critic != "head"  # a value head needs the forward pass
+    critic = models.critic
+    use_sampler_logprobs = cfg.sampler_logprobs and not critic.needs_hidden  # a value head needs the forward pass
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
         samples = make_sampler(cfg, whole, tokenizer).sample(prompt_tensor, prompt_mask, settings,
                                                              with_logprobs=use_sampler_logprobs)
@@ -84,6 +85,7 @@ def collect_rollout(
         scores = torch.where(ended, scores, penalised)
     if cfg.reward_clip:
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    greedy_scores = None
     if algo.needs_greedy:
         with dist.gathered_for_generation(actor) as whole:
             greedy = make_sampler(cfg, whole, tokenizer).sample(
@@ -93,7 +95,7 @@ def collect_rollout(
             )
         greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
         prompt_columns = {k: v[::group] for k, v in columns.items()}
-        algo.extras["greedy_scores"] = rewards(prompts, greedy_text, prompt_columns)[0]
+        greedy_scores = rewards(prompts, greedy_text, prompt_columns)[0].repeat_interleave(group).to(device)
     timings["time/score_s"] = time.perf_counter() - started
 
     # Forward passes of the policy, the reference and the critic over the sampled tokens.
@@ -103,14 +105,16 @@ def collect_rollout(
     attention_mask = torch.cat([prompt_mask, response_mask], 1)
     logprobs, ref_logprobs, values, entropy = [], [], [], []
     for rows in torch.arange(len(ids)).split(cfg.micro_batch_size):
+        hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
             entropy.append(samples.entropy[rows])  # type: ignore[index]
         else:
             out = policy_forward(actor, input_ids[rows], attention_mask[rows], P, cfg.temperature,
-                                 with_entropy=True, with_hidden=algo.critic == "head")
+                                 with_entropy=True, with_hidden=critic.needs_hidden)
             logprobs.append(out.logprobs.float())
             entropy.append(out.entropy.float())  # type: ignore[union-attr]
+            hidden = out.hidden
         if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
             ref_logprobs.append(logprobs[-1])
         else:
@@ -118,17 +122,13 @@ def collect_rollout(
                 ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
                 ref_logprobs.append(policy_forward(ref, input_ids[rows].to(ref_device), attention_mask[rows].to(ref_device), P,
                                                    cfg.temperature).logprobs.float().to(device))
-        if algo.critic == "separate":
-            values.append(critic_forward(models.critic, input_ids[rows], attention_mask[rows], P))  # type: ignore[arg-type]
-        elif algo.critic == "head":
-            values.append(models.critic(out.hidden))  # type: ignore[misc]
-        else:
-            values.append(torch.zeros_like(logprobs[-1]))
+        values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
     mask = response_mask.float()
     experience = Experience(
         prompt_ids=prompt_tensor, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
         logprobs=torch.cat(logprobs), ref_logprobs=torch.cat(ref_logprobs), values=torch.cat(values) * mask,
         scores=scores.to(device), rewards=torch.zeros_like(mask), advantages=torch.zeros_like(mask), returns=torch.zeros_like(mask),
+        greedy_scores=greedy_scores,
     )
     timings["time/forward_s"] = time.perf_counter() - started
 
@@ -175,26 +175,30 @@ def gather_rollout(
     """Every rank's rollout concatenated in rank order (rows of rank 0 first), prompts re-padded
     on the left and responses on the right to the widest rank's (B, P) and (B, T)."""
     device = experience.prompt_ids.device
+    local = {name: None if x is None else x.cpu() for name, x in experience.tensors().items()}
     parts = dist.all_gather_objects({
-        "experience": {f.name: getattr(experience, f.name).cpu() for f in fields(experience)},
+        "experience": local,
         "raw_scores": raw_scores.cpu(), "ended": ended.cpu(), "entropy": entropy.cpu(), "completions": completions,
     })
     P = max(p["experience"]["prompt_ids"].shape[1] for p in parts)
     T = max(p["experience"]["response_ids"].shape[1] for p in parts)
-    columns: dict[str, torch.Tensor] = {}
-    for f in fields(experience):
+    columns: dict[str, Any] = {}
+    for name in local:
+        if local[name] is None:  # an optional field this algorithm leaves empty, on every rank
+            columns[name] = None
+            continue
         rows = []
         for p in parts:
-            x = p["experience"][f.name]
-            if f.name in ("prompt_ids", "prompt_mask"):
-                x = _pad_to(x, P, pad_id if f.name == "prompt_ids" else 0, left=True)
+            x = p["experience"][name]
+            if name in ("prompt_ids", "prompt_mask"):
+                x = _pad_to(x, P, pad_id if name == "prompt_ids" else 0, left=True)
             elif x.dim() == 2:
-                x = _pad_to(x, T, pad_id if f.name == "response_ids" else 0, left=False)
+                x = _pad_to(x, T, pad_id if name == "response_ids" else 0, left=False)
             rows.append(x)
-        columns[f.name] = torch.cat(rows).to(device)
+        columns[name] = torch.cat(rows).to(device)
     entropy_all = torch.cat([_pad_to(p["entropy"], T, 0.0, left=False) for p in parts]).to(device)
     return (
-        Experience(**columns),
+        replace(experience, **columns),
         torch.cat([p["raw_scores"] for p in parts]),
         torch.cat([p["ended"] for p in parts]),
         entropy_all,

@@ -14,9 +14,9 @@ from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models
-from proxrl.core import aggregate_loss, entropy_bonus, kl_k3, value_loss
+from proxrl.core import aggregate_loss, entropy_bonus, kl_k3
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import critic_forward, policy_forward
+from proxrl.rollout.forward import policy_forward
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
@@ -41,7 +41,7 @@ def update(
     if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
         raise ProxrlError(f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step must divide across {world} processes")
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
-    named = list(actor.named_parameters()) + ([(f"critic.{n}", p) for n, p in critic.named_parameters()] if critic else [])
+    named = list(actor.named_parameters()) + [(f"critic.{n}", p) for n, p in critic.named_parameters()]
     totals: dict[str, float] = defaultdict(float)
     steps = 0
     P = experience.prompt_ids.shape[1]
@@ -53,9 +53,8 @@ def update(
             step_stats: dict[str, float] = defaultdict(float)
             micro_batches = list(minibatch.split(cfg.micro_batch_size))
             no_sync = contextlib.ExitStack()
-            for model in (actor, critic) if world > 1 else ():
-                if model is not None:
-                    no_sync.enter_context(dist.no_sync(model))
+            for model in (actor, *critic.modules()) if world > 1 else ():
+                no_sync.enter_context(dist.no_sync(model))
             with no_sync:
                 # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
                 _accumulate(cfg, algo, models, experience, micro_batches[rank::world],
@@ -111,11 +110,12 @@ def _accumulate(
 def _minibatch_loss(
     cfg: OnlineConfig, algo: Algorithm, models: Models, mb: Experience, P: int, kl_coef: float, train_policy: bool,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Policy loss (+ KL in the loss, − entropy bonus) + vf_coef × value loss on one micro-batch."""
+    """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
+    micro-batch."""
     actor, critic = models.actor, models.critic
     mask = mb.response_mask.float()
     out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
-                         with_entropy=cfg.entropy_coef > 0, with_hidden=algo.critic == "head")
+                         with_entropy=cfg.entropy_coef > 0, with_hidden=critic.needs_hidden)
     loss = torch.zeros((), device=mask.device)
     stats: dict[str, Tensor] = {}
     if train_policy:
@@ -128,14 +128,9 @@ def _minibatch_loss(
             bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
             stats.update(entropy_stats)
             loss = loss + cfg.entropy_coef * bonus
-    if algo.critic != "none":
-        if algo.critic == "head":
-            new_values = critic(out.hidden)  # type: ignore[misc]
-        else:
-            new_values = critic_forward(critic, mb.input_ids, mb.attention_mask, P)  # type: ignore[arg-type]
-        v_loss, v_stats = value_loss(new_values, mb.values, mb.returns, mask, algo.value_clip, cfg.loss_agg)
-        loss = loss + algo.vf_coef * v_loss
-        stats.update(v_stats)
+    v_loss, v_stats = critic.loss(mb, out.hidden, cfg.loss_agg)  # 0 and {} without a critic
+    loss = loss + v_loss
+    stats.update(v_stats)
     return loss, stats
 
 

@@ -1,0 +1,215 @@
+"""The critic of the online loop behind one small interface: none, a separate value model, or a
+value head on the policy's last hidden state.
+
+An algorithm picks one by option from ``CRITICS`` (PPO's ``critic: separate|head``; the
+critic-free family keeps ``NoCritic``) and binds its ``CriticSettings``; ``roles.load_models``
+loads it. The rollout asks it for V_old(s_t), the update for its weighted value loss, the loop
+for its optimizer, checkpoint state and saved files: none of them asks which one it has.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from proxrl.core import explained_variance, value_loss
+from proxrl.models.lora import trainable_state_dict
+from proxrl.models.scalar_head import load_score_model
+from proxrl.models.tokenizer import resize_for_tokenizer
+from proxrl.models.value_head import ValueHead
+from proxrl.rollout.experience import Experience
+from proxrl.rollout.forward import critic_forward
+
+if TYPE_CHECKING:
+    from proxrl.algos.online.config import OnlineConfig
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """How a critic trains: PPO's ``critic_*``, ``vf_coef`` and ``value_clip`` options."""
+
+    learning_rate: float
+    """AdamW learning rate of the critic's own optimizer."""
+    vf_coef: float
+    """Weight of the value loss in the update's loss."""
+    value_clip: float | None
+    """Clip new values to ±value_clip around the rollout's (None: off)."""
+    warmup_iterations: int = 0
+    """Train only the critic for this many first iterations."""
+    source: str | None = None
+    """Where a separate critic starts (None: the reward model, else the policy)."""
+
+
+class Critic(ABC):
+    """V(s_t) for the online loop, and everything the loop does with the model behind it."""
+
+    needs_hidden: bool = False
+    """The policy's forward pass must return its last hidden state (``values``' ``hidden``)."""
+    warmup_iterations: int = 0
+    """Iterations at the start that train only the critic."""
+
+    @abstractmethod
+    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+        """(B, P+T) ids and mask, with the policy's (B, T, d) last hidden state when
+        ``needs_hidden`` → (B, T) float32 V(s_t) at every response token."""
+
+    @abstractmethod
+    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted value loss (vf_coef × clipped value loss) of a minibatch, and its stats."""
+
+    @abstractmethod
+    def rollout_metrics(self, experience: Experience) -> dict[str, float]:
+        """What the loop logs about the critic once advantages and returns are known."""
+
+    @abstractmethod
+    def modules(self) -> list[nn.Module]:
+        """The trained modules (placed on the device, wrapped by FSDP, synced by DDP)."""
+
+    @abstractmethod
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The critic's own optimizers, built at its learning rate (none without a critic)."""
+
+    @abstractmethod
+    def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
+        """The same critic around ``wrap(module)`` (a sharded engine's wrapper)."""
+
+    @abstractmethod
+    def save_pretrained(self, output_dir: Path) -> None:
+        """Save the critic beside the policy, in a layout transformers (or safetensors) reads."""
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters that train."""
+        return (p for module in self.modules() for p in module.parameters() if p.requires_grad)
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Every parameter of the trained modules, by name (for the non-finite guard's report)."""
+        return (item for module in self.modules() for item in module.named_parameters())
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The trained weights a checkpoint must hold to resume ({} without a critic)."""
+        return {k: v for module in self.modules() for k, v in trainable_state_dict(module).items()}
+
+    def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
+        """Restore what ``state_dict`` returned."""
+        for module in self.modules():
+            module.load_state_dict(tensors, strict=False)
+
+
+class NoCritic(Critic):
+    """The critic-free family: V ≡ 0, nothing trained, saved or logged."""
+
+    @classmethod
+    def load(cls, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> NoCritic:
+        return cls()
+
+    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+        return torch.zeros(input_ids.shape[0], input_ids.shape[1] - prompt_length, dtype=torch.float32, device=input_ids.device)
+
+    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+        return torch.zeros((), device=mb.response_mask.device), {}
+
+    def rollout_metrics(self, experience: Experience) -> dict[str, float]:
+        return {}
+
+    def modules(self) -> list[nn.Module]:
+        return []
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return []
+
+    def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
+        return self
+
+    def save_pretrained(self, output_dir: Path) -> None:
+        pass
+
+
+class _TrainedCritic(Critic):
+    """What a critic with a model shares: its settings, loss, optimizer and metrics."""
+
+    def __init__(self, module: nn.Module, settings: CriticSettings) -> None:
+        self.module = module
+        self.settings = settings
+        self.warmup_iterations = settings.warmup_iterations
+
+    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+        new_values = self.values(mb.input_ids, mb.attention_mask, mb.prompt_ids.shape[1], hidden)
+        v_loss, stats = value_loss(new_values, mb.values, mb.returns, mb.response_mask.float(), self.settings.value_clip, loss_agg)
+        return self.settings.vf_coef * v_loss, stats
+
+    def rollout_metrics(self, experience: Experience) -> dict[str, float]:
+        mask = experience.response_mask.float()
+        return {"value/explained_var": explained_variance(experience.values, experience.returns, mask).item()}
+
+    def modules(self) -> list[nn.Module]:
+        return [self.module]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.AdamW(list(self.parameters()), lr=self.settings.learning_rate, weight_decay=0.0)]
+
+    def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
+        return type(self)(wrap(self.module), self.settings)
+
+
+class SeparateCritic(_TrainedCritic):
+    """A value model of its own in the ``AutoModelForSequenceClassification`` (num_labels=1)
+    layout, its head read at every response token (InstructGPT's critic)."""
+
+    module: PreTrainedModel
+
+    @classmethod
+    def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> SeparateCritic:
+        source = settings.source or cfg.reward_model or cfg.model
+        model = load_score_model(source, new_head="zero", gradient_checkpointing=cfg.gradient_checkpointing, **cfg.loader_kwargs())
+        resize_for_tokenizer(model, tokenizer)
+        return cls(model, settings)
+
+    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+        return critic_forward(self.module, input_ids, attention_mask, prompt_length)
+
+    def save_pretrained(self, output_dir: Path) -> None:
+        """Under ``critic/``, a sequence classifier transformers loads."""
+        self.module.save_pretrained(output_dir / "critic")
+
+
+class ValueHeadCritic(_TrainedCritic):
+    """A zero-initialised linear head on the policy's last hidden state: the critic shares the
+    actor's backbone (its gradient reaches the actor through the hidden state)."""
+
+    module: ValueHead
+    needs_hidden = True
+
+    @classmethod
+    def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> ValueHeadCritic:
+        config: Any = actor.config  # a transformers config (through peft's wrapper under LoRA)
+        return cls(ValueHead(config.hidden_size), settings)
+
+    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+        if hidden is None:
+            raise ValueError("a value head reads the policy's hidden state: run policy_forward with with_hidden=True")
+        values: Tensor = self.module(hidden)
+        return values
+
+    def save_pretrained(self, output_dir: Path) -> None:
+        """``value_head.safetensors`` beside the policy."""
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, str(output_dir / "value_head.safetensors"))
+
+
+CriticLoader = Callable[["OnlineConfig", nn.Module, Any], Critic]
+"""(config, actor, tokenizer) → the critic, its model loaded (``roles.load_models`` calls it
+after the actor and reference, so the random stream is consumed in the same order)."""
+
+CRITICS: dict[str, Callable[[CriticSettings, OnlineConfig, nn.Module, Any], Critic]] = {
+    "separate": SeparateCritic.load,
+    "head": ValueHeadCritic.load,
+}
+"""PPO's ``critic`` option → the load function of that critic (bind its settings first)."""
