@@ -11,8 +11,21 @@ import yaml
 from proxrl import cli
 from proxrl.runtime.checkpoint import CheckpointManager
 
-TINY = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "32",
-        "--epochs", "2", "--no-progress", "--save-every", "1"]
+TINY = [
+    "--env",
+    "CartPole-v1",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "64",
+    "--minibatch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--no-progress",
+    "--save-every",
+    "1",
+]
 
 
 def test_changed_options_are_refused_unless_resume_with_changes(tmp_path, capsys, caplog):
@@ -21,10 +34,13 @@ def test_changed_options_are_refused_unless_resume_with_changes(tmp_path, capsys
     assert cli.main([*argv, "--total-steps", "256", "--stop-at-step", "128"]) == 0
     config = (run / "config.yaml").read_text()
 
-    assert cli.main([*argv, "--total-steps", "256", "--gamma", "0.9", "--seed", "4", "--resume"]) == 2
+    assert (
+        cli.main([*argv, "--total-steps", "256", "--gamma", "0.9", "--seed", "4", "--resume"]) == 2
+    )
     err = capsys.readouterr().err
     assert err == (
-        f"proxrl classic: error: --resume: seed is 4 but the run in {run} ran with 1, gamma is 0.9 (was 0.99); "
+        f"proxrl classic: error: --resume: seed is 4 but the run in {run} ran with 1, "
+        "gamma is 0.9 (was 0.99); "
         "pass --resume-with-changes to continue with the new values\n"
     )
     assert (run / "config.yaml").read_text() == config

@@ -23,7 +23,9 @@ class Trainer:
 
     def __init__(self, seed: int) -> None:
         torch.manual_seed(seed)
-        self.model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)
+        )
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
         self.kl = AdaptiveKL(0.5, target=0.01)
         self.guard = NonFiniteGuard(3)
@@ -32,8 +34,13 @@ class Trainer:
 
     def checkpointer(self, run, keep: int = 3) -> Checkpointer:
         return Checkpointer(run, keep=keep).track(
-            model=self.model, optimizer=self.optimizer, kl=self.kl, guard=self.guard, rng=GlobalRNG(),
-            generator=self.generator, box=Accessors(lambda: dict(self.box), self.box.update),
+            model=self.model,
+            optimizer=self.optimizer,
+            kl=self.kl,
+            guard=self.guard,
+            rng=GlobalRNG(),
+            generator=self.generator,
+            box=Accessors(lambda: dict(self.box), self.box.update),
         )
 
     def step(self) -> None:
@@ -46,8 +53,12 @@ class Trainer:
 
     def draws(self) -> list[float]:
         """One draw from every generator the checkpoint must carry."""
-        return [random.random(), float(np.random.rand()), float(torch.rand(1)),
-                float(torch.rand(1, generator=self.generator))]
+        return [
+            random.random(),
+            float(np.random.rand()),
+            float(torch.rand(1)),
+            float(torch.rand(1, generator=self.generator)),
+        ]
 
 
 def test_save_then_restore_into_fresh_objects_continues_bit_identically(tmp_path):
@@ -57,7 +68,10 @@ def test_save_then_restore_into_fresh_objects_continues_bit_identically(tmp_path
     a.guard.skipped = 2
     saved = a.checkpointer(tmp_path).save(3, iteration=3, recent=[1.5, 2.5])
     a.step()
-    expected_draws, expected_weights = a.draws(), {k: v.clone() for k, v in a.model.state_dict().items()}
+    expected_draws, expected_weights = (
+        a.draws(),
+        {k: v.clone() for k, v in a.model.state_dict().items()},
+    )
 
     b = Trainer(seed=1)  # other weights, optimizer moments, β, generators
     restored = b.checkpointer(tmp_path).restore()
@@ -75,7 +89,10 @@ def test_keeps_the_newest_n(tmp_path):
     checkpointer = trainer.checkpointer(tmp_path, keep=2)
     for step in (1, 2, 3, 4):
         checkpointer.save(step)
-    assert [p.name for p in CheckpointManager(tmp_path).checkpoints()] == ["step_000000003", "step_000000004"]
+    assert [p.name for p in CheckpointManager(tmp_path).checkpoints()] == [
+        "step_000000003",
+        "step_000000004",
+    ]
 
 
 def test_the_format_is_the_managers_groups_and_state(tmp_path):
@@ -84,7 +101,9 @@ def test_the_format_is_the_managers_groups_and_state(tmp_path):
     trainer = Trainer(seed=0)
     path = trainer.checkpointer(tmp_path).save(5, iteration=5)
     tensors, state = CheckpointManager(tmp_path).load(path)
-    assert list(tensors) == ["model"] and tensors["model"].keys() == trainer.model.state_dict().keys()
+    assert (
+        list(tensors) == ["model"] and tensors["model"].keys() == trainer.model.state_dict().keys()
+    )
     assert set(state) == {"optimizer", "kl", "guard", "rng", "generator", "box", "iteration"}
     assert state["kl"] == {"value": 0.5} and state["iteration"] == 5
 
@@ -100,8 +119,12 @@ def test_trainable_weights_save_only_what_trains_and_load_over_the_rest(tmp_path
         for p in model.parameters():
             p.add_(1.0)
     Checkpointer(tmp_path).track(model=TrainableWeights(model)).restore()
-    assert torch.equal(model[0].weight, before["0.weight"] + 1.0)  # not in the checkpoint: left alone
-    assert torch.equal(model[1].weight, before["1.weight"]) and torch.equal(model[1].bias, before["1.bias"])
+    assert torch.equal(
+        model[0].weight, before["0.weight"] + 1.0
+    )  # not in the checkpoint: left alone
+    assert torch.equal(model[1].weight, before["1.weight"]) and torch.equal(
+        model[1].bias, before["1.bias"]
+    )
 
 
 def test_a_checkpoint_of_another_model_is_one_line_naming_a_tensor(tmp_path):

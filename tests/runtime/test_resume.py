@@ -35,7 +35,8 @@ def test_changed_options_are_refused_naming_each_with_both_values(tmp_path):
     with pytest.raises(ProxrlError) as info:
         check_resume(changed)
     assert str(info.value) == (
-        f"--resume: seed is 7 but the run in {tmp_path / 'run'} ran with 1, learning_rate is 0.5 (was 0.001), "
+        f"--resume: seed is 7 but the run in {tmp_path / 'run'} ran with 1, "
+        "learning_rate is 0.5 (was 0.001), "
         "layers is [8] (was [4, 4]); pass --resume-with-changes to continue with the new values"
     )
 
@@ -51,11 +52,19 @@ def test_with_resume_with_changes_the_changes_are_logged_and_returned(tmp_path, 
 def test_the_same_options_and_the_free_ones_pass(tmp_path):
     cfg = _run(tmp_path, save_every=5, progress=True)
     assert check_resume(cfg) == {}  # tuples compare as the lists YAML holds
-    free = dataclasses.replace(cfg, save_every=1, keep_checkpoints=9, progress=False,
-                               output_dir=cfg.output_dir + "/")
+    free = dataclasses.replace(
+        cfg, save_every=1, keep_checkpoints=9, progress=False, output_dir=cfg.output_dir + "/"
+    )
     assert check_resume(free) == {}
-    assert {"resume", "overwrite", "resume_with_changes", "progress", "stop_at_step",
-            "save_every", "keep_checkpoints"} <= RESUME_FREE
+    assert {
+        "resume",
+        "overwrite",
+        "resume_with_changes",
+        "progress",
+        "stop_at_step",
+        "save_every",
+        "keep_checkpoints",
+    } <= RESUME_FREE
 
 
 def test_nothing_to_compare_without_resume_or_without_a_saved_config(tmp_path):

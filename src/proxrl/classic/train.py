@@ -58,6 +58,7 @@ from proxrl.runtime.signals import GracefulStop
 
 Config = ClassicConfig
 
+
 def _action_kind(env_id: str) -> tuple[bool, int, int]:
     """(discrete, obs_dim, action_dim) of an environment, from a throwaway instance."""
     env = make_vec_env(env_id, 1)

@@ -86,7 +86,11 @@ class TrainableWeights:
         self.module = module
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {name: p.detach().clone() for name, p in self.module.named_parameters() if p.requires_grad}
+        return {
+            name: p.detach().clone()
+            for name, p in self.module.named_parameters()
+            if p.requires_grad
+        }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         _, unexpected = self.module.load_state_dict(state, strict=False)
@@ -108,7 +112,10 @@ def _as_stateful(obj: Any) -> Stateful | Sequence[Stateful]:
         return Accessors(obj.get_state, obj.set_state)
     if isinstance(obj, (list, tuple)):
         return [_as_stateful(o) for o in obj]  # type: ignore[misc]
-    if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+    if not (
+        callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    ):
         raise TypeError(f"{type(obj).__name__} has no state_dict()/load_state_dict() to checkpoint")
     return obj  # type: ignore[no-any-return]
 
@@ -126,7 +133,11 @@ class Checkpointer:
     """
 
     def __init__(
-        self, output_dir: str | Path, keep: int = 3, *, rank_rng: bool = False,
+        self,
+        output_dir: str | Path,
+        keep: int = 3,
+        *,
+        rank_rng: bool = False,
         reseed: Callable[[int], None] | None = None,
     ) -> None:
         self.manager = CheckpointManager(output_dir, keep=keep)
@@ -141,7 +152,7 @@ class Checkpointer:
         return self.manager.root
 
     def track(self, **entries: Any) -> Checkpointer:
-        """Register what is saved and restored, by name; ``None`` entries are skipped. Returns self."""
+        """Register what is saved and restored, by name (``None``: skipped); returns self."""
         for name, obj in entries.items():
             if name in self._weights or name in self._states or name == RANK_RNG:
                 raise ValueError(f"checkpoint entry {name!r} is registered twice or reserved")
@@ -161,7 +172,9 @@ class Checkpointer:
         if clash:
             raise ValueError(f"counters {sorted(clash)} clash with tracked entries")
         world = dist.world_size()
-        rng_ranks = dist.all_gather_objects(capture_rng_state()) if self.rank_rng and world > 1 else None
+        rng_ranks = (
+            dist.all_gather_objects(capture_rng_state()) if self.rank_rng and world > 1 else None
+        )
         saved = ""
         if dist.is_main():
             tensors = {name: obj.state_dict() for name, obj in self._weights.items()}
@@ -206,7 +219,9 @@ def _state_of(entry: Stateful | Sequence[Stateful]) -> Any:
     return entry.state_dict()  # type: ignore[union-attr]
 
 
-def _load(entry: Stateful | Sequence[Stateful], saved: dict[str, Any], name: str, path: Path) -> None:
+def _load(
+    entry: Stateful | Sequence[Stateful], saved: dict[str, Any], name: str, path: Path
+) -> None:
     if name not in saved:
         log.warning("checkpoint %s holds no %r; it keeps its fresh state", path, name)
         return

@@ -35,26 +35,39 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 
-RESUME_FREE = frozenset({
-    "resume", "overwrite", "resume_with_changes",  # how this invocation treats the directory
-    "output_dir",  # a run directory may be moved or copied and resumed there
-    "progress", "debug", "quiet",  # what is shown
-    "stop_at_step",  # classic: where this session stops, not what a step does
-    "save_every", "keep_checkpoints", "max_consecutive_skips",  # how the run is saved and guarded
-})
+RESUME_FREE = frozenset(
+    {
+        "resume",
+        "overwrite",
+        "resume_with_changes",  # how this invocation treats the directory
+        "output_dir",  # a run directory may be moved or copied and resumed there
+        "progress",
+        "debug",
+        "quiet",  # what is shown
+        "stop_at_step",  # classic: where this session stops, not what a step does
+        "save_every",
+        "keep_checkpoints",
+        "max_consecutive_skips",  # how the run is saved and guarded
+    }
+)
 
 
-def changed_options(saved: Mapping[str, Any], now: Mapping[str, Any],
-                    free: Iterable[str] = RESUME_FREE) -> dict[str, tuple[Any, Any]]:
+def changed_options(
+    saved: Mapping[str, Any], now: Mapping[str, Any], free: Iterable[str] = RESUME_FREE
+) -> dict[str, tuple[Any, Any]]:
     """``{option: (saved value, new value)}`` for every option in both that differs, in the
     order of ``now``; ``free`` options are left out."""
     skip = set(free)
-    return {key: (saved[key], value) for key, value in now.items()
-            if key not in skip and key in saved and saved[key] != value}
+    return {
+        key: (saved[key], value)
+        for key, value in now.items()
+        if key not in skip and key in saved and saved[key] != value
+    }
 
 
-def check_resume(cfg: Any, config_file: str = CONFIG_FILE, what: str = "run",
-                 also_free: Iterable[str] = ()) -> dict[str, tuple[Any, Any]]:
+def check_resume(
+    cfg: Any, config_file: str = CONFIG_FILE, what: str = "run", also_free: Iterable[str] = ()
+) -> dict[str, tuple[Any, Any]]:
     """Apply the policy to ``cfg`` (a config with ``output_dir``, ``resume`` and
     ``resume_with_changes``): nothing to do unless resuming a run whose ``config_file`` exists;
     changed options are refused unless ``cfg.resume_with_changes``, then logged. Returns the
@@ -66,7 +79,9 @@ def check_resume(cfg: Any, config_file: str = CONFIG_FILE, what: str = "run",
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ProxrlError(f"--resume: {path} is not a readable YAML config ({type(exc).__name__})") from None
+        raise ProxrlError(
+            f"--resume: {path} is not a readable YAML config ({type(exc).__name__})"
+        ) from None
     if not isinstance(saved, dict):
         raise ProxrlError(f"--resume: {path} does not hold a mapping of option: value")
     # The new config as its YAML file would read back, so tuples, floats and paths compare alike.
@@ -76,7 +91,9 @@ def check_resume(cfg: Any, config_file: str = CONFIG_FILE, what: str = "run",
         return {}
     if not getattr(cfg, "resume_with_changes", False):
         (first, (old, new)), *rest = changes.items()
-        message = f"--resume: {first} is {new!r} but the {what} in {cfg.output_dir} ran with {old!r}"
+        message = (
+            f"--resume: {first} is {new!r} but the {what} in {cfg.output_dir} ran with {old!r}"
+        )
         message += "".join(f", {key} is {n!r} (was {o!r})" for key, (o, n) in rest)
         raise ProxrlError(message + "; pass --resume-with-changes to continue with the new values")
     if dist.is_main():
