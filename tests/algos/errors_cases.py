@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from proxrl.algos.offline import sft
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
+from proxrl.runtime.config import save_config_file
 
 GOOD_SFT = [{"prompt": f"copy: {w} =", "completion": f" {w}"} for w in ["abc", "bca", "cab", "dab", "bad", "fed", "ace", "cafe"]]
 GOOD_PAIRS = [{"prompt": f"say: {w} ->", "chosen": " abcd.", "rejected": f" wxyz{i}."} for i, w in enumerate("efghijkl")]
@@ -83,6 +85,9 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
     # A run whose checkpoint holds another model's weights.
     other = prepare_output_dir(root / "runs" / "other", resume=False, overwrite=False)
     CheckpointManager(other).save(4, {"model": {"encoder.weight": torch.zeros(2)}}, {"step": 4})
+    # A run started with `sft --model model --data sft.jsonl` (the options --resume compares).
+    started = prepare_output_dir(root / "runs" / "started", resume=False, overwrite=False)
+    save_config_file(sft.Config(model="model", data="sft.jsonl", output_dir="runs/started"), started / "config.yaml")
     return root
 
 
@@ -297,6 +302,12 @@ CASES: list[Case] = [
          "proxrl classic: error: --gamma must lie in [0, 1]"),
     Case("classic: max_consecutive_skips 0", (*CLASSIC, "--max-consecutive-skips", "0"),
          "proxrl classic: error: --max-consecutive-skips must be > 0, got 0"),
+    # -- resume with changed options (runtime.resume) ----------------------------------------
+    Case("--resume with changed options", ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "runs/started",
+                                           "--resume", "--learning-rate", "0.5", "--seed", "7"),
+         "proxrl sft: error: --resume: seed is 7 but the run in runs/started ran with 1, learning_rate is 0.5 (was 2e-05); "
+         "pass --resume-with-changes to continue with the new values"),
+    # --
 ]
 
 

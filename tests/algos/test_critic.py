@@ -108,6 +108,7 @@ def test_no_critic_gives_zero_values_and_trains_nothing():
     loss, stats = critic.loss(exp, None, "token-mean")
     assert float(loss) == 0.0 and stats == {}
     assert (list(critic.parameters()), critic.modules(), critic.optimizers(), critic.state_dict()) == ([], [], [], {})
+    assert critic.checkpoint_weights() is None
     assert critic.rollout_metrics(exp) == {} and critic.warmup_iterations == 0
     assert critic.wrapped(lambda m: pytest.fail("nothing to wrap")) is critic
 
@@ -142,7 +143,7 @@ def test_value_head_state_round_trips_and_saves_beside_the_policy(tmp_path: Path
     with torch.no_grad():
         trained.module.linear.weight.normal_()
     fresh = ValueHeadCritic(ValueHead(3), SETTINGS)
-    fresh.load_state_dict(trained.state_dict())
+    fresh.checkpoint_weights().load_state_dict(trained.checkpoint_weights().state_dict())
     assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), trained.parameters(), strict=True))
     [optimizer] = trained.optimizers()
     assert optimizer.param_groups[0]["lr"] == 1e-3 and optimizer.param_groups[0]["weight_decay"] == 0.0

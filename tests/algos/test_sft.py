@@ -150,7 +150,8 @@ def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path, lora_r):
     sft.train(straight)
     first = _config(tiny_lm, tmp_path / "b", max_steps=2, **common)
     sft.train(first)
-    sft.train(_config(tiny_lm, tmp_path / "b", max_steps=5, resume=True, **common))
+    # extending the run changes max_steps: a changed option, so --resume-with-changes
+    sft.train(_config(tiny_lm, tmp_path / "b", max_steps=5, resume=True, resume_with_changes=True, **common))
     weights = "adapter_model.safetensors" if lora_r else "model.safetensors"
     a = load_file(str(Path(straight.output_dir) / weights))
     b = load_file(str(Path(first.output_dir) / weights))

@@ -184,6 +184,29 @@ def test_resume_refuses_other_options(toy_demo: Path, capsys: pytest.CaptureFixt
     assert "--resume: rl_iterations is 3 but the demo in" in capsys.readouterr().err
 
 
+def test_resume_with_changes_keeps_finished_stages_and_runs_with_the_new_options(
+    toy_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one resume policy (runtime.resume): a changed option goes through with
+    ``--resume-with-changes``; the finished stages are kept and demo_config.yaml is rewritten."""
+    import shutil
+
+    import yaml
+
+    from proxrl.algos.offline import reward, sft
+    from proxrl.algos.online import grpo, ppo
+
+    out = tmp_path / "demo"
+    shutil.copytree(toy_demo, out)
+    for module in (sft, reward, ppo, grpo):
+        monkeypatch.setattr(module, "train", lambda cfg: pytest.fail(f"{cfg.output_dir} ran again"))
+    changed = [arg if arg != "3" else "4" for arg in TOY]  # --seed 3 → 4
+    assert cli.main(["demo", "--output-dir", str(out), *changed, "--resume"]) == 2
+    assert cli.main(["demo", "--output-dir", str(out), *changed, "--resume", "--resume-with-changes"]) == 0
+    assert yaml.safe_load((out / "demo_config.yaml").read_text())["seed"] == 4
+    assert json.loads((out / "summary.json").read_text())["policies"].keys() == {"sft", "ppo", "ppo_no_kl", "grpo"}
+
+
 # ------------------------------------------------------------------------------- the task
 
 

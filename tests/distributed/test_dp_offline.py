@@ -122,7 +122,9 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
     check(torchrun(["-m", "proxrl", "sft", "--config", three, "--output-dir", str(tmp_path / "resumed")]))
     from proxrl.runtime.config import parse_config
 
-    sft.train(parse_config(sft.Config, ["--config", six, "--output-dir", str(tmp_path / "resumed"), "--resume"], prog="proxrl"))
+    # extending the run changes max_steps: a changed option, so --resume-with-changes
+    sft.train(parse_config(sft.Config, ["--config", six, "--output-dir", str(tmp_path / "resumed"), "--resume",
+                                        "--resume-with-changes"], prog="proxrl"))
     _run_one_process(sft, six, tmp_path / "straight")
     loss_diff, weight_diff, moved = _compare(tmp_path / "straight", tmp_path / "resumed", tiny_lm)
     print(f"sft 2-proc checkpoint resumed on 1 proc: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}")

@@ -103,7 +103,9 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
     check(subprocess.run([sys.executable, "-m", "proxrl", "grpo", "--config", str(first), "--output-dir", str(out)],
                          env=_env(), capture_output=True, text=True, timeout=120))
     before = read_metrics(out)
-    check(torchrun(["-m", "proxrl", "grpo", "--config", str(second), "--output-dir", str(out), "--resume"]))
+    # extending the run changes iterations: a changed option, so --resume-with-changes
+    check(torchrun(["-m", "proxrl", "grpo", "--config", str(second), "--output-dir", str(out), "--resume",
+                    "--resume-with-changes"]))
     after = read_metrics(out)
     assert [r["step"] for r in after] == [1, 2, 3, 4]
     assert after[:2] == before

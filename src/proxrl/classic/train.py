@@ -33,7 +33,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-import yaml
 
 from proxrl.classic.agent import Agent
 from proxrl.classic.config import ClassicConfig
@@ -47,19 +46,17 @@ from proxrl.classic.ppo import ppo_update
 from proxrl.classic.rollout import Collector
 from proxrl.classic.trpo import trpo_update
 from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
-from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
-from proxrl.runtime.config import config_to_dict
+from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.checkpointer import Accessors, Checkpointer, GlobalRNG
+from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
+from proxrl.runtime.resume import check_resume
+from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
 
 Config = ClassicConfig
-
-# Fields that may differ between a run and its resumption without changing what is computed.
-_RESUME_FREE = {"resume", "overwrite", "stop_at_step", "progress", "save_every", "keep_checkpoints",
-                "max_consecutive_skips"}
 
 
 def _action_kind(env_id: str) -> tuple[bool, int, int]:
@@ -76,20 +73,6 @@ def _action_kind(env_id: str) -> tuple[bool, int, int]:
     raise ProxrlError(f"--env {env_id}: action space {act_space} is not supported")
 
 
-def _write_config(cfg: ClassicConfig, out: Path) -> None:
-    path = out / "config.yaml"
-    new = config_to_dict(cfg)
-    if cfg.resume and path.exists():
-        old = yaml.safe_load(path.read_text()) or {}
-        changed = sorted(k for k in new if k not in _RESUME_FREE and old.get(k) != new[k])
-        if changed:
-            warnings.warn(
-                f"resuming with changed settings {changed}; the run continues with the new ones",
-                stacklevel=3,
-            )
-    path.write_text(yaml.safe_dump(new, sort_keys=False))
-
-
 def train(cfg: ClassicConfig) -> dict[str, Any]:
     """Train, write metrics, checkpoints and summary.json; return the summary."""
     # 1. Fill the defaults of this kind of environment and check the result.
@@ -98,8 +81,9 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     assert cfg.num_envs and cfg.num_steps and cfg.lr and cfg.total_steps
 
     # 2. Output directory (with the resolved config), one torch thread, seeds.
+    check_resume(cfg)  # compared with the resolved options the run wrote
     out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    _write_config(cfg, out)
+    save_config_file(cfg, out / "config.yaml")
     torch.set_num_threads(cfg.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)
     seed_everything(cfg.seed)
@@ -120,52 +104,34 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         cfg.gamma, cfg.seed,
     )
     metrics = MetricsLogger(out)
-    checkpoints = CheckpointManager(out, keep=cfg.keep_checkpoints)
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
+    checkpointer = Checkpointer(out, keep=cfg.keep_checkpoints)
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpointer.root)
     recent: deque[float] = deque(maxlen=100)
     iteration, global_step, episodes_done, elapsed_before = 0, 0, 0, 0.0
 
-    # 4. Resume: restore every piece of state from the newest verified checkpoint.
+    # 4. What a checkpoint holds (weights, optimiser, controller, guard, normalisers and the
+    #    running episodes, RNGs; the counters at save) and the resume from the newest one. Envs
+    #    that cannot be snapshot restart their episodes.
+    exact = all(snapshot_supported(e) for e in envs.envs)
+    collector_state = Accessors(collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=exact))
+    checkpointer.track(agent=agent, optimizer=optimizer, kl_ctrl=kl_ctrl, guard=guard,
+                       collector=collector_state, rng=GlobalRNG())
     if cfg.resume:
-        path = checkpoints.latest()
-        if path is None:
-            raise ProxrlError(
-                f"--resume: no complete checkpoint in {checkpoints.root}; use --overwrite to "
-                "start afresh"
-            )
-        tensors, state = checkpoints.load(path)
-        agent.load_state_dict(tensors["agent"])
-        optimizer.load_state_dict(state["optimizer"])
-        kl_ctrl.load_state_dict(state["kl_ctrl"])
-        guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
-        exact = all(snapshot_supported(e) for e in envs.envs)
-        collector.load_state_dict(state["collector"], envs_too=exact)
+        restored = checkpointer.restore()
         if not exact:
             warnings.warn(f"{cfg.env}: episodes in progress restart on resume", stacklevel=2)
-        restore_rng_state(state["rng"])
-        iteration, global_step = state["iteration"], state["global_step"]
-        episodes_done, elapsed_before = state["episodes"], state["elapsed_s"]
-        recent.extend(state["recent_returns"])
+        counters = restored.counters
+        iteration, global_step = counters["iteration"], counters["global_step"]
+        episodes_done, elapsed_before = counters["episodes"], counters["elapsed_s"]
+        recent.extend(counters["recent_returns"])
         metrics.truncate_after(global_step)
         done = "; the run is already complete" if iteration >= cfg.num_iterations else ""
-        print(f"resumed {path} at step {global_step}{done}", file=sys.stderr)
+        print(f"resumed {restored.path} at step {global_step}{done}", file=sys.stderr)
 
     def save() -> Path:
-        return checkpoints.save(
-            global_step,
-            {"agent": agent.state_dict()},
-            {
-                "optimizer": optimizer.state_dict(),
-                "kl_ctrl": kl_ctrl.state_dict(),
-                "guard": guard.state_dict(),
-                "collector": collector.state_dict(),
-                "rng": capture_rng_state(),
-                "iteration": iteration,
-                "global_step": global_step,
-                "episodes": episodes_done,
-                "elapsed_s": elapsed_before + time.perf_counter() - start,
-                "recent_returns": list(recent),
-            },
+        return checkpointer.save(
+            global_step, iteration=iteration, global_step=global_step, episodes=episodes_done,
+            elapsed_s=elapsed_before + time.perf_counter() - start, recent_returns=list(recent),
         )
 
     # 5. The loop: collect → GAE → update → log → checkpoint (→ stop on SIGINT/SIGTERM).
@@ -234,8 +200,8 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             # 5f. SIGINT/SIGTERM: the iteration is complete; save it and stop (exit 130/143).
             if stop.requested and iteration < cfg.num_iterations and global_step < stop_at:
                 raise stop.interrupted(saved or save())
-    latest = checkpoints.latest()
-    final = latest if latest and checkpoints.step_of(latest) == global_step else save()
+    latest = checkpointer.manager.latest()
+    final = latest if latest and checkpointer.manager.step_of(latest) == global_step else save()
     envs.close()
 
     # 6. Summary: mean return of the last 100 training episodes.

@@ -39,7 +39,7 @@ import resource
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +57,10 @@ from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
-from proxrl.runtime.config import load_config_file, save_config_file
+from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class Config:
     """Continue an interrupted demo in output_dir, with the same options: finished stages are kept,
     a stopped RL stage resumes from its last checkpoint (Ctrl-C saves one, and one is kept every
     quarter of a run), and a stage with none starts over."""
+    resume_with_changes: bool = False
+    """With --resume: continue even though options differ from the demo's demo_config.yaml (without
+    it such a resume is refused, naming the changed options); every stage then runs with the new ones."""
     sft_examples: int = 2000
     """Demonstrations (prompt → the sloppy annotator's answer)."""
     demo_accuracy: float = 0.3
@@ -190,27 +194,25 @@ class Stopwatch:
 
 # Written into a stage's run directory once its trainer has returned: ``--resume`` skips it.
 STAGE_DONE = "demo_stage_done"
-RESUME_IGNORES = {"resume", "overwrite", "progress", "threads"}  # options that may change on resume
+DEMO_CONFIG = "demo_config.yaml"
+RESUME_ALSO_FREE = {"threads"}  # the demo's own option that may change on resume (runtime.resume has the rest)
 
 
 def check_same_demo(cfg: Config) -> None:
-    """``--resume`` continues the demo in ``output_dir`` only with the options it started with."""
-    saved_path = Path(cfg.output_dir) / "demo_config.yaml"
-    if not saved_path.is_file():
-        raise ProxrlError(f"--resume: {cfg.output_dir} holds no demo to resume (no demo_config.yaml)")
-    saved = load_config_file(Config, saved_path, validate=False)
-    for field in fields(Config):
-        before, now = getattr(saved, field.name), getattr(cfg, field.name)
-        if field.name not in RESUME_IGNORES and before != now:
-            raise ProxrlError(f"--resume: {field.name} is {now!r} but the demo in {cfg.output_dir} ran with {before!r}")
+    """``--resume`` continues the demo in ``output_dir`` with the options it started with, unless
+    ``--resume-with-changes`` (``runtime.resume``: one policy for every command)."""
+    if not (Path(cfg.output_dir) / DEMO_CONFIG).is_file():
+        raise ProxrlError(f"--resume: {cfg.output_dir} holds no demo to resume (no {DEMO_CONFIG})")
+    check_resume(cfg, config_file=DEMO_CONFIG, what="demo", also_free=RESUME_ALSO_FREE)
 
 
 class StageRunner:
     """Runs one trainer stage; with ``resume``, a stage that finished is skipped (its last
     metrics row returned), one with a checkpoint resumes from it and any other starts over."""
 
-    def __init__(self, resume: bool) -> None:
+    def __init__(self, resume: bool, resume_with_changes: bool = False) -> None:
         self.resume = resume
+        self.resume_with_changes = resume_with_changes
 
     def __call__(self, train_fn: Any, config: Any) -> dict[str, float]:
         stage_dir = Path(config.output_dir)
@@ -218,7 +220,8 @@ class StageRunner:
             print(f"[demo] {stage_dir.name}: finished before, kept", flush=True)
             return last_metrics(stage_dir)
         has_checkpoint = self.resume and CheckpointManager(stage_dir).latest() is not None
-        metrics: dict[str, float] = train_fn(replace(config, resume=has_checkpoint, overwrite=not has_checkpoint))
+        metrics: dict[str, float] = train_fn(replace(config, resume=has_checkpoint, overwrite=not has_checkpoint,
+                                                     resume_with_changes=self.resume_with_changes))
         (stage_dir / STAGE_DONE).write_text("", encoding="utf-8")
         return metrics
 
@@ -253,10 +256,10 @@ def train(cfg: Config) -> dict[str, Any]:
     if cfg.resume:
         check_same_demo(cfg)
     out = prepare_output_dir(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite and not cfg.resume)
-    if not cfg.resume:
-        save_config_file(cfg, out / "demo_config.yaml")
+    if not cfg.resume or cfg.resume_with_changes:
+        save_config_file(cfg, out / DEMO_CONFIG)
     watch = Stopwatch()
-    run = StageRunner(resume=cfg.resume)
+    run = StageRunner(resume=cfg.resume, resume_with_changes=cfg.resume_with_changes)
     seed_everything(cfg.seed)
 
     with watch.stage("data"):

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from torch import Tensor, nn
 
+from proxrl.runtime.checkpointer import TrainableWeights
+
 
 def apply_lora(
     model: nn.Module,
@@ -37,8 +39,8 @@ def apply_lora(
 
 def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """Only the parameters that train (all of them without LoRA; adapters + head with it):
-    what a checkpoint must hold to resume."""
-    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    what a checkpoint must hold to resume, as ``runtime.checkpointer.TrainableWeights`` saves it."""
+    return TrainableWeights(model).state_dict()
 
 
 @contextlib.contextmanager

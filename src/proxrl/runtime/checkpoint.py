@@ -15,6 +15,9 @@ match the manifest, e.g. after a disk error or a manual edit. Nothing is unpickl
 ``state.pt`` is read with ``torch.load(weights_only=True)``. Weights holding a NaN or Inf are
 refused (``ProxrlError``) before anything is written, so a poisoned step can never replace a good
 checkpoint.
+
+Trainers do not call ``CheckpointManager`` directly: they register their state with
+``runtime.checkpointer.Checkpointer``, which packs it into this layout.
 """
 
 from __future__ import annotations

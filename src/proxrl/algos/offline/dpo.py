@@ -47,6 +47,7 @@ from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_f
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    check_resume(cfg)  # changed options are refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id
 

@@ -34,15 +34,13 @@ from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
-from proxrl.models.lora import trainable_state_dict
 from proxrl.models.options import ModelRunConfig
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -181,46 +179,26 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     loss_fn = under_autocast(task.loss_fn, cfg)
-    checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpoints.root)
+    checkpointer = Checkpointer(output_dir, keep=cfg.keep_checkpoints)
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpointer.root)
 
-    # 3. Resume: trainable weights, optimizer, RNG, step counter, skip counters. Checked before
-    #    anything in output_dir is touched, so a failed resume leaves the run as it was.
+    # 3. What a checkpoint holds: trainable weights, optimizer, RNG, skip counters and, as a
+    #    counter, the step (which fixes the data position). Resume is checked before anything in
+    #    output_dir is touched, so a failed resume leaves the run as it was.
+    checkpointer.track(model=TrainableWeights(model), optimizer=optimizer, rng=GlobalRNG(), guard=guard)
     step = 0
     if cfg.resume:
-        latest = checkpoints.latest()
-        if latest is None:
-            raise ProxrlError(f"--resume: no complete checkpoint in {checkpoints.root}")
-        tensors, state = checkpoints.load(latest)
-        mismatch = f"checkpoint {latest} does not match this run's model (another model or lora_r?)"
-        try:
-            _, unexpected = model.load_state_dict(tensors["model"], strict=False)
-            if unexpected:
-                raise ProxrlError(f"{mismatch}: found {len(unexpected)} unknown tensors such as {unexpected[0]!r}")
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError) as exc:
-            raise ProxrlError(f"{mismatch}: {str(exc).strip().splitlines()[-1].strip()}") from None
-        restore_rng_state(state["rng"])
-        guard.load_state_dict(state.get("guard", {"consecutive": 0, "skipped": 0}))
-        step = int(state["step"])
+        restored = checkpointer.restore()
+        step = int(restored.counters["step"])
     logger = MetricsLogger(output_dir, enabled=dist.is_main())
     if dist.is_main():
         save_config_file(cfg, output_dir / "config.yaml")
     if cfg.resume:
         logger.truncate_after(step)
-        log.info("resumed from %s at step %d of %d", latest, step, total_steps)
+        log.info("resumed from %s at step %d of %d", restored.path, step, total_steps)
 
     def save(at_step: int) -> Path:
-        saved = None
-        if dist.is_main():  # rank 0 writes; the others wait for its path
-            state = {
-                "step": at_step,
-                "optimizer": optimizer.state_dict(),
-                "rng": capture_rng_state(),
-                "guard": guard.state_dict(),
-            }
-            saved = str(checkpoints.save(at_step, {"model": trainable_state_dict(model)}, state))
-        return Path(dist.broadcast_object(saved) or "")
+        return checkpointer.save(at_step, step=at_step)
 
     # 4. Train.
     model.train()

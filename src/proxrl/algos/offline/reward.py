@@ -54,6 +54,7 @@ from proxrl.models.scalar_head import load_score_model, sequence_scores, store_s
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    check_resume(cfg)  # changed options are refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.

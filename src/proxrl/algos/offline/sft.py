@@ -38,6 +38,7 @@ from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
+from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def train(cfg: Config) -> dict[str, float]:
     #    written, so a typo leaves no half-made run directory behind.
     cfg.validate()
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    check_resume(cfg)  # changed options are refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: validated rows → token ids with the prompt masked; a held-out split.

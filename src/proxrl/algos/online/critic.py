@@ -20,12 +20,12 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from proxrl.core import explained_variance, value_loss
-from proxrl.models.lora import trainable_state_dict
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import resize_for_tokenizer
 from proxrl.models.value_head import ValueHead
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward
+from proxrl.runtime.checkpointer import TrainableWeights
 
 if TYPE_CHECKING:
     from proxrl.algos.online.config import OnlineConfig
@@ -93,13 +93,13 @@ class Critic(ABC):
         return (item for module in self.modules() for item in module.named_parameters())
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The trained weights a checkpoint must hold to resume ({} without a critic)."""
-        return {k: v for module in self.modules() for k, v in trainable_state_dict(module).items()}
+        """The trained weights, as a module's ``state_dict`` would give them ({} without a critic)."""
+        weights = self.checkpoint_weights()
+        return weights.state_dict() if weights is not None else {}
 
-    def load_state_dict(self, tensors: dict[str, Tensor]) -> None:
-        """Restore what ``state_dict`` returned."""
-        for module in self.modules():
-            module.load_state_dict(tensors, strict=False)
+    @abstractmethod
+    def checkpoint_weights(self) -> TrainableWeights | None:
+        """What a checkpoint holds of the critic: its trained weights (None without a critic)."""
 
 
 class NoCritic(Critic):
@@ -130,6 +130,9 @@ class NoCritic(Critic):
     def save_pretrained(self, output_dir: Path) -> None:
         pass
 
+    def checkpoint_weights(self) -> None:
+        return None
+
 
 class _TrainedCritic(Critic):
     """What a critic with a model shares: its settings, loss, optimizer and metrics."""
@@ -156,6 +159,9 @@ class _TrainedCritic(Critic):
 
     def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
         return type(self)(wrap(self.module), self.settings)
+
+    def checkpoint_weights(self) -> TrainableWeights:
+        return TrainableWeights(self.module)
 
 
 class SeparateCritic(_TrainedCritic):

@@ -24,15 +24,15 @@ from proxrl.algos.online.rollout import collect_rollout, prompt_order
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample
-from proxrl.models.lora import trainable_state_dict
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import CheckpointManager, check_output_dir, prepare_output_dir
+from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import save_config_file
-from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
+from proxrl.runtime.resume import check_resume
+from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 1. Output directory, seeds, models, reward sources, prompts.
     # Everything the user handed us is checked before the output directory is touched.
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    check_resume(cfg)
     seed_everything(cfg.seed)
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
@@ -78,62 +79,37 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
     kl = kl_controller(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    checkpoints = CheckpointManager(output_dir, keep=cfg.keep_checkpoints)
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoints.root)
+    checkpointer = Checkpointer(
+        output_dir, keep=cfg.keep_checkpoints, rank_rng=True,
+        # another world size: a fresh stream per rank, still a function of the iteration
+        reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
+    )
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpointer.root)
     logger = MetricsLogger(output_dir, enabled=dist.is_main())
     if world > 1:
         seed_everything(dist.sampler_seed(cfg.seed))
 
-    def save(done: int) -> Path:
-        rng_ranks = dist.all_gather_objects(capture_rng_state()) if world > 1 else []
-        if not dist.is_main():
-            return Path(dist.broadcast_object(""))
-        tensors = {"actor": trainable_state_dict(models.actor)}
-        critic_state = models.critic.state_dict()
-        if critic_state:  # the critic-free family has none
-            tensors["critic"] = critic_state
-        if cfg.ref_reset_every and models.reference is not None:
-            tensors["reference"] = {k: v.detach().clone() for k, v in models.reference.state_dict().items()}
-        state = {
-            "iteration": done, "optimizers": [opt.state_dict() for opt in optimizers], "kl": kl.state_dict(),
-            "penalty": algo.penalty.state_dict() if algo.penalty else {}, "rng": capture_rng_state(),
-            "generator": generator.get_state(), "guard": guard.state_dict(),
-        }
-        if world > 1:
-            state["rng_ranks"] = rng_ranks  # each rank's sampler stream
-            return Path(dist.broadcast_object(str(checkpoints.save(done, tensors, state))))
-        return checkpoints.save(done, tensors, state)
+    # 3. What a checkpoint holds, registered once: the trained weights, optimizers, controllers,
+    #    RNGs (each rank's sampler stream too) and, as a counter, the iteration (which fixes the
+    #    data position). Resume restores all of it.
+    checkpointer.track(actor=TrainableWeights(models.actor))
+    checkpointer.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
+    if cfg.ref_reset_every:  # a reference that moves is state; a frozen one is reloaded from disk
+        checkpointer.track(reference=models.reference)
+    checkpointer.track(optimizers=optimizers, kl=kl, penalty=algo.penalty, rng=GlobalRNG(),
+                       generator=generator, guard=guard)
 
-    # 3. Resume: weights, optimizers, controllers, RNGs, iteration (which fixes the data position).
+    def save(done: int) -> Path:
+        return checkpointer.save(done, iteration=done)
+
     start = 0
     if cfg.resume:
-        latest = checkpoints.latest()
-        if latest is None:
-            raise ProxrlError(f"--resume: no complete checkpoint in {output_dir}")
-        tensors, state = checkpoints.load(latest)
-        models.actor.load_state_dict(tensors["actor"], strict=False)
-        models.critic.load_state_dict(tensors.get("critic", {}))
-        if "reference" in tensors and models.reference is not None:
-            models.reference.load_state_dict(tensors["reference"])
-        for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
-            opt.load_state_dict(opt_state)
-        kl.load_state_dict(state["kl"])
-        if algo.penalty is not None:
-            algo.penalty.load_state_dict(state["penalty"])
-        restore_rng_state(state["rng"])
-        if world > 1:  # this rank's stream, or (another world size) a fresh one per rank
-            ranks = state.get("rng_ranks", [])
-            if len(ranks) == world:
-                restore_rng_state(ranks[dist.rank()])
-            else:
-                seed_everything(dist.sampler_seed(cfg.seed) + 7919 * int(state["iteration"]))
-        generator.set_state(state["generator"])
-        guard.load_state_dict(state["guard"])
-        start = int(state["iteration"])
+        restored = checkpointer.restore()
+        start = int(restored.counters["iteration"])
         logger.truncate_after(start)
         if dist.is_main():
             truncate_samples(output_dir, start)
-        log.info("resumed from %s at iteration %d", latest, start)
+        log.info("resumed from %s at iteration %d", restored.path, start)
 
     # 4. Iterate.
     last: dict[str, float] = {}

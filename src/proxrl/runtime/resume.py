@@ -1,0 +1,102 @@
+"""What ``--resume`` does with options that changed since the run started: one policy for every
+command (the LM trainers, ``classic`` and ``demo``).
+
+A resumed run is compared with the options it was started with, read from its saved config
+(``config.yaml``; the demo's ``demo_config.yaml``). If any differs, the resume is refused
+(``ProxrlError``, exit 2) with one line naming each changed option with its new and old value,
+because the run would silently continue as a mix of two configurations. ``--resume-with-changes``
+accepts them: each change is logged at WARNING and the trainer writes the new config file.
+
+``RESUME_FREE`` lists, once, the options that may always change on resume: they say where the run
+lives, how it is driven, saved and shown, never what it computes. ``save_every``,
+``keep_checkpoints`` and ``max_consecutive_skips`` are among them: how often a run saves, how many
+checkpoints it keeps and how many bad steps it tolerates before stopping change no step it takes.
+The run's length (``iterations``, ``max_steps``, ``epochs``, ``total_steps``) is not: it sets the
+learning-rate schedule, so extending a run needs ``--resume-with-changes``.
+
+Only options present in both configs are compared: one that a newer proxrl added or renamed is not
+a change the user made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.config import config_to_dict
+from proxrl.runtime.errors import ProxrlError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+
+RESUME_FREE = frozenset(
+    {
+        "resume",
+        "overwrite",
+        "resume_with_changes",  # how this invocation treats the directory
+        "output_dir",  # a run directory may be moved or copied and resumed there
+        "progress",
+        "debug",
+        "quiet",  # what is shown
+        "stop_at_step",  # classic: where this session stops, not what a step does
+        "save_every",
+        "keep_checkpoints",
+        "max_consecutive_skips",  # how the run is saved and guarded
+    }
+)
+
+
+def changed_options(
+    saved: Mapping[str, Any], now: Mapping[str, Any], free: Iterable[str] = RESUME_FREE
+) -> dict[str, tuple[Any, Any]]:
+    """``{option: (saved value, new value)}`` for every option in both that differs, in the
+    order of ``now``; ``free`` options are left out."""
+    skip = set(free)
+    return {
+        key: (saved[key], value)
+        for key, value in now.items()
+        if key not in skip and key in saved and saved[key] != value
+    }
+
+
+def check_resume(
+    cfg: Any, config_file: str = CONFIG_FILE, what: str = "run", also_free: Iterable[str] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """Apply the policy to ``cfg`` (a config with ``output_dir``, ``resume`` and
+    ``resume_with_changes``): nothing to do unless resuming a run whose ``config_file`` exists;
+    changed options are refused unless ``cfg.resume_with_changes``, then logged. Returns the
+    changes (empty when none). ``what`` names the run in the message; ``also_free``: options
+    of this command that may change too. Reads only; call it before anything is written."""
+    path = Path(cfg.output_dir) / config_file
+    if not cfg.resume or not path.is_file():
+        return {}
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ProxrlError(
+            f"--resume: {path} is not a readable YAML config ({type(exc).__name__})"
+        ) from None
+    if not isinstance(saved, dict):
+        raise ProxrlError(f"--resume: {path} does not hold a mapping of option: value")
+    # The new config as its YAML file would read back, so tuples, floats and paths compare alike.
+    now = yaml.safe_load(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    changes = changed_options(saved, now, RESUME_FREE | set(also_free))
+    if not changes:
+        return {}
+    if not getattr(cfg, "resume_with_changes", False):
+        (first, (old, new)), *rest = changes.items()
+        message = (
+            f"--resume: {first} is {new!r} but the {what} in {cfg.output_dir} ran with {old!r}"
+        )
+        message += "".join(f", {key} is {n!r} (was {o!r})" for key, (o, n) in rest)
+        raise ProxrlError(message + "; pass --resume-with-changes to continue with the new values")
+    if dist.is_main():
+        for key, (old, new) in changes.items():
+            log.warning("--resume-with-changes: %s changed from %r to %r", key, old, new)
+    return changes
