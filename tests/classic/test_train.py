@@ -19,8 +19,8 @@ from proxrl.runtime.metrics import read_metrics
 
 # small but complete iterations: 2 × 64 CartPole steps, 128 Hopper steps
 TINY = {
-    "CartPole-v1": dict(num_envs=2, num_steps=64, minibatch_size=32, epochs=2, total_steps=256),
-    "Hopper-v5": dict(num_envs=1, num_steps=128, minibatch_size=32, epochs=2, total_steps=256),
+    "CartPole-v1": dict(num_envs=2, num_steps=64, mini_batch_size=32, ppo_epochs=2, total_steps=256),
+    "Hopper-v5": dict(num_envs=1, num_steps=128, mini_batch_size=32, ppo_epochs=2, total_steps=256),
 }
 REQUIRED = ["global_step", "charts/SPS", "charts/learning_rate", "losses/policy_loss",
             "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/kl",
@@ -72,7 +72,7 @@ def test_each_objective_runs_with_finite_metrics(tmp_path, env, setting):
 
 def test_adaptive_beta_follows_the_paper_rule(tmp_path):
     """β_{i+1} = 2β_i if d_i > 1.5·d_targ, β_i/2 if d_i < d_targ/1.5, else β_i (β_1 = 1)."""
-    cfg = _cfg(tmp_path, objective="adaptive-kl", kl_target=0.003, total_steps=128 * 6)
+    cfg = _cfg(tmp_path, objective="adaptive-kl", penalty_target=0.003, total_steps=128 * 6)
     train(cfg)
     rows = read_metrics(cfg.output_dir)
     assert rows[0]["losses/kl_beta"] == 1.0

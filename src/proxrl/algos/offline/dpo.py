@@ -21,7 +21,7 @@ import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,7 @@ from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
+from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
 
@@ -62,9 +63,9 @@ class Config(OfflineConfig):
     """Peak AdamW learning rate (DPO needs small ones: 5e-7 for 7B models)."""
     loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid"
     """sigmoid: DPO / cDPO; ipo: IPO; simpo: SimPO (no reference model)."""
-    beta: float = 0.1
+    beta: Annotated[float, Range(gt=0)] = 0.1
     """Strength of the implicit KL constraint (SimPO: reward scale, 2.0-2.5 in the paper)."""
-    label_smoothing: float = 0.0
+    label_smoothing: Annotated[float, Range(ge=0, lt=0.5)] = 0.0
     """cDPO / SimPO: probability that a preference label is flipped (0: plain DPO)."""
     simpo_gamma_beta_ratio: float = 0.5
     """SimPO target margin γ divided by β."""
@@ -73,10 +74,6 @@ class Config(OfflineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.beta <= 0:
-            raise ProxrlError(f"beta: expected > 0, got {self.beta}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ProxrlError(f"label_smoothing: expected in [0, 0.5), got {self.label_smoothing}")
         if self.loss == "ipo" and self.label_smoothing:
             raise ProxrlError("label_smoothing does not apply to loss=ipo")
         if self.ref_model:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +54,7 @@ from proxrl.data.formats import RankingExample, load_comparison_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
+from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import seed_everything
 
@@ -72,15 +74,10 @@ class Config(OfflineConfig):
     """Peak AdamW learning rate."""
     use_margin: bool = True
     """Use the per-pair 'margin' field of the data when present."""
-    center_coef: float = 0.0
+    center_coef: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the reward-centring term coef·mean((r_c + r_r)²) (pairs only; 0: off)."""
     normalize: bool = True
     """After training, store the mean/std of the training scores and centre scores on 0."""
-
-    def validate(self) -> None:
-        super().validate()
-        if self.center_coef < 0:
-            raise ProxrlError(f"center_coef: expected >= 0, got {self.center_coef}")
 
 
 def reward_loss(

@@ -16,7 +16,7 @@ PPO-Penalty (adaptive β on KL(π_old‖π)) or both. Where this departs from th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from torch import Tensor
 
@@ -32,6 +32,7 @@ from proxrl.core import (
     shaped_rewards,
 )
 from proxrl.rollout.experience import Experience
+from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -47,9 +48,9 @@ class Config(OnlineConfig):
     """Initial β of PPO-Penalty (the paper starts at 1)."""
     penalty_target: float = 0.01
     """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above 1.5·d_targ)."""
-    gamma: float = 1.0
+    gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Discount over response tokens."""
-    lam: float = 0.95
+    lam: Annotated[float, Range(ge=0, le=1)] = 0.95
     """GAE λ."""
     whiten_rewards: bool = False
     """Scale per-token rewards to unit variance over the batch (mean kept)."""
@@ -70,8 +71,6 @@ class Config(OnlineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
-            raise ProxrlError(f"gamma, lam: expected in [0, 1], got gamma={self.gamma}, lam={self.lam}")
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
 
