@@ -22,8 +22,8 @@ minibatch step (TRPO: the policy step); skips are counted in ``guard/skipped_upd
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 import warnings
 from collections import deque
@@ -54,6 +54,8 @@ from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
 from proxrl.runtime.signals import GracefulStop
+
+log = logging.getLogger(__name__)
 
 Config = ClassicConfig
 
@@ -148,7 +150,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         recent.extend(state["recent_returns"])
         metrics.truncate_after(global_step)
         done = "; the run is already complete" if iteration >= cfg.num_iterations else ""
-        print(f"resumed {path} at step {global_step}{done}", file=sys.stderr)
+        log.info("resumed %s at step %d%s", path, global_step, done)
 
     def save() -> Path:
         return checkpoints.save(
