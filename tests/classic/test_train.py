@@ -171,3 +171,28 @@ def test_cartpole_reaches_400_with_the_clip_objective(tmp_path):
                         total_steps=300_000, seed=1, progress=False)
     summary = train(cfg)
     assert summary["mean_return_last_100"] >= 400, summary
+
+
+def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
+    """The LM trainers' names are canonical; CleanRL's still work (a run's older config.yaml too)."""
+    from proxrl.runtime.config import load_config_file, parse_config
+
+    argv = ["--lr", "1e-3", "--gae_lambda", "0.9", "--ent-coef", "0.02", "--minibatch-size", "16",
+            "--epochs", "3", "--no-norm-adv", "--target-kl", "0.05", "--kl-target", "0.02", "--kl-beta", "2"]
+    cfg = parse_config(ClassicConfig, argv, "t")
+    assert (cfg.learning_rate, cfg.lam, cfg.entropy_coef, cfg.mini_batch_size, cfg.ppo_epochs) == (1e-3, 0.9, 0.02, 16, 3)
+    assert (cfg.whiten_advantages, cfg.early_stop_kl, cfg.penalty_target, cfg.penalty_beta) == (False, 0.05, 0.02, 2.0)
+    path = tmp_path / "config.yaml"
+    path.write_text("lr: 0.001\ngae_lambda: 0.9\nnorm_adv: false\nclip_vloss: true\nclip: 0.1\n")
+    cfg = load_config_file(ClassicConfig, path)
+    assert (cfg.learning_rate, cfg.lam, cfg.whiten_advantages) == (0.001, 0.9, False)
+    assert cfg.resolved(discrete=True).value_clip == 0.1  # clip_vloss on: the value range is clip
+
+
+@pytest.mark.parametrize(("argv", "value_clip"), [([], 0.2), (["--clip-vloss"], 0.3), (["--no-clip-vloss"], None),
+                                                 (["--value-clip", "0.5"], 0.5), (["--value-clip", "none"], None)])
+def test_value_clip_and_cleanrls_clip_vloss_switch(argv, value_clip):
+    from proxrl.runtime.config import parse_config
+
+    cfg = parse_config(ClassicConfig, ["--clip", "0.3", *argv], "t").resolved(discrete=True)
+    assert cfg.value_clip == value_clip and cfg.clip_vloss is None

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any, ClassVar, Literal
 
+import tyro
+
 from proxrl.runtime.config import Range, RunConfig, alias
 from proxrl.runtime.errors import ProxrlError
 
@@ -90,7 +92,7 @@ class ClassicConfig(RunConfig):
     value_clip: Annotated[float | None, Range(gt=0)] = 0.2
     """Clip the value update to ±value_clip around the rollout's values, pessimistic max (None:
     off)."""
-    clip_vloss: bool | None = None
+    clip_vloss: Annotated[bool | None, tyro.conf.DisallowNone] = None
     """CleanRL's switch for value clipping, kept for its users: true sets value_clip to clip,
     false to None (None: value_clip decides)."""
     vf_coef: Annotated[float, Range(ge=0)] = 0.5

@@ -75,8 +75,8 @@ class Range:
         ``flag`` (the classic commands' and RunConfig's wording, kept because docs/errors.md
         shows it): ``--name must be > 0, got 0`` / ``--name must lie in [0, 1]``."""
         gt, ge = self.gt, self.ge
-        if style == "field" and integer and gt is not None:  # an int's > k reads as >= k + 1
-            gt, ge = None, int(gt) + 1
+        if style == "field" and integer and self.gt is not None:  # an int's > k reads as >= k + 1
+            gt, ge = None, int(self.gt) + 1
         low = (">=", ge) if ge is not None else (">", gt) if gt is not None else None
         high = ("<=", self.le) if self.le is not None else ("<", self.lt) if self.lt is not None else None
         if low and high:
@@ -99,35 +99,41 @@ class _Field:
     type: Any  # without Annotated
     range: Range | None
     aliases: tuple[str, ...]  # snake_case
+    switch: bool  # --name / --no-name: a bool, or a bool-or-None marked tyro.conf.DisallowNone
 
 
 @functools.cache
-def _field_table(config_cls: type) -> dict[str, _Field]:
+def _field_table(config_cls: Any) -> dict[str, _Field]:
     """Field name → its type, range and aliases, for a dataclass type."""
+    import tyro
+
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
     hints = typing.get_type_hints(config_cls, include_extras=True)
     # A subclass that only changes a field's default (``learning_rate: float = 2e-5``) keeps the
     # range its base declared: ranges are looked up from the base classes down.
     inherited: dict[str, Range] = {}
-    for base in reversed(config_cls.__mro__):
+    for base in reversed(config_cls.__mro__):  # type: ignore[union-attr]
         if dataclasses.is_dataclass(base):
             for name, hint in typing.get_type_hints(base, include_extras=True).items():
-                inherited.update({name: m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Range)})
+                for meta in getattr(hint, "__metadata__", ()):
+                    if isinstance(meta, Range):
+                        inherited[name] = meta
     table: dict[str, _Field] = {}
     for f in dataclasses.fields(config_cls):
         if not f.init:
             continue
-        tp, extras = hints[f.name], ()
+        tp, extras = hints[f.name], list[Any]()
         if typing.get_origin(tp) is Annotated:
-            tp, *extras = typing.get_args(tp)  # type: ignore[assignment]
-        ranges = [m for m in extras if isinstance(m, Range)] or [inherited[n] for n in [f.name] if n in inherited]
+            tp, *extras = typing.get_args(tp)
+        ranges = [m for m in extras if isinstance(m, Range)]
         aliases = [a.lstrip("-").replace("-", "_") for m in extras for a in (getattr(m, "aliases", None) or ())]
-        table[f.name] = _Field(tp, ranges[0] if ranges else None, tuple(aliases))
+        switch = tp is bool or (_optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras)
+        table[f.name] = _Field(tp, ranges[0] if ranges else inherited.get(f.name), tuple(aliases), switch)
     return table
 
 
-def _spellings(config_cls: type) -> dict[str, str]:
+def _spellings(config_cls: Any) -> dict[str, str]:
     """Every accepted snake_case spelling (names and aliases) → field name."""
     return {s: name for name, f in _field_table(config_cls).items() for s in (name, *f.aliases)}
 
@@ -135,7 +141,7 @@ def _spellings(config_cls: type) -> dict[str, str]:
 def check_ranges(cfg: Any) -> None:
     """Raise ``ProxrlError`` for the first field whose value lies outside its ``Range``."""
     style = getattr(cfg, "range_style", "field")
-    for name, f in _field_table(type(cfg)).items():
+    for name, f in _field_table(type(cfg)).items():  # type: ignore[arg-type]
         value = getattr(cfg, name)
         if f.range is None or value is None or isinstance(value, bool):
             continue
@@ -281,13 +287,13 @@ def load_config_file(config_cls: type[T], path: str | Path, validate: bool = Tru
     (``parse_config`` validates after overrides).
     """
     path = Path(path)
-    fields, spellings = _field_table(config_cls), _spellings(config_cls)
+    fields, spellings = _field_table(config_cls), _spellings(config_cls)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
     for key, value in _read_yaml(path).items():
         name = spellings.get(str(key).replace("-", "_"))
         try:
             if name is None:
-                raise _unknown("key", str(key), list(fields), flag=False)
+                raise _unknown("key", str(key), list(spellings), flag=False)
             values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"config file {path}: {e}") from None
@@ -330,9 +336,10 @@ def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
-    """Rewrite the two spellings tyro does not read: a switch given a value (``--resume true``,
-    ``--resume=false``) becomes ``--resume`` / ``--no-resume``, and ``none``/``null``/``~`` for
-    an optional field becomes tyro's ``None``. Everything else passes through untouched."""
+    """Rewrite the spellings tyro does not read: a switch given a value (``--resume true``,
+    ``--resume=false``) becomes ``--resume`` / ``--no-resume``; ``none``/``null``/``~`` for an
+    optional field becomes tyro's ``None``, and ``true``/``false`` for a bool-or-None field
+    tyro's ``True``/``False``. Everything else passes through untouched."""
     fields, spellings = _field_table(config_cls), _spellings(config_cls)
     out: list[str] = []
     i = 0
@@ -344,18 +351,22 @@ def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
             out.append(arg)
             continue
         tp, flag = fields[field].type, "--" + field.replace("_", "-")
-        if tp is bool:
+        if fields[field].switch:
             text = inline if eq else None
             if not eq and i < len(argv) and not argv[i].startswith("-"):
                 text, i = argv[i], i + 1
             if text is not None and text.lower() not in _TRUE | _FALSE:
                 raise ProxrlError(f"{flag} expects true or false, found {text!r}")
             out.append(flag if text is None or text.lower() in _TRUE else "--no-" + flag[2:])
-        elif _optional_inner(tp)[0] and eq and inline.lower() in _NONE:
-            out.append(f"{name}=None")
-        elif _optional_inner(tp)[0] and not eq and i < len(argv) and argv[i].lower() in _NONE:
-            out += [arg, "None"]
-            i += 1
+        elif _optional_inner(tp)[0] and (eq or (i < len(argv) and not argv[i].startswith("--"))):
+            text = inline if eq else argv[i]
+            i += 0 if eq else 1
+            lowered = text.lower()
+            if lowered in _NONE:
+                text = "None"
+            elif _optional_inner(tp)[1] is bool and lowered in _TRUE | _FALSE:  # normalize_obs true
+                text = str(lowered in _TRUE)
+            out += [f"--{name}={text}"] if eq else [arg, text]
         else:
             out.append(arg)
     return out
@@ -390,7 +401,7 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
             token = event.tokens[0]
             if token.startswith("--") and len(token) > 2:
                 name = token[2:].partition("=")[0]
-                raise _unknown("option", name.replace("-", "_"), list(fields), flag=True)
+                raise _unknown("option", name.replace("-", "_"), list(_spellings(config_cls)), flag=True)
             raise ProxrlError(f"unexpected argument {token!r}; options look like --name value")
         if isinstance(event, events.InvalidChoice):
             flag, tp = field_of(event.argument)
@@ -405,7 +416,7 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
             text = _values_after(event.argument.lowered.name_or_flags, argv)
             raise ProxrlError(f"{flag} expects {_type_name(tp)}, found {text!r}")
         if isinstance(event, events.MissingArgs):
-            names = [a.arg.lowered.name_or_flags[-1].upper() for a in event.missing_arguments]
+            names = [a.arg.lowered.name_or_flags[-1].upper().replace("-", "_") for a in event.missing_arguments]
             raise ProxrlError(f"missing {', '.join(names)}")
         raise ProxrlError(f"cannot parse the command line ({type(event).__name__})")
 
@@ -435,6 +446,6 @@ def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
         default = config_cls()
     args = _tyro_spellings(config_cls, rest)
     with events.on_parse_error(_translate(config_cls, args)):
-        cfg = tyro.cli(config_cls, args=args, default=default, prog=prog)
+        cfg: T = tyro.cli(config_cls, args=args, default=default, prog=prog)
     _validate(cfg)
     return cfg

@@ -13,7 +13,6 @@ from proxrl.data.readers import check_data_source
 from proxrl.models.lora import apply_lora
 from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import check_model_source
-from proxrl.runtime import distributed as dist
 from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
 
@@ -75,21 +74,6 @@ class OfflineConfig(ModelRunConfig):
 
 # ------------------------------------------------------------------------------------------
 # Setup helpers
-
-
-def model_kwargs(cfg: OfflineConfig) -> dict[str, Any]:
-    """The loader options of ``models.load_causal_lm`` / ``load_score_model`` from a config."""
-    return cfg.loader_kwargs() | {"gradient_checkpointing": cfg.gradient_checkpointing}
-
-
-def training_device() -> torch.device:
-    """The first GPU when there is one, else the CPU; under ``accelerate launch`` / ``torchrun``
-    this process's device (``runtime.distributed``)."""
-    return dist.device()
-
-
-def device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def maybe_lora(model: nn.Module, cfg: OfflineConfig, task: str = "causal_lm") -> nn.Module:

@@ -28,11 +28,8 @@ from torch import Tensor, nn
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
-    device_of,
     maybe_lora,
-    model_kwargs,
     split_eval,
-    training_device,
 )
 from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.logprobs import logprobs_from_logits
@@ -107,7 +104,7 @@ def uses_average(loss: str) -> bool:
 
 def preference_loss(model: nn.Module, batch: DPOBatch, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
-    batch = batch.to(device_of(model))
+    batch = batch.to(next(model.parameters()).device)
     logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss))
     b = batch.pairs.num_pairs
     chosen, rejected = logps[:b], logps[b:]
@@ -132,7 +129,7 @@ def reference_logps(
     chosen = torch.zeros(len(items), dtype=torch.float64)
     rejected = torch.zeros(len(items), dtype=torch.float64)
     for indices in dist.shard(bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False)):
-        pairs = collate_pairs([items[i] for i in indices], pad_id).to(device_of(model))
+        pairs = collate_pairs([items[i] for i in indices], pad_id).to(next(model.parameters()).device)
         logps = response_logps(model, pairs.sequences, average).double().cpu()
         chosen[indices] = logps[: len(indices)]
         rejected[indices] = logps[len(indices) :]
@@ -166,9 +163,9 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 3. Seeds and the policy (dropout off; LoRA if asked).
     seed_everything(cfg.seed)
-    policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    policy = load_causal_lm(cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
     resize_for_tokenizer(policy, tokenizer)
-    policy = maybe_lora(policy, cfg).to(training_device())
+    policy = maybe_lora(policy, cfg).to(dist.device())
 
     # 4. Reference log-probs, once: ref_model, or the starting policy (adapter disabled).
     average = uses_average(cfg.loss)
@@ -176,7 +173,7 @@ def train(cfg: Config) -> dict[str, float]:
         ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
         ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
     elif cfg.ref_model:
-        reference = load_causal_lm(cfg.ref_model, **model_kwargs(cfg)).to(training_device())
+        reference = load_causal_lm(cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing).to(dist.device())
         resize_for_tokenizer(reference, tokenizer)
         with cfg.autocast():
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
