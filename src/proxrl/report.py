@@ -26,8 +26,8 @@ from typing import Annotated, Any
 import tyro
 
 from proxrl.runtime.checkpoint import RUN_MARKER
-from proxrl.runtime.config import Range, check_ranges
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)

@@ -125,7 +125,7 @@ def test_help_shows_field_docstrings(capsys):
 # ------------------------------------------------------------------------ ranges and aliases
 from typing import Annotated, ClassVar  # noqa: E402
 
-from proxrl.runtime.config import Range, alias  # noqa: E402
+from proxrl.runtime.fields import Range, alias  # noqa: E402
 
 
 @dataclasses.dataclass

@@ -27,8 +27,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
-from proxrl.runtime.config import Range, RunConfig, alias
+from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, alias
 
 Objective = Literal["clip", "adaptive-kl", "fixed-kl", "none"]
 OBJECTIVES: tuple[str, ...] = ("clip", "adaptive-kl", "fixed-kl", "none")

@@ -57,8 +57,9 @@ from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
-from proxrl.runtime.config import Range, check_ranges, load_config_file, save_config_file
+from proxrl.runtime.config import load_config_file, save_config_file
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import read_metrics
 from proxrl.runtime.seeding import seed_everything
 

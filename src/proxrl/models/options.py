@@ -11,8 +11,9 @@ import torch
 
 from proxrl.models.causal_lm import resolve_dtype
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.config import Range, RunConfig
+from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass

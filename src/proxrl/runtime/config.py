@@ -9,9 +9,8 @@ them, then ``cfg.validate()`` checks values.
 
 What this module adds to the two libraries, and why:
 
-* a field's *spelling aliases* and *range* are declared beside it, in ``Annotated`` metadata
-  (``alias("lr")``, ``Range(gt=0)``), so that one declaration serves flags, YAML and
-  ``validate()``: ``check_ranges`` is the one place a range is checked and worded;
+* a field's aliases (CleanRL's ``lr``) are accepted in YAML too, and its range is checked by
+  ``RunConfig.validate()`` (both declared beside the field: ``runtime.fields``);
 * tyro's parse errors (a boxed usage text and ``SystemExit``) are translated, through its
   parse-error hook, into the one-line ``ProxrlError`` messages of docs/errors.md;
 * switches also take a value (``--resume true``) and optional fields take ``none``: two
@@ -23,131 +22,27 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
 
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import (
+    Range,
+    check_ranges,
+    field_table,
+    optional_inner,
+    spellings,
+    type_name,
+)
 
 T = TypeVar("T")
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 _NONE = {"none", "null", "~"}
-
-
-# --------------------------------------------------------------------------------------------
-# What a field declares beside its type: aliases and a range
-
-
-def alias(*names: str) -> Any:
-    """Other accepted spellings of a field, in flags and YAML (e.g. CleanRL's ``lr``)."""
-    import tyro
-
-    return tyro.conf.arg(aliases=tuple("--" + n.replace("_", "-") for n in names))
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Bounds a numeric field must lie within (``None`` values are not checked).
-
-    ``style`` picks the wording (``check_ranges``); ``None`` takes the config class's
-    ``range_style``. New fields use the default, ``"field"``.
-    """
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    style: Literal["field", "flag"] | None = None
-
-    def holds(self, value: float) -> bool:
-        return not (
-            (self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
-            or (self.le is not None and value > self.le) or (self.lt is not None and value >= self.lt)
-        )
-
-    def message(self, name: str, value: Any, style: str, integer: bool) -> str:
-        """``field``: ``name: expected >= 1, got 0`` / ``name: expected in [0, 1), got 1.5``;
-        ``flag`` (the classic commands' and RunConfig's wording, kept because docs/errors.md
-        shows it): ``--name must be > 0, got 0`` / ``--name must lie in [0, 1]``."""
-        gt, ge = self.gt, self.ge
-        if style == "field" and integer and self.gt is not None:  # an int's > k reads as >= k + 1
-            gt, ge = None, int(self.gt) + 1
-        low = (">=", ge) if ge is not None else (">", gt) if gt is not None else None
-        high = ("<=", self.le) if self.le is not None else ("<", self.lt) if self.lt is not None else None
-        if low and high:
-            interval = f"{'[' if low[0] == '>=' else '('}{_num(low[1])}, {_num(high[1])}{']' if high[0] == '<=' else ')'}"
-            if style == "flag":
-                return f"--{name.replace('_', '-')} must lie in {interval}"
-            return f"{name}: expected in {interval}, got {value}"
-        op, bound = low or high  # type: ignore[misc]
-        if style == "flag":
-            return f"--{name.replace('_', '-')} must be {op} {_num(bound)}, got {value}"
-        return f"{name}: expected {op} {_num(bound)}, got {value}"
-
-
-def _num(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Field:
-    type: Any  # without Annotated
-    range: Range | None
-    aliases: tuple[str, ...]  # snake_case
-    switch: bool  # --name / --no-name: a bool, or a bool-or-None marked tyro.conf.DisallowNone
-
-
-@functools.cache
-def _field_table(config_cls: Any) -> dict[str, _Field]:
-    """Field name → its type, range and aliases, for a dataclass type."""
-    import tyro
-
-    if not dataclasses.is_dataclass(config_cls):
-        raise TypeError(f"{config_cls!r} is not a dataclass")
-    hints = typing.get_type_hints(config_cls, include_extras=True)
-    # A subclass that only changes a field's default (``learning_rate: float = 2e-5``) keeps the
-    # range its base declared: ranges are looked up from the base classes down.
-    inherited: dict[str, Range] = {}
-    for base in reversed(config_cls.__mro__):  # type: ignore[union-attr]
-        if dataclasses.is_dataclass(base):
-            for name, hint in typing.get_type_hints(base, include_extras=True).items():
-                for meta in getattr(hint, "__metadata__", ()):
-                    if isinstance(meta, Range):
-                        inherited[name] = meta
-    table: dict[str, _Field] = {}
-    for f in dataclasses.fields(config_cls):
-        if not f.init:
-            continue
-        tp, extras = hints[f.name], list[Any]()
-        if typing.get_origin(tp) is Annotated:
-            tp, *extras = typing.get_args(tp)
-        ranges = [m for m in extras if isinstance(m, Range)]
-        aliases = [a.lstrip("-").replace("-", "_") for m in extras for a in (getattr(m, "aliases", None) or ())]
-        switch = tp is bool or (_optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras)
-        table[f.name] = _Field(tp, ranges[0] if ranges else inherited.get(f.name), tuple(aliases), switch)
-    return table
-
-
-def _spellings(config_cls: Any) -> dict[str, str]:
-    """Every accepted snake_case spelling (names and aliases) → field name."""
-    return {s: name for name, f in _field_table(config_cls).items() for s in (name, *f.aliases)}
-
-
-def check_ranges(cfg: Any) -> None:
-    """Raise ``ProxrlError`` for the first field whose value lies outside its ``Range``."""
-    style = getattr(cfg, "range_style", "field")
-    for name, f in _field_table(type(cfg)).items():  # type: ignore[arg-type]
-        value = getattr(cfg, name)
-        if f.range is None or value is None or isinstance(value, bool):
-            continue
-        if not f.range.holds(value):
-            integer = _optional_inner(f.type)[1] is int
-            raise ProxrlError(f.range.message(name, value, f.range.style or style, integer))
 
 
 @dataclasses.dataclass
@@ -187,28 +82,6 @@ class RunConfig:
 # Types: names in messages, and the strict check of a YAML value
 
 
-def _optional_inner(tp: Any) -> tuple[bool, Any]:
-    """``Optional[X]`` / ``X | None`` → (True, X); anything else → (False, tp)."""
-    origin = typing.get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
-            return True, args[0]
-    return False, tp
-
-
-def _type_name(tp: Any) -> str:
-    optional, inner = _optional_inner(tp)
-    if optional:
-        return f"{_type_name(inner)} or None"
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (list, tuple):
-        (arg, *_) = typing.get_args(tp) or (Any,)
-        return f"a list of {_type_name(arg)}"
-    return getattr(tp, "__name__", str(tp))
-
-
 @functools.cache
 def _adapter(tp: Any) -> Any:
     from pydantic import TypeAdapter
@@ -221,22 +94,22 @@ def _check_value(name: str, tp: Any, value: Any) -> Any:
     the only conversions); a ``ProxrlError`` naming the field otherwise."""
     from pydantic import ValidationError
 
-    if isinstance(value, list) and typing.get_origin(_optional_inner(tp)[1]) is tuple:
+    if isinstance(value, list) and typing.get_origin(optional_inner(tp)[1]) is tuple:
         value = tuple(value)
     try:
         return _adapter(tp).validate_python(value, strict=True)
     except ValidationError:
         pass
-    literal = typing.get_origin(_optional_inner(tp)[1]) is Literal
+    literal = typing.get_origin(optional_inner(tp)[1]) is Literal
     found = repr(value) if literal else f"{type(value).__name__} {value!r}"
     if isinstance(value, tuple):
         found = f"list {list(value)!r}"
-    return _raise(f"field {name} expects {_type_name(tp)}, found {found}", value, tp)
+    return _raise(f"field {name} expects {type_name(tp)}, found {found}", value, tp)
 
 
 def _raise(message: str, value: Any, tp: Any) -> Any:
     """Raise ``message``, with the closest choice when ``tp`` is a ``Literal``."""
-    inner = _optional_inner(tp)[1]
+    inner = optional_inner(tp)[1]
     if typing.get_origin(inner) is Literal:
         close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(inner)], 1)
         message += f"; did you mean {close[0]}?" if close else ""
@@ -287,13 +160,13 @@ def load_config_file(config_cls: type[T], path: str | Path, validate: bool = Tru
     (``parse_config`` validates after overrides).
     """
     path = Path(path)
-    fields, spellings = _field_table(config_cls), _spellings(config_cls)  # type: ignore[arg-type]
+    fields, names = field_table(config_cls), spellings(config_cls)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
     for key, value in _read_yaml(path).items():
-        name = spellings.get(str(key).replace("-", "_"))
+        name = names.get(str(key).replace("-", "_"))
         try:
             if name is None:
-                raise _unknown("key", str(key), list(spellings), flag=False)
+                raise _unknown("key", str(key), list(names), flag=False)
             values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"config file {path}: {e}") from None
@@ -340,13 +213,13 @@ def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
     ``--resume=false``) becomes ``--resume`` / ``--no-resume``; ``none``/``null``/``~`` for an
     optional field becomes tyro's ``None``, and ``true``/``false`` for a bool-or-None field
     tyro's ``True``/``False``. Everything else passes through untouched."""
-    fields, spellings = _field_table(config_cls), _spellings(config_cls)
+    fields, names = field_table(config_cls), spellings(config_cls)
     out: list[str] = []
     i = 0
     while i < len(argv):
         arg, i = argv[i], i + 1
         name, eq, inline = arg[2:].partition("=")
-        field = spellings.get(name.replace("-", "_")) if arg.startswith("--") else None
+        field = names.get(name.replace("-", "_")) if arg.startswith("--") else None
         if field is None:
             out.append(arg)
             continue
@@ -358,13 +231,13 @@ def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
             if text is not None and text.lower() not in _TRUE | _FALSE:
                 raise ProxrlError(f"{flag} expects true or false, found {text!r}")
             out.append(flag if text is None or text.lower() in _TRUE else "--no-" + flag[2:])
-        elif _optional_inner(tp)[0] and (eq or (i < len(argv) and not argv[i].startswith("--"))):
+        elif optional_inner(tp)[0] and (eq or (i < len(argv) and not argv[i].startswith("--"))):
             text = inline if eq else argv[i]
             i += 0 if eq else 1
             lowered = text.lower()
             if lowered in _NONE:
                 text = "None"
-            elif _optional_inner(tp)[1] is bool and lowered in _TRUE | _FALSE:  # normalize_obs true
+            elif optional_inner(tp)[1] is bool and lowered in _TRUE | _FALSE:  # normalize_obs true
                 text = str(lowered in _TRUE)
             out += [f"--{name}={text}"] if eq else [arg, text]
         else:
@@ -390,7 +263,7 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
     """A tyro parse-error hook raising the one-line ``ProxrlError`` for each kind of event."""
     from tyro import _errors as events
 
-    fields = _field_table(config_cls)
+    fields = field_table(config_cls)
 
     def field_of(argument: Any) -> tuple[str, Any]:
         name = argument.field.intern_name
@@ -401,20 +274,20 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
             token = event.tokens[0]
             if token.startswith("--") and len(token) > 2:
                 name = token[2:].partition("=")[0]
-                raise _unknown("option", name.replace("-", "_"), list(_spellings(config_cls)), flag=True)
+                raise _unknown("option", name.replace("-", "_"), list(spellings(config_cls)), flag=True)
             raise ProxrlError(f"unexpected argument {token!r}; options look like --name value")
         if isinstance(event, events.InvalidChoice):
             flag, tp = field_of(event.argument)
-            _raise(f"{flag} expects {_type_name(tp)}, found {event.value!r}", event.value, tp)
+            _raise(f"{flag} expects {type_name(tp)}, found {event.value!r}", event.value, tp)
         if isinstance(event, events.BadValue):
             flag, tp = field_of(event.argument)
             if event.reason == "too_few_values":
-                raise ProxrlError(f"{flag} needs a value ({_type_name(tp)})")
+                raise ProxrlError(f"{flag} needs a value ({type_name(tp)})")
             raise ProxrlError(f"{flag} takes no value, found {event.offending_value!r}")
         if isinstance(event, events.InstantiationFailure) and event.argument is not None:
             flag, tp = field_of(event.argument)
             text = _values_after(event.argument.lowered.name_or_flags, argv)
-            raise ProxrlError(f"{flag} expects {_type_name(tp)}, found {text!r}")
+            raise ProxrlError(f"{flag} expects {type_name(tp)}, found {text!r}")
         if isinstance(event, events.MissingArgs):
             names = [a.arg.lowered.name_or_flags[-1].upper().replace("-", "_") for a in event.missing_arguments]
             raise ProxrlError(f"missing {', '.join(names)}")

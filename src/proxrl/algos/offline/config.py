@@ -13,8 +13,8 @@ from proxrl.data.readers import check_data_source
 from proxrl.models.lora import apply_lora
 from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import check_model_source
-from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass

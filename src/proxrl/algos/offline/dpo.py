@@ -43,8 +43,8 @@ from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
-from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)

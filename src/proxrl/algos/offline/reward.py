@@ -52,8 +52,8 @@ from proxrl.models.scalar_head import load_score_model, sequence_scores, store_s
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
-from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from torch import Tensor
 from proxrl.core import AdaptiveKL
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
-from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass

@@ -39,8 +39,8 @@ from proxrl.core import (
     shaped_rewards,
 )
 from proxrl.rollout.experience import Experience
-from proxrl.runtime.config import Range
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 GROUP_ESTIMATORS = ("grpo", "rloo")
 
