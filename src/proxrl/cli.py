@@ -5,7 +5,9 @@ imports transformers). A module exposes either ``Config`` (a dataclass) and ``tr
 ``main(argv) -> int | None`` when it parses its own arguments.
 
 A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and exits 2; add
-``--debug`` anywhere on the command line to see the traceback instead. A trainer stopped by
+``--debug`` anywhere on the command line to see the traceback too (and DEBUG log records), or
+``--quiet`` to see warnings and errors only. Logging is configured here, once
+(``runtime.logs``); the rest of the library only logs. A trainer stopped by
 SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where>``, exit code
 130 / 143 (``runtime.signals``).
 """
@@ -13,11 +15,13 @@ SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import traceback
 
 from proxrl.runtime.errors import Interrupted, ProxrlError
+from proxrl.runtime.logs import configure_logging
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
@@ -34,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
-    lines = ["usage: proxrl <command> [--config FILE] [--option value ...] [--debug]", "",
+    lines = ["usage: proxrl <command> [--config FILE] [--option value ...] [--debug | --quiet]", "",
              "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`proxrl <command> --help` lists the options of a command."]
@@ -68,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     # Our own progress bar shows the run; Hugging Face's per-file loading bars would only add
     # noise between its lines (read once, when transformers is first imported).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    debug, quiet = "--debug" in argv, "--quiet" in argv
+    argv = [a for a in argv if a not in ("--debug", "--quiet")]
+    configure_logging(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2

@@ -16,15 +16,18 @@ the summary table and held-out completions of every policy side by side.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from proxrl.runtime.checkpoint import RUN_MARKER
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)
@@ -240,11 +243,19 @@ def write_report(run_dir: str | Path, summary: dict[str, Any] | None = None, sam
     return path
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="proxrl report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", help="a run directory, or a directory of runs")
-    parser.add_argument("--samples", type=int, default=4, help="samples shown before and after, per run")
-    args = parser.parse_args(argv)
-    path = write_report(args.run_dir, samples=args.samples)
-    print(f"wrote {path} and the plots in {Path(args.run_dir) / 'plots'}")
-    return 0
+@dataclass
+class Config:
+    """proxrl report RUN_DIR: plots and report.md of a run or a directory of runs."""
+
+    run_dir: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """A run directory, or a directory of runs."""
+    samples: Annotated[int, Range(ge=0)] = 4
+    """Samples shown before and after, per run."""
+
+    def validate(self) -> None:
+        check_ranges(self)
+
+
+def train(cfg: Config) -> None:
+    path = write_report(cfg.run_dir, samples=cfg.samples)
+    print(f"wrote {path} and the plots in {Path(cfg.run_dir) / 'plots'}")

@@ -39,8 +39,8 @@ NAN = float("nan")
 # 40 iterations (about 1 s of training) with a checkpoint every 5: a kill shortly after the
 # first checkpoint always lands mid-training.
 LONG = {
-    "CartPole-v1": dict(num_envs=2, num_steps=64, minibatch_size=32, epochs=2),
-    "Hopper-v5": dict(num_envs=1, num_steps=128, minibatch_size=32, epochs=2),
+    "CartPole-v1": dict(num_envs=2, num_steps=64, mini_batch_size=32, ppo_epochs=2),
+    "Hopper-v5": dict(num_envs=1, num_steps=128, mini_batch_size=32, ppo_epochs=2),
 }
 ITERATIONS, BATCH = 40, 128
 # 4 iterations of 128 steps, 8 minibatch steps each (4 minibatches × 2 epochs), a checkpoint

@@ -19,8 +19,8 @@ from proxrl.runtime.metrics import read_metrics
 
 # small but complete iterations: 2 × 64 CartPole steps, 128 Hopper steps
 TINY = {
-    "CartPole-v1": dict(num_envs=2, num_steps=64, minibatch_size=32, epochs=2, total_steps=256),
-    "Hopper-v5": dict(num_envs=1, num_steps=128, minibatch_size=32, epochs=2, total_steps=256),
+    "CartPole-v1": dict(num_envs=2, num_steps=64, mini_batch_size=32, ppo_epochs=2, total_steps=256),
+    "Hopper-v5": dict(num_envs=1, num_steps=128, mini_batch_size=32, ppo_epochs=2, total_steps=256),
 }
 REQUIRED = ["global_step", "charts/SPS", "charts/learning_rate", "losses/policy_loss",
             "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/kl",
@@ -72,7 +72,7 @@ def test_each_objective_runs_with_finite_metrics(tmp_path, env, setting):
 
 def test_adaptive_beta_follows_the_paper_rule(tmp_path):
     """β_{i+1} = 2β_i if d_i > 1.5·d_targ, β_i/2 if d_i < d_targ/1.5, else β_i (β_1 = 1)."""
-    cfg = _cfg(tmp_path, objective="adaptive-kl", kl_target=0.003, total_steps=128 * 6)
+    cfg = _cfg(tmp_path, objective="adaptive-kl", penalty_target=0.003, total_steps=128 * 6)
     train(cfg)
     rows = read_metrics(cfg.output_dir)
     assert rows[0]["losses/kl_beta"] == 1.0
@@ -171,3 +171,28 @@ def test_cartpole_reaches_400_with_the_clip_objective(tmp_path):
                         total_steps=300_000, seed=1, progress=False)
     summary = train(cfg)
     assert summary["mean_return_last_100"] >= 400, summary
+
+
+def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
+    """The LM trainers' names are canonical; CleanRL's still work (a run's older config.yaml too)."""
+    from proxrl.runtime.config import load_config_file, parse_config
+
+    argv = ["--lr", "1e-3", "--gae_lambda", "0.9", "--ent-coef", "0.02", "--minibatch-size", "16",
+            "--epochs", "3", "--no-norm-adv", "--target-kl", "0.05", "--kl-target", "0.02", "--kl-beta", "2"]
+    cfg = parse_config(ClassicConfig, argv, "t")
+    assert (cfg.learning_rate, cfg.lam, cfg.entropy_coef, cfg.mini_batch_size, cfg.ppo_epochs) == (1e-3, 0.9, 0.02, 16, 3)
+    assert (cfg.whiten_advantages, cfg.early_stop_kl, cfg.penalty_target, cfg.penalty_beta) == (False, 0.05, 0.02, 2.0)
+    path = tmp_path / "config.yaml"
+    path.write_text("lr: 0.001\ngae_lambda: 0.9\nnorm_adv: false\nclip_vloss: true\nclip: 0.1\n")
+    cfg = load_config_file(ClassicConfig, path)
+    assert (cfg.learning_rate, cfg.lam, cfg.whiten_advantages) == (0.001, 0.9, False)
+    assert cfg.resolved(discrete=True).value_clip == 0.1  # clip_vloss on: the value range is clip
+
+
+@pytest.mark.parametrize(("argv", "value_clip"), [([], 0.2), (["--clip-vloss"], 0.3), (["--no-clip-vloss"], None),
+                                                 (["--value-clip", "0.5"], 0.5), (["--value-clip", "none"], None)])
+def test_value_clip_and_cleanrls_clip_vloss_switch(argv, value_clip):
+    from proxrl.runtime.config import parse_config
+
+    cfg = parse_config(ClassicConfig, ["--clip", "0.3", *argv], "t").resolved(discrete=True)
+    assert cfg.value_clip == value_clip and cfg.clip_vloss is None

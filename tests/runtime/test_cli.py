@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import subprocess
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -85,3 +87,29 @@ def test_help_of_registered_commands(argv, capsys):
         cli.main(argv)
     assert e.value.code == 0
     assert "--output-dir" in capsys.readouterr().out or argv[0] == "classic-eval"
+
+
+def _plain_process_logging(monkeypatch):
+    """The logging set-up of a plain ``proxrl`` process: pytest's capture handlers taken off the
+    root logger (``configure_logging`` leaves an already configured root alone)."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(logging.getLogger("proxrl"), "level", logging.NOTSET)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+
+
+CLASSIC_TINY = ["--env", "CartPole-v1", "--num-envs", "1", "--num-steps", "32", "--mini-batch-size", "32",
+                "--ppo-epochs", "1", "--total-steps", "64", "--no-progress"]
+
+
+def test_resume_message_reaches_the_users_stderr(tmp_path, capsys, monkeypatch):
+    _plain_process_logging(monkeypatch)
+    run = tmp_path / "r"
+    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY]) == 0
+    capsys.readouterr()
+    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; the run is already complete\n" in err
+    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume", "--quiet"]) == 0
+    assert "resumed" not in capsys.readouterr().err

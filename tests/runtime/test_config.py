@@ -120,3 +120,74 @@ def test_help_shows_field_docstrings(capsys):
     for doc in ["Samples per step.", "Learning rate.", "Save a checkpoint every",
                 "--batch-size", "proxrl demo"]:
         assert doc in text
+
+
+# ------------------------------------------------------------------------ ranges and aliases
+from typing import Annotated, ClassVar  # noqa: E402
+
+from proxrl.runtime.fields import Range, alias  # noqa: E402
+
+
+@dataclasses.dataclass
+class Ranged(RunConfig):
+    steps: Annotated[int, Range(gt=0)] = 1
+    """Steps."""
+    share: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    """A share."""
+    learning_rate: Annotated[float | None, Range(gt=0), alias("lr")] = None
+    """Learning rate."""
+    whiten: Annotated[bool, alias("norm_adv")] = True
+    """Whiten."""
+
+
+@dataclasses.dataclass
+class RangedChild(Ranged):
+    steps: int = 5  # only the default changes: the range declared above still holds
+    """Steps."""
+
+
+@dataclasses.dataclass
+class FlagWorded(Ranged):
+    range_style: ClassVar = "flag"
+
+
+@pytest.mark.parametrize(
+    ("cls", "argv", "message"),
+    [
+        (Ranged, ["--steps", "0"], "steps: expected >= 1, got 0"),  # an int's > 0 reads >= 1
+        (Ranged, ["--share", "1"], "share: expected in [0, 1), got 1.0"),
+        (Ranged, ["--lr", "0"], "learning_rate: expected > 0, got 0.0"),
+        (RangedChild, ["--steps", "-2"], "steps: expected >= 1, got -2"),
+        (FlagWorded, ["--steps", "0"], "--steps must be > 0, got 0"),
+        (FlagWorded, ["--share", "2"], "--share must lie in [0, 1)"),
+        (Ranged, ["--save-every", "-1"], "--save-every must be >= 0, got -1"),  # RunConfig's own
+    ],
+)
+def test_ranges_declared_beside_the_field_are_checked_in_one_wording(cls, argv, message):
+    with pytest.raises(ProxrlError) as e:
+        parse_config(cls, argv, "t")
+    assert str(e.value) == message
+
+
+def test_aliases_work_in_flags_and_yaml(tmp_path):
+    cfg = parse_config(Ranged, ["--lr", "0.5", "--no-norm-adv"], "t")
+    assert (cfg.learning_rate, cfg.whiten) == (0.5, False)
+    assert parse_config(Ranged, ["--norm_adv", "false", "--learning_rate", "none"], "t").whiten is False
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1\nnorm-adv: false\n")
+    cfg = load_config_file(Ranged, path)
+    assert (cfg.learning_rate, cfg.whiten) == (1.0, False) and isinstance(cfg.learning_rate, float)
+    path.write_text("lrr: 1\n")
+    with pytest.raises(ProxrlError, match="unknown key lrr; did you mean lr?"):
+        load_config_file(Ranged, path)
+
+
+def test_required_positional_and_report_options(capsys):
+    from proxrl.report import Config as ReportConfig
+
+    assert parse_config(ReportConfig, ["runs/x", "--samples", "2"], "t") == ReportConfig("runs/x", 2)
+    for argv, message in [([], "missing RUN_DIR"), (["r", "--sample", "2"], "unknown option --sample; did you mean --samples?"),
+                          (["r", "--samples", "-1"], "samples: expected >= 0, got -1")]:
+        with pytest.raises(ProxrlError) as e:
+            parse_config(ReportConfig, argv, "t")
+        assert str(e.value) == message

@@ -83,7 +83,7 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run the epochs, update β, and return the iteration's mean losses and diagnostics (over
     the minibatch steps taken; ``guard`` skips those with a NaN/Inf loss or gradient)."""
-    assert cfg.epochs is not None and cfg.minibatch_size is not None and cfg.ent_coef is not None
+    assert cfg.ppo_epochs is not None and cfg.mini_batch_size is not None and cfg.entropy_coef is not None
     size = batch.logprobs.shape[0]
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
@@ -91,23 +91,23 @@ def ppo_update(
     sums: dict[str, float] = {}
     count = 0
     epochs_run = 0
-    for _ in range(cfg.epochs):
+    for _ in range(cfg.ppo_epochs):
         perm = torch.randperm(size)
-        for start in range(0, size, cfg.minibatch_size):
-            idx = perm[start : start + cfg.minibatch_size]
+        for start in range(0, size, cfg.mini_batch_size):
+            idx = perm[start : start + cfg.mini_batch_size]
             dist = agent.dist(batch.obs[idx])
             logprobs = agent.log_prob(dist, batch.actions[idx])
             adv = batch.advantages[idx]
             mask = torch.ones_like(adv)
-            if cfg.norm_adv:
+            if cfg.whiten_advantages:
                 adv = masked_whiten(adv, mask)
             pg_loss, pg_stats = policy_loss(cfg, logprobs, batch.logprobs[idx], adv, beta)
             v_loss, _ = value_loss(
                 agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
-                clip=cfg.clip if cfg.clip_vloss else None,
+                clip=cfg.value_clip,
             )
             ent_loss, ent_stats = entropy_bonus(agent.entropy(dist), mask)
-            loss = pg_loss + cfg.vf_coef * v_loss + cfg.ent_coef * ent_loss
+            loss = pg_loss + cfg.vf_coef * v_loss + cfg.entropy_coef * ent_loss
 
             if not guarded_step(optimizer, loss, agent, cfg.max_grad_norm, guard, iteration):
                 continue
@@ -123,7 +123,7 @@ def ppo_update(
                 sums[name] = sums.get(name, 0.0) + float(value)
             count += 1
         epochs_run += 1
-        if cfg.target_kl is not None and float(pg_stats["approx_kl"]) > cfg.target_kl:
+        if cfg.early_stop_kl is not None and float(pg_stats["approx_kl"]) > cfg.early_stop_kl:
             break
 
     with torch.no_grad():

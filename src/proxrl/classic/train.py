@@ -22,8 +22,8 @@ minibatch step (TRPO: the policy step); skips are counted in ``guard/skipped_upd
 from __future__ import annotations
 
 import json
+import logging
 import math
-import sys
 import time
 import warnings
 from collections import deque
@@ -56,6 +56,8 @@ from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
 
+log = logging.getLogger(__name__)
+
 Config = ClassicConfig
 
 
@@ -78,7 +80,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     # 1. Fill the defaults of this kind of environment and check the result.
     discrete, obs_dim, action_dim = _action_kind(cfg.env)
     cfg = cfg.resolved(discrete)
-    assert cfg.num_envs and cfg.num_steps and cfg.lr and cfg.total_steps
+    assert cfg.num_envs and cfg.num_steps and cfg.learning_rate and cfg.total_steps
 
     # 2. Output directory (with the resolved config), one torch thread, seeds.
     check_resume(cfg)  # compared with the resolved options the run wrote
@@ -92,10 +94,10 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     envs = make_vec_env(cfg.env, cfg.num_envs)
     agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
     trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
-    optimizer = torch.optim.Adam(trainable, lr=cfg.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(trainable, lr=cfg.learning_rate, eps=1e-5)
     kl_ctrl = (
-        AdaptiveKL(cfg.kl_beta, cfg.kl_target) if cfg.objective == "adaptive-kl"
-        else FixedKL(cfg.kl_beta)
+        AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if cfg.objective == "adaptive-kl"
+        else FixedKL(cfg.penalty_beta)
     )
     collector = Collector(
         envs, agent,
@@ -126,7 +128,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         recent.extend(counters["recent_returns"])
         metrics.truncate_after(global_step)
         done = "; the run is already complete" if iteration >= cfg.num_iterations else ""
-        print(f"resumed {restored.path} at step {global_step}{done}", file=sys.stderr)
+        log.info("resumed %s at step %d%s", restored.path, global_step, done)
 
     def save() -> Path:
         return checkpointer.save(
@@ -142,7 +144,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     with bar, metrics, GracefulStop() as stop:
         while iteration < cfg.num_iterations and global_step < stop_at:
             iteration += 1
-            lr = cfg.lr * (1.0 - (iteration - 1) / cfg.num_iterations) if cfg.anneal_lr else cfg.lr
+            lr = cfg.learning_rate * (1.0 - (iteration - 1) / cfg.num_iterations) if cfg.anneal_lr else cfg.learning_rate
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -155,7 +157,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             # 5b. Advantages and returns (core GAE; truncations bootstrapped in the rewards).
             advantages, returns = gae_env(
                 rollout.rewards, rollout.values, rollout.dones, rollout.next_value,
-                cfg.gamma, cfg.gae_lambda,
+                cfg.gamma, cfg.lam,
             )
             batch = rollout.flatten(advantages, returns)
 

@@ -15,7 +15,7 @@ negative) subject to ``KL̄[π_old ‖ π_θ] ≤ δ``:
 A NaN/Inf in the surrogate, its gradient or the step skips the policy step, and one in a
 critic minibatch's loss or gradient skips that minibatch (``runtime.guard``).
 
-Departures: advantages are whitened over the whole batch (``norm_adv``); the critic is trained
+Departures: advantages are whitened over the whole batch (``whiten_advantages``); the critic is trained
 with Adam on the same (optionally clipped) value loss as PPO, over the same epochs and
 minibatches, instead of the original's L-BFGS.
 """
@@ -74,7 +74,7 @@ def trpo_policy_step(
     params = agent.actor_parameters()
     adv = batch.advantages
     mask = torch.ones_like(adv)
-    if cfg.norm_adv:
+    if cfg.whiten_advantages:
         adv = masked_whiten(adv, mask)
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
@@ -136,17 +136,17 @@ def critic_update(
 ) -> dict[str, float]:
     """Fit the critic with the PPO value loss over the configured epochs and minibatches
     (skipping those with a NaN/Inf loss or gradient)."""
-    assert cfg.epochs is not None and cfg.minibatch_size is not None
+    assert cfg.ppo_epochs is not None and cfg.mini_batch_size is not None
     size = batch.returns.shape[0]
     total, count = 0.0, 0
-    for _ in range(cfg.epochs):
+    for _ in range(cfg.ppo_epochs):
         perm = torch.randperm(size)
-        for start in range(0, size, cfg.minibatch_size):
-            idx = perm[start : start + cfg.minibatch_size]
+        for start in range(0, size, cfg.mini_batch_size):
+            idx = perm[start : start + cfg.mini_batch_size]
             mask = torch.ones_like(batch.returns[idx])
             loss, _ = value_loss(
                 agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
-                clip=cfg.clip if cfg.clip_vloss else None,
+                clip=cfg.value_clip,
             )
             if guarded_step(optimizer, loss, agent.critic, cfg.max_grad_norm, guard, iteration):
                 total += float(loss.detach())

@@ -41,7 +41,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -59,6 +59,7 @@ from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import read_metrics
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
@@ -86,21 +87,21 @@ class Config:
     resume_with_changes: bool = False
     """With --resume: continue even though options differ from the demo's demo_config.yaml (without
     it such a resume is refused, naming the changed options); every stage then runs with the new ones."""
-    sft_examples: int = 2000
+    sft_examples: Annotated[int, Range(ge=1)] = 2000
     """Demonstrations (prompt → the sloppy annotator's answer)."""
-    demo_accuracy: float = 0.3
+    demo_accuracy: Annotated[float, Range(gt=0, le=1)] = 0.3
     """Share of demonstrations that name the largest digit."""
     off_list_rejects: float = 0.0
     """Share of rejected answers drawn from all ten digits rather than from the list."""
-    preference_pairs: int = 2000
+    preference_pairs: Annotated[int, Range(ge=1)] = 2000
     """Preference pairs for the reward model (chosen: the largest digit; rejected: another digit)."""
-    preference_eval_pairs: int = 400
+    preference_eval_pairs: Annotated[int, Range(ge=1)] = 400
     """Held-out preference pairs the reward model's accuracy is measured on."""
-    rl_prompts: int = 1000
+    rl_prompts: Annotated[int, Range(ge=1)] = 1000
     """Prompts the RL runs sample from."""
-    eval_prompts: int = 200
+    eval_prompts: Annotated[int, Range(ge=1)] = 200
     """Held-out prompts every policy is evaluated on."""
-    eval_samples: int = 4
+    eval_samples: Annotated[int, Range(ge=1)] = 4
     """Responses sampled per held-out prompt."""
     hidden_size: int = 64
     """Width of the tiny Llama."""
@@ -116,9 +117,9 @@ class Config:
     """Reward-model peak learning rate."""
     batch_size: int = 32
     """Examples per optimizer step in SFT and reward-model training."""
-    rl_iterations: int = 100
+    rl_iterations: Annotated[int, Range(ge=1)] = 100
     """Iterations of each RL run."""
-    rollout_batch_size: int = 32
+    rollout_batch_size: Annotated[int, Range(ge=1)] = 32
     """Prompts per RL iteration."""
     group_size: int = 2
     """Responses per prompt in PPO (GRPO uses grpo_group_size)."""
@@ -144,12 +145,7 @@ class Config:
     """Show progress bars."""
 
     def validate(self) -> None:
-        if not 0 < self.demo_accuracy <= 1:
-            raise ProxrlError(f"demo_accuracy: expected in (0, 1], got {self.demo_accuracy}")
-        for name in ("sft_examples", "preference_pairs", "preference_eval_pairs", "rl_prompts",
-                     "eval_prompts", "eval_samples", "rl_iterations", "rollout_batch_size"):
-            if getattr(self, name) < 1:
-                raise ProxrlError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        check_ranges(self)
 
 
 def peak_rss_mb() -> float:
@@ -169,7 +165,7 @@ def process_age_s() -> float | None:
 
 
 class Stopwatch:
-    """Wall time per stage, printed as each stage ends. ``startup`` is the time from the start of
+    """Wall time per stage, logged as each stage ends. ``startup`` is the time from the start of
     the process to the first stage (Python, torch and transformers imports) when ``/proc`` tells
     it; ``total`` includes it."""
 
@@ -181,11 +177,11 @@ class Stopwatch:
 
     @contextmanager
     def stage(self, name: str):  # type: ignore[no-untyped-def]
-        print(f"[demo] {name} ...", flush=True)
+        log.info("[demo] %s ...", name)
         started = time.perf_counter()
         yield
         self.wall_s[name] = round(time.perf_counter() - started, 2)
-        print(f"[demo] {name} done in {self.wall_s[name]:.1f} s (peak RSS {peak_rss_mb():.0f} MB)", flush=True)
+        log.info("[demo] %s done in %.1f s (peak RSS %.0f MB)", name, self.wall_s[name], peak_rss_mb())
 
     def total(self) -> dict[str, float]:
         total = time.perf_counter() - self._started + (self._startup or 0.0)
@@ -217,7 +213,7 @@ class StageRunner:
     def __call__(self, train_fn: Any, config: Any) -> dict[str, float]:
         stage_dir = Path(config.output_dir)
         if self.resume and (stage_dir / STAGE_DONE).exists():
-            print(f"[demo] {stage_dir.name}: finished before, kept", flush=True)
+            log.info("[demo] %s: finished before, kept", stage_dir.name)
             return last_metrics(stage_dir)
         has_checkpoint = self.resume and CheckpointManager(stage_dir).latest() is not None
         metrics: dict[str, float] = train_fn(replace(config, resume=has_checkpoint, overwrite=not has_checkpoint,
@@ -285,7 +281,7 @@ def train(cfg: Config) -> dict[str, Any]:
             eval_data=str(data["preferences_eval"]), epochs=cfg.rm_epochs, learning_rate=cfg.rm_learning_rate,
         ))
     rm_accuracy = rm_metrics["eval/accuracy"]
-    print(f"[demo] reward model held-out accuracy {rm_accuracy:.3f}", flush=True)
+    log.info("[demo] reward model held-out accuracy %.3f", rm_accuracy)
 
     rm_dir = str(out / "rm")
     ppo_fields = dict(reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(1.0, 0.0), group_size=cfg.group_size,
@@ -317,8 +313,8 @@ def train(cfg: Config) -> dict[str, Any]:
     summary["wall_s"] = watch.total()
     summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"[demo] total {summary['wall_s']['total']:.1f} s, peak RSS {summary['peak_rss_mb']:.0f} MB; "
-          f"wrote {out / 'summary.json'} and {out / 'report.md'}", flush=True)
+    log.info("[demo] total %.1f s, peak RSS %.0f MB; wrote %s and %s", summary["wall_s"]["total"],
+             summary["peak_rss_mb"], out / "summary.json", out / "report.md")
     return summary
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 
@@ -13,13 +13,20 @@ from proxrl.models.causal_lm import resolve_dtype
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass
 class ModelRunConfig(RunConfig):
     """``RunConfig`` plus how models are loaded; every language-model config subclasses it."""
 
-    lora_r: int = 0
+    learning_rate: Annotated[float, Range(gt=0)] = 1e-5
+    """Peak AdamW learning rate."""
+    lr_schedule: Literal["constant", "linear"] = "linear"
+    """After warm-up: keep the rate, or decay it linearly to 0 at the last step."""
+    max_grad_norm: Annotated[float, Range(ge=0)] = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    lora_r: Annotated[int, Range(ge=0)] = 0
     """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled base)."""
     lora_alpha: float = 0.0
     """LoRA scale numerator (0: 2 × lora_r)."""
@@ -37,8 +44,6 @@ class ModelRunConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.lora_r < 0:
-            raise ProxrlError(f"lora_r: expected >= 0, got {self.lora_r}")
         resolve_dtype(self.dtype)
         if self.mixed_precision not in ("no", "bf16"):
             raise ProxrlError(

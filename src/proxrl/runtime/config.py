@@ -1,28 +1,42 @@
-"""Typed configs: a dataclass per algorithm, loaded from YAML and overridden on the command line.
+"""Typed configs: a dataclass per command, loaded from YAML and overridden on the command line.
 
-Every field carries a docstring on the line below it; ``tyro`` turns those into ``--help``.
-The command line is ``[--config file.yaml] [--field value ...]``: YAML values become the
-defaults, flags override them, then ``cfg.validate()`` (if the class defines one) checks values.
-Flags may be spelled ``--field_name`` or ``--field-name``; boolean fields are switches
-(``--resume`` / ``--no-resume``, and ``--resume true`` is accepted too).
+Every field carries a docstring on the line below it; ``tyro`` turns those into ``--help`` and
+parses the flags (``--field_name`` and ``--field-name``, ``--x=v``, ``--flag`` / ``--no-flag``,
+lists as ``--names a b``). YAML values are checked with pydantic's strict validation, one field
+at a time, so ``1`` is no bool and ``"3"`` no int. The command line is
+``[--config file.yaml] [--field value ...]``: YAML values become the defaults, flags override
+them, then ``cfg.validate()`` checks values.
 
-Before ``tyro`` sees the arguments, every flag and every YAML key is checked here against the
-dataclass fields, so an unknown name or a value of the wrong type is a one-line ``ProxrlError``
-naming the field (with a "did you mean" suggestion) rather than a usage dump.
+What this module adds to the two libraries, and why:
+
+* a field's aliases (CleanRL's ``lr``) are accepted in YAML too, and its range is checked by
+  ``RunConfig.validate()`` (both declared beside the field: ``runtime.fields``);
+* tyro's parse errors (a boxed usage text and ``SystemExit``) are translated, through its
+  parse-error hook, into the one-line ``ProxrlError`` messages of docs/errors.md;
+* switches also take a value (``--resume true``) and optional fields take ``none``: two
+  spellings users already rely on that tyro does not read (``_tyro_spellings``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
+import functools
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
 
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import (
+    Range,
+    check_ranges,
+    field_table,
+    optional_inner,
+    spellings,
+    type_name,
+)
 
 T = TypeVar("T")
 
@@ -35,6 +49,8 @@ _NONE = {"none", "null", "~"}
 class RunConfig:
     """Fields every trainer shares; algorithm configs subclass it."""
 
+    range_style: ClassVar[Literal["field", "flag"]] = "field"
+
     output_dir: str = "runs/run"
     """Directory for metrics, TensorBoard events, checkpoints and the summary."""
     seed: int = 1
@@ -46,31 +62,58 @@ class RunConfig:
     it such a resume is refused, naming the changed options)."""
     overwrite: bool = False
     """Delete a previous run in output_dir and start afresh."""
-    save_every: int = 0
+    save_every: Annotated[int, Range(ge=0, style="flag")] = 0
     """Save a checkpoint every this many iterations (0: only at the end)."""
-    keep_checkpoints: int = 3
+    keep_checkpoints: Annotated[int, Range(ge=1, style="flag")] = 3
     """How many of the newest checkpoints to keep on disk."""
+    max_consecutive_skips: Annotated[int, Range(gt=0)] = 5
+    """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
+    progress: bool = True
+    """Show a progress bar on a terminal."""
 
     def validate(self) -> None:
         """Raise ``ProxrlError`` for values no run can use."""
         if self.resume and self.overwrite:
             raise ProxrlError("--resume and --overwrite exclude each other; pick one")
-        if self.save_every < 0:
-            raise ProxrlError(f"--save-every must be >= 0, got {self.save_every}")
-        if self.keep_checkpoints < 1:
-            raise ProxrlError(f"--keep-checkpoints must be >= 1, got {self.keep_checkpoints}")
+        check_ranges(self)
 
 
 # --------------------------------------------------------------------------------------------
-# Field introspection and value checking
+# Types: names in messages, and the strict check of a YAML value
 
 
-def _fields(config_cls: type) -> dict[str, Any]:
-    """Field name → resolved type annotation, for a dataclass type."""
-    if not dataclasses.is_dataclass(config_cls):
-        raise TypeError(f"{config_cls!r} is not a dataclass")
-    hints = typing.get_type_hints(config_cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(config_cls) if f.init}
+@functools.cache
+def _adapter(tp: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(tp)
+
+
+def _check_value(name: str, tp: Any, value: Any) -> Any:
+    """A YAML value checked strictly against a field type (int → float and list → tuple are
+    the only conversions); a ``ProxrlError`` naming the field otherwise."""
+    from pydantic import ValidationError
+
+    if isinstance(value, list) and typing.get_origin(optional_inner(tp)[1]) is tuple:
+        value = tuple(value)
+    try:
+        return _adapter(tp).validate_python(value, strict=True)
+    except ValidationError:
+        pass
+    literal = typing.get_origin(optional_inner(tp)[1]) is Literal
+    found = repr(value) if literal else f"{type(value).__name__} {value!r}"
+    if isinstance(value, tuple):
+        found = f"list {list(value)!r}"
+    return _raise(f"field {name} expects {type_name(tp)}, found {found}", value, tp)
+
+
+def _raise(message: str, value: Any, tp: Any) -> Any:
+    """Raise ``message``, with the closest choice when ``tp`` is a ``Literal``."""
+    inner = optional_inner(tp)[1]
+    if typing.get_origin(inner) is Literal:
+        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(inner)], 1)
+        message += f"; did you mean {close[0]}?" if close else ""
+    raise ProxrlError(message)
 
 
 def _unknown(kind: str, name: str, valid: list[str], flag: bool) -> ProxrlError:
@@ -84,149 +127,47 @@ def _unknown(kind: str, name: str, valid: list[str], flag: bool) -> ProxrlError:
     return ProxrlError(f"unknown {kind} {prefix}{shown}{hint}")
 
 
-def _optional_inner(tp: Any) -> tuple[bool, Any]:
-    """``Optional[X]`` / ``X | None`` → (True, X); anything else → (False, tp)."""
-    origin = typing.get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
-            return True, args[0]
-    return False, tp
-
-
-def _type_name(tp: Any) -> str:
-    optional, inner = _optional_inner(tp)
-    if optional:
-        return f"{_type_name(inner)} or None"
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) in (list, tuple):
-        (arg, *_) = typing.get_args(tp) or (Any,)
-        return f"a list of {_type_name(arg)}"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _found(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
-def _check_value(name: str, tp: Any, value: Any) -> Any:
-    """Check a YAML value against a field type; return it converted (int → float, list → tuple)."""
-    optional, inner = _optional_inner(tp)
-    if value is None:
-        if optional:
-            return None
-        raise ProxrlError(f"field {name} expects {_type_name(tp)}, found None")
-    tp = inner
-    origin = typing.get_origin(tp)
-    bad = ProxrlError(f"field {name} expects {_type_name(tp)}, found {_found(value)}")
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(tp)], 1)
-            raise ProxrlError(
-                f"field {name} expects {_type_name(tp)}, found {value!r}"
-                + (f"; did you mean {close[0]}?" if close else "")
-            )
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis] or [Any]
-        items = [_check_value(f"{name}[{i}]", args[0], v) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    return value  # a type we do not check here; tyro or validate() will
-
-
-def _check_flag_value(name: str, tp: Any, text: str) -> str:
-    """Check the text of a ``--name value`` flag against the field type; return it in the
-    spelling tyro expects (``None``, ``True``, ``False``)."""
-    optional, inner = _optional_inner(tp)
-    if optional and text.lower() in _NONE:
-        return "None"
-    origin = typing.get_origin(inner)
-    expected = _type_name(tp)
-    if inner is bool:
-        if text.lower() not in _TRUE | _FALSE:
-            raise ProxrlError(f"--{name.replace('_', '-')} expects {expected}, found {text!r}")
-        return "True" if text.lower() in _TRUE else "False"
-    if origin is Literal:
-        choices = [str(a) for a in typing.get_args(inner)]
-        if text not in choices:
-            close = difflib.get_close_matches(text, choices, 1)
-            raise ProxrlError(
-                f"--{name.replace('_', '-')} expects {expected}, found {text!r}"
-                + (f"; did you mean {close[0]}?" if close else "")
-            )
-        return text
-    converters: dict[Any, Any] = {int: int, float: float}
-    if inner in converters:
-        try:
-            converters[inner](text)
-        except ValueError:
-            raise ProxrlError(
-                f"--{name.replace('_', '-')} expects {expected}, found {text!r}"
-            ) from None
-    return text
-
-
 # --------------------------------------------------------------------------------------------
 # YAML files
 
 
-def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
-    """``file:line:column is not valid YAML: <problem>`` from a PyYAML error."""
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-    return f"{where} is not valid YAML: {problem}"
-
-
-def load_config_file(config_cls: type[T], path: str | Path, validate: bool = True) -> T:
-    """Build ``config_cls`` from a YAML mapping of field → value (missing fields keep defaults).
-
-    Unknown keys and values of the wrong type raise ``ProxrlError`` naming the key.
-    ``validate=False`` skips ``cfg.validate()`` (``parse_config`` validates after overrides).
-    """
-    path = Path(path)
+def _read_yaml(path: Path) -> dict[Any, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ProxrlError(f"config file {path} does not exist") from None
     except yaml.YAMLError as e:
-        raise ProxrlError(f"config file {_yaml_problem(path, e)}") from None
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        raise ProxrlError(f"config file {where} is not valid YAML: {problem}") from None
     except UnicodeDecodeError as e:
         raise ProxrlError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except IsADirectoryError:
         raise ProxrlError(f"config file {path} is a directory; expected a YAML file") from None
     if raw is None:
-        raw = {}
+        return {}
     if not isinstance(raw, dict):
         raise ProxrlError(f"config file {path} must hold a mapping of field: value")
-    fields = _fields(config_cls)
+    return raw
+
+
+def load_config_file(config_cls: type[T], path: str | Path, validate: bool = True) -> T:
+    """Build ``config_cls`` from a YAML mapping of field → value (missing fields keep defaults).
+
+    Keys may use dashes and a field's aliases. Unknown keys and values of the wrong type raise
+    ``ProxrlError`` naming the key. ``validate=False`` skips ``cfg.validate()``
+    (``parse_config`` validates after overrides).
+    """
+    path = Path(path)
+    fields, names = field_table(config_cls), spellings(config_cls)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = str(key).replace("-", "_")
-        if name not in fields:
-            err = _unknown("key", str(key), list(fields), flag=False)
-            raise ProxrlError(f"config file {path}: {err}")
+    for key, value in _read_yaml(path).items():
+        name = names.get(str(key).replace("-", "_"))
         try:
-            values[name] = _check_value(name, fields[name], value)
+            if name is None:
+                raise _unknown("key", str(key), list(names), flag=False)
+            values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"config file {path}: {e}") from None
     cfg = config_cls(**values)
@@ -251,79 +192,108 @@ def save_config_file(cfg: Any, path: str | Path) -> None:
 
 
 def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--config FILE`` / ``--config=FILE`` out of argv (it is not a field of any config)."""
     path: str | None = None
     rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    args = iter(argv)
+    for arg in args:
         if arg == "--config":
-            if i + 1 >= len(argv):
+            path = next(args, None)
+            if path is None:
                 raise ProxrlError("--config needs a file path")
-            path, i = argv[i + 1], i + 2
-            continue
-        if arg.startswith("--config="):
-            path, i = arg.split("=", 1)[1], i + 1
-            continue
-        rest.append(arg)
-        i += 1
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
     return path, rest
 
 
-def _check_flags(config_cls: type, argv: list[str]) -> list[str]:
-    """Reject unknown flags and mistyped values; return argv with bool values made switches."""
-    fields = _fields(config_cls)
+def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
+    """Rewrite the spellings tyro does not read: a switch given a value (``--resume true``,
+    ``--resume=false``) becomes ``--resume`` / ``--no-resume``; ``none``/``null``/``~`` for an
+    optional field becomes tyro's ``None``, and ``true``/``false`` for a bool-or-None field
+    tyro's ``True``/``False``. Everything else passes through untouched."""
+    fields, names = field_table(config_cls), spellings(config_cls)
     out: list[str] = []
     i = 0
     while i < len(argv):
-        arg = argv[i]
-        if arg in ("-h", "--help"):
-            out.append(arg)
-            i += 1
-            continue
-        if not arg.startswith("--"):
-            raise ProxrlError(f"unexpected argument {arg!r}; options look like --name value")
+        arg, i = argv[i], i + 1
         name, eq, inline = arg[2:].partition("=")
-        name = name.replace("-", "_")
-        negated = name.startswith("no_") and name[3:] in fields and name not in fields
-        field = name[3:] if negated else name
-        if field not in fields:
-            raise _unknown("option", name, list(fields), flag=True)
-        tp = fields[field]
-        flag = "--" + field.replace("_", "-")
-        if tp is bool:
+        field = names.get(name.replace("-", "_")) if arg.startswith("--") else None
+        if field is None:
+            out.append(arg)
+            continue
+        tp, flag = fields[field].type, "--" + field.replace("_", "-")
+        if fields[field].switch:
             text = inline if eq else None
-            if text is None and not negated and i + 1 < len(argv):
-                nxt = argv[i + 1].lower()
-                if nxt in _TRUE | _FALSE or not nxt.startswith("-"):  # a value: checked below
-                    text, i = argv[i + 1], i + 1
-            if text is not None:
-                if negated or text.lower() not in _TRUE | _FALSE:
-                    raise ProxrlError(f"{flag} expects true or false, found {text!r}")
-                negated = text.lower() in _FALSE
-            out.append("--no-" + flag[2:] if negated else flag)
-            i += 1
-            continue
-        if negated:
-            raise _unknown("option", name, list(fields), flag=True)
-        if typing.get_origin(_optional_inner(tp)[1]) in (list, tuple):
-            values = [inline] if eq else []
-            i += 1
-            while not eq and i < len(argv) and not argv[i].startswith("--"):
-                values.append(argv[i])
-                i += 1
-            if not values:
-                raise ProxrlError(f"{flag} needs one or more values ({_type_name(tp)})")
-            (item_tp, *_) = typing.get_args(_optional_inner(tp)[1]) or (str,)
-            out += [flag, *(_check_flag_value(field, item_tp, v) for v in values)]
-            continue
-        if eq:
-            value, i = inline, i + 1
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            value, i = argv[i + 1], i + 2
+            if not eq and i < len(argv) and not argv[i].startswith("-"):
+                text, i = argv[i], i + 1
+            if text is not None and text.lower() not in _TRUE | _FALSE:
+                raise ProxrlError(f"{flag} expects true or false, found {text!r}")
+            out.append(flag if text is None or text.lower() in _TRUE else "--no-" + flag[2:])
+        elif optional_inner(tp)[0] and (eq or (i < len(argv) and not argv[i].startswith("--"))):
+            text = inline if eq else argv[i]
+            i += 0 if eq else 1
+            lowered = text.lower()
+            if lowered in _NONE:
+                text = "None"
+            elif optional_inner(tp)[1] is bool and lowered in _TRUE | _FALSE:  # normalize_obs true
+                text = str(lowered in _TRUE)
+            out += [f"--{name}={text}"] if eq else [arg, text]
         else:
-            raise ProxrlError(f"{flag} needs a value ({_type_name(tp)})")
-        out += [flag, _check_flag_value(field, tp, value)]
+            out.append(arg)
     return out
+
+
+def _values_after(flags: tuple[str, ...], argv: list[str]) -> str:
+    """The text given to the last of ``flags`` in argv (for an error message)."""
+    spelt = {f.replace("_", "-") for f in flags}
+    for i in range(len(argv) - 1, -1, -1):
+        name, eq, inline = argv[i].partition("=")
+        if name.replace("_", "-") in spelt:
+            if eq:
+                return inline
+            values = [a for a in argv[i + 1 :]]
+            stop = next((k for k, a in enumerate(values) if a.startswith("--")), len(values))
+            return " ".join(values[:stop])
+    return ""
+
+
+def _translate(config_cls: type, argv: list[str]) -> Any:
+    """A tyro parse-error hook raising the one-line ``ProxrlError`` for each kind of event."""
+    from tyro import _errors as events
+
+    fields = field_table(config_cls)
+
+    def field_of(argument: Any) -> tuple[str, Any]:
+        name = argument.field.intern_name
+        return "--" + name.replace("_", "-"), fields[name].type if name in fields else str
+
+    def hook(event: Any) -> None:
+        if isinstance(event, events.UnrecognizedArgs):
+            token = event.tokens[0]
+            if token.startswith("--") and len(token) > 2:
+                name = token[2:].partition("=")[0]
+                raise _unknown("option", name.replace("-", "_"), list(spellings(config_cls)), flag=True)
+            raise ProxrlError(f"unexpected argument {token!r}; options look like --name value")
+        if isinstance(event, events.InvalidChoice):
+            flag, tp = field_of(event.argument)
+            _raise(f"{flag} expects {type_name(tp)}, found {event.value!r}", event.value, tp)
+        if isinstance(event, events.BadValue):
+            flag, tp = field_of(event.argument)
+            if event.reason == "too_few_values":
+                raise ProxrlError(f"{flag} needs a value ({type_name(tp)})")
+            raise ProxrlError(f"{flag} takes no value, found {event.offending_value!r}")
+        if isinstance(event, events.InstantiationFailure) and event.argument is not None:
+            flag, tp = field_of(event.argument)
+            text = _values_after(event.argument.lowered.name_or_flags, argv)
+            raise ProxrlError(f"{flag} expects {type_name(tp)}, found {text!r}")
+        if isinstance(event, events.MissingArgs):
+            names = [a.arg.lowered.name_or_flags[-1].upper().replace("-", "_") for a in event.missing_arguments]
+            raise ProxrlError(f"missing {', '.join(names)}")
+        raise ProxrlError(f"cannot parse the command line ({type(event).__name__})")
+
+    return hook
 
 
 def _validate(cfg: Any) -> None:
@@ -338,15 +308,17 @@ def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
     ``--help`` prints every field with its docstring and exits 0 (``SystemExit``).
     """
     import tyro
+    from tyro import _errors as events
 
-    argv = list(argv or [])
-    config_path, rest = _split_config_flag(argv)
-    default = (
-        load_config_file(config_cls, config_path, validate=False)
-        if config_path
-        else config_cls()
-    )
-    rest = _check_flags(config_cls, rest)
-    cfg = tyro.cli(config_cls, args=rest, default=default, prog=prog)
+    config_path, rest = _split_config_flag(list(argv or []))
+    default: Any = tyro.MISSING_NONPROP
+    if config_path:
+        default = load_config_file(config_cls, config_path, validate=False)
+    elif all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+             for f in dataclasses.fields(config_cls)):  # type: ignore[arg-type]
+        default = config_cls()
+    args = _tyro_spellings(config_cls, rest)
+    with events.on_parse_error(_translate(config_cls, args)):
+        cfg: T = tyro.cli(config_cls, args=args, default=default, prog=prog)
     _validate(cfg)
     return cfg

@@ -21,18 +21,15 @@ import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
-    device_of,
     maybe_lora,
-    model_kwargs,
     split_eval,
-    training_device,
 )
 from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.logprobs import logprobs_from_logits
@@ -47,6 +44,7 @@ from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_f
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
@@ -63,9 +61,9 @@ class Config(OfflineConfig):
     """Peak AdamW learning rate (DPO needs small ones: 5e-7 for 7B models)."""
     loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid"
     """sigmoid: DPO / cDPO; ipo: IPO; simpo: SimPO (no reference model)."""
-    beta: float = 0.1
+    beta: Annotated[float, Range(gt=0)] = 0.1
     """Strength of the implicit KL constraint (SimPO: reward scale, 2.0-2.5 in the paper)."""
-    label_smoothing: float = 0.0
+    label_smoothing: Annotated[float, Range(ge=0, lt=0.5)] = 0.0
     """cDPO / SimPO: probability that a preference label is flipped (0: plain DPO)."""
     simpo_gamma_beta_ratio: float = 0.5
     """SimPO target margin γ divided by β."""
@@ -74,10 +72,6 @@ class Config(OfflineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.beta <= 0:
-            raise ProxrlError(f"beta: expected > 0, got {self.beta}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ProxrlError(f"label_smoothing: expected in [0, 0.5), got {self.label_smoothing}")
         if self.loss == "ipo" and self.label_smoothing:
             raise ProxrlError("label_smoothing does not apply to loss=ipo")
         if self.ref_model:
@@ -111,7 +105,7 @@ def uses_average(loss: str) -> bool:
 
 def preference_loss(model: nn.Module, batch: DPOBatch, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
-    batch = batch.to(device_of(model))
+    batch = batch.to(next(model.parameters()).device)
     logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss))
     b = batch.pairs.num_pairs
     chosen, rejected = logps[:b], logps[b:]
@@ -136,7 +130,7 @@ def reference_logps(
     chosen = torch.zeros(len(items), dtype=torch.float64)
     rejected = torch.zeros(len(items), dtype=torch.float64)
     for indices in dist.shard(bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False)):
-        pairs = collate_pairs([items[i] for i in indices], pad_id).to(device_of(model))
+        pairs = collate_pairs([items[i] for i in indices], pad_id).to(next(model.parameters()).device)
         logps = response_logps(model, pairs.sequences, average).double().cpu()
         chosen[indices] = logps[: len(indices)]
         rejected[indices] = logps[len(indices) :]
@@ -171,9 +165,9 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 3. Seeds and the policy (dropout off; LoRA if asked).
     seed_everything(cfg.seed)
-    policy = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    policy = load_causal_lm(cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
     resize_for_tokenizer(policy, tokenizer)
-    policy = maybe_lora(policy, cfg).to(training_device())
+    policy = maybe_lora(policy, cfg).to(dist.device())
 
     # 4. Reference log-probs, once: ref_model, or the starting policy (adapter disabled).
     average = uses_average(cfg.loss)
@@ -181,7 +175,7 @@ def train(cfg: Config) -> dict[str, float]:
         ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
         ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
     elif cfg.ref_model:
-        reference = load_causal_lm(cfg.ref_model, **model_kwargs(cfg)).to(training_device())
+        reference = load_causal_lm(cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing).to(dist.device())
         resize_for_tokenizer(reference, tokenizer)
         with cfg.autocast():
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)

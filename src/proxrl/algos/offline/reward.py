@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -32,11 +33,8 @@ from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
-    device_of,
     maybe_lora,
-    model_kwargs,
     split_eval,
-    training_device,
 )
 from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.losses import bradley_terry_loss, ranking_loss
@@ -52,8 +50,10 @@ from proxrl.data.encoding import EncodedPair, EncodedRanking, encode_preferences
 from proxrl.data.formats import RankingExample, load_comparison_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 
@@ -73,22 +73,17 @@ class Config(OfflineConfig):
     """Peak AdamW learning rate."""
     use_margin: bool = True
     """Use the per-pair 'margin' field of the data when present."""
-    center_coef: float = 0.0
+    center_coef: Annotated[float, Range(ge=0)] = 0.0
     """Weight of the reward-centring term coef·mean((r_c + r_r)²) (pairs only; 0: off)."""
     normalize: bool = True
     """After training, store the mean/std of the training scores and centre scores on 0."""
-
-    def validate(self) -> None:
-        super().validate()
-        if self.center_coef < 0:
-            raise ProxrlError(f"center_coef: expected >= 0, got {self.center_coef}")
 
 
 def reward_loss(
     model: nn.Module, batch: ScoreBatch, center_coef: float = 0.0
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Bradley–Terry loss of a batch of pairs, or the all-pairs loss of a batch of rankings."""
-    batch = batch.to(device_of(model))
+    batch = batch.to(next(model.parameters()).device)
     scores = sequence_scores(model, batch.sequences.input_ids, batch.sequences.attention_mask)
     if isinstance(batch, RankingBatch):
         return ranking_loss(scores.view(batch.ranking.shape), batch.ranking)
@@ -124,7 +119,7 @@ def score_statistics(model: nn.Module, items: list[Item], batch_size: int, pad_i
     model.eval()
     scores = []
     for indices in order:
-        batch = collate([sequences[i] for i in indices], pad_id).to(device_of(model))
+        batch = collate([sequences[i] for i in indices], pad_id).to(next(model.parameters()).device)
         scores.append(sequence_scores(model, batch.input_ids, batch.attention_mask).double())
     model.train(was_training)
     all_scores = torch.cat(scores)
@@ -172,9 +167,9 @@ def train(cfg: Config) -> dict[str, float]:
     # 3. Seeds, a num_labels=1 classifier (a head missing from the checkpoint is drawn
     #    N(0, 1/√(d+1)), bias 0), then the output directory (once every input has loaded).
     seed_everything(cfg.seed)
-    model = load_score_model(cfg.model, new_head="reward", **model_kwargs(cfg))
+    model = load_score_model(cfg.model, new_head="reward", **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
     resize_for_tokenizer(model, tokenizer)
-    model = maybe_lora(model, cfg, task="seq_cls").to(training_device())
+    model = maybe_lora(model, cfg, task="seq_cls").to(dist.device())
     output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
 
     # 4. Train with the Bradley–Terry loss (mean over the pairs of each optimizer step).

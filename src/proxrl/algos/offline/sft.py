@@ -24,11 +24,8 @@ from torch import Tensor, nn
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
-    device_of,
     maybe_lora,
-    model_kwargs,
     split_eval,
-    training_device,
 )
 from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
 from proxrl.core.losses import sft_loss
@@ -37,6 +34,7 @@ from proxrl.data.encoding import EncodedSequence, encode_sft
 from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
@@ -59,7 +57,7 @@ class Config(OfflineConfig):
 def completion_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
     """Mean next-token NLL over the batch's completion tokens: position t predicts token t+1,
     counted when token t+1 is in the completion (``loss_mask``), never on the prompt."""
-    batch = batch.to(device_of(model))
+    batch = batch.to(next(model.parameters()).device)
     logits = model(**batch.model_inputs()).logits
     return sft_loss(logits[:, :-1], batch.input_ids[:, 1:], batch.loss_mask[:, 1:])
 
@@ -105,9 +103,9 @@ def train(cfg: Config) -> dict[str, float]:
     # 3. Seeds, the model (dropout off; LoRA if asked), then the output directory: created only
     #    once every input has loaded, so a bad one leaves no half-made run behind.
     seed_everything(cfg.seed)
-    model = load_causal_lm(cfg.model, **model_kwargs(cfg))
+    model = load_causal_lm(cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
     resize_for_tokenizer(model, tokenizer)
-    model = maybe_lora(model, cfg).to(training_device())
+    model = maybe_lora(model, cfg).to(dist.device())
     output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
 
     # 4. Train: mean NLL over the completion tokens of each optimizer step, on padded

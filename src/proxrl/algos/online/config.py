@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from torch import Tensor
 
@@ -20,6 +20,7 @@ from proxrl.core import AdaptiveKL
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass
@@ -36,21 +37,21 @@ class OnlineConfig(ModelRunConfig):
     """Reward functions as module:function, called with (prompts, completions, **columns)."""
     reward_weights: tuple[float, ...] = ()
     """Weight of each reward source, reward model first (default: all 1)."""
-    iterations: int = 100
+    iterations: Annotated[int, Range(ge=1)] = 100
     """Rollout-and-update iterations."""
-    rollout_batch_size: int = 16
+    rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Prompts sampled per iteration."""
-    group_size: int = 1
+    group_size: Annotated[int, Range(ge=1)] = 1
     """Responses sampled per prompt."""
-    max_prompt_length: int = 256
+    max_prompt_length: Annotated[int, Range(ge=1)] = 256
     """Longest prompt in tokens; longer prompts are dropped (counted in the log)."""
-    max_new_tokens: int = 64
+    max_new_tokens: Annotated[int, Range(ge=1)] = 64
     """Longest response in tokens."""
-    temperature: float = 0.7
+    temperature: Annotated[float, Range(gt=0)] = 0.7
     """Sampling temperature; log-probs are computed from logits divided by it."""
     top_k: int = 0
     """Sample among the k likeliest tokens (0: off)."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling threshold (1: off)."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a response besides EOS."""
@@ -60,18 +61,14 @@ class OnlineConfig(ModelRunConfig):
     """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from it."""
     reward_clip: float = 0.0
     """Clip scores to ±reward_clip (0: off)."""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each rollout batch."""
-    mini_batch_size: int = 16
+    mini_batch_size: Annotated[int, Range(ge=1)] = 16
     """Responses per optimizer step."""
-    grad_accum: int = 1
+    grad_accum: Annotated[int, Range(ge=1)] = 1
     """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
-    learning_rate: float = 1e-6
+    learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
-    lr_schedule: Literal["linear", "constant"] = "linear"
-    """Decay learning rates linearly to 0 at the last iteration, or keep them."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm (0: off)."""
     clip: float = 0.2
     """PPO clip range ε (lower side)."""
     clip_high: float | None = None
@@ -92,8 +89,9 @@ class OnlineConfig(ModelRunConfig):
     """Horizon (in samples) of the proportional controller."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (entropy is logged either way)."""
-    early_stop_kl: float = 0.0
-    """Stop an iteration's epochs once approx-KL(π_old‖π) exceeds this (0: never)."""
+    early_stop_kl: Annotated[float | None, Range(ge=0)] = None
+    """Stop an iteration's epochs once approx-KL(π_old‖π) exceeds this (None: never; 0, the
+    older spelling of off, still means never)."""
     ref_reset_every: int = 0
     """Copy the policy into the reference every N iterations (0: never)."""
     sample_every: int = 10
@@ -112,12 +110,8 @@ class OnlineConfig(ModelRunConfig):
     """Take log π_old from the sampler's logits instead of a second forward pass: one pass
     fewer per iteration, but π_old then differs from the trainer's own numbers by float
     rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
-    max_consecutive_skips: int = 5
-    """Stop after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
     offload_frozen_roles: bool = False
     """Keep the reference and reward models on the CPU (their forward passes run there), freeing accelerator memory for the actor and critic."""
-    progress: bool = True
-    """Show a progress bar."""
 
     @property
     def responses_per_iteration(self) -> int:
@@ -129,11 +123,6 @@ class OnlineConfig(ModelRunConfig):
 
     def validate(self) -> None:
         super().validate()
-        positive = ("iterations", "rollout_batch_size", "group_size", "max_new_tokens", "ppo_epochs",
-                    "mini_batch_size", "grad_accum", "max_prompt_length")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ProxrlError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
@@ -150,12 +139,6 @@ class OnlineConfig(ModelRunConfig):
             )
         if self.mini_batch_size % self.grad_accum:
             raise ProxrlError(f"grad_accum: {self.grad_accum} does not divide mini_batch_size {self.mini_batch_size}")
-        if self.temperature <= 0:
-            raise ProxrlError(f"temperature: expected > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ProxrlError(f"top_p: expected in (0, 1], got {self.top_p}")
-        if self.learning_rate <= 0:
-            raise ProxrlError(f"learning_rate: expected > 0, got {self.learning_rate}")
         if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
             raise ProxrlError("compile_sampler: needs sampler=cached without stop_strings (generate runs those)")
         if self.lora_r and self.ref_reset_every:

@@ -18,7 +18,7 @@ Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on toke
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
@@ -40,6 +40,7 @@ from proxrl.core import (
 )
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 GROUP_ESTIMATORS = ("grpo", "rloo")
 
@@ -54,7 +55,7 @@ class Config(OnlineConfig):
     """Responses sampled per prompt (at least 2 for grpo and rloo)."""
     group_scale: Literal["std", "none"] = "std"
     """grpo: divide by the group std (std), or only subtract the mean (none: Dr. GRPO)."""
-    rank_weight: float = 0.0
+    rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
@@ -65,8 +66,6 @@ class Config(OnlineConfig):
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise ProxrlError(f"group_size: {self.estimator} needs at least 2 samples per prompt, got {self.group_size}")
         super().validate()
-        if not 0 <= self.rank_weight <= 1:
-            raise ProxrlError(f"rank_weight: expected in [0, 1], got {self.rank_weight}")
 
 
 def _per_token(sequence_advantages: Tensor, mask: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.logs import rendered
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
@@ -201,13 +202,12 @@ def write_samples(
     output_dir: Path, iteration: int, prompts: list[PromptExample], completions: list[str], scores: Tensor,
     show: bool = False, shown: int = 3,
 ) -> None:
-    """Append every sample to samples.jsonl; with ``show``, print the first few as a table."""
+    """Append every sample to samples.jsonl; with ``show``, log the first few as a table."""
     rows = list(zip(prompts, completions, scores.tolist(), strict=True))
     with open(output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
         for prompt, completion, score in rows:
             f.write(json.dumps({"iteration": iteration, "prompt": prompt.prompt, "completion": completion, "score": score}) + "\n")
     if show:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title=f"samples at iteration {iteration}", show_lines=True)
@@ -215,7 +215,7 @@ def write_samples(
             table.add_column(column, overflow="fold")
         for prompt, completion, score in rows[:shown]:
             table.add_row(prompt.prompt or str(prompt.messages), completion, f"{score:.3f}")
-        Console(stderr=True).print(table)
+        log.info("%s", rendered(table))
 
 
 def save_policy(models: Models, output_dir: Path) -> None:

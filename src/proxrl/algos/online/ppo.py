@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Annotated, Literal
 
 from torch import Tensor
 
@@ -35,6 +35,7 @@ from proxrl.core import (
 )
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
 
 
 @dataclass
@@ -49,9 +50,9 @@ class Config(OnlineConfig):
     """Initial β of PPO-Penalty (the paper starts at 1)."""
     penalty_target: float = 0.01
     """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above 1.5·d_targ)."""
-    gamma: float = 1.0
+    gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Discount over response tokens."""
-    lam: float = 0.95
+    lam: Annotated[float, Range(ge=0, le=1)] = 0.95
     """GAE λ."""
     whiten_rewards: bool = False
     """Scale per-token rewards to unit variance over the batch (mean kept)."""
@@ -72,8 +73,6 @@ class Config(OnlineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
-            raise ProxrlError(f"gamma, lam: expected in [0, 1], got gamma={self.gamma}, lam={self.lam}")
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
 
