@@ -14,7 +14,7 @@ continuous actions (MuJoCo) get the PPO paper's MuJoCo settings (CleanRL
 | entropy_coef | 0.0 | 0.01 |
 | normalize_obs / normalize_reward | on / on | off / off |
 
-Field names are the language-model trainers' (docs/glossary.md); CleanRL's spellings are
+Field names are the language-model trainers' (the glossary in docs/architecture.md); CleanRL's spellings are
 accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``ent_coef``,
 ``minibatch_size``, ``epochs``, ``norm_adv``, ``target_kl``, ``kl_target`` (→
 ``penalty_target``), ``kl_beta`` (→ ``penalty_beta``) and the switch ``clip_vloss``.

@@ -1,7 +1,7 @@
 """What a config field declares beside its type, in ``Annotated`` metadata: other accepted
 spellings (``alias``) and the bounds of its value (``Range``). One declaration serves the
 command line, YAML files, ``--help`` and ``validate()``: ``check_ranges`` is the one place a
-range is checked and worded. The naming policy is in docs/glossary.md.
+range is checked and worded. The naming policy is the glossary in docs/architecture.md.
 """
 
 from __future__ import annotations
