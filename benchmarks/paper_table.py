@@ -33,9 +33,17 @@ from proxrl.runtime.errors import ProxrlError
 
 # Table 1 of the paper (7 MuJoCo-v1 tasks × 3 seeds × 1M steps).
 PAPER_SCORES = {
-    "none": -0.39, "clip-0.1": 0.76, "clip-0.2": 0.82, "clip-0.3": 0.70,
-    "adaptive-kl-0.003": 0.68, "adaptive-kl-0.01": 0.74, "adaptive-kl-0.03": 0.71,
-    "fixed-kl-0.3": 0.62, "fixed-kl-1": 0.71, "fixed-kl-3": 0.72, "fixed-kl-10": 0.69,
+    "none": -0.39,
+    "clip-0.1": 0.76,
+    "clip-0.2": 0.82,
+    "clip-0.3": 0.70,
+    "adaptive-kl-0.003": 0.68,
+    "adaptive-kl-0.01": 0.74,
+    "adaptive-kl-0.03": 0.71,
+    "fixed-kl-0.3": 0.62,
+    "fixed-kl-1": 0.71,
+    "fixed-kl-3": 0.72,
+    "fixed-kl-10": 0.69,
 }
 
 
@@ -44,8 +52,14 @@ class TableConfig:
     envs: list[str] = dataclasses.field(default_factory=lambda: ["Hopper-v5", "HalfCheetah-v5"])
     """Gymnasium environment ids."""
     settings: list[str] = dataclasses.field(
-        default_factory=lambda: ["none", "clip-0.1", "clip-0.2", "clip-0.3", "adaptive-kl-0.01",
-                                 "fixed-kl-1"]
+        default_factory=lambda: [
+            "none",
+            "clip-0.1",
+            "clip-0.2",
+            "clip-0.3",
+            "adaptive-kl-0.01",
+            "fixed-kl-1",
+        ]
     )
     """Objectives: none, clip-<eps>, adaptive-kl-<d_targ>, fixed-kl-<beta>, trpo."""
     seeds: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
@@ -74,10 +88,13 @@ def setting_args(setting: str) -> list[str]:
         return ["--objective", "none"]
     if setting == "trpo":
         return ["--algo", "trpo"]
-    for prefix, flag in (("clip-", "--clip"), ("adaptive-kl-", "--kl-target"),
-                         ("fixed-kl-", "--kl-beta")):
+    for prefix, flag in (
+        ("clip-", "--clip"),
+        ("adaptive-kl-", "--kl-target"),
+        ("fixed-kl-", "--kl-beta"),
+    ):
         if setting.startswith(prefix):
-            value = setting[len(prefix):]
+            value = setting[len(prefix) :]
             try:
                 float(value)
             except ValueError:
@@ -99,13 +116,30 @@ def run_one(cfg: TableConfig, env: str, setting: str, seed: int) -> str:
     if summary.exists() and json.loads(summary.read_text()).get("complete"):
         return f"skip {d}"
     state = ["--resume"] if (d / "checkpoints").is_dir() else ["--overwrite"]
-    cmd = [sys.executable, "-m", "proxrl", "classic", "--env", env, "--seed", str(seed),
-           "--total-steps", str(cfg.total_steps), "--output-dir", str(d), "--save-every", "10",
-           "--no-progress", *state, *setting_args(setting)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxrl",
+        "classic",
+        "--env",
+        env,
+        "--seed",
+        str(seed),
+        "--total-steps",
+        str(cfg.total_steps),
+        "--output-dir",
+        str(d),
+        "--save-every",
+        "10",
+        "--no-progress",
+        *state,
+        *setting_args(setting),
+    ]
     d.parent.mkdir(parents=True, exist_ok=True)
     with (d.parent / f"seed{seed}.log").open("w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        rc = subprocess.call(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
     return f"{'done' if rc == 0 else f'FAILED (rc {rc})'} {d}"
 
 
@@ -131,8 +165,10 @@ def random_return(env_id: str, episodes: int, seed: int = 0) -> float:
 def _curve(d: Path) -> tuple[np.ndarray, np.ndarray]:
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if "charts/episodic_return" in r]
-    return (np.array([r["global_step"] for r in rows]),
-            np.array([r["charts/episodic_return"] for r in rows]))
+    return (
+        np.array([r["global_step"] for r in rows]),
+        np.array([r["charts/episodic_return"] for r in rows]),
+    )
 
 
 def report(cfg: TableConfig) -> str:
@@ -155,8 +191,10 @@ def report(cfg: TableConfig) -> str:
                     scores.setdefault((env, setting), []).append(s["mean_return_last_100"])
                     walls.append(s["wall_time_s"])
     best = {
-        env: max((float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
-                 default=math.nan)
+        env: max(
+            (float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
+            default=math.nan,
+        )
         for env in cfg.envs
     }
     lines = [
@@ -164,7 +202,8 @@ def report(cfg: TableConfig) -> str:
         "the last 100 training episodes; normalised per environment so random = 0 and the best "
         "setting's mean = 1, then averaged over environments × seeds.",
         "",
-        "| setting | " + " | ".join(f"{e} (raw)" for e in cfg.envs)
+        "| setting | "
+        + " | ".join(f"{e} (raw)" for e in cfg.envs)
         + " | normalised (ours) | paper (1M steps, 7 envs) |",
         "|---|" + "---|" * (len(cfg.envs) + 2),
     ]
@@ -172,15 +211,20 @@ def report(cfg: TableConfig) -> str:
         cells, normed = [], []
         for env in cfg.envs:
             vals = scores.get((env, setting), [])
-            cells.append(f"{np.mean(vals):.0f} ± {np.std(vals):.0f} (n={len(vals)})" if vals
-                         else "—")
+            cells.append(
+                f"{np.mean(vals):.0f} ± {np.std(vals):.0f} (n={len(vals)})" if vals else "—"
+            )
             normed += [(v - randoms[env]) / (best[env] - randoms[env]) for v in vals]
         norm = f"{np.mean(normed):.2f}" if normed else "—"
         paper = PAPER_SCORES.get(setting)
-        lines.append(f"| {setting} | " + " | ".join(cells) + f" | {norm} | "
-                     + (f"{paper:.2f}" if paper is not None else "—") + " |")
-    lines += ["", "Random-policy returns: "
-              + ", ".join(f"{e} {randoms[e]:.1f}" for e in cfg.envs)]
+        lines.append(
+            f"| {setting} | "
+            + " | ".join(cells)
+            + f" | {norm} | "
+            + (f"{paper:.2f}" if paper is not None else "—")
+            + " |"
+        )
+    lines += ["", "Random-policy returns: " + ", ".join(f"{e} {randoms[e]:.1f}" for e in cfg.envs)]
     if walls:
         lines.append(f"Wall time per run: {np.mean(walls):.0f} s mean ({len(walls)} runs).")
     table = "\n".join(lines) + "\n"
@@ -222,8 +266,9 @@ def _plot(cfg: TableConfig, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = parse_config(TableConfig, sys.argv[1:] if argv is None else argv,
-                           prog="paper_table.py")
+        cfg = parse_config(
+            TableConfig, sys.argv[1:] if argv is None else argv, prog="paper_table.py"
+        )
     except ProxrlError as e:
         print(f"paper_table.py: error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Plot ``charts/episodic_return`` against ``global_step`` for one or more runs.
 
-    .venv/bin/python benchmarks/plot_curves.py runs/hopper-1m --out benchmarks/results/hopper_1m.png
+.venv/bin/python benchmarks/plot_curves.py runs/hopper-1m --out benchmarks/results/hopper_1m.png
 """
 
 from __future__ import annotations

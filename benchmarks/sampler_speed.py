@@ -51,8 +51,11 @@ def main() -> None:
         for row, n in enumerate(lengths.tolist()):  # left padding, as the online loop builds it
             ids[row, 12 - n :] = torch.randint(5, len(tokenizer), (n,), generator=generator)
             mask[row, 12 - n :] = 1
-        samplers = {"generate": HFSampler(model, tokenizer), "lean": CachedSampler(model, tokenizer),
-                    "compiled": CachedSampler(model, tokenizer, compile_step=True)}
+        samplers = {
+            "generate": HFSampler(model, tokenizer),
+            "lean": CachedSampler(model, tokenizer),
+            "compiled": CachedSampler(model, tokenizer, compile_step=True),
+        }
         started = time.perf_counter()
         samplers["compiled"].sample(ids, mask, settings, with_logprobs=True)
         compile_s = time.perf_counter() - started

@@ -71,7 +71,10 @@ def ensure_trl_venv() -> None:
     pip = [str(TRL_VENV / "bin" / "pip"), "install", "--quiet"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this machine's disk
     # requests: GRPOTrainer imports it and TRL does not declare it.
-    subprocess.run([*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}", "requests"], check=True)
+    subprocess.run(
+        [*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}", "requests"],
+        check=True,
+    )
 
 
 def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
@@ -87,10 +90,18 @@ def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
 
     tokenizer = build_tiny_tokenizer(CORPUS)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=max(hidden // 64, 2), num_key_value_heads=max(hidden // 64, 2), max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False, num_labels=1,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 2),
+        num_key_value_heads=max(hidden // 64, 2),
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        num_labels=1,
     )
     torch.manual_seed(0)
     paths = {"model": work / "policy", "reward": work / "reward"}
@@ -126,7 +137,11 @@ class ComputeDtypes:
         self.handle = torch.nn.modules.module.register_module_forward_hook(self.record)
 
     def record(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
-        if isinstance(module, self.linear) and module.out_features > 1 and isinstance(output, self.tensor):
+        if (
+            isinstance(module, self.linear)
+            and module.out_features > 1
+            and isinstance(output, self.tensor)
+        ):
             self.seen.add(str(output.dtype).removeprefix("torch."))
 
     def stop(self) -> None:
@@ -148,27 +163,66 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         return result
 
     metrics.MetricsLogger.log = stamped_log  # type: ignore[method-assign]
-    common = dict(model=paths["model"], prompts=paths["prompts"], output_dir=args.out, overwrite=True, seed=1,
-                  iterations=args.updates, max_new_tokens=args.tokens, temperature=1.0, learning_rate=1e-5,
-                  progress=False, sample_every=0, sampler_logprobs=True, lr_schedule="linear",
-                  mixed_precision="bf16" if args.precision == "bf16" else "no", compile_sampler=args.compile_sampler)
+    common = dict(
+        model=paths["model"],
+        prompts=paths["prompts"],
+        output_dir=args.out,
+        overwrite=True,
+        seed=1,
+        iterations=args.updates,
+        max_new_tokens=args.tokens,
+        temperature=1.0,
+        learning_rate=1e-5,
+        progress=False,
+        sample_every=0,
+        sampler_logprobs=True,
+        lr_schedule="linear",
+        mixed_precision="bf16" if args.precision == "bf16" else "no",
+        compile_sampler=args.compile_sampler,
+    )
     if args.trainer == "ppo":
-        cfg = ppo.Config(**common, reward_model=paths["reward"], critic_model=paths["reward"], rollout_batch_size=32,
-                         group_size=1, ppo_epochs=4, mini_batch_size=16, grad_accum=1, kl_coef=0.05,
-                         critic_learning_rate=1e-5, max_grad_norm=0.0)
+        cfg = ppo.Config(
+            **common,
+            reward_model=paths["reward"],
+            critic_model=paths["reward"],
+            rollout_batch_size=32,
+            group_size=1,
+            ppo_epochs=4,
+            mini_batch_size=16,
+            grad_accum=1,
+            kl_coef=0.05,
+            critic_learning_rate=1e-5,
+            max_grad_norm=0.0,
+        )
         started = time.perf_counter()
         ppo.train(cfg)
     else:
         sys.modules.setdefault("vs_trl", sys.modules[__name__])
-        cfg = grpo.Config(**common, reward_fn=("vs_trl:letter_share",), estimator="grpo", rollout_batch_size=8,
-                          group_size=4, ppo_epochs=1, mini_batch_size=32, grad_accum=2, kl_coef=0.0, max_grad_norm=1.0,
-                          track_kl=False)
+        cfg = grpo.Config(
+            **common,
+            reward_fn=("vs_trl:letter_share",),
+            estimator="grpo",
+            rollout_batch_size=8,
+            group_size=4,
+            ppo_epochs=1,
+            mini_batch_size=32,
+            grad_accum=2,
+            kl_coef=0.0,
+            max_grad_norm=1.0,
+            track_kl=False,
+        )
         started = time.perf_counter()
         grpo.train(cfg)
     rows = metrics.read_metrics(args.out)
-    tokens = [r["response/length_mean"] * 32 for r in rows]  # 32 responses per update on both trainers
-    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
-            "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
+    tokens = [
+        r["response/length_mean"] * 32 for r in rows
+    ]  # 32 responses per update on both trainers
+    return {
+        "update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)],
+        "tokens": tokens,
+        "peak_mb": _peak_mb(),
+        "dtypes": sorted(dtypes.seen),
+    }
 
 
 def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
@@ -196,9 +250,19 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                 tokens.append(logs["completions/mean_length"] * 32)
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
-    common = dict(output_dir=args.out, learning_rate=1e-5, report_to=[], logging_steps=1, save_strategy="no",
-                  seed=1, use_cpu=True, disable_tqdm=True, lr_scheduler_type="linear", gradient_checkpointing=False,
-                  bf16=args.precision == "bf16")
+    common = dict(
+        output_dir=args.out,
+        learning_rate=1e-5,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        seed=1,
+        use_cpu=True,
+        disable_tqdm=True,
+        lr_scheduler_type="linear",
+        gradient_checkpointing=False,
+        bf16=args.precision == "bf16",
+    )
     torch.manual_seed(1)
     if args.trainer == "ppo":
         import trl.experimental.ppo.ppo_trainer as ppo_module
@@ -217,34 +281,73 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         ppo_module.truncate_response = counting_truncate
 
         dataset = Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS * 4]})
-        config = PPOConfig(**common, per_device_train_batch_size=16, gradient_accumulation_steps=2, num_mini_batches=2,
-                           num_ppo_epochs=4, response_length=args.tokens, stop_token="eos", temperature=1.0,
-                           total_episodes=32 * args.updates, local_rollout_forward_batch_size=16, kl_coef=0.05,
-                           num_sample_generations=0, missing_eos_penalty=None, max_grad_norm=None)
+        config = PPOConfig(
+            **common,
+            per_device_train_batch_size=16,
+            gradient_accumulation_steps=2,
+            num_mini_batches=2,
+            num_ppo_epochs=4,
+            response_length=args.tokens,
+            stop_token="eos",
+            temperature=1.0,
+            total_episodes=32 * args.updates,
+            local_rollout_forward_batch_size=16,
+            kl_coef=0.05,
+            num_sample_generations=0,
+            missing_eos_penalty=None,
+            max_grad_norm=None,
+        )
         trainer = PPOTrainer(
-            args=config, processing_class=tokenizer, model=AutoModelForCausalLM.from_pretrained(paths["model"]),
+            args=config,
+            processing_class=tokenizer,
+            model=AutoModelForCausalLM.from_pretrained(paths["model"]),
             ref_model=AutoModelForCausalLM.from_pretrained(paths["model"]),
-            reward_model=AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1),
-            value_model=AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1),
-            train_dataset=dataset, callbacks=[Stamp()],
+            reward_model=AutoModelForSequenceClassification.from_pretrained(
+                paths["reward"], num_labels=1
+            ),
+            value_model=AutoModelForSequenceClassification.from_pretrained(
+                paths["reward"], num_labels=1
+            ),
+            train_dataset=dataset,
+            callbacks=[Stamp()],
         )
     else:
         from trl import GRPOConfig, GRPOTrainer
 
         dataset = Dataset.from_dict({"prompt": PROMPTS * 8})
-        config = GRPOConfig(**common, per_device_train_batch_size=16, gradient_accumulation_steps=2, num_generations=4,
-                            max_completion_length=args.tokens, temperature=1.0, beta=0.0, num_iterations=1,
-                            max_steps=args.updates, log_completions=False, max_grad_norm=1.0)
-        trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(paths["model"]), reward_funcs=letter_share,
-                              args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[Stamp()])
+        config = GRPOConfig(
+            **common,
+            per_device_train_batch_size=16,
+            gradient_accumulation_steps=2,
+            num_generations=4,
+            max_completion_length=args.tokens,
+            temperature=1.0,
+            beta=0.0,
+            num_iterations=1,
+            max_steps=args.updates,
+            log_completions=False,
+            max_grad_norm=1.0,
+        )
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(paths["model"]),
+            reward_funcs=letter_share,
+            args=config,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[Stamp()],
+        )
     # TRL 1.12's experimental PPOTrainer leaves its bf16 flag unapplied on a CPU (ComputeDtypes
     # saw float32 throughout): autocast around its loop gives it the bf16 compute it asks for.
     ppo_needs_autocast = args.precision == "bf16" and args.trainer == "ppo"
     started = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ppo_needs_autocast):
         trainer.train()
-    return {"update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)], "tokens": tokens,
-            "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
+    return {
+        "update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)],
+        "tokens": tokens,
+        "peak_mb": _peak_mb(),
+        "dtypes": sorted(dtypes.seen),
+    }
 
 
 def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
@@ -279,16 +382,26 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     optimizers = [torch.optim.AdamW(params, lr=1e-5)]
     if args.trainer == "ppo":
         ref = AutoModelForCausalLM.from_pretrained(paths["model"]).requires_grad_(False)
-        reward = AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1).requires_grad_(False)
+        reward = AutoModelForSequenceClassification.from_pretrained(
+            paths["reward"], num_labels=1
+        ).requires_grad_(False)
         critic = AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1)
         optimizers.append(torch.optim.AdamW(critic.parameters(), lr=1e-5))
     dtypes = ComputeDtypes()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
-    def sample() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (B, P+T) ids, (B, P+T) mask, (B, T) log-probs
+    def sample() -> tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor
+    ]:  # (B, P+T) ids, (B, P+T) mask, (B, T) log-probs
         attention = batch.attention_mask.clone()
         positions = position_ids(attention)
-        out = policy(input_ids=batch.input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = policy(
+            input_ids=batch.input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache, logits, step = out.cache, out.logits[:, -1], positions[:, -1:] + 1
         done = torch.zeros(len(prompts), dtype=torch.bool)
         tokens, logprobs = [], []
@@ -301,15 +414,27 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             if done.all():
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], 1)
-            out = policy(input_ids=token[:, None], attention_mask=attention, position_ids=step, cache=cache, use_cache=True)
+            out = policy(
+                input_ids=token[:, None],
+                attention_mask=attention,
+                position_ids=step,
+                cache=cache,
+                use_cache=True,
+            )
             cache, logits, step = out.cache, out.logits[:, -1], step + 1
         response = torch.stack(tokens, 1)
         response_mask = response_mask_after_stop(response, eos, pad)
         ids = torch.cat([batch.input_ids, response], 1)
-        return ids, torch.cat([batch.attention_mask, response_mask], 1), torch.stack(logprobs, 1) * response_mask
+        return (
+            ids,
+            torch.cat([batch.attention_mask, response_mask], 1),
+            torch.stack(logprobs, 1) * response_mask,
+        )
 
     def policy_logprobs(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        logits = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, P - 1 : -1]
+        logits = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[
+            :, P - 1 : -1
+        ]
         return logprobs_from_logits(logits, ids[:, P:])
 
     update_s, tokens = [], []
@@ -318,11 +443,17 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         with torch.no_grad(), autocast:
             ids, mask, old = sample()
             response_mask = mask[:, P:].float()
-            completions = tokenizer.batch_decode(ids[:, P:] * mask[:, P:] + pad * (1 - mask[:, P:]), skip_special_tokens=True)
+            completions = tokenizer.batch_decode(
+                ids[:, P:] * mask[:, P:] + pad * (1 - mask[:, P:]), skip_special_tokens=True
+            )
             if args.trainer == "ppo":
                 scores = sequence_scores(reward, ids, mask)
-                ref_logprobs = logprobs_from_logits(ref(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
-                                                    .logits[:, P - 1 : -1], ids[:, P:])
+                ref_logprobs = logprobs_from_logits(
+                    ref(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[
+                        :, P - 1 : -1
+                    ],
+                    ids[:, P:],
+                )
                 old_values = critic_forward(critic, ids, mask, P)
             else:
                 scores = torch.tensor(letter_share(prompts, completions))
@@ -332,9 +463,20 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             for _ in range(4):
                 for rows in torch.randperm(len(prompts)).split(16):
                     with autocast:
-                        loss = ppo_clip_loss(policy_logprobs(ids[rows], mask[rows]), old[rows], advantages[rows], response_mask[rows])[0]
+                        loss = ppo_clip_loss(
+                            policy_logprobs(ids[rows], mask[rows]),
+                            old[rows],
+                            advantages[rows],
+                            response_mask[rows],
+                        )[0]
                         values = critic_forward(critic, ids[rows], mask[rows], P)
-                        loss = loss + 0.1 * value_loss(values, old_values[rows], returns[rows], response_mask[rows], 0.2)[0]
+                        loss = (
+                            loss
+                            + 0.1
+                            * value_loss(
+                                values, old_values[rows], returns[rows], response_mask[rows], 0.2
+                            )[0]
+                        )
                     loss.backward()
                     for opt in optimizers:
                         opt.step()
@@ -343,7 +485,12 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             advantages = grpo_advantages(scores, 4)[:, None].expand_as(old)
             for rows in torch.arange(len(prompts)).split(16):
                 with autocast:
-                    loss = ppo_clip_loss(policy_logprobs(ids[rows], mask[rows]), old[rows], advantages[rows], response_mask[rows])[0]
+                    loss = ppo_clip_loss(
+                        policy_logprobs(ids[rows], mask[rows]),
+                        old[rows],
+                        advantages[rows],
+                        response_mask[rows],
+                    )[0]
                 (loss / 2).backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizers[0].step()
@@ -351,20 +498,46 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         update_s.append(time.perf_counter() - started)
         tokens.append(float(response_mask.sum()))
         dtypes.stop()
-    return {"update_s": update_s, "tokens": tokens, "peak_mb": _peak_mb(), "dtypes": sorted(dtypes.seen)}
+    return {
+        "update_s": update_s,
+        "tokens": tokens,
+        "peak_mb": _peak_mb(),
+        "dtypes": sorted(dtypes.seen),
+    }
 
 
 # ------------------------------------------------------------------------------------------
 # Orchestration
 
 
-def run_worker(framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path) -> dict:
+def run_worker(
+    framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path
+) -> dict:
     python = TRL_PYTHON if framework == "trl" else PROXRL_PYTHON
-    command = [str(python), __file__, "--worker", framework, "--trainer", trainer, "--paths", json.dumps(paths),
-               "--updates", str(args.updates), "--tokens", str(args.tokens), "--out", str(out), "--precision", args.precision,
-               *(["--compile-sampler"] if args.compile_sampler else [])]
-    env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
-                        "PYTHONPATH": str(Path(__file__).parent)}
+    command = [
+        str(python),
+        __file__,
+        "--worker",
+        framework,
+        "--trainer",
+        trainer,
+        "--paths",
+        json.dumps(paths),
+        "--updates",
+        str(args.updates),
+        "--tokens",
+        str(args.tokens),
+        "--out",
+        str(out),
+        "--precision",
+        args.precision,
+        *(["--compile-sampler"] if args.compile_sampler else []),
+    ]
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(Path(__file__).parent),
+    }
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
@@ -377,14 +550,28 @@ def main() -> None:
     parser.add_argument("--trainers", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"])
     parser.add_argument("--sizes", nargs="+", default=["128x2", "256x4"], help="hidden x layers")
     parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per trainer and size")
-    parser.add_argument("--updates", type=int, default=5, help="updates per run (the first is warm-up)")
+    parser.add_argument(
+        "--updates", type=int, default=5, help="updates per run (the first is warm-up)"
+    )
     parser.add_argument("--tokens", type=int, default=32, help="response length")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="compute precision, both sides")
-    parser.add_argument("--compile-sampler", action="store_true",
-                        help="proxrl's compile_sampler (its compiles land in the first two updates: warm-up, printed apart)")
-    parser.add_argument("--no-floor", dest="floor", action="store_false",
-                        help="skip the bare-loop floor runs (the ceiling column is then nan)")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="compute precision, both sides",
+    )
+    parser.add_argument(
+        "--compile-sampler",
+        action="store_true",
+        help="proxrl's compile_sampler (its compiles land in the first two updates: warm-up, printed apart)",
+    )
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the bare-loop floor runs (the ceiling column is then nan)",
+    )
     parser.add_argument("--worker", choices=["proxrl", "trl", "floor"], help=argparse.SUPPRESS)
     parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
@@ -407,8 +594,11 @@ def main() -> None:
     ensure_trl_venv()
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     frameworks = ("proxrl", "trl", "floor") if args.floor else ("proxrl", "trl")
-    print(f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} {'tokens/update':>15} "
-          f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  computed in (proxrl / TRL / floor)", flush=True)
+    print(
+        f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} {'tokens/update':>15} "
+        f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  computed in (proxrl / TRL / floor)",
+        flush=True,
+    )
     # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
     # step once, in update 2: with compile_sampler the first two updates are warm-up.
     warmup = 2 if args.compile_sampler else 1
@@ -423,21 +613,45 @@ def main() -> None:
             for pair in range(args.pairs):
                 runs = {}
                 for framework in frameworks:  # A B (C) within every pair
-                    runs[framework] = Run.of(run_worker(framework, trainer, paths, args, root / size / f"{trainer}-{framework}-{pair}"), warmup)
+                    runs[framework] = Run.of(
+                        run_worker(
+                            framework,
+                            trainer,
+                            paths,
+                            args,
+                            root / size / f"{trainer}-{framework}-{pair}",
+                        ),
+                        warmup,
+                    )
                 ratios.append(runs["proxrl"].tokens_per_s / runs["trl"].tokens_per_s)
-                ceilings.append(runs["floor"].tokens_per_s / runs["trl"].tokens_per_s if args.floor else float("nan"))
+                ceilings.append(
+                    runs["floor"].tokens_per_s / runs["trl"].tokens_per_s
+                    if args.floor
+                    else float("nan")
+                )
                 computed.add(tuple(run.dtypes for run in runs.values()))
-                print(f"{trainer:<6} {size:<6} {pair:<4} {'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
-                      f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>15} "
-                      f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} {ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
-                      f"{'/'.join(f'{r.warmup_s:.1f}' for r in list(runs.values())[:2]):>10}  "
-                      f"{' / '.join(run.dtypes for run in runs.values())}", flush=True)
-            summary.append((trainer, size, statistics.median(ratios), statistics.median(ceilings), computed))
-    print(f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; ceiling = floor/TRL, "
-          "the ratio a trainer with no overhead at all would reach")
+                print(
+                    f"{trainer:<6} {size:<6} {pair:<4} {'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
+                    f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>15} "
+                    f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} {ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
+                    f"{'/'.join(f'{r.warmup_s:.1f}' for r in list(runs.values())[:2]):>10}  "
+                    f"{' / '.join(run.dtypes for run in runs.values())}",
+                    flush=True,
+                )
+            summary.append(
+                (trainer, size, statistics.median(ratios), statistics.median(ceilings), computed)
+            )
+    print(
+        f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; ceiling = floor/TRL, "
+        "the ratio a trainer with no overhead at all would reach"
+    )
     for trainer, size, ratio, ceiling, computed in summary:
         alike = all(len(set(c)) == 1 for c in computed)
-        note = "" if alike else "   NOT like for like: computed in " + ", ".join(" vs ".join(c) for c in computed)
+        note = (
+            ""
+            if alike
+            else "   NOT like for like: computed in " + ", ".join(" vs ".join(c) for c in computed)
+        )
         print(f"  {trainer:<5} {size:<7} ratio {ratio:.2f}   ceiling {ceiling:.2f}{note}")
 
 
@@ -455,8 +669,14 @@ class Run:
     @classmethod
     def of(cls, numbers: dict, warmup: int) -> Run:
         seconds, tokens = numbers["update_s"][warmup:], numbers["tokens"][warmup:]
-        return cls(statistics.median(seconds), statistics.median(n / t for n, t in zip(tokens, seconds, strict=True)),
-                   statistics.mean(tokens), numbers["peak_mb"], "+".join(numbers["dtypes"]), sum(numbers["update_s"][:warmup]))
+        return cls(
+            statistics.median(seconds),
+            statistics.median(n / t for n, t in zip(tokens, seconds, strict=True)),
+            statistics.mean(tokens),
+            numbers["peak_mb"],
+            "+".join(numbers["dtypes"]),
+            sum(numbers["update_s"][:warmup]),
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ from proxrl.cli import COMMANDS
 from proxrl.runtime.config import load_config_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
-COMMAND_OF = {"sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "classic_hopper": "classic"}
+COMMAND_OF = {
+    "sft": "sft",
+    "rm": "rm",
+    "dpo": "dpo",
+    "ppo": "ppo",
+    "grpo": "grpo",
+    "classic_hopper": "classic",
+}
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)

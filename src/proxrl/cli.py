@@ -38,8 +38,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
-    lines = ["usage: proxrl <command> [--config FILE] [--option value ...] [--debug | --quiet]", "",
-             "commands:"]
+    lines = [
+        "usage: proxrl <command> [--config FILE] [--option value ...] [--debug | --quiet]",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "`proxrl <command> --help` lists the options of a command."]
     return "\n".join(lines)

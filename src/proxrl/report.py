@@ -38,7 +38,10 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "value_loss": ("value loss (value/loss)", ("value/loss",)),
     "clip_fraction": ("clip fraction (policy/clipfrac)", ("policy/clipfrac",)),
     "entropy": ("entropy per token (objective/entropy)", ("objective/entropy", "policy/entropy")),
-    "response_length": ("response length in tokens (response/length_mean)", ("response/length_mean",)),
+    "response_length": (
+        "response length in tokens (response/length_mean)",
+        ("response/length_mean",),
+    ),
     "loss": ("training loss (train/loss)", ("train/loss",)),
 }
 GOLD_METRIC = "reward/gold"
@@ -51,7 +54,12 @@ def find_runs(run_dir: Path) -> dict[str, list[dict[str, float]]]:
     if (run_dir / METRICS_FILE).exists():
         return {run_dir.name or str(run_dir): read_metrics(run_dir)}
     dirs = [d for d in run_dir.iterdir() if (d / METRICS_FILE).exists()]
-    dirs.sort(key=lambda d: (((d / RUN_MARKER) if (d / RUN_MARKER).exists() else d / METRICS_FILE).stat().st_mtime, d.name))
+    dirs.sort(
+        key=lambda d: (
+            ((d / RUN_MARKER) if (d / RUN_MARKER).exists() else d / METRICS_FILE).stat().st_mtime,
+            d.name,
+        )
+    )
     runs = {d.name: read_metrics(d) for d in dirs}  # in the order the runs started
     if not runs:
         raise ProxrlError(f"{run_dir}: no {METRICS_FILE} in it or in any sub-directory")
@@ -112,7 +120,9 @@ def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict
         written[panel] = plot_dir / f"{panel}.png"
         fig.savefig(written[panel])
         plt.close(fig)
-    gold_runs = {n: r for n, r in runs.items() if series(r, GOLD_METRIC)[0] and series(r, PROXY_METRIC)[0]}
+    gold_runs = {
+        n: r for n, r in runs.items() if series(r, GOLD_METRIC)[0] and series(r, PROXY_METRIC)[0]
+    }
     if gold_runs:
         written[MAIN_PLOT] = plot_gold_vs_proxy(gold_runs, plot_dir / f"{MAIN_PLOT}.png")
     return written
@@ -127,8 +137,10 @@ def plot_gold_vs_proxy(runs: dict[str, list[dict[str, float]]], path: Path) -> P
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), dpi=100, squeeze=False)
-    proxy_range = [min(min(series(r, PROXY_METRIC)[1]) for r in runs.values()),
-                   max(max(series(r, PROXY_METRIC)[1]) for r in runs.values())]
+    proxy_range = [
+        min(min(series(r, PROXY_METRIC)[1]) for r in runs.values()),
+        max(max(series(r, PROXY_METRIC)[1]) for r in runs.values()),
+    ]
     pad = 0.05 * (proxy_range[1] - proxy_range[0] or 1.0)
     for ax, (name, rows) in zip(axes[0], runs.items(), strict=True):
         _plot_line(ax, *series(rows, GOLD_METRIC), "gold (exact accuracy)", "tab:green")
@@ -152,7 +164,9 @@ def plot_gold_vs_proxy(runs: dict[str, list[dict[str, float]]], path: Path) -> P
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
 
 def _cell(text: Any) -> str:
@@ -170,11 +184,17 @@ def training_samples(run_dir: Path, runs: list[str], per_side: int) -> list[str]
         if not rows:
             continue
         first, last = min(r["iteration"] for r in rows), max(r["iteration"] for r in rows)
-        lines += [f"### {name}: iteration {first} → iteration {last}", "",
-                  "| when | prompt | completion | score |", "|---|---|---|---|"]
+        lines += [
+            f"### {name}: iteration {first} → iteration {last}",
+            "",
+            "| when | prompt | completion | score |",
+            "|---|---|---|---|",
+        ]
         for when, it in (("before", first), ("after", last)):
             for r in [r for r in rows if r["iteration"] == it][:per_side]:
-                lines.append(f"| {when} | `{_cell(r['prompt'])}` | `{_cell(r['completion'])}` | {r['score']:+.3f} |")
+                lines.append(
+                    f"| {when} | `{_cell(r['prompt'])}` | `{_cell(r['completion'])}` | {r['score']:+.3f} |"
+                )
         lines.append("")
     return lines
 
@@ -193,27 +213,40 @@ def eval_samples_table(path: Path, n_prompts: int) -> list[str]:
         cells = []
         for name in names:
             r = by_policy[name].get(prompt)
-            cells.append("" if r is None else f"`{_cell(r['completion'])}` {'✓' if r.get('correct') else '✗'}")
+            cells.append(
+                ""
+                if r is None
+                else f"`{_cell(r['completion'])}` {'✓' if r.get('correct') else '✗'}"
+            )
         lines.append(f"| `{_cell(prompt)}` | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def summary_table(summary: dict[str, Any]) -> list[str]:
-    lines = [f"Reward model accuracy on held-out preference pairs: "
-             f"**{summary['reward_model']['heldout_accuracy']:.3f}**", "",
-             "| policy | gold (exact accuracy) | proxy (reward model) | KL to SFT |", "|---|---|---|---|"]
+    lines = [
+        f"Reward model accuracy on held-out preference pairs: "
+        f"**{summary['reward_model']['heldout_accuracy']:.3f}**",
+        "",
+        "| policy | gold (exact accuracy) | proxy (reward model) | KL to SFT |",
+        "|---|---|---|---|",
+    ]
     for name, s in summary["policies"].items():
         lines.append(f"| {name} | {s['gold']:.3f} | {s['proxy']:+.3f} | {s['kl']:.3f} |")
     wall = summary.get("wall_s", {})
     if wall:
         stages = ", ".join(f"{k} {v:.0f} s" for k, v in wall.items() if k != "total")
         upto = "" if "report" in wall else " up to this report"
-        lines += ["", f"Wall time{upto} {wall.get('total', 0):.0f} s ({stages}); peak RSS "
-                      f"{summary.get('peak_rss_mb', 0):.0f} MB."]
+        lines += [
+            "",
+            f"Wall time{upto} {wall.get('total', 0):.0f} s ({stages}); peak RSS "
+            f"{summary.get('peak_rss_mb', 0):.0f} MB.",
+        ]
     return lines + [""]
 
 
-def write_report(run_dir: str | Path, summary: dict[str, Any] | None = None, samples: int = 4) -> Path:
+def write_report(
+    run_dir: str | Path, summary: dict[str, Any] | None = None, samples: int = 4
+) -> Path:
     """Draw the plots and write ``RUN_DIR/report.md``; returns its path."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -229,12 +262,20 @@ def write_report(run_dir: str | Path, summary: dict[str, Any] | None = None, sam
     if summary is not None:
         lines += ["## Held-out evaluation", "", *summary_table(summary)]
     if MAIN_PLOT in plots:
-        lines += ["## Gold vs proxy during training", "", f"![gold vs proxy](plots/{MAIN_PLOT}.png)", ""]
+        lines += [
+            "## Gold vs proxy during training",
+            "",
+            f"![gold vs proxy](plots/{MAIN_PLOT}.png)",
+            "",
+        ]
     lines += ["## Training curves", ""]
     lines += [f"![{panel}](plots/{panel}.png)" for panel in plots if panel != MAIN_PLOT] + [""]
     if (run_dir / "eval_samples.jsonl").exists():
-        lines += ["## Held-out samples, every policy on the same prompts", "",
-                  *eval_samples_table(run_dir / "eval_samples.jsonl", 2 * samples)]
+        lines += [
+            "## Held-out samples, every policy on the same prompts",
+            "",
+            *eval_samples_table(run_dir / "eval_samples.jsonl", 2 * samples),
+        ]
     sample_lines = training_samples(run_dir, list(runs), samples)
     if sample_lines:
         lines += ["## Samples before and after training", "", *sample_lines]

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "algos"))  # lm_tasks, online_rewards
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent / "algos")
+)  # lm_tasks, online_rewards
 
 from lm_tasks import CORPUS  # noqa: E402
 

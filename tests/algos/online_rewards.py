@@ -23,14 +23,18 @@ def not_finite(prompts: list[str], completions: list[str], **columns: list) -> l
     return [float("nan")] * len(completions)
 
 
-def echoes_word(prompts: list[str], completions: list[str], word: list[str], **columns: list) -> list[float]:
+def echoes_word(
+    prompts: list[str], completions: list[str], word: list[str], **columns: list
+) -> list[float]:
     """1 when the completion contains the prompt row's ``word`` column: shows that dataset
     columns reach reward functions, one entry per completion."""
     assert len(word) == len(completions)
     return [float(w in c) for w, c in zip(word, completions, strict=True)]
 
 
-def word_in_first_half(prompts: list[str], completions: list[str], word: list[str], **columns: list) -> list[float]:
+def word_in_first_half(
+    prompts: list[str], completions: list[str], word: list[str], **columns: list
+) -> list[float]:
     """1 for prompts whose ``word`` column sorts before "m": a score the critic can read off
     the prompt, whatever the policy samples."""
     return [float(w < "m") for w in word]

@@ -27,7 +27,10 @@ def _config(tiny_lm: str, tmp_path: Path, **overrides) -> dpo.Config:
         data=write_jsonl(tmp_path / "train.jsonl", preference_rows(128, seed=0)),
         eval_data=write_jsonl(tmp_path / "eval.jsonl", preference_rows(64, seed=1)),
         output_dir=str(tmp_path / "run"),
-        batch_size=16, learning_rate=1e-3, epochs=1, progress=False,
+        batch_size=16,
+        learning_rate=1e-3,
+        epochs=1,
+        progress=False,
     )
     return dpo.Config(**(fields | overrides))
 
@@ -35,13 +38,17 @@ def _config(tiny_lm: str, tmp_path: Path, **overrides) -> dpo.Config:
 def _pairs(tiny_lm: str, n: int, seed: int):
     tokenizer = load_tokenizer(tiny_lm)
     rows = preference_rows(n, seed)
-    return tokenizer, encode_preferences([parse_preference(Row(r, str(i))) for i, r in enumerate(rows)], tokenizer, 512)
+    return tokenizer, encode_preferences(
+        [parse_preference(Row(r, str(i))) for i, r in enumerate(rows)], tokenizer, 512
+    )
 
 
 def test_dpo_raises_reward_accuracy_on_a_separable_task(tiny_lm, tmp_path):
     cfg = _config(tiny_lm, tmp_path)
     metrics = dpo.train(cfg)
-    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
     # Step 1 runs at the reference point: every implicit reward is exactly 0.
     assert rows[0]["rewards/chosen"] == pytest.approx(0.0, abs=1e-6)
     assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
@@ -63,7 +70,9 @@ def test_ipo_and_simpo_learn_the_same_task(tiny_lm, tmp_path, loss):
 def test_reference_logps_are_the_starting_policy(tiny_lm):
     tokenizer, pairs = _pairs(tiny_lm, 6, seed=2)
     model = load_causal_lm(tiny_lm, dtype="float64")
-    ref_c, ref_r = dpo.reference_logps(model, pairs, batch_size=4, pad_id=tokenizer.pad_token_id, average=False)
+    ref_c, ref_r = dpo.reference_logps(
+        model, pairs, batch_size=4, pad_id=tokenizer.pad_token_id, average=False
+    )
     for i, pair in enumerate(pairs):
         one = collate_pairs([pair], tokenizer.pad_token_id)
         with torch.no_grad():
@@ -76,7 +85,10 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
     tokenizer, pairs = _pairs(tiny_lm, 8, seed=4)
     pad = tokenizer.pad_token_id
     cfg = dpo.Config(model=tiny_lm, data="unused", beta=0.5, label_smoothing=0.1)
-    ref = (torch.linspace(-30, -20, 8, dtype=torch.float64), torch.linspace(-25, -35, 8, dtype=torch.float64))
+    ref = (
+        torch.linspace(-30, -20, 8, dtype=torch.float64),
+        torch.linspace(-25, -35, 8, dtype=torch.float64),
+    )
 
     def grads(groups):
         model = load_causal_lm(tiny_lm, dtype="float64")

@@ -21,15 +21,22 @@ def master_workspace(tiny_lm, tmp_path_factory) -> Path:
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")
+    }
 
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, marks=pytest.mark.xfail(reason=c.xfail, strict=True)) if c.xfail else c for c in CASES],
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=c.xfail, strict=True)) if c.xfail else c
+        for c in CASES
+    ],
     ids=[c.what for c in CASES],
 )
-def test_bad_input_gets_its_documented_message(case, master_workspace, tmp_path, monkeypatch, capsys):
+def test_bad_input_gets_its_documented_message(
+    case, master_workspace, tmp_path, monkeypatch, capsys
+):
     workspace = tmp_path / "ws"
     shutil.copytree(master_workspace, workspace)
     monkeypatch.chdir(workspace)
@@ -49,7 +56,9 @@ def test_debug_shows_the_traceback(master_workspace, tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path / "ws")
     assert main(["sft", "--model", "model", "--data", "data/malformed.jsonl", "--debug"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("proxrl sft: error: data/malformed.jsonl:2:")
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith(
+        "proxrl sft: error: data/malformed.jsonl:2:"
+    )
 
 
 def test_docs_errors_md_is_generated_from_these_cases():

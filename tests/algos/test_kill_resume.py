@@ -34,7 +34,12 @@ from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
 
 VOLATILE = ("time/", "perf/")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 # A run long enough (300 optimizer steps of a 32-wide model, about 1.5 s) that a kill shortly
 # after the first checkpoint (step 10) always lands mid-training.
@@ -49,8 +54,18 @@ def _write_config(tmp_path: Path, command: str, tiny_lm: str, **extra) -> Path:
     kind, fields = TRAINERS[command]
     rows = sft_rows(64, seed=0) if kind == "sft" else preference_rows(64, seed=0)
     data = write_jsonl(tmp_path / f"{kind}.jsonl", rows)
-    values = dict(model=tiny_lm, data=data, batch_size=8, save_every=10, keep_checkpoints=2,
-                  progress=False) | fields | extra
+    values = (
+        dict(
+            model=tiny_lm,
+            data=data,
+            batch_size=8,
+            save_every=10,
+            keep_checkpoints=2,
+            progress=False,
+        )
+        | fields
+        | extra
+    )
     path = tmp_path / f"{command}.yaml"
     path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
     return path
@@ -87,14 +102,18 @@ def _assert_same_run(a: Path, b: Path) -> None:
         assert wa.keys() == wb.keys()
         for key in wa:
             assert torch.equal(wa[key], wb[key]), f"{name}:{key}"
-    assert json.loads((a / "config.json").read_text()) == json.loads((b / "config.json").read_text())
+    assert json.loads((a / "config.json").read_text()) == json.loads(
+        (b / "config.json").read_text()
+    )
     ra, rb = _rows(a), _rows(b)
     assert [r["step"] for r in rb] == list(range(1, len(rb) + 1))
     assert ra == rb
 
 
 def _straight(command: str, config: Path, run: Path, capsys) -> None:
-    assert main([command, "--config", str(config), "--output-dir", str(run)]) == 0, capsys.readouterr().err
+    assert main([command, "--config", str(config), "--output-dir", str(run)]) == 0, (
+        capsys.readouterr().err
+    )
 
 
 def _resume(command: str, config: Path, run: Path, capsys) -> None:
@@ -105,7 +124,9 @@ def _resume(command: str, config: Path, run: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize("command", ["sft", "rm", "dpo"])
-def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(command, tiny_lm, tmp_path, capsys):
+def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(
+    command, tiny_lm, tmp_path, capsys
+):
     config = _write_config(tmp_path, command, tiny_lm)
     killed_run = tmp_path / "killed"
     process = _launch([command, "--config", str(config), "--output-dir", str(killed_run)])
@@ -118,7 +139,9 @@ def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(com
     process.communicate()
     assert process.returncode == -signal.SIGKILL
     newest = CheckpointManager(killed_run).checkpoints()[-1]
-    assert not (killed_run / "model.safetensors").exists(), f"finished before the kill ({delay=:.3f})"
+    assert not (killed_run / "model.safetensors").exists(), (
+        f"finished before the kill ({delay=:.3f})"
+    )
     killed_at = CheckpointManager.step_of(newest)
     assert 10 <= killed_at < 300
 
@@ -146,13 +169,16 @@ DIE_IN_SECOND_SAVE = textwrap.dedent("""
 def test_kill_while_writing_a_checkpoint_resumes_from_the_previous_one(tiny_lm, tmp_path, capsys):
     config = _write_config(tmp_path, "sft", tiny_lm, epochs=4)  # 32 steps, checkpoints 10, 20, 30
     run = tmp_path / "killed"
-    process = _launch(["sft", "--config", str(config), "--output-dir", str(run)], prelude=DIE_IN_SECOND_SAVE)
+    process = _launch(
+        ["sft", "--config", str(config), "--output-dir", str(run)], prelude=DIE_IN_SECOND_SAVE
+    )
     _straight("sft", config, tmp_path / "straight", capsys)
     _, err = process.communicate()
     assert process.returncode == -signal.SIGKILL, err
     checkpoints = run / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [
-        f".tmp-step_000000020-{process.pid}", "step_000000010"
+        f".tmp-step_000000020-{process.pid}",
+        "step_000000010",
     ]
     assert not (checkpoints / f".tmp-step_000000020-{process.pid}" / "manifest.json").exists()
 
@@ -191,7 +217,9 @@ def _drop_state(path: Path) -> None:
         (_drop_state, "state.pt is missing"),
     ],
 )
-def test_torn_or_corrupt_newest_checkpoint_is_skipped_on_resume(damage, reason, tiny_lm, tmp_path, capsys):
+def test_torn_or_corrupt_newest_checkpoint_is_skipped_on_resume(
+    damage, reason, tiny_lm, tmp_path, capsys
+):
     """In-process: the killed run is the straight run cut back to its first checkpoints (the
     steps after it dropped), with its newest checkpoint damaged."""
     config = _write_config(tmp_path, "sft", tiny_lm, epochs=4, keep_checkpoints=4)
@@ -205,7 +233,9 @@ def test_torn_or_corrupt_newest_checkpoint_is_skipped_on_resume(damage, reason, 
     newest = run / "checkpoints" / "step_000000020"
     damage(newest)
 
-    with pytest.warns(UserWarning, match=re.escape(f"skipping corrupt checkpoint {newest}: {reason}")):
+    with pytest.warns(
+        UserWarning, match=re.escape(f"skipping corrupt checkpoint {newest}: {reason}")
+    ):
         assert main(["sft", "--config", str(config), "--output-dir", str(run), "--resume"]) == 0
     _assert_same_run(straight, run)
 
@@ -213,14 +243,18 @@ def test_torn_or_corrupt_newest_checkpoint_is_skipped_on_resume(damage, reason, 
 def test_sigterm_from_outside_saves_exits_143_and_resumes_exactly(tiny_lm, tmp_path, capsys):
     config = _write_config(tmp_path, "sft", tiny_lm, save_every=0)
     run = tmp_path / "stopped"
-    process = _launch(["sft", "--config", str(config), "--output-dir", str(run), "--save-every", "25"])
+    process = _launch(
+        ["sft", "--config", str(config), "--output-dir", str(run), "--save-every", "25"]
+    )
     _straight("sft", config, tmp_path / "straight", capsys)
     _wait_for_checkpoint(process, run)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate()
     assert process.returncode == 143, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"proxrl sft: stopped: received SIGTERM; checkpoint saved in {run / 'checkpoints'}/step_")
+    assert last.startswith(
+        f"proxrl sft: stopped: received SIGTERM; checkpoint saved in {run / 'checkpoints'}/step_"
+    )
     assert last.endswith("; continue with --resume")
     saved = Path(last.split("checkpoint saved in ")[1].split(";")[0])
     assert CheckpointManager.verify(saved) is None and not (run / "model.safetensors").exists()

@@ -49,33 +49,67 @@ def _assert_finite_metrics(out: Path) -> None:
         assert not bad, bad
 
 
-@pytest.mark.parametrize(("precision", "compute"), [("no", torch.float32), ("bf16", torch.bfloat16)])
-def test_ppo_computes_in_the_chosen_precision_and_keeps_float32_weights(precision, compute, tiny_lm, prompts, tmp_path):  # noqa: F811
+@pytest.mark.parametrize(
+    ("precision", "compute"), [("no", torch.float32), ("bf16", torch.bfloat16)]
+)
+def test_ppo_computes_in_the_chosen_precision_and_keeps_float32_weights(
+    precision, compute, tiny_lm, prompts, tmp_path
+):  # noqa: F811
     """Sampling, the reference / critic / reward-model passes and the update all run in
     ``compute``, except the scalar heads: scores and values stay float32 (a bf16 score near 8
     moves in steps of 1/32). What is trained and saved stays float32."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=2, group_size=2, mixed_precision=precision,
-                reward_fn=(), reward_model=tiny_lm, critic_learning_rate=1e-3, kl_coef=0.05)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=2,
+        group_size=2,
+        mixed_precision=precision,
+        reward_fn=(),
+        reward_model=tiny_lm,
+        critic_learning_rate=1e-3,
+        kl_coef=0.05,
+    )
     with linear_output_dtypes() as seen:
         ppo.train(cfg)
     assert seen == {"body": {compute}, "head": {torch.float32}}
     assert _saved_dtypes(tmp_path) == {torch.float32}
-    assert {t.dtype for t in load_file(str(tmp_path / "critic" / "model.safetensors")).values()} == {torch.float32}
+    assert {
+        t.dtype for t in load_file(str(tmp_path / "critic" / "model.safetensors")).values()
+    } == {torch.float32}
     _assert_finite_metrics(tmp_path)
 
 
 def test_grpo_learns_in_bf16(tiny_lm, prompts, tmp_path):  # noqa: F811
     """The learnable-reward test of test_online, in bfloat16: rounding does not stop learning."""
-    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, estimator="grpo", iterations=30, group_size=4,
-                ppo_epochs=2, mini_batch_size=16, mixed_precision="bf16")
+    cfg = small(
+        grpo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        estimator="grpo",
+        iterations=30,
+        group_size=4,
+        ppo_epochs=2,
+        mini_batch_size=16,
+        mixed_precision="bf16",
+    )
     grpo.train(cfg)
     history = scores(tmp_path)
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
 
 
 def _offline(trainer: str, tiny_lm: str, tmp_path: Path, precision: str):
-    common = dict(model=tiny_lm, output_dir=str(tmp_path / "run"), batch_size=8, max_steps=2, learning_rate=1e-3,
-                  progress=False, mixed_precision=precision)
+    common = dict(
+        model=tiny_lm,
+        output_dir=str(tmp_path / "run"),
+        batch_size=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        progress=False,
+        mixed_precision=precision,
+    )
     if trainer == "sft":
         data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(32, seed=0))
         return sft.train, sft.Config(**common, data=data, eval_fraction=0.25, eval_every=1)
@@ -86,8 +120,12 @@ def _offline(trainer: str, tiny_lm: str, tmp_path: Path, precision: str):
 
 
 @pytest.mark.parametrize("trainer", ["sft", "rm", "dpo"])
-@pytest.mark.parametrize(("precision", "compute"), [("no", torch.float32), ("bf16", torch.bfloat16)])
-def test_offline_trainers_compute_in_the_chosen_precision(trainer, precision, compute, tiny_lm, tmp_path):
+@pytest.mark.parametrize(
+    ("precision", "compute"), [("no", torch.float32), ("bf16", torch.bfloat16)]
+)
+def test_offline_trainers_compute_in_the_chosen_precision(
+    trainer, precision, compute, tiny_lm, tmp_path
+):
     """Training steps, evaluation and (DPO) the reference log-probs run in ``compute``; the
     saved model is float32 and every logged number finite."""
     train, cfg = _offline(trainer, tiny_lm, tmp_path, precision)

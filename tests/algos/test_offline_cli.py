@@ -31,9 +31,24 @@ def _one_line_error(code: int, err: str, command: str, *needles: str) -> None:
 def test_yaml_config_with_overrides_runs_sft_end_to_end(tiny_lm, tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", sft_rows(32, seed=0))
     config = tmp_path / "sft.yaml"
-    config.write_text(f"model: {tiny_lm}\ndata: {data}\nbatch_size: 8\nlearning_rate: 0.001\nprogress: false\n")
+    config.write_text(
+        f"model: {tiny_lm}\ndata: {data}\nbatch_size: 8\nlearning_rate: 0.001\nprogress: false\n"
+    )
     out = tmp_path / "run"
-    code, err = _run(["sft", "--config", str(config), "--output-dir", str(out), "--max-steps", "2", "--eval-fraction", "0.25"], capsys)
+    code, err = _run(
+        [
+            "sft",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "2",
+            "--eval-fraction",
+            "0.25",
+        ],
+        capsys,
+    )
     assert code == 0, err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -44,7 +59,10 @@ def test_yaml_config_with_overrides_runs_sft_end_to_end(tiny_lm, tmp_path, capsy
 def test_malformed_jsonl_line(tiny_lm, tmp_path, capsys):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": \n')
-    code, err = _run(["sft", "--model", tiny_lm, "--data", str(data), "--output-dir", str(tmp_path / "run")], capsys)
+    code, err = _run(
+        ["sft", "--model", tiny_lm, "--data", str(data), "--output-dir", str(tmp_path / "run")],
+        capsys,
+    )
     _one_line_error(code, err, "sft", f"{data}:2:", "malformed JSON")
     assert not (tmp_path / "run").exists()
 
@@ -53,7 +71,9 @@ def test_missing_field_names_file_line_and_field(tiny_lm, tmp_path, capsys):
     rows = preference_rows(3, seed=0)
     del rows[2]["rejected"]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    code, err = _run(["rm", "--model", tiny_lm, "--data", data, "--output-dir", str(tmp_path / "run")], capsys)
+    code, err = _run(
+        ["rm", "--model", tiny_lm, "--data", data, "--output-dir", str(tmp_path / "run")], capsys
+    )
     _one_line_error(code, err, "rm", f"{data}:3:", "missing field 'rejected'")
     assert not (tmp_path / "run").exists()
 
@@ -62,29 +82,52 @@ def test_wrong_type_names_the_field(tiny_lm, tmp_path, capsys):
     rows = preference_rows(3, seed=0)
     rows[1]["chosen"] = 7
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    code, err = _run(["dpo", "--model", tiny_lm, "--data", data, "--output-dir", str(tmp_path / "run")], capsys)
+    code, err = _run(
+        ["dpo", "--model", tiny_lm, "--data", data, "--output-dir", str(tmp_path / "run")], capsys
+    )
     _one_line_error(code, err, "dpo", f"{data}:2:", "field 'chosen'", "expected a string, got int")
 
 
-def test_chosen_equal_to_rejected_is_warned_and_dropped_with_a_count(tiny_lm, tmp_path, capsys, caplog):
+def test_chosen_equal_to_rejected_is_warned_and_dropped_with_a_count(
+    tiny_lm, tmp_path, capsys, caplog
+):
     rows = preference_rows(16, seed=0)
     for row in rows[:3]:
         row["rejected"] = row["chosen"]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "run"
     with caplog.at_level(logging.WARNING):
-        code, err = _run(["dpo", "--model", tiny_lm, "--data", data, "--output-dir", str(out),
-                          "--max-steps", "1", "--batch-size", "16", "--no-progress"], capsys)
+        code, err = _run(
+            [
+                "dpo",
+                "--model",
+                tiny_lm,
+                "--data",
+                data,
+                "--output-dir",
+                str(out),
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "16",
+                "--no-progress",
+            ],
+            capsys,
+        )
     assert code == 0, err
     warnings = [r.getMessage() for r in caplog.records if "equals 'rejected'" in r.getMessage()]
-    assert len(warnings) == 1 and "dropped 3 of 16 rows" in warnings[0] and f"{data}:1" in warnings[0]
+    assert (
+        len(warnings) == 1 and "dropped 3 of 16 rows" in warnings[0] and f"{data}:1" in warnings[0]
+    )
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
 
 
 def test_model_path_that_does_not_exist(tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", sft_rows(4, seed=0))
     missing = str(tmp_path / "no-such-model")
-    code, err = _run(["sft", "--model", missing, "--data", data, "--output-dir", str(tmp_path / "run")], capsys)
+    code, err = _run(
+        ["sft", "--model", missing, "--data", data, "--output-dir", str(tmp_path / "run")], capsys
+    )
     _one_line_error(code, err, "sft", f"model path '{missing}' does not exist")
     assert not (tmp_path / "run").exists()
 
@@ -104,6 +147,19 @@ def test_unknown_config_key_suggests_the_closest(tiny_lm, tmp_path, capsys, how)
 
 def test_batch_size_zero(tiny_lm, tmp_path, capsys):
     data = write_jsonl(tmp_path / "d.jsonl", sft_rows(4, seed=0))
-    code, err = _run(["sft", "--model", tiny_lm, "--data", data, "--batch-size", "0", "--output-dir", str(tmp_path / "run")], capsys)
+    code, err = _run(
+        [
+            "sft",
+            "--model",
+            tiny_lm,
+            "--data",
+            data,
+            "--batch-size",
+            "0",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        capsys,
+    )
     _one_line_error(code, err, "sft", "batch_size: expected >= 1, got 0")
     assert not Path(tmp_path / "run").exists()

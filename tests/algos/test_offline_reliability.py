@@ -31,8 +31,14 @@ def _config(tiny_lm: str, tmp_path: Path, name: str = "run", **overrides) -> sft
     if not data.exists():
         write_jsonl(data, sft_rows(64, seed=0))
     fields = dict(
-        model=tiny_lm, data=str(data), output_dir=str(tmp_path / name), batch_size=8,
-        learning_rate=3e-3, lr_schedule="constant", max_steps=8, progress=False,
+        model=tiny_lm,
+        data=str(data),
+        output_dir=str(tmp_path / name),
+        batch_size=8,
+        learning_rate=3e-3,
+        lr_schedule="constant",
+        max_steps=8,
+        progress=False,
     )
     return sft.Config(**(fields | overrides))
 
@@ -89,20 +95,43 @@ def test_nan_loss_and_nan_gradient_are_skipped_and_counted(tiny_lm, tmp_path, mo
     assert all(torch.equal(w2["model"][k], w4["model"][k]) for k in w2["model"])
     assert all(
         torch.equal(s2["optimizer"]["state"][i][key], s4["optimizer"]["state"][i][key])
-        for i in s2["optimizer"]["state"] for key in ("exp_avg", "exp_avg_sq", "step")
+        for i in s2["optimizer"]["state"]
+        for key in ("exp_avg", "exp_avg_sq", "step")
     )
-    assert not torch.equal(w4["model"]["model.embed_tokens.weight"], w6["model"]["model.embed_tokens.weight"])
+    assert not torch.equal(
+        w4["model"]["model.embed_tokens.weight"], w6["model"]["model.embed_tokens.weight"]
+    )
     assert s4["guard"] == {"consecutive": 2, "skipped": 2}
     final = load_file(str(out / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in final.values())
 
 
-def test_n_skips_in_a_row_stop_the_run_and_leave_the_last_good_checkpoint(tiny_lm, tmp_path, monkeypatch, capsys):
+def test_n_skips_in_a_row_stop_the_run_and_leave_the_last_good_checkpoint(
+    tiny_lm, tmp_path, monkeypatch, capsys
+):
     _inject(monkeypatch, {3: "loss", 4: "grad", 5: "loss"})
     cfg = _config(tiny_lm, tmp_path, save_every=2, max_steps=8)
     out = Path(cfg.output_dir)
-    code = main(["sft", "--model", tiny_lm, "--data", cfg.data, "--output-dir", str(out), "--batch-size", "8",
-                 "--max-steps", "8", "--save-every", "2", "--max-consecutive-skips", "3", "--no-progress"])
+    code = main(
+        [
+            "sft",
+            "--model",
+            tiny_lm,
+            "--data",
+            cfg.data,
+            "--output-dir",
+            str(out),
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "8",
+            "--save-every",
+            "2",
+            "--max-consecutive-skips",
+            "3",
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.splitlines()[-1] == (
@@ -117,7 +146,12 @@ def test_n_skips_in_a_row_stop_the_run_and_leave_the_last_good_checkpoint(tiny_l
     assert manager.latest() == manager.checkpoints()[-1]
     assert not (out / "model.safetensors").exists()
     # The stopping step is not logged: the run stops inside it.
-    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -30,15 +30,26 @@ REWARD = ("online_rewards:target_fraction",)
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
+    )
     return str(path)
 
 
 def small(config_cls, tiny_lm: str, prompts: str, out: Path, **overrides):
     fields = dict(
-        model=tiny_lm, prompts=prompts, reward_fn=REWARD, output_dir=str(out), iterations=3,
-        rollout_batch_size=8, max_new_tokens=8, temperature=1.0, mini_batch_size=8,
-        learning_rate=3e-3, progress=False, seed=3,
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=REWARD,
+        output_dir=str(out),
+        iterations=3,
+        rollout_batch_size=8,
+        max_new_tokens=8,
+        temperature=1.0,
+        mini_batch_size=8,
+        learning_rate=3e-3,
+        progress=False,
+        seed=3,
     )
     return config_cls(**(fields | overrides))
 
@@ -49,8 +60,17 @@ def scores(out: Path) -> list[float]:
 
 def test_ppo_raises_a_learnable_reward(tiny_lm, prompts, tmp_path):
     """40 iterations of PPO lift the share of target letters from ~0.2 clearly upward."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=40, group_size=2, ppo_epochs=4,
-                critic_learning_rate=1e-3, kl_coef=0.01)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=40,
+        group_size=2,
+        ppo_epochs=4,
+        critic_learning_rate=1e-3,
+        kl_coef=0.01,
+    )
     ppo.train(cfg)
     history = scores(tmp_path)
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.2, history
@@ -58,8 +78,17 @@ def test_ppo_raises_a_learnable_reward(tiny_lm, prompts, tmp_path):
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce"])
 def test_group_estimators_raise_a_learnable_reward(estimator, tiny_lm, prompts, tmp_path):
-    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, estimator=estimator, iterations=30, group_size=4,
-                ppo_epochs=2, mini_batch_size=16)
+    cfg = small(
+        grpo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        estimator=estimator,
+        iterations=30,
+        group_size=4,
+        ppo_epochs=2,
+        mini_batch_size=16,
+    )
     grpo.train(cfg)
     history = scores(tmp_path)
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
@@ -87,21 +116,48 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_model, tmp_path):
     """Two full iterations (rollout and update) through the loop's own functions: the actor and
     critic move, the reference and the reward model do not change by a single bit."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, reward_fn=(), reward_model=reward_model,
-                group_size=2, ppo_epochs=2, critic_learning_rate=1e-3)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        reward_fn=(),
+        reward_model=reward_model,
+        group_size=2,
+        ppo_epochs=2,
+        critic_learning_rate=1e-3,
+    )
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
     rewards = load_rewards(cfg)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    before = {name: _state(m) for name, m in
-              (("actor", models.actor), ("critic", models.critic), ("reference", models.reference),
-               ("reward", rewards.sources[0].model))}
-    optimizers = [torch.optim.AdamW(models.actor.parameters(), lr=1e-3),
-                  torch.optim.AdamW(models.critic.parameters(), lr=1e-3)]
+    before = {
+        name: _state(m)
+        for name, m in (
+            ("actor", models.actor),
+            ("critic", models.critic),
+            ("reference", models.reference),
+            ("reward", rewards.sources[0].model),
+        )
+    }
+    optimizers = [
+        torch.optim.AdamW(models.actor.parameters(), lr=1e-3),
+        torch.optim.AdamW(models.critic.parameters(), lr=1e-3),
+    ]
     for _ in range(2):
         experience, _, row = collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
-        update(cfg, algo, models, experience, optimizers, 0.05, True, torch.Generator().manual_seed(0),
-               NonFiniteGuard(), 1)
+        update(
+            cfg,
+            algo,
+            models,
+            experience,
+            optimizers,
+            0.05,
+            True,
+            torch.Generator().manual_seed(0),
+            NonFiniteGuard(),
+            1,
+        )
     for name, model in (("reference", models.reference), ("reward", rewards.sources[0].model)):
         after = _state(model)
         assert all(torch.equal(before[name][k], after[k]) for k in after), name
@@ -120,16 +176,31 @@ def test_first_iteration_kl_is_exactly_zero(tiny_lm, prompts, tmp_path):
 def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
     """Replace every token after each response's stop with random ids: the policy loss, value
     loss and their gradients are the same."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, max_new_tokens=12,
-                critic_learning_rate=1e-3)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        group_size=2,
+        max_new_tokens=12,
+        critic_learning_rate=1e-3,
+    )
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
+    experience, _, _ = collect_rollout(
+        cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {}
+    )
     experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
     noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
-    perturbed = Experience(**{**experience.__dict__, "response_ids": torch.where(
-        experience.response_mask.bool(), experience.response_ids, noise)})
+    perturbed = Experience(
+        **{
+            **experience.__dict__,
+            "response_ids": torch.where(
+                experience.response_mask.bool(), experience.response_ids, noise
+            ),
+        }
+    )
     assert not torch.equal(perturbed.response_ids, experience.response_ids)
 
     def loss_and_grads(exp):
@@ -154,9 +225,20 @@ def test_critic_warmup_raises_explained_variance(tiny_lm, prompts, tmp_path):
     """During warm-up only the critic trains, on a score it can read off the prompt: its
     explained variance climbs from 0 (a zero-initialised head) towards 1, and no policy step is
     taken."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=13, critic_warmup_iterations=12,
-                reward_fn=("online_rewards:word_in_first_half",), group_size=2, ppo_epochs=4,
-                critic_learning_rate=3e-3, critic="head", kl_coef=0.0)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=13,
+        critic_warmup_iterations=12,
+        reward_fn=("online_rewards:word_in_first_half",),
+        group_size=2,
+        ppo_epochs=4,
+        critic_learning_rate=3e-3,
+        critic="head",
+        kl_coef=0.0,
+    )
     ppo.train(cfg)
     explained = [row["value/explained_var"] for row in read_metrics(tmp_path)]
     assert sum(explained[-3:]) / 3 > sum(explained[:2]) / 2 + 0.2, explained
@@ -169,12 +251,38 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
     import shutil
 
     whole = tmp_path / "whole"
-    ppo.train(small(ppo.Config, tiny_lm, prompts, whole, iterations=4, save_every=2, group_size=2, sample_every=1))
+    ppo.train(
+        small(
+            ppo.Config,
+            tiny_lm,
+            prompts,
+            whole,
+            iterations=4,
+            save_every=2,
+            group_size=2,
+            sample_every=1,
+        )
+    )
     resumed = tmp_path / "resumed"
     shutil.copytree(whole, resumed)
-    shutil.rmtree(resumed / "checkpoints" / next(p.name for p in (resumed / "checkpoints").iterdir() if p.name.endswith("4")))
-    ppo.train(small(ppo.Config, tiny_lm, prompts, resumed, iterations=4, save_every=2, group_size=2, sample_every=1,
-                    resume=True))
+    shutil.rmtree(
+        resumed
+        / "checkpoints"
+        / next(p.name for p in (resumed / "checkpoints").iterdir() if p.name.endswith("4"))
+    )
+    ppo.train(
+        small(
+            ppo.Config,
+            tiny_lm,
+            prompts,
+            resumed,
+            iterations=4,
+            save_every=2,
+            group_size=2,
+            sample_every=1,
+            resume=True,
+        )
+    )
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
@@ -192,14 +300,26 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
         {"surrogate": "clip+penalty", "dual_clip": 3.0, "clip_high": 0.28},
         {"critic": "head", "kl_controller": "proportional", "kl_target": 0.1, "entropy_coef": 0.01},
         {"lora_r": 4, "whiten_rewards": True, "reward_clip": 0.5, "no_stop_penalty": -1.0},
-        {"ref_reset_every": 1, "early_stop_kl": 1e-6, "loss_agg": "seq-mean-token-mean", "stop_strings": ("x",)},
+        {
+            "ref_reset_every": 1,
+            "early_stop_kl": 1e-6,
+            "loss_agg": "seq-mean-token-mean",
+            "stop_strings": ("x",),
+        },
     ],
 )
 def test_ppo_variants_run_with_finite_metrics(overrides, tiny_lm, prompts, tmp_path):
-    ppo.train(small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, ppo_epochs=2, **overrides))
+    ppo.train(
+        small(ppo.Config, tiny_lm, prompts, tmp_path, group_size=2, ppo_epochs=2, **overrides)
+    )
     rows = read_metrics(tmp_path)
     assert len(rows) == 3
-    assert all(isinstance(v, float) and v == v and abs(v) != float("inf") for r in rows for v in r.values() if not isinstance(v, int))
+    assert all(
+        isinstance(v, float) and v == v and abs(v) != float("inf")
+        for r in rows
+        for v in r.values()
+        if not isinstance(v, int)
+    )
     if "surrogate" in overrides:
         assert all("policy/penalty_beta" in r for r in rows)
     if overrides.get("ref_reset_every"):
@@ -210,8 +330,18 @@ def test_ppo_variants_run_with_finite_metrics(overrides, tiny_lm, prompts, tmp_p
 
 
 def test_dataset_columns_reach_reward_functions(tiny_lm, prompts, tmp_path):
-    grpo.train(small(grpo.Config, tiny_lm, prompts, tmp_path, reward_fn=("online_rewards:echoes_word",),
-                     iterations=1, group_size=2, mini_batch_size=16))
+    grpo.train(
+        small(
+            grpo.Config,
+            tiny_lm,
+            prompts,
+            tmp_path,
+            reward_fn=("online_rewards:echoes_word",),
+            iterations=1,
+            group_size=2,
+            mini_batch_size=16,
+        )
+    )
     assert len(read_metrics(tmp_path)) == 1
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 16 and {s["prompt"] for s in samples} <= {f"say: {w} ->" for w in WORDS}
@@ -227,7 +357,12 @@ def test_response_mask_after_stop_by_hand():
     ids = torch.tensor([[5, 2, 7, 0], [5, 6, 7, 8], [5, 6, 0, 0], [5, 0, 6, 2]])
     mask = response_mask_after_stop(ids, eos_token_id=2, pad_token_id=0)
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]]
-    assert stopped(mask, ids, eos_token_id=2, max_new_tokens=4).tolist() == [True, False, True, True]
+    assert stopped(mask, ids, eos_token_id=2, max_new_tokens=4).tolist() == [
+        True,
+        False,
+        True,
+        True,
+    ]
 
 
 # ---------------------------------------------------------------- bad input
@@ -238,23 +373,54 @@ def test_response_mask_after_stop_by_hand():
     [
         ("grpo", ["--group_size", "1"], "group_size: grpo needs at least 2"),
         ("ppo", ["--mini_batch_size", "3"], "mini_batch_size: 3 does not divide the 8 responses"),
-        ("ppo", ["--reward_fn", "no_such_module:fn"], "reward_fn: cannot import module 'no_such_module'"),
+        (
+            "ppo",
+            ["--reward_fn", "no_such_module:fn"],
+            "reward_fn: cannot import module 'no_such_module'",
+        ),
         ("ppo", ["--reward_fn", "online_rewards:missing"], "has no function 'missing'"),
         ("ppo", ["--reward_fn", "online_rewards:raises"], "raised RuntimeError: boom"),
-        ("ppo", ["--reward_fn", "online_rewards:wrong_count"], "returned 1 scores for 8 completions"),
+        (
+            "ppo",
+            ["--reward_fn", "online_rewards:wrong_count"],
+            "returned 1 scores for 8 completions",
+        ),
         ("ppo", ["--reward_fn", "online_rewards:not_finite"], "returned nan for prompt index 0"),
         ("ppo", ["--prompts", "EMPTY"], "has no usable rows"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(command, extra, message, tiny_lm, prompts, tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_code_2(
+    command, extra, message, tiny_lm, prompts, tmp_path, capsys
+):
     from proxrl.cli import main
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     extra = [str(empty) if x == "EMPTY" else x for x in extra]
-    argv = [command, "--model", tiny_lm, "--prompts", prompts, "--reward_fn", "online_rewards:target_fraction",
-            "--output_dir", str(tmp_path / "run"), "--iterations", "1", "--rollout_batch_size", "4",
-            "--group_size", "2", "--mini_batch_size", "8", "--max_new_tokens", "4", "--progress", "False", *extra]
+    argv = [
+        command,
+        "--model",
+        tiny_lm,
+        "--prompts",
+        prompts,
+        "--reward_fn",
+        "online_rewards:target_fraction",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--iterations",
+        "1",
+        "--rollout_batch_size",
+        "4",
+        "--group_size",
+        "2",
+        "--mini_batch_size",
+        "8",
+        "--max_new_tokens",
+        "4",
+        "--progress",
+        "False",
+        *extra,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err.splitlines()[-1] and "Traceback" not in err, err
@@ -263,14 +429,23 @@ def test_bad_input_is_one_line_and_exit_code_2(command, extra, message, tiny_lm,
 def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
     """π_old taken from the sampler's logits equals a fresh forward pass over the same tokens
     to float rounding (KV cache vs full pass), at a non-unit temperature."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, temperature=0.7, sampler_logprobs=True, group_size=2)
+    cfg = small(
+        ppo.Config, tiny_lm, prompts, tmp_path, temperature=0.7, sampler_logprobs=True, group_size=2
+    )
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
+    experience, _, _ = collect_rollout(
+        cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {}
+    )
     with torch.no_grad():
-        fresh = policy_forward(models.actor, experience.input_ids, experience.attention_mask,
-                                      experience.prompt_ids.shape[1], 0.7).logprobs
+        fresh = policy_forward(
+            models.actor,
+            experience.input_ids,
+            experience.attention_mask,
+            experience.prompt_ids.shape[1],
+            0.7,
+        ).logprobs
     mask = experience.response_mask.bool()
     torch.testing.assert_close(experience.logprobs[mask], fresh[mask], rtol=0, atol=1e-4)
     assert (experience.logprobs[~mask] == 0).all()
@@ -292,10 +467,23 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
     import yaml
 
     def config(out: Path) -> Path:
-        fields = {"model": tiny_lm, "prompts": prompts, "reward_fn": list(REWARD), "output_dir": str(out),
-                  "iterations": 6, "rollout_batch_size": 8, "group_size": 2, "max_new_tokens": 8,
-                  "temperature": 1.0, "mini_batch_size": 8, "learning_rate": 3e-3, "progress": False,
-                  "seed": 5, "save_every": 1, "keep_checkpoints": 2}
+        fields = {
+            "model": tiny_lm,
+            "prompts": prompts,
+            "reward_fn": list(REWARD),
+            "output_dir": str(out),
+            "iterations": 6,
+            "rollout_batch_size": 8,
+            "group_size": 2,
+            "max_new_tokens": 8,
+            "temperature": 1.0,
+            "mini_batch_size": 8,
+            "learning_rate": 3e-3,
+            "progress": False,
+            "seed": 5,
+            "save_every": 1,
+            "keep_checkpoints": 2,
+        }
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(fields))
         return path
@@ -305,14 +493,18 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run([*run, str(config(whole))], env=env, check=True, capture_output=True)
 
-    process = subprocess.Popen([*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while not any((killed / "checkpoints").glob("step_*/manifest.json")) and time.time() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
-    subprocess.run([*run, str(config(killed)), "--resume", "True"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [*run, str(config(killed)), "--resume", "True"], env=env, check=True, capture_output=True
+    )
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
@@ -325,19 +517,34 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
 # ---------------------------------------------------------------- non-finite guard
 
 
-def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm, prompts, tmp_path, monkeypatch):
+def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(
+    tiny_lm, prompts, tmp_path, monkeypatch
+):
     """Iteration 2's rewards are NaN: its whole update is skipped and counted; from iteration 4
     on every gradient is NaN: each step is skipped until max_consecutive_skips stops the run
     with a clear message, the checkpoint of iteration 3 intact and no NaN in any saved weight."""
-    cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, iterations=8, group_size=2, save_every=1,
-                max_consecutive_skips=3, critic_learning_rate=1e-3)
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=8,
+        group_size=2,
+        save_every=1,
+        max_consecutive_skips=3,
+        critic_learning_rate=1e-3,
+    )
     algo = ppo.build(cfg)
     estimate, calls = algo.estimate, []
 
     def poisoned_estimate(exp, kl_coef):
         rewards, advantages, returns = estimate(exp, kl_coef)
         calls.append(1)
-        return (rewards * float("nan"), advantages, returns) if len(calls) == 2 else (rewards, advantages, returns)
+        return (
+            (rewards * float("nan"), advantages, returns)
+            if len(calls) == 2
+            else (rewards, advantages, returns)
+        )
 
     algo.estimate = poisoned_estimate
     real_backward = torch.Tensor.backward
@@ -352,14 +559,23 @@ def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(tiny_lm,
 
     algo_models = []
     real_load = online_module.load_models
-    monkeypatch.setattr(online_module, "load_models", lambda c, a: algo_models.append(real_load(c, a)) or algo_models[0])
+    monkeypatch.setattr(
+        online_module,
+        "load_models",
+        lambda c, a: algo_models.append(real_load(c, a)) or algo_models[0],
+    )
     monkeypatch.setattr(ppo, "build", lambda c: algo)
     monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
-    with pytest.raises(ProxrlError, match=r"3 updates in a row were skipped .*grad of .* holds NaN.*last good checkpoint"):
+    with pytest.raises(
+        ProxrlError,
+        match=r"3 updates in a row were skipped .*grad of .* holds NaN.*last good checkpoint",
+    ):
         ppo.train(cfg)
     rows = read_metrics(tmp_path)
     assert [r["guard/skipped_updates"] for r in rows[:3]] == [0.0, 1.0, 1.0]
-    assert "policy/optimizer_steps" not in rows[1] and rows[2]["policy/optimizer_steps"] == 8.0  # 4 epochs × 2
+    assert (
+        "policy/optimizer_steps" not in rows[1] and rows[2]["policy/optimizer_steps"] == 8.0
+    )  # 4 epochs × 2
     from proxrl.runtime.checkpoint import CheckpointManager
 
     latest = CheckpointManager(tmp_path).latest()
@@ -372,8 +588,17 @@ def test_grpo_without_kl_tracking_loads_no_reference(tiny_lm, prompts, tmp_path)
     """β fixed at 0 and track_kl off: no reference model, no objective/kl; learning unaffected."""
     from proxrl.algos.online.roles import load_models
 
-    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, group_size=2, mini_batch_size=16,
-                track_kl=False, sampler_logprobs=True)
+    cfg = small(
+        grpo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=2,
+        group_size=2,
+        mini_batch_size=16,
+        track_kl=False,
+        sampler_logprobs=True,
+    )
     assert load_models(cfg, grpo.build(cfg)).reference is None
     grpo.train(cfg)
     rows = read_metrics(tmp_path)
@@ -392,7 +617,12 @@ def policy(tiny_lm):
 
     tokenizer, model = load_tokenizer(tiny_lm), load_causal_lm(tiny_lm)
     ids = [tokenizer(f"say: {w} ->")["input_ids"] for w in ["abc", "de fg", "x", "hij kl mn"]] * 4
-    return model, tokenizer, pad_left(ids, tokenizer.pad_token_id), pad_left([[1] * len(r) for r in ids], 0)
+    return (
+        model,
+        tokenizer,
+        pad_left(ids, tokenizer.pad_token_id),
+        pad_left([[1] * len(r) for r in ids], 0),
+    )
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -404,7 +634,9 @@ def test_cached_sampler_greedy_equals_generate(compiled, policy):
     a = HFSampler(model, tokenizer).sample(ids, mask, settings)
     b = CachedSampler(model, tokenizer, compile_step=compiled).sample(ids, mask, settings)
     width = a.response_ids.shape[1]
-    assert torch.equal(a.response_ids, b.response_ids[:, :width]) and torch.equal(a.response_mask, b.response_mask[:, :width])
+    assert torch.equal(a.response_ids, b.response_ids[:, :width]) and torch.equal(
+        a.response_mask, b.response_mask[:, :width]
+    )
 
 
 def test_compiled_sampler_on_a_lora_policy_equals_the_plain_loop(policy):
@@ -416,10 +648,15 @@ def test_compiled_sampler_on_a_lora_policy_equals_the_plain_loop(policy):
 
     model, tokenizer, ids, mask = policy
     torch.manual_seed(0)
-    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora = get_peft_model(
+        copy.deepcopy(model),
+        LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     settings = SamplingSettings(16, greedy=True)
     plain = CachedSampler(lora, tokenizer).sample(ids, mask, settings, with_logprobs=True)
-    compiled = CachedSampler(lora, tokenizer, compile_step=True).sample(ids, mask, settings, with_logprobs=True)
+    compiled = CachedSampler(lora, tokenizer, compile_step=True).sample(
+        ids, mask, settings, with_logprobs=True
+    )
     assert torch.equal(plain.response_ids, compiled.response_ids)
     torch.testing.assert_close(plain.logprobs, compiled.logprobs, rtol=0, atol=1e-5)
 
@@ -432,11 +669,21 @@ def test_sampler_logprobs_equal_a_fresh_forward(sampler, policy):
 
     model, tokenizer, ids, mask = policy
     torch.manual_seed(0)
-    chosen = HFSampler(model, tokenizer) if sampler == "hf" else CachedSampler(model, tokenizer, compile_step=sampler == "compiled")
+    chosen = (
+        HFSampler(model, tokenizer)
+        if sampler == "hf"
+        else CachedSampler(model, tokenizer, compile_step=sampler == "compiled")
+    )
     s = chosen.sample(ids, mask, SamplingSettings(24, temperature=0.7), with_logprobs=True)
     with torch.no_grad():
-        full = policy_forward(model, torch.cat([ids, s.response_ids], 1), torch.cat([mask, s.response_mask], 1),
-                              ids.shape[1], 0.7, with_entropy=True)
+        full = policy_forward(
+            model,
+            torch.cat([ids, s.response_ids], 1),
+            torch.cat([mask, s.response_mask], 1),
+            ids.shape[1],
+            0.7,
+            with_entropy=True,
+        )
     valid = s.response_mask.bool()
     torch.testing.assert_close(s.logprobs[valid], full.logprobs[valid], rtol=0, atol=1e-5)
     torch.testing.assert_close(s.entropy[valid], full.entropy[valid], rtol=0, atol=1e-5)
@@ -461,10 +708,23 @@ def test_compiled_sampler_draws_the_same_responses_in_a_run(tiny_lm, prompts, tm
     runs = {}
     for compiled in (False, True):
         out = tmp_path / str(compiled)
-        grpo.train(small(grpo.Config, tiny_lm, prompts, out, iterations=3, group_size=4, mini_batch_size=16,
-                         sample_every=1, compile_sampler=compiled))
-        runs[compiled] = [(row["iteration"], row["completion"])
-                          for row in map(json.loads, (out / "samples.jsonl").read_text().splitlines())]
+        grpo.train(
+            small(
+                grpo.Config,
+                tiny_lm,
+                prompts,
+                out,
+                iterations=3,
+                group_size=4,
+                mini_batch_size=16,
+                sample_every=1,
+                compile_sampler=compiled,
+            )
+        )
+        runs[compiled] = [
+            (row["iteration"], row["completion"])
+            for row in map(json.loads, (out / "samples.jsonl").read_text().splitlines())
+        ]
     assert len(runs[True]) == 3 * 32 and runs[True] == runs[False]
     first, last = ([c for i, c in runs[True] if i == k] for k in (1, 3))
     assert first != last  # the policy moved, so equal samples are not equal by accident
@@ -478,9 +738,19 @@ def test_draw_tokens_by_hand(monkeypatch):
 
     uniforms = torch.tensor([[0.0], [0.2499], [0.25], [0.9999]], dtype=torch.float64)
     monkeypatch.setattr(generation.torch, "rand", lambda *a, **k: uniforms)
-    assert generation.draw_tokens(torch.tensor([[0.0, 0.25, 0.0, 0.75]] * 4)).tolist() == [1, 1, 3, 3]
-    monkeypatch.setattr(generation.torch, "rand", lambda *a, **k: torch.tensor([[0.3], [0.2]], dtype=torch.float64))
-    assert generation.draw_tokens(torch.tensor([[2.0, 0.0, 6.0], [2.0, 0.0, 6.0]])).tolist() == [2, 0]
+    assert generation.draw_tokens(torch.tensor([[0.0, 0.25, 0.0, 0.75]] * 4)).tolist() == [
+        1,
+        1,
+        3,
+        3,
+    ]
+    monkeypatch.setattr(
+        generation.torch, "rand", lambda *a, **k: torch.tensor([[0.3], [0.2]], dtype=torch.float64)
+    )
+    assert generation.draw_tokens(torch.tensor([[2.0, 0.0, 6.0], [2.0, 0.0, 6.0]])).tolist() == [
+        2,
+        0,
+    ]
 
 
 def test_draw_tokens_follows_the_distribution():
@@ -497,7 +767,9 @@ def test_draw_tokens_follows_the_distribution():
     assert ((counts / n - p.double()).abs() <= 4 * standard_error + 1e-12).all(), counts / n
 
 
-def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(tiny_lm, prompts, tmp_path, monkeypatch):
+def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(
+    tiny_lm, prompts, tmp_path, monkeypatch
+):
     """One optimizer step per iteration and every gradient NaN: the finite rollouts in between
     must not reset the in-a-row count, so the run stops after max_consecutive_skips iterations."""
     real_backward = torch.Tensor.backward
@@ -518,8 +790,16 @@ def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(tiny_lm, pr
 
     monkeypatch.setattr(online_module, "load_models", load_and_remember)
     monkeypatch.setattr(torch.Tensor, "backward", nan_backward)
-    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=10, group_size=2, mini_batch_size=16,
-                max_consecutive_skips=3)
+    cfg = small(
+        grpo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        iterations=10,
+        group_size=2,
+        mini_batch_size=16,
+        max_consecutive_skips=3,
+    )
     with pytest.raises(ProxrlError, match="3 updates in a row were skipped"):
         grpo.train(cfg)
     assert [r["guard/skipped_updates"] for r in read_metrics(tmp_path)] == [1.0, 2.0]

@@ -27,7 +27,10 @@ def _config(tiny_lm: str, tmp_path: Path, **overrides) -> reward.Config:
         data=write_jsonl(tmp_path / "train.jsonl", preference_rows(192, seed=0)),
         eval_data=write_jsonl(tmp_path / "eval.jsonl", preference_rows(64, seed=1)),
         output_dir=str(tmp_path / "run"),
-        batch_size=16, learning_rate=3e-3, epochs=2, progress=False,
+        batch_size=16,
+        learning_rate=3e-3,
+        epochs=2,
+        progress=False,
     )
     return reward.Config(**(fields | overrides))
 
@@ -37,7 +40,12 @@ def test_reward_model_learns_and_plain_transformers_gives_the_same_scores(tiny_l
     metrics = reward.train(cfg)
     assert metrics["eval/accuracy"] >= 0.95
     assert metrics["eval/margin_mean"] > 1.0
-    assert {"train/accuracy", "train/margin_mean", "train/chosen_mean", "train/rejected_mean"} <= metrics.keys()
+    assert {
+        "train/accuracy",
+        "train/margin_mean",
+        "train/chosen_mean",
+        "train/rejected_mean",
+    } <= metrics.keys()
 
     # Plain transformers, no proxrl code: the classifier's logits are our raw scores.
     plain = AutoModelForSequenceClassification.from_pretrained(cfg.output_dir).eval()
@@ -46,7 +54,9 @@ def test_reward_model_learns_and_plain_transformers_gives_the_same_scores(tiny_l
     pairs = encode_preferences(load_preference_examples(cfg.eval_data), tokenizer, 512)
     batch = collate_pairs(pairs, tokenizer.pad_token_id).sequences
     with torch.no_grad():
-        hf_scores = plain(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0]
+        hf_scores = plain(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[
+            :, 0
+        ]
         raw = sequence_scores(ours, batch.input_ids, batch.attention_mask)
         normalized = sequence_scores(ours, batch.input_ids, batch.attention_mask, normalize=True)
     torch.testing.assert_close(raw, hf_scores, rtol=1e-5, atol=1e-5)
@@ -60,7 +70,9 @@ def test_reward_model_learns_and_plain_transformers_gives_the_same_scores(tiny_l
     train_pairs = encode_preferences(load_preference_examples(cfg.data), tokenizer, 512)
     train_batch = collate_pairs(train_pairs, tokenizer.pad_token_id).sequences
     with torch.no_grad():
-        train_scores = sequence_scores(ours, train_batch.input_ids, train_batch.attention_mask, normalize=True)
+        train_scores = sequence_scores(
+            ours, train_batch.input_ids, train_batch.attention_mask, normalize=True
+        )
     assert abs(train_scores.double().mean().item()) < 1e-5
     assert train_scores.double().std().item() == pytest.approx(config["reward_std"], rel=1e-4)
 
@@ -71,7 +83,10 @@ def test_scores_are_read_at_the_last_real_token_under_any_padding(tiny_lm):
     pad = tokenizer.pad_token_id
     short, long = tokenizer("ab")["input_ids"], tokenizer("abcd efgh ijk")["input_ids"]
     with torch.no_grad():
-        alone = [sequence_scores(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long)) for s in (short, long)]
+        alone = [
+            sequence_scores(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))
+            for s in (short, long)
+        ]
         width = len(long)
         right = torch.tensor([short + [pad] * (width - len(short)), long])
         left = torch.tensor([[pad] * (width - len(short)) + short, long])
@@ -88,20 +103,26 @@ def _ranking_rows(n: int, seed: int) -> list[dict]:
     for _ in range(n):
         letters = ["abcd", "mnop", "wxyz"]  # best to worst
         order = rng.sample(range(3), 3)
-        responses = [" " + "".join(rng.choice(letters[k]) for _ in range(rng.randint(3, 6))) + "." for k in order]
+        responses = [
+            " " + "".join(rng.choice(letters[k]) for _ in range(rng.randint(3, 6))) + "."
+            for k in order
+        ]
         rows.append({"prompt": "rank ->", "responses": responses, "ranking": order})
     return rows
 
 
 def test_k_way_rankings_train_on_all_pairs(tiny_lm, tmp_path):
     cfg = _config(
-        tiny_lm, tmp_path,
+        tiny_lm,
+        tmp_path,
         data=write_jsonl(tmp_path / "rank.jsonl", _ranking_rows(128, seed=0)),
         eval_data=write_jsonl(tmp_path / "rank_eval.jsonl", _ranking_rows(32, seed=1)),
         epochs=3,
     )
     metrics = reward.train(cfg)
-    assert metrics["train/pairs"] == 16 * 3  # C(3,2) ordered pairs per ranking, summed over the step
+    assert (
+        metrics["train/pairs"] == 16 * 3
+    )  # C(3,2) ordered pairs per ranking, summed over the step
     assert metrics["eval/accuracy"] >= 0.9
 
 
@@ -113,7 +134,9 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
     from proxrl.data.formats import parse_preference
     from proxrl.data.readers import Row
 
-    pairs = encode_preferences([parse_preference(Row(r, str(i))) for i, r in enumerate(rows)], tokenizer, 512)
+    pairs = encode_preferences(
+        [parse_preference(Row(r, str(i))) for i, r in enumerate(rows)], tokenizer, 512
+    )
     pad = tokenizer.pad_token_id
 
     def loss_fn(model, batch):
@@ -121,7 +144,9 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
 
     def grads(micro_batches):
         model = load_score_model(tiny_lm, dtype="float64")
-        torch.nn.init.normal_(model.score.weight, std=0.1, generator=torch.Generator().manual_seed(0))
+        torch.nn.init.normal_(
+            model.score.weight, std=0.1, generator=torch.Generator().manual_seed(0)
+        )
         stats = accumulate_gradients(model, micro_batches, loss_fn, reward.comparison_units)
         return stats, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -137,7 +162,9 @@ def test_lora_reward_model_is_saved_merged_with_its_adapter_beside_it(tiny_lm, t
     cfg = _config(tiny_lm, tmp_path, lora_r=4, epochs=1, learning_rate=1e-2)
     metrics = reward.train(cfg)
     out = Path(cfg.output_dir)
-    assert (out / "model.safetensors").exists() and (out / "adapter" / "adapter_model.safetensors").exists()
+    assert (out / "model.safetensors").exists() and (
+        out / "adapter" / "adapter_model.safetensors"
+    ).exists()
     merged = AutoModelForSequenceClassification.from_pretrained(out).eval()
     assert not any("lora" in name for name, _ in merged.named_parameters())
     tokenizer = load_tokenizer(str(out))

@@ -55,7 +55,9 @@ def test_the_torch_load_check_catches_an_unsafe_call():
 
 def test_every_torch_load_in_src_has_weights_only_true():
     found = {path: _torch_loads(path.read_text()) for path in PY_FILES}
-    offenders = [f"{p.relative_to(SRC)}:{line}" for p, calls in found.items() for line, ok in calls if not ok]
+    offenders = [
+        f"{p.relative_to(SRC)}:{line}" for p, calls in found.items() for line, ok in calls if not ok
+    ]
     assert offenders == []
     assert sum(len(c) for c in found.values()) >= 1  # the checkpoint module's state.pt load
     # and no other spelling sneaks past the check
@@ -67,9 +69,12 @@ def test_nothing_in_src_unpickles():
         f"{path.relative_to(SRC)}:{call.lineno}"
         for path in PY_FILES
         for call in _calls(path)
-        if _dotted(call.func) in ("pickle.load", "pickle.loads", "cloudpickle.load", "dill.load",
-                                  "numpy.load", "np.load")
-        and not (isinstance(_keyword(call, "allow_pickle"), ast.Constant) and _keyword(call, "allow_pickle").value is False)
+        if _dotted(call.func)
+        in ("pickle.load", "pickle.loads", "cloudpickle.load", "dill.load", "numpy.load", "np.load")
+        and not (
+            isinstance(_keyword(call, "allow_pickle"), ast.Constant)
+            and _keyword(call, "allow_pickle").value is False
+        )
     ]
     assert offenders == []
 
@@ -85,7 +90,9 @@ def test_trust_remote_code_is_never_switched_on_in_code():
     assert offenders == []
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in ("report", "demo", "classic-eval")])
+@pytest.mark.parametrize(
+    "command", [c for c in COMMANDS if c not in ("report", "demo", "classic-eval")]
+)
 def test_trust_remote_code_is_off_by_default_in_every_config(command):
     module = importlib.import_module(COMMANDS[command][0])
     config = module.Config
@@ -107,22 +114,48 @@ def _weight_files(run: Path) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize(
     ("command", "extra"),
-    [("sft", []), ("sft", ["--lora-r", "4"]), ("rm", []), ("rm", ["--lora-r", "4"]), ("dpo", []),
-     ("dpo", ["--lora-r", "4"])],
+    [
+        ("sft", []),
+        ("sft", ["--lora-r", "4"]),
+        ("rm", []),
+        ("rm", ["--lora-r", "4"]),
+        ("dpo", []),
+        ("dpo", ["--lora-r", "4"]),
+    ],
 )
 def test_offline_trainers_write_weights_as_safetensors_only(command, extra, tiny_lm, tmp_path):
     rows = sft_rows(16, seed=0) if command == "sft" else preference_rows(16, seed=0)
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     run = tmp_path / "run"
-    argv = [command, "--model", tiny_lm, "--data", data, "--output-dir", str(run), "--max-steps", "2",
-            "--save-every", "1", "--batch-size", "8", "--no-progress", *extra]
+    argv = [
+        command,
+        "--model",
+        tiny_lm,
+        "--data",
+        data,
+        "--output-dir",
+        str(run),
+        "--max-steps",
+        "2",
+        "--save-every",
+        "1",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        *extra,
+    ]
     assert main(argv) == 0
     files = _weight_files(run)
     assert files.get(".safetensors")  # the final weights (model or adapter)
-    pickles = {s: f for s, f in files.items() if s in (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")}
+    pickles = {
+        s: f for s, f in files.items() if s in (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+    }
     # The only torch-serialised file is each checkpoint's state.pt (optimizer, RNG, counters:
     # tensors and plain values), which loads with weights_only=True.
     assert set(pickles) <= {".pt"}
-    assert all(Path(f).name == "state.pt" and Path(f).parts[0] == "checkpoints" for f in pickles.get(".pt", []))
+    assert all(
+        Path(f).name == "state.pt" and Path(f).parts[0] == "checkpoints"
+        for f in pickles.get(".pt", [])
+    )
     for name in pickles.get(".pt", []):
         assert isinstance(torch.load(run / name, weights_only=True), dict)

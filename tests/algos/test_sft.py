@@ -26,8 +26,14 @@ def _config(tiny_lm: str, tmp_path: Path, **overrides) -> sft.Config:
     data = write_jsonl(tmp_path / "train.jsonl", sft_rows(192, seed=0))
     eval_data = write_jsonl(tmp_path / "eval.jsonl", sft_rows(48, seed=1))
     fields = dict(
-        model=tiny_lm, data=data, eval_data=eval_data, output_dir=str(tmp_path / "run"),
-        batch_size=16, learning_rate=3e-3, epochs=2, progress=False,
+        model=tiny_lm,
+        data=data,
+        eval_data=eval_data,
+        output_dir=str(tmp_path / "run"),
+        batch_size=16,
+        learning_rate=3e-3,
+        epochs=2,
+        progress=False,
     )
     return sft.Config(**(fields | overrides))
 
@@ -47,27 +53,40 @@ def test_sft_lowers_heldout_loss_and_saves_a_plain_transformers_model(tiny_lm, t
     # Untrained: ≈ log(V) = log(311) ≈ 5.74 nats per token; the copy task is learnable.
     assert before > 5.0
     assert metrics["eval/loss"] < before - 1.5
-    assert metrics["eval/perplexity"] == pytest.approx(torch.tensor(metrics["eval/loss"]).exp().item(), rel=1e-6)
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["eval/perplexity"] == pytest.approx(
+        torch.tensor(metrics["eval/loss"]).exp().item(), rel=1e-6
+    )
+    rows = [
+        json.loads(line)
+        for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == list(range(1, 25))  # 192 / 16 × 2 epochs, one row per step
     assert {"train/loss", "train/lr", "perf/nonpad_share", "perf/tokens_per_s"} <= rows[0].keys()
     assert all(0 < r["perf/nonpad_share"] <= 1 for r in rows)
     assert list((Path(cfg.output_dir) / "tensorboard").iterdir())
     # The saved directory is an ordinary transformers model that gives the logged eval loss.
     reloaded = AutoModelForCausalLM.from_pretrained(cfg.output_dir)
-    assert _eval_loss(reloaded, tokenizer, cfg.eval_data) == pytest.approx(metrics["eval/loss"], rel=1e-6)
+    assert _eval_loss(reloaded, tokenizer, cfg.eval_data) == pytest.approx(
+        metrics["eval/loss"], rel=1e-6
+    )
 
 
 def test_prompt_tokens_are_left_out_of_the_loss(tiny_lm):
     """The gradient of the loss w.r.t. the logits is exactly zero at every position whose next
     token is prompt or padding, and the loss is the mean NLL of the completion tokens only."""
     tokenizer = load_tokenizer(tiny_lm)
-    examples = load_sft_examples_from_rows([{"prompt": "copy: abc =", "completion": " abc"},
-                                            {"prompt": "copy: abcdefg =", "completion": " ab"}])
+    examples = load_sft_examples_from_rows(
+        [
+            {"prompt": "copy: abc =", "completion": " abc"},
+            {"prompt": "copy: abcdefg =", "completion": " ab"},
+        ]
+    )
     items = encode_sft(examples, tokenizer, 512)
     batch = collate(items, tokenizer.pad_token_id)
     for item in items:
-        prompt_ids = tokenizer("copy: abc =" if item is items[0] else "copy: abcdefg =")["input_ids"]
+        prompt_ids = tokenizer("copy: abc =" if item is items[0] else "copy: abcdefg =")[
+            "input_ids"
+        ]
         assert item.input_ids[: item.prompt_length] == prompt_ids
         assert item.loss_mask == [0] * item.prompt_length + [1] * (len(item) - item.prompt_length)
         assert item.input_ids[-1] == tokenizer.eos_token_id
@@ -113,7 +132,9 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
 
     def grads(micro_batches):
         model = load_causal_lm(tiny_lm, dtype="float64")
-        stats = accumulate_gradients(model, micro_batches, sft.completion_loss, sft.completion_tokens)
+        stats = accumulate_gradients(
+            model, micro_batches, sft.completion_loss, sft.completion_tokens
+        )
         return stats, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     one_stats, one = grads([collate(items, pad)])
@@ -151,14 +172,20 @@ def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path, lora_r):
     first = _config(tiny_lm, tmp_path / "b", max_steps=2, **common)
     sft.train(first)
     # extending the run changes max_steps: a changed option, so --resume-with-changes
-    sft.train(_config(tiny_lm, tmp_path / "b", max_steps=5, resume=True, resume_with_changes=True, **common))
+    sft.train(
+        _config(
+            tiny_lm, tmp_path / "b", max_steps=5, resume=True, resume_with_changes=True, **common
+        )
+    )
     weights = "adapter_model.safetensors" if lora_r else "model.safetensors"
     a = load_file(str(Path(straight.output_dir) / weights))
     b = load_file(str(Path(first.output_dir) / weights))
     assert a.keys() == b.keys() and a
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-6, atol=1e-7)
-    rows = [json.loads(x) for x in (Path(first.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (Path(first.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 
 
@@ -192,6 +219,8 @@ def test_packed_sft_run_learns(tiny_lm, tmp_path):
     cfg = _config(tiny_lm, tmp_path, packing=True, max_length=64, batch_size=4, epochs=3)
     metrics = sft.train(cfg)
     assert metrics["eval/loss"] < 4.2  # from ≈ 5.75 untrained
-    rows = [json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
     # 192 examples of ~14 tokens packed 4 to a row of <= 64: 12 steps of 4 rows per epoch.
     assert len(rows) == 3 * 12

@@ -23,7 +23,11 @@ def test_setting_names_map_to_classic_options():
     assert paper_table.setting_args("none") == ["--objective", "none"]
     assert paper_table.setting_args("clip-0.3") == ["--objective", "clip", "--clip", "0.3"]
     assert paper_table.setting_args("adaptive-kl-0.003") == [
-        "--objective", "adaptive-kl", "--kl-target", "0.003"]
+        "--objective",
+        "adaptive-kl",
+        "--kl-target",
+        "0.003",
+    ]
     assert paper_table.setting_args("fixed-kl-10") == ["--objective", "fixed-kl", "--kl-beta", "10"]
     assert paper_table.setting_args("trpo") == ["--algo", "trpo"]
     for bad in ("clip-x", "kl-0.1", "clip"):
@@ -36,18 +40,29 @@ def test_normalisation_random_zero_best_setting_one(tmp_path):
     Env B: random 10; clip-0.2 scores 110, 110; none 210, 210 (the best).
     clip-0.2: mean(10/15, 20/15, 100/200, 100/200) = 0.75;
     none: mean(5/15, 5/15, 200/200, 200/200) = 0.666… → "0.67"."""
-    cfg = paper_table.TableConfig(envs=["A-v0", "B-v0"], settings=["clip-0.2", "none"],
-                                  seeds=[1, 2], total_steps=100, output_dir=str(tmp_path))
-    scores = {("A-v0", "clip-0.2"): [10, 20], ("A-v0", "none"): [5, 5],
-              ("B-v0", "clip-0.2"): [110, 110], ("B-v0", "none"): [210, 210]}
+    cfg = paper_table.TableConfig(
+        envs=["A-v0", "B-v0"],
+        settings=["clip-0.2", "none"],
+        seeds=[1, 2],
+        total_steps=100,
+        output_dir=str(tmp_path),
+    )
+    scores = {
+        ("A-v0", "clip-0.2"): [10, 20],
+        ("A-v0", "none"): [5, 5],
+        ("B-v0", "clip-0.2"): [110, 110],
+        ("B-v0", "none"): [210, 210],
+    }
     for (env, setting), values in scores.items():
         for seed, value in zip(cfg.seeds, values, strict=True):
             d = paper_table.run_dir(cfg, env, setting, seed)
             d.mkdir(parents=True)
-            (d / "summary.json").write_text(json.dumps(
-                {"complete": True, "mean_return_last_100": value, "wall_time_s": 1.0}))
-            rows = [{"step": s, "global_step": s, "charts/episodic_return": value}
-                    for s in (50, 100)]
+            (d / "summary.json").write_text(
+                json.dumps({"complete": True, "mean_return_last_100": value, "wall_time_s": 1.0})
+            )
+            rows = [
+                {"step": s, "global_step": s, "charts/episodic_return": value} for s in (50, 100)
+            ]
             (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "random_returns.json").write_text(json.dumps({"A-v0": 0.0, "B-v0": 10.0}))
     table = paper_table.report(cfg)

@@ -45,24 +45,53 @@ LONG = {
 ITERATIONS, BATCH = 40, 128
 # 4 iterations of 128 steps, 8 minibatch steps each (4 minibatches × 2 epochs), a checkpoint
 # after each.
-SHORT = ["--env", "CartPole-v1", "--num-envs", "2", "--num-steps", "64", "--minibatch-size",
-         "32", "--epochs", "2", "--total-steps", "512", "--save-every", "1",
-         "--keep-checkpoints", "5", "--no-progress"]
+SHORT = [
+    "--env",
+    "CartPole-v1",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "64",
+    "--minibatch-size",
+    "32",
+    "--epochs",
+    "2",
+    "--total-steps",
+    "512",
+    "--save-every",
+    "1",
+    "--keep-checkpoints",
+    "5",
+    "--no-progress",
+]
 
 
 def _write_config(tmp_path: Path, env: str) -> Path:
-    values = dict(env=env, total_steps=ITERATIONS * BATCH, save_every=5, keep_checkpoints=2,
-                  progress="false", **LONG[env])
+    values = dict(
+        env=env,
+        total_steps=ITERATIONS * BATCH,
+        save_every=5,
+        keep_checkpoints=2,
+        progress="false",
+        **LONG[env],
+    )
     path = tmp_path / f"{env}.yaml"
     path.write_text("".join(f"{k}: {v}\n" for k, v in values.items()))
     return path
 
 
 def _launch(config: Path, run: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "proxrl", "classic", "--config", str(config),
-           "--output-dir", str(run)]
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxrl",
+        "classic",
+        "--config",
+        str(config),
+        "--output-dir",
+        str(run),
+    ]
+    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, run: Path, timeout: float = 120) -> None:
@@ -79,8 +108,7 @@ def _cli(config: Path, run: Path, *extra: str) -> None:
 
 
 def _rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)}
-            for r in read_metrics(run)]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run)]
 
 
 def _final(run: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -57,8 +57,11 @@ class OracleEnv(gym.Env):
 
 
 gym.register("proxrl-test/OracleTrunc-v0", entry_point=OracleEnv, max_episode_steps=3)
-gym.register("proxrl-test/OracleTerm-v0", entry_point=lambda: OracleEnv(terminate_at=3),
-             max_episode_steps=100)
+gym.register(
+    "proxrl-test/OracleTerm-v0",
+    entry_point=lambda: OracleEnv(terminate_at=3),
+    max_episode_steps=100,
+)
 
 
 def _collect(env_id: str):
@@ -68,12 +71,17 @@ def _collect(env_id: str):
         agent.critic[-1].weight.zero_()
         agent.critic[-1].bias.fill_(2.0)
     collector = Collector(
-        envs, agent, ObsNormalizer((1,), False, 10.0), RewardScaler(1, 0.5, False, 10.0),
-        gamma=0.5, seed=0,
+        envs,
+        agent,
+        ObsNormalizer((1,), False, 10.0),
+        RewardScaler(1, 0.5, False, 10.0),
+        gamma=0.5,
+        seed=0,
     )
     rollout = collector.collect(5)
-    adv, ret = gae_env(rollout.rewards, rollout.values, rollout.dones, rollout.next_value,
-                       gamma=0.5, lam=0.5)
+    adv, ret = gae_env(
+        rollout.rewards, rollout.values, rollout.dones, rollout.next_value, gamma=0.5, lam=0.5
+    )
     return rollout, adv[:, 0].double(), ret[:, 0].double()
 
 

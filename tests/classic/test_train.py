@@ -19,20 +19,36 @@ from proxrl.runtime.metrics import read_metrics
 
 # small but complete iterations: 2 × 64 CartPole steps, 128 Hopper steps
 TINY = {
-    "CartPole-v1": dict(num_envs=2, num_steps=64, mini_batch_size=32, ppo_epochs=2, total_steps=256),
+    "CartPole-v1": dict(
+        num_envs=2, num_steps=64, mini_batch_size=32, ppo_epochs=2, total_steps=256
+    ),
     "Hopper-v5": dict(num_envs=1, num_steps=128, mini_batch_size=32, ppo_epochs=2, total_steps=256),
 }
-REQUIRED = ["global_step", "charts/SPS", "charts/learning_rate", "losses/policy_loss",
-            "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/kl",
-            "losses/explained_variance"]
+REQUIRED = [
+    "global_step",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/kl",
+    "losses/explained_variance",
+]
 PPO_ONLY = ["losses/clipfrac", "losses/kl_beta", "losses/approx_kl_k1", "losses/epochs"]
-SETTINGS = [dict(objective="clip"), dict(objective="adaptive-kl"), dict(objective="fixed-kl"),
-            dict(objective="none"), dict(algo="trpo")]
+SETTINGS = [
+    dict(objective="clip"),
+    dict(objective="adaptive-kl"),
+    dict(objective="fixed-kl"),
+    dict(objective="none"),
+    dict(algo="trpo"),
+]
 
 
 def _cfg(tmp_path, env="CartPole-v1", **kw):
-    return ClassicConfig(output_dir=str(tmp_path / "run"), env=env, progress=False,
-                         **{**TINY[env], **kw})
+    return ClassicConfig(
+        output_dir=str(tmp_path / "run"), env=env, progress=False, **{**TINY[env], **kw}
+    )
 
 
 def _agent_weights(run_dir):
@@ -47,8 +63,11 @@ def test_each_objective_runs_with_finite_metrics(tmp_path, env, setting):
     summary = train(cfg)
     rows = read_metrics(cfg.output_dir)
     assert [r["global_step"] for r in rows] == [cfg.total_steps // 2, cfg.total_steps]
-    keys = REQUIRED + (PPO_ONLY if setting.get("algo") != "trpo" else
-                       ["losses/trpo_accepted", "losses/trpo_step_frac"])
+    keys = REQUIRED + (
+        PPO_ONLY
+        if setting.get("algo") != "trpo"
+        else ["losses/trpo_accepted", "losses/trpo_step_frac"]
+    )
     for row in rows:
         for key in keys:
             assert math.isfinite(row[key]), (key, row[key])
@@ -123,12 +142,16 @@ def test_evaluation_is_deterministic(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--env", "Hoper-v5"], "--env: unknown gymnasium environment 'Hoper-v5'; did you mean "
-                                "Hopper-v5?"),
+        (
+            ["--env", "Hoper-v5"],
+            "--env: unknown gymnasium environment 'Hoper-v5'; did you mean Hopper-v5?",
+        ),
         (["--objective", "kl"], "--objective expects one of clip, adaptive-kl, fixed-kl, none"),
         (["--total-steps", "-1000"], "--total-steps must be > 0, got -1000"),
-        (["--minibatch-size", "100"], "--minibatch-size 100 does not divide num_envs × "
-                                      "num_steps = 4 × 128 = 512"),
+        (
+            ["--minibatch-size", "100"],
+            "--minibatch-size 100 does not divide num_envs × num_steps = 4 × 128 = 512",
+        ),
         (["--total-steps", "100"], "--total-steps 100 is less than one iteration"),
     ],
 )
@@ -154,8 +177,10 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
 def test_yaml_config_and_flag_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     out = tmp_path / "run"
-    path.write_text(f"env: Hopper-v5\nnum_steps: 64\nminibatch_size: 32\nepochs: 1\n"
-                    f"total_steps: 1000\noutput_dir: {out}\nprogress: false\n")
+    path.write_text(
+        f"env: Hopper-v5\nnum_steps: 64\nminibatch_size: 32\nepochs: 1\n"
+        f"total_steps: 1000\noutput_dir: {out}\nprogress: false\n"
+    )
     assert cli.main(["classic", "--config", str(path), "--total-steps", "128"]) == 0
     rows = read_metrics(out)
     assert [r["global_step"] for r in rows] == [64, 128]
@@ -167,8 +192,14 @@ def test_yaml_config_and_flag_overrides(tmp_path):
 def test_cartpole_reaches_400_with_the_clip_objective(tmp_path):
     """CleanRL's classic-control settings (4 × 128 steps, 4 epochs, 4 minibatches, lr 2.5e-4
     annealed, ent 0.01) for 300k steps: ~40 s on one core; seeds 1-3 reach 480-495."""
-    cfg = ClassicConfig(output_dir=str(tmp_path / "run"), env="CartPole-v1", objective="clip",
-                        total_steps=300_000, seed=1, progress=False)
+    cfg = ClassicConfig(
+        output_dir=str(tmp_path / "run"),
+        env="CartPole-v1",
+        objective="clip",
+        total_steps=300_000,
+        seed=1,
+        progress=False,
+    )
     summary = train(cfg)
     assert summary["mean_return_last_100"] >= 400, summary
 
@@ -177,11 +208,39 @@ def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
     """The LM trainers' names are canonical; CleanRL's still work (a run's older config.yaml too)."""
     from proxrl.runtime.config import load_config_file, parse_config
 
-    argv = ["--lr", "1e-3", "--gae_lambda", "0.9", "--ent-coef", "0.02", "--minibatch-size", "16",
-            "--epochs", "3", "--no-norm-adv", "--target-kl", "0.05", "--kl-target", "0.02", "--kl-beta", "2"]
+    argv = [
+        "--lr",
+        "1e-3",
+        "--gae_lambda",
+        "0.9",
+        "--ent-coef",
+        "0.02",
+        "--minibatch-size",
+        "16",
+        "--epochs",
+        "3",
+        "--no-norm-adv",
+        "--target-kl",
+        "0.05",
+        "--kl-target",
+        "0.02",
+        "--kl-beta",
+        "2",
+    ]
     cfg = parse_config(ClassicConfig, argv, "t")
-    assert (cfg.learning_rate, cfg.lam, cfg.entropy_coef, cfg.mini_batch_size, cfg.ppo_epochs) == (1e-3, 0.9, 0.02, 16, 3)
-    assert (cfg.whiten_advantages, cfg.early_stop_kl, cfg.penalty_target, cfg.penalty_beta) == (False, 0.05, 0.02, 2.0)
+    assert (cfg.learning_rate, cfg.lam, cfg.entropy_coef, cfg.mini_batch_size, cfg.ppo_epochs) == (
+        1e-3,
+        0.9,
+        0.02,
+        16,
+        3,
+    )
+    assert (cfg.whiten_advantages, cfg.early_stop_kl, cfg.penalty_target, cfg.penalty_beta) == (
+        False,
+        0.05,
+        0.02,
+        2.0,
+    )
     path = tmp_path / "config.yaml"
     path.write_text("lr: 0.001\ngae_lambda: 0.9\nnorm_adv: false\nclip_vloss: true\nclip: 0.1\n")
     cfg = load_config_file(ClassicConfig, path)
@@ -189,8 +248,16 @@ def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
     assert cfg.resolved(discrete=True).value_clip == 0.1  # clip_vloss on: the value range is clip
 
 
-@pytest.mark.parametrize(("argv", "value_clip"), [([], 0.2), (["--clip-vloss"], 0.3), (["--no-clip-vloss"], None),
-                                                 (["--value-clip", "0.5"], 0.5), (["--value-clip", "none"], None)])
+@pytest.mark.parametrize(
+    ("argv", "value_clip"),
+    [
+        ([], 0.2),
+        (["--clip-vloss"], 0.3),
+        (["--no-clip-vloss"], None),
+        (["--value-clip", "0.5"], 0.5),
+        (["--value-clip", "none"], None),
+    ],
+)
 def test_value_clip_and_cleanrls_clip_vloss_switch(argv, value_clip):
     from proxrl.runtime.config import parse_config
 

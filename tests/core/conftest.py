@@ -6,5 +6,3 @@ import torch
 def _seeded():
     torch.manual_seed(0)
     yield
-
-

@@ -48,7 +48,10 @@ def test_discounted_returns_by_hand():
     """γ = 0.5, r = (1, 2, 3): G2 = 3, G1 = 2 + 0.5·3 = 3.5, G0 = 1 + 0.5·3.5 = 2.75.
     With the last token masked its reward 3 is ignored: G1 = 2, G0 = 1 + 0.5·2 = 2."""
     rewards = t([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
-    close(discounted_returns(rewards, t([[1, 1, 1], [1, 1, 0]]), 0.5), [[2.75, 3.5, 3.0], [2.0, 2.0, 0.0]])
+    close(
+        discounted_returns(rewards, t([[1, 1, 1], [1, 1, 0]]), 0.5),
+        [[2.75, 3.5, 3.0], [2.0, 2.0, 0.0]],
+    )
 
 
 def test_gae_by_hand():
@@ -100,7 +103,11 @@ def test_gae_ignores_masked_positions():
     mask[0, 1] = 0
     clean = gae(rewards, values, mask, 1.0, 0.95)
     poisoned = gae(
-        torch.where(mask.bool(), rewards, torch.nan), torch.where(mask.bool(), values, 1e9), mask, 1.0, 0.95
+        torch.where(mask.bool(), rewards, torch.nan),
+        torch.where(mask.bool(), values, 1e9),
+        mask,
+        1.0,
+        0.95,
     )
     assert torch.equal(clean[0], poisoned[0]) and torch.equal(clean[1], poisoned[1])
 
@@ -128,8 +135,12 @@ def test_gae_env_oracle_reward_at_the_end():
     A3 = 0.5, A2 = −0.25 + 0.25·0.5 = −0.125, A1 = −0.25 + 0.25·(−0.125) = −0.28125,
     A0 = −0.25 + 0.25·(−0.28125) = −0.3203125."""
     advantages, returns = gae_env(
-        t([[0.0], [0.0], [0.0], [1.0]]), torch.full((4, 1), 0.5, dtype=torch.float64),
-        t([[0], [0], [0], [1]]), t([0.5]), 0.5, 0.5,
+        t([[0.0], [0.0], [0.0], [1.0]]),
+        torch.full((4, 1), 0.5, dtype=torch.float64),
+        t([[0], [0], [0], [1]]),
+        t([0.5]),
+        0.5,
+        0.5,
     )
     close(advantages, [[-0.3203125], [-0.28125], [-0.125], [0.5]])
     close(returns, advantages + 0.5)
@@ -139,8 +150,12 @@ def test_gae_env_done_in_the_middle_and_bootstrap_at_the_end():
     """r ≡ 1, V ≡ 0, the episode ends at step 1, V(s_4) = 2, γ = 0.5, λ = 1:
     A3 = 1 + 0.5·2 = 2, A2 = 1 + 0.5·A3 = 2, A1 = 1 (ended: nothing after), A0 = 1 + 0.5·1 = 1.5."""
     advantages, _ = gae_env(
-        torch.ones(4, 1, dtype=torch.float64), torch.zeros(4, 1, dtype=torch.float64),
-        t([[0], [1], [0], [0]]), t([2.0]), 0.5, 1.0,
+        torch.ones(4, 1, dtype=torch.float64),
+        torch.zeros(4, 1, dtype=torch.float64),
+        t([[0], [1], [0], [0]]),
+        t([2.0]),
+        0.5,
+        1.0,
     )
     close(advantages, [[1.5], [1.0], [2.0], [2.0]])
 

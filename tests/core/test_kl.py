@@ -44,7 +44,9 @@ def test_k1_and_k3_are_unbiased_by_monte_carlo():
 
 def test_k3_is_never_negative():
     logprobs = torch.randn(10_000, dtype=torch.float64) * 5
-    ref = logprobs + torch.randn(10_000, dtype=torch.float64) * torch.logspace(-12, 1, 10_000, dtype=torch.float64)
+    ref = logprobs + torch.randn(10_000, dtype=torch.float64) * torch.logspace(
+        -12, 1, 10_000, dtype=torch.float64
+    )
     assert (kl_k3(logprobs, ref) >= 0).all()
     assert (kl_k3(logprobs.float(), ref.float()) >= 0).all()
 

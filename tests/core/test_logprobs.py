@@ -30,15 +30,23 @@ def test_entropy_by_hand():
 def test_entropy_from_logprobs_by_hand():
     """log-probs (ln ¼, ln ¾, −inf) → −(¼ ln ¼ + ¾ ln ¾) = 0.5623…, the −inf entry contributing
     0 (not NaN); two rows of a (2, V) step at once, the second uniform over 2 → ln 2."""
-    log_p = t([[math.log(0.25), math.log(0.75), -math.inf], [math.log(0.5), math.log(0.5), -math.inf]])
-    close(entropy_from_logprobs(log_p), [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2)])
+    log_p = t(
+        [[math.log(0.25), math.log(0.75), -math.inf], [math.log(0.5), math.log(0.5), -math.inf]]
+    )
+    close(
+        entropy_from_logprobs(log_p),
+        [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2)],
+    )
 
 
 def test_matches_full_log_softmax_reference():
     logits = torch.randn(3, 5, 11, dtype=torch.float64)
     tokens = torch.randint(0, 11, (3, 5))
     full = torch.log_softmax(logits / 0.7, dim=-1)
-    close(logprobs_from_logits(logits, tokens, temperature=0.7), full.gather(-1, tokens[..., None])[..., 0])
+    close(
+        logprobs_from_logits(logits, tokens, temperature=0.7),
+        full.gather(-1, tokens[..., None])[..., 0],
+    )
     probs = torch.softmax(logits, -1)
     close(entropy_from_logits(logits), -(probs * torch.log_softmax(logits, -1)).sum(-1))
 

@@ -56,7 +56,9 @@ def test_ppo_clip_asymmetric_and_dual_clip():
     """ε_high = 0.28 (DAPO): r = 1.25 with A = 1 is inside → loss −1.25, gradient −1.25.
     Dual clip c = 3, A = −1, r = 5: min(max(5, 1.2), 3) = 3, gradient 0; without it, 5."""
     logprobs = t([[math.log(1.25)]]).requires_grad_(True)
-    loss, _ = ppo_clip_loss(logprobs, t([[0.0]]), t([[1.0]]), t([[1]]), clip_low=0.2, clip_high=0.28)
+    loss, _ = ppo_clip_loss(
+        logprobs, t([[0.0]]), t([[1.0]]), t([[1]]), clip_low=0.2, clip_high=0.28
+    )
     loss.backward()
     close(loss, -1.25)
     close(logprobs.grad, [[-1.25]])
@@ -73,7 +75,9 @@ def test_ppo_clip_asymmetric_and_dual_clip():
 def test_ppo_clip_stats_by_hand():
     """r = (0.5, 2): log r = (−ln 2, ln 2). k3 = (r−1) − log r = (ln 2 − 0.5, 1 − ln 2), mean
     0.25; k1 = mean(−log r) = 0; ratio mean 1.25, max 2. A = (1, 1): only r = 2 is clipped."""
-    _, stats = ppo_clip_loss(t([[math.log(0.5), math.log(2.0)]]), t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1, 1]]))
+    _, stats = ppo_clip_loss(
+        t([[math.log(0.5), math.log(2.0)]]), t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1, 1]])
+    )
     close(stats["approx_kl"], 0.25)
     close(stats["approx_kl_k1"], 0.0)
     close(stats["ratio_mean"], 1.25)
@@ -102,14 +106,19 @@ def test_policy_losses_ignore_masked_tokens():
     """Perturb logprobs, old logprobs and advantages at masked positions: same loss, and the
     gradient there is exactly 0."""
     logprobs = torch.randn(3, 4, dtype=torch.float64) * 0.1
-    old, advantages = logprobs + 0.05 * torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    old, advantages = (
+        logprobs + 0.05 * torch.randn(3, 4, dtype=torch.float64),
+        torch.randn(3, 4, dtype=torch.float64),
+    )
     mask = t([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]])
     noise = 3 * torch.randn(3, 4, dtype=torch.float64) * (1 - mask)
     for fn, kwargs in ((ppo_clip_loss, {"dual_clip": 3.0}), (ppo_penalty_loss, {"beta": 0.1})):
         for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
             clean = fn(logprobs, old, advantages, mask, agg=agg, **kwargs)[0]
             perturbed_logprobs = (logprobs + noise).requires_grad_(True)
-            perturbed = fn(perturbed_logprobs, old - noise, advantages + noise, mask, agg=agg, **kwargs)[0]
+            perturbed = fn(
+                perturbed_logprobs, old - noise, advantages + noise, mask, agg=agg, **kwargs
+            )[0]
             perturbed.backward()
             close(perturbed, clean)
             assert (perturbed_logprobs.grad[mask == 0] == 0).all()
@@ -153,8 +162,14 @@ def test_bradley_terry_by_hand():
     close(stats["margin_mean"], 0.0)
     close(stats["chosen_mean"], 1.0)
     close(stats["rejected_mean"], 1.0)
-    close(bradley_terry_loss(chosen, rejected, margin=t([0.5, 0.5]))[0], 0.5 * (softplus(-0.5) + softplus(1.5)))
-    close(bradley_terry_loss(chosen, rejected, center_coef=0.1)[0], 0.5 * (softplus(-1) + softplus(1)) + 0.5)
+    close(
+        bradley_terry_loss(chosen, rejected, margin=t([0.5, 0.5]))[0],
+        0.5 * (softplus(-0.5) + softplus(1.5)),
+    )
+    close(
+        bradley_terry_loss(chosen, rejected, center_coef=0.1)[0],
+        0.5 * (softplus(-1) + softplus(1)) + 0.5,
+    )
 
 
 def test_ranking_loss_by_hand():
@@ -173,7 +188,10 @@ def test_ranking_loss_by_hand():
 def test_ranking_loss_of_two_is_bradley_terry():
     chosen, rejected = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
     ranks = torch.tensor([[0, 1]] * 5)
-    close(ranking_loss(torch.stack([chosen, rejected], 1), ranks)[0], bradley_terry_loss(chosen, rejected)[0])
+    close(
+        ranking_loss(torch.stack([chosen, rejected], 1), ranks)[0],
+        bradley_terry_loss(chosen, rejected)[0],
+    )
 
 
 # ---------------------------------------------------------------- offline preference losses

@@ -56,7 +56,9 @@ def _write(path, rows):
 def test_every_reader_gives_the_same_rows_with_locations(tmp_path):
     jsonl = _write(tmp_path / "d.jsonl", ROWS)
     (tmp_path / "d.json").write_text(json.dumps(ROWS))
-    (tmp_path / "d.csv").write_text("prompt,chosen,rejected,margin\np1,good one,bad one,1.5\np2,fine,poor,0.5\n")
+    (tmp_path / "d.csv").write_text(
+        "prompt,chosen,rejected,margin\np1,good one,bad one,1.5\np2,fine,poor,0.5\n"
+    )
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
 
@@ -64,15 +66,22 @@ def test_every_reader_gives_the_same_rows_with_locations(tmp_path):
         jsonl: [f"{jsonl}:1", f"{jsonl}:2"],
         str(tmp_path / "d.json"): [f"{tmp_path / 'd.json'}:[0]", f"{tmp_path / 'd.json'}:[1]"],
         str(tmp_path / "d.csv"): [f"{tmp_path / 'd.csv'}:2", f"{tmp_path / 'd.csv'}:3"],
-        str(tmp_path / "d.parquet"): [f"{tmp_path / 'd.parquet'}:row 0", f"{tmp_path / 'd.parquet'}:row 1"],
-        str(tmp_path / "saved"): [f"{tmp_path / 'saved'}[train row 0]", f"{tmp_path / 'saved'}[train row 1]"],
+        str(tmp_path / "d.parquet"): [
+            f"{tmp_path / 'd.parquet'}:row 0",
+            f"{tmp_path / 'd.parquet'}:row 1",
+        ],
+        str(tmp_path / "saved"): [
+            f"{tmp_path / 'saved'}[train row 0]",
+            f"{tmp_path / 'saved'}[train row 1]",
+        ],
     }
     for source, where in sources.items():
         rows = read_rows(source)
         assert [r.where for r in rows] == where
         examples = load_preference_examples(source)
         assert [(e.prompt, e.chosen, e.rejected, e.margin) for e in examples] == [
-            ("p1", "good one", "bad one", 1.5), ("p2", "fine", "poor", 0.5)
+            ("p1", "good one", "bad one", 1.5),
+            ("p2", "fine", "poor", 0.5),
         ], source
 
 
@@ -98,15 +107,43 @@ def test_malformed_json_line_and_non_object_rows(tmp_path):
     ("loader", "row", "message"),
     [
         (load_sft_examples, {"prompt": "a"}, r":1: missing field 'completion'"),
-        (load_sft_examples, {"prompt": "a", "completion": ""}, r":1: field 'completion': expected a non-empty string"),
-        (load_sft_examples, {"messages": [{"role": "user", "content": "hi"}]}, r":1: field 'messages': the last message must have role 'assistant'"),
+        (
+            load_sft_examples,
+            {"prompt": "a", "completion": ""},
+            r":1: field 'completion': expected a non-empty string",
+        ),
+        (
+            load_sft_examples,
+            {"messages": [{"role": "user", "content": "hi"}]},
+            r":1: field 'messages': the last message must have role 'assistant'",
+        ),
         (load_sft_examples, {"messages": [{"role": "user"}]}, r":1: field 'messages\[0\]'"),
         (load_preference_examples, {"prompt": "a", "chosen": "x"}, r":1: missing field 'rejected'"),
-        (load_preference_examples, {"prompt": "a", "chosen": "x", "rejected": "y", "margin": "big"}, r":1: field 'margin': expected a finite number"),
-        (load_preference_examples, {"prompt": 3, "chosen": "x", "rejected": "y"}, r":1: field 'prompt': expected a string, got int"),
-        (load_ranking_examples, {"prompt": "a", "responses": ["x", "y"], "ranking": [0]}, r":1: field 'ranking': expected 2 non-negative integers"),
-        (load_ranking_examples, {"prompt": "a", "responses": ["x"], "ranking": [0]}, r":1: field 'responses': expected a list of at least 2"),
-        (load_ranking_examples, {"prompt": "a", "responses": ["x", "y"], "ranking": [1, 1]}, r":1: field 'ranking': all responses tie"),
+        (
+            load_preference_examples,
+            {"prompt": "a", "chosen": "x", "rejected": "y", "margin": "big"},
+            r":1: field 'margin': expected a finite number",
+        ),
+        (
+            load_preference_examples,
+            {"prompt": 3, "chosen": "x", "rejected": "y"},
+            r":1: field 'prompt': expected a string, got int",
+        ),
+        (
+            load_ranking_examples,
+            {"prompt": "a", "responses": ["x", "y"], "ranking": [0]},
+            r":1: field 'ranking': expected 2 non-negative integers",
+        ),
+        (
+            load_ranking_examples,
+            {"prompt": "a", "responses": ["x"], "ranking": [0]},
+            r":1: field 'responses': expected a list of at least 2",
+        ),
+        (
+            load_ranking_examples,
+            {"prompt": "a", "responses": ["x", "y"], "ranking": [1, 1]},
+            r":1: field 'ranking': all responses tie",
+        ),
         (load_prompt_examples, {"question": "a"}, r":1: missing field 'prompt'"),
     ],
 )
@@ -118,13 +155,19 @@ def test_a_bad_row_is_reported_with_file_line_and_field(tmp_path, loader, row, m
 
 
 def test_rankings_must_share_k_and_chosen_equal_rejected_is_dropped(tmp_path, caplog):
-    path = _write(tmp_path / "r.jsonl", [
-        {"prompt": "a", "responses": ["x", "y", "z"], "ranking": [0, 2, 1]},
-        {"prompt": "a", "responses": ["x", "y"], "ranking": [0, 1]},
-    ])
+    path = _write(
+        tmp_path / "r.jsonl",
+        [
+            {"prompt": "a", "responses": ["x", "y", "z"], "ranking": [0, 2, 1]},
+            {"prompt": "a", "responses": ["x", "y"], "ranking": [0, 1]},
+        ],
+    )
     with pytest.raises(ProxrlError, match=r":2: field 'responses': expected 3 responses"):
         load_ranking_examples(path)
-    path = _write(tmp_path / "p.jsonl", [ROWS[0], {"prompt": "q", "chosen": "same", "rejected": "same"}, ROWS[1]])
+    path = _write(
+        tmp_path / "p.jsonl",
+        [ROWS[0], {"prompt": "q", "chosen": "same", "rejected": "same"}, ROWS[1]],
+    )
     with caplog.at_level(logging.WARNING):
         examples = load_preference_examples(path)
     assert [e.prompt for e in examples] == ["p1", "p2"]
@@ -135,13 +178,23 @@ def test_rankings_must_share_k_and_chosen_equal_rejected_is_dropped(tmp_path, ca
 
 
 def test_sft_encoding_masks_the_prompt_and_ends_with_eos(tokenizer, tmp_path):
-    path = _write(tmp_path / "s.jsonl", [
-        {"prompt": "copy: abc =", "completion": " abc"},
-        {"messages": [{"role": "user", "content": "copy abc"}, {"role": "assistant", "content": "abc"}]},
-    ])
+    path = _write(
+        tmp_path / "s.jsonl",
+        [
+            {"prompt": "copy: abc =", "completion": " abc"},
+            {
+                "messages": [
+                    {"role": "user", "content": "copy abc"},
+                    {"role": "assistant", "content": "abc"},
+                ]
+            },
+        ],
+    )
     plain, chat = encode_sft(load_sft_examples(path), tokenizer, max_length=64)
     prompt_ids = tokenizer("copy: abc =")["input_ids"]
-    assert plain.input_ids == prompt_ids + tokenizer(" abc", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert plain.input_ids == prompt_ids + tokenizer(" abc", add_special_tokens=False)[
+        "input_ids"
+    ] + [tokenizer.eos_token_id]
     assert plain.loss_mask == [0] * len(prompt_ids) + [1] * (len(plain) - len(prompt_ids))
     # Chat: the template's generation prompt is masked, the reply (and what the template
     # writes after it) is trained on, then EOS.
@@ -151,17 +204,24 @@ def test_sft_encoding_masks_the_prompt_and_ends_with_eos(tokenizer, tmp_path):
     assert rendered_prompt == "<|user|>copy abc\n<|assistant|>"
     chat_prompt = tokenizer(rendered_prompt, add_special_tokens=False)["input_ids"]
     assert chat.input_ids[: chat.prompt_length] == chat_prompt
-    assert tokenizer.decode(chat.input_ids[chat.prompt_length:], skip_special_tokens=True) == "abc\n"
-    assert chat.input_ids[-1] == tokenizer.eos_token_id and sum(chat.loss_mask) == len(chat) - len(chat_prompt)
+    assert (
+        tokenizer.decode(chat.input_ids[chat.prompt_length :], skip_special_tokens=True) == "abc\n"
+    )
+    assert chat.input_ids[-1] == tokenizer.eos_token_id and sum(chat.loss_mask) == len(chat) - len(
+        chat_prompt
+    )
 
 
 def test_overlong_policy_truncates_or_drops_and_counts(tokenizer, tmp_path, caplog):
     long = "abc " * 40
-    path = _write(tmp_path / "p.jsonl", [
-        {"prompt": "q", "chosen": "ab", "rejected": "cd"},
-        {"prompt": "q", "chosen": long, "rejected": "cd"},
-        {"prompt": long, "chosen": "ab", "rejected": "cd"},
-    ])
+    path = _write(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "q", "chosen": "ab", "rejected": "cd"},
+            {"prompt": "q", "chosen": long, "rejected": "cd"},
+            {"prompt": long, "chosen": "ab", "rejected": "cd"},
+        ],
+    )
     examples = load_preference_examples(path)
     with caplog.at_level(logging.WARNING):
         truncated = encode_preferences(examples, tokenizer, max_length=20, overlong="truncate")
@@ -174,20 +234,28 @@ def test_overlong_policy_truncates_or_drops_and_counts(tokenizer, tmp_path, capl
     assert len(dropped) == 1 and "0 truncated, 2 dropped" in caplog.text
     with pytest.raises(ProxrlError, match="every example is longer than max_length=2"):
         encode_preferences(examples, tokenizer, max_length=2, overlong="drop")
-    prompts = load_prompt_examples(_write(tmp_path / "q.jsonl", [{"prompt": long}, {"prompt": "ab"}]))
+    prompts = load_prompt_examples(
+        _write(tmp_path / "q.jsonl", [{"prompt": long}, {"prompt": "ab"}])
+    )
     kept = encode_prompts(prompts, tokenizer, max_length=10, overlong="truncate")
     assert kept[0] == tokenizer(long)["input_ids"][-10:]  # a prompt keeps its end
     assert len(encode_prompts(prompts, tokenizer, max_length=10, overlong="drop")) == 1
 
 
 def test_ranking_encoding_and_collation(tokenizer, tmp_path):
-    path = _write(tmp_path / "r.jsonl", [
-        {"prompt": "q", "responses": ["ab", "abc", "a"], "ranking": [1, 0, 2]},
-        {"prompt": "qq", "responses": ["b", "bc", "bcd"], "ranking": [0, 0, 1]},
-    ])
+    path = _write(
+        tmp_path / "r.jsonl",
+        [
+            {"prompt": "q", "responses": ["ab", "abc", "a"], "ranking": [1, 0, 2]},
+            {"prompt": "qq", "responses": ["b", "bc", "bcd"], "ranking": [0, 0, 1]},
+        ],
+    )
     rankings = encode_rankings(load_ranking_examples(path), tokenizer, 64)
     batch = collate_rankings(rankings, tokenizer.pad_token_id)
-    assert batch.sequences.input_ids.shape[0] == 6 and batch.ranking.tolist() == [[1, 0, 2], [0, 0, 1]]
+    assert batch.sequences.input_ids.shape[0] == 6 and batch.ranking.tolist() == [
+        [1, 0, 2],
+        [0, 0, 1],
+    ]
     assert batch.num_ordered_pairs == 3 + 2  # the tie forms no pair
 
 
@@ -207,11 +275,15 @@ def test_padding_layouts_and_pair_collation():
 
 
 def test_bucketed_batches_cover_every_example_once_and_waste_less_padding():
-    lengths = [int(x) for x in torch.randint(4, 200, (1000,), generator=torch.Generator().manual_seed(0))]
+    lengths = [
+        int(x) for x in torch.randint(4, 200, (1000,), generator=torch.Generator().manual_seed(0))
+    ]
     batches = bucket_batches(lengths, 16, seed=3, epoch=0)
     assert sorted(i for b in batches for i in b) == list(range(1000))
     assert all(len(b) == 16 for b in batches if len(b) != 1000 % 16)
-    assert batches == bucket_batches(lengths, 16, seed=3, epoch=0)  # resumable: order from (seed, epoch)
+    assert batches == bucket_batches(
+        lengths, 16, seed=3, epoch=0
+    )  # resumable: order from (seed, epoch)
     assert batches != bucket_batches(lengths, 16, seed=3, epoch=1)
 
     def share(groups):
@@ -230,8 +302,12 @@ def test_bucketed_batches_cover_every_example_once_and_waste_less_padding():
 def test_packing_fills_rows_and_masks_each_sequence_start():
     from proxrl.data.batching import collate_packed, pack_sequences
 
-    lengths = [int(x) for x in torch.randint(3, 30, (200,), generator=torch.Generator().manual_seed(1))]
-    sequences = [EncodedSequence(list(range(100 + n, 100 + 2 * n)), [0] + [1] * (n - 1), 1) for n in lengths]
+    lengths = [
+        int(x) for x in torch.randint(3, 30, (200,), generator=torch.Generator().manual_seed(1))
+    ]
+    sequences = [
+        EncodedSequence(list(range(100 + n, 100 + 2 * n)), [0] + [1] * (n - 1), 1) for n in lengths
+    ]
     rows = pack_sequences(sequences, max_length=64)
     placed = sorted(id(s) for r in rows for s in r.sequences)
     assert placed == sorted(id(s) for s in sequences)  # each sequence exactly once
@@ -256,14 +332,20 @@ def rows_of(groups):
 
 
 def test_prompt_rows_render_conversations_with_the_generation_prompt(tokenizer, tmp_path):
-    path = _write(tmp_path / "p.jsonl", [
-        {"prompt": "copy: ab ="},
-        {"messages": [{"role": "user", "content": "copy ab"}], "answer": "ab"},
-    ])
+    path = _write(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "copy: ab ="},
+            {"messages": [{"role": "user", "content": "copy ab"}], "answer": "ab"},
+        ],
+    )
     examples = load_prompt_examples(path)
     assert examples[1].columns == {"answer": "ab"}
     plain, chat = encode_prompts(examples, tokenizer, max_length=64)
     assert plain == tokenizer("copy: ab =")["input_ids"]
     assert tokenizer.decode(chat) == "<|user|>copy ab\n<|assistant|>"
     batch = pad_left([plain, chat], tokenizer.pad_token_id)
-    assert batch[:, -1].tolist() == [plain[-1], chat[-1]]  # every prompt ends where generation starts
+    assert batch[:, -1].tolist() == [
+        plain[-1],
+        chat[-1],
+    ]  # every prompt ends where generation starts

@@ -30,24 +30,50 @@ from proxrl.data.readers import Row
 from proxrl.runtime.errors import ProxrlError
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FIELDS = ["prompt", "completion", "messages", "chosen", "rejected", "margin", "responses", "ranking",
-          "role", "content"]
+FIELDS = [
+    "prompt",
+    "completion",
+    "messages",
+    "chosen",
+    "rejected",
+    "margin",
+    "responses",
+    "ranking",
+    "role",
+    "content",
+]
 
 json_scalars = (
-    st.none() | st.booleans() | st.integers(min_value=-(10**400), max_value=10**400)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20)
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=5), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=5), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 # Rows mostly hold the fields the formats know, so the validators get past their first check.
 rows = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), json_values, max_size=6)
 valid_texts = st.text(min_size=1, max_size=10).filter(str.strip)
 nearly_valid = st.fixed_dictionaries(
-    {"prompt": st.text(max_size=10), "completion": valid_texts, "chosen": valid_texts, "rejected": valid_texts},
-    optional={"margin": json_values, "messages": json_values, "responses": json_values, "ranking": json_values},
+    {
+        "prompt": st.text(max_size=10),
+        "completion": valid_texts,
+        "chosen": valid_texts,
+        "rejected": valid_texts,
+    },
+    optional={
+        "margin": json_values,
+        "messages": json_values,
+        "responses": json_values,
+        "ranking": json_values,
+    },
 )
 
 PARSERS = {

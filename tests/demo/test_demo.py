@@ -15,12 +15,47 @@ from proxrl import cli
 from proxrl.demo import task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-STAGES = ["data", "base_model", "sft", "reward_model", "ppo", "ppo_no_kl", "grpo", "evaluate", "report"]
+STAGES = [
+    "data",
+    "base_model",
+    "sft",
+    "reward_model",
+    "ppo",
+    "ppo_no_kl",
+    "grpo",
+    "evaluate",
+    "report",
+]
 TOY = [
-    "--sft-examples", "48", "--preference-pairs", "48", "--preference-eval-pairs", "16", "--rl-prompts", "16",
-    "--eval-prompts", "8", "--eval-samples", "2", "--hidden-size", "16", "--num-layers", "1", "--sft-epochs", "1",
-    "--rm-epochs", "1", "--batch-size", "16", "--rl-iterations", "2", "--rollout-batch-size", "4",
-    "--no-progress", "--seed", "3",
+    "--sft-examples",
+    "48",
+    "--preference-pairs",
+    "48",
+    "--preference-eval-pairs",
+    "16",
+    "--rl-prompts",
+    "16",
+    "--eval-prompts",
+    "8",
+    "--eval-samples",
+    "2",
+    "--hidden-size",
+    "16",
+    "--num-layers",
+    "1",
+    "--sft-epochs",
+    "1",
+    "--rm-epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--rl-iterations",
+    "2",
+    "--rollout-batch-size",
+    "4",
+    "--no-progress",
+    "--seed",
+    "3",
 ]
 
 
@@ -50,9 +85,15 @@ def test_every_stage_ran_and_summary_has_the_issue_shape(toy_demo: Path) -> None
         assert set(scores) == {"gold", "proxy", "kl"}, name
         assert 0 <= scores["gold"] <= 1
     assert summary["policies"]["sft"]["kl"] == 0.0
-    assert [k for k in summary["wall_s"] if k != "startup"] == ["total", *STAGES]  # startup: Linux only
+    assert [k for k in summary["wall_s"] if k != "startup"] == [
+        "total",
+        *STAGES,
+    ]  # startup: Linux only
     assert all(v >= 0 for v in summary["wall_s"].values())
-    assert summary["wall_s"]["total"] >= sum(v for k, v in summary["wall_s"].items() if k != "total") - 0.1
+    assert (
+        summary["wall_s"]["total"]
+        >= sum(v for k, v in summary["wall_s"].items() if k != "total") - 0.1
+    )
     # the process's peak so far (in a full test session, earlier tests' peaks count too)
     from proxrl.demo.pipeline import peak_rss_mb
 
@@ -68,12 +109,16 @@ def test_every_artefact_was_written(toy_demo: Path) -> None:
     for run in ("sft", "rm", "ppo", "ppo_no_kl", "grpo"):
         assert (toy_demo / run / "metrics.jsonl").stat().st_size > 0, run
     for run in ("ppo", "ppo_no_kl", "grpo"):
-        rows = [json.loads(line) for line in (toy_demo / run / "metrics.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line) for line in (toy_demo / run / "metrics.jsonl").read_text().splitlines()
+        ]
         assert len(rows) == 2
         # the signal a run does not optimise is logged beside the one it does
         assert all("reward/gold" in r and "reward/reward_model" in r for r in rows), run
         assert (toy_demo / run / "samples.jsonl").exists()
-    samples = [json.loads(line) for line in (toy_demo / "eval_samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (toy_demo / "eval_samples.jsonl").read_text().splitlines()
+    ]
     assert {r["policy"] for r in samples} == {"sft", "ppo", "ppo_no_kl", "grpo"}
     assert len(samples) == 4 * 8 * 2  # policies × eval prompts × samples per prompt
     assert all(r["correct"] == task.is_correct(r["prompt"], r["completion"]) for r in samples)
@@ -81,7 +126,9 @@ def test_every_artefact_was_written(toy_demo: Path) -> None:
 
 def test_report_links_plots_that_exist(toy_demo: Path) -> None:
     report = (toy_demo / "report.md").read_text()
-    links = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
+    links = [
+        line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")
+    ]
     assert "plots/gold_vs_proxy.png" in links
     assert {"plots/score.png", "plots/kl.png", "plots/value_loss.png"} <= set(links)
     for link in links:
@@ -92,10 +139,14 @@ def test_report_links_plots_that_exist(toy_demo: Path) -> None:
 
 def test_the_gold_summary_is_the_share_of_correct_samples(toy_demo: Path) -> None:
     summary = json.loads((toy_demo / "summary.json").read_text())
-    samples = [json.loads(line) for line in (toy_demo / "eval_samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (toy_demo / "eval_samples.jsonl").read_text().splitlines()
+    ]
     for policy, scores in summary["policies"].items():
         rows = [r for r in samples if r["policy"] == policy]
-        assert scores["gold"] == pytest.approx(sum(r["correct"] for r in rows) / len(rows), abs=1e-4)
+        assert scores["gold"] == pytest.approx(
+            sum(r["correct"] for r in rows) / len(rows), abs=1e-4
+        )
         assert scores["proxy"] == pytest.approx(sum(r["proxy"] for r in rows) / len(rows), abs=1e-3)
 
 
@@ -112,11 +163,15 @@ def test_kl_of_an_identical_copy_is_zero_and_of_a_changed_policy_positive(toy_de
     tokenizer = load_tokenizer(str(toy_demo / "sft"))
     sft = load_causal_lm(str(toy_demo / "sft")).eval()
     copy = load_causal_lm(str(toy_demo / "sft")).eval()
-    rm = RewardModelReward(load_score_model(str(toy_demo / "rm")).eval(), load_tokenizer(str(toy_demo / "rm")))
+    rm = RewardModelReward(
+        load_score_model(str(toy_demo / "rm")).eval(), load_tokenizer(str(toy_demo / "rm"))
+    )
     prompts = load_prompt_examples(str(toy_demo / "data" / "eval_prompts.jsonl"))
     same = evaluate_policy(copy, sft, rm, tokenizer, prompts, 4, 4, seed=0)
     assert same.kl == 0.0
-    assert evaluate_policy(sft, sft, rm, tokenizer, prompts, 4, 4, seed=0).samples == same.samples  # seeded
+    assert (
+        evaluate_policy(sft, sft, rm, tokenizer, prompts, 4, 4, seed=0).samples == same.samples
+    )  # seeded
     with torch.no_grad():
         for p in copy.parameters():
             p.add_(0.5 * torch.randn_like(p))
@@ -131,9 +186,12 @@ def test_the_demo_never_deletes_a_directory_that_is_not_a_run(tmp_path: Path) ->
     assert (foreign / "keep.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize(("flag", "field"), [(["--demo-accuracy", "0"], "demo_accuracy"), (["--resume"], "resume")])
-def test_bad_demo_option_is_a_one_line_error(flag: list[str], field: str, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "field"), [(["--demo-accuracy", "0"], "demo_accuracy"), (["--resume"], "resume")]
+)
+def test_bad_demo_option_is_a_one_line_error(
+    flag: list[str], field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["demo", "--output-dir", str(tmp_path / "d"), *flag]) == 2
     err = capsys.readouterr().err
     assert field in err and len(err.strip().splitlines()) == 1
@@ -180,7 +238,10 @@ def test_a_demo_stopped_by_ctrl_c_resumes_to_the_uninterrupted_results(
 
 
 def test_resume_refuses_other_options(toy_demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--output-dir", str(toy_demo), *TOY, "--rl-iterations", "3", "--resume"]) == 2
+    assert (
+        cli.main(["demo", "--output-dir", str(toy_demo), *TOY, "--rl-iterations", "3", "--resume"])
+        == 2
+    )
     assert "--resume: rl_iterations is 3 but the demo in" in capsys.readouterr().err
 
 
@@ -202,9 +263,17 @@ def test_resume_with_changes_keeps_finished_stages_and_runs_with_the_new_options
         monkeypatch.setattr(module, "train", lambda cfg: pytest.fail(f"{cfg.output_dir} ran again"))
     changed = [arg if arg != "3" else "4" for arg in TOY]  # --seed 3 → 4
     assert cli.main(["demo", "--output-dir", str(out), *changed, "--resume"]) == 2
-    assert cli.main(["demo", "--output-dir", str(out), *changed, "--resume", "--resume-with-changes"]) == 0
+    assert (
+        cli.main(["demo", "--output-dir", str(out), *changed, "--resume", "--resume-with-changes"])
+        == 0
+    )
     assert yaml.safe_load((out / "demo_config.yaml").read_text())["seed"] == 4
-    assert json.loads((out / "summary.json").read_text())["policies"].keys() == {"sft", "ppo", "ppo_no_kl", "grpo"}
+    assert json.loads((out / "summary.json").read_text())["policies"].keys() == {
+        "sft",
+        "ppo",
+        "ppo_no_kl",
+        "grpo",
+    }
 
 
 # ------------------------------------------------------------------------------- the task
@@ -219,19 +288,33 @@ def test_gold_is_exact() -> None:
 
 
 def test_splits_are_disjoint_and_the_data_tells_the_story(tmp_path: Path) -> None:
-    sizes = task.TaskSizes(sft=400, preference=300, preference_eval=100, rl=100, eval=100, demo_accuracy=0.3)
+    sizes = task.TaskSizes(
+        sft=400, preference=300, preference_eval=100, rl=100, eval=100, demo_accuracy=0.3
+    )
     paths = task.generate(tmp_path, sizes, seed=5)
-    rows = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in paths.items()}
+    rows = {
+        name: [json.loads(line) for line in path.read_text().splitlines()]
+        for name, path in paths.items()
+    }
     assert {name: len(r) for name, r in rows.items()} == {
-        "sft": 400, "preferences": 300, "preferences_eval": 100, "rl_prompts": 100, "eval_prompts": 100}
+        "sft": 400,
+        "preferences": 300,
+        "preferences_eval": 100,
+        "rl_prompts": 100,
+        "eval_prompts": 100,
+    }
     prompt_sets = [{r["prompt"] for r in split} for split in rows.values()]
-    assert sum(len(s) for s in prompt_sets) == len(set().union(*prompt_sets))  # no prompt in two splits
+    assert sum(len(s) for s in prompt_sets) == len(
+        set().union(*prompt_sets)
+    )  # no prompt in two splits
     sft_accuracy = sum(task.is_correct(r["prompt"], r["completion"]) for r in rows["sft"]) / 400
     assert 0.22 < sft_accuracy < 0.38  # 0.3 ± 3.5 binomial standard deviations
     for r in rows["sft"]:  # the sloppy annotator names a digit of the list
         assert r["completion"].strip() in r["prompt"].split()[1:-1]
     for r in rows["preferences"] + rows["preferences_eval"]:
-        assert task.is_correct(r["prompt"], r["chosen"]) and not task.is_correct(r["prompt"], r["rejected"])
+        assert task.is_correct(r["prompt"], r["chosen"]) and not task.is_correct(
+            r["prompt"], r["rejected"]
+        )
     for r in rows["eval_prompts"]:
         assert r["answer"] == task.answer_of(r["prompt"])
     again = task.generate(tmp_path / "again", sizes, seed=5)
@@ -250,9 +333,18 @@ def test_off_list_rejects_are_digits_outside_the_list() -> None:
 # ------------------------------------------------------------------------------- proxrl report
 
 METRICS = [
-    {"step": i, "objective/scores": 0.1 * i, "objective/kl": 0.05 * i, "policy/kl_coef": 0.1,
-     "value/loss": 1.0 / i, "policy/clipfrac": 0.02 * i, "objective/entropy": 2.0 - 0.1 * i,
-     "response/length_mean": 4.0 + i, "reward/gold": 0.2 + 0.05 * i, "reward/reward_model": 0.3 * i}
+    {
+        "step": i,
+        "objective/scores": 0.1 * i,
+        "objective/kl": 0.05 * i,
+        "policy/kl_coef": 0.1,
+        "value/loss": 1.0 / i,
+        "policy/clipfrac": 0.02 * i,
+        "objective/entropy": 2.0 - 0.1 * i,
+        "response/length_mean": 4.0 + i,
+        "reward/gold": 0.2 + 0.05 * i,
+        "reward/reward_model": 0.3 * i,
+    }
     for i in range(1, 7)
 ]
 
@@ -265,12 +357,23 @@ def _write_run(run: Path, metrics: list[dict], samples: list[dict] | None = None
 
 
 def test_report_on_a_small_metrics_file(tmp_path: Path) -> None:
-    samples = [{"iteration": it, "prompt": f"max 1 {it} =", "completion": f" c{it}|{k}", "score": 0.5 * it}
-               for it in (1, 6) for k in range(5)]
+    samples = [
+        {"iteration": it, "prompt": f"max 1 {it} =", "completion": f" c{it}|{k}", "score": 0.5 * it}
+        for it in (1, 6)
+        for k in range(5)
+    ]
     _write_run(tmp_path / "run", METRICS, samples)
     assert cli.main(["report", str(tmp_path / "run"), "--samples", "2"]) == 0
-    expected = ["score", "kl", "kl_coef", "value_loss", "clip_fraction", "entropy", "response_length",
-                "gold_vs_proxy"]
+    expected = [
+        "score",
+        "kl",
+        "kl_coef",
+        "value_loss",
+        "clip_fraction",
+        "entropy",
+        "response_length",
+        "gold_vs_proxy",
+    ]
     for name in expected:
         assert (tmp_path / "run" / "plots" / f"{name}.png").read_bytes()[:8] == PNG_MAGIC, name
     assert not (tmp_path / "run" / "plots" / "loss.png").exists()  # no run logged train/loss
@@ -285,13 +388,17 @@ def test_report_on_a_small_metrics_file(tmp_path: Path) -> None:
 
 def test_report_overlays_a_directory_of_runs(tmp_path: Path) -> None:
     _write_run(tmp_path / "runs" / "a", METRICS)
-    _write_run(tmp_path / "runs" / "b", [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5}])
+    _write_run(
+        tmp_path / "runs" / "b", [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.5}]
+    )
     assert cli.main(["report", str(tmp_path / "runs")]) == 0
     report = (tmp_path / "runs" / "report.md").read_text()
     assert "Runs: a, b." in report
     assert "(plots/loss.png)" in report and "(plots/gold_vs_proxy.png)" in report
 
 
-def test_report_without_metrics_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_without_metrics_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err

@@ -36,16 +36,26 @@ def _env() -> dict[str, str]:
 
 def accelerate_launch(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
     cmd = [
-        str(BIN / "accelerate"), "launch", "--config_file", str(GLOO_CONFIG),
-        "--num_processes", str(nproc), "--main_process_port", str(free_port()), *args,
+        str(BIN / "accelerate"),
+        "launch",
+        "--config_file",
+        str(GLOO_CONFIG),
+        "--num_processes",
+        str(nproc),
+        "--main_process_port",
+        str(free_port()),
+        *args,
     ]
     return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
     cmd = [
-        str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}", *args,
+        str(BIN / "torchrun"),
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        *args,
     ]
     return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 

@@ -28,12 +28,28 @@ from proxrl.runtime.seeding import seed_everything
 
 
 def config(name: str, model: str, prompts: str, out: str):
-    common = dict(model=model, prompts=prompts, reward_fn=("online_rewards:target_fraction",), output_dir=out,
-                  max_new_tokens=8, temperature=1.0, learning_rate=3e-3, dtype="float64", progress=False,
-                  seed=3, ppo_epochs=2, mini_batch_size=8, grad_accum=4)
+    common = dict(
+        model=model,
+        prompts=prompts,
+        reward_fn=("online_rewards:target_fraction",),
+        output_dir=out,
+        max_new_tokens=8,
+        temperature=1.0,
+        learning_rate=3e-3,
+        dtype="float64",
+        progress=False,
+        seed=3,
+        ppo_epochs=2,
+        mini_batch_size=8,
+        grad_accum=4,
+    )
     if name == "ppo":
-        return ppo, ppo.Config(**common, rollout_batch_size=8, group_size=2, critic_learning_rate=1e-3, kl_coef=0.05)
-    return grpo, grpo.Config(**common, rollout_batch_size=4, group_size=4, estimator="grpo", kl_coef=0.05)
+        return ppo, ppo.Config(
+            **common, rollout_batch_size=8, group_size=2, critic_learning_rate=1e-3, kl_coef=0.05
+        )
+    return grpo, grpo.Config(
+        **common, rollout_batch_size=4, group_size=4, estimator="grpo", kl_coef=0.05
+    )
 
 
 def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
@@ -43,18 +59,49 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
     models = load_models(cfg, algo)
     if mode == "make":
         prompts, ids = load_prompts(cfg, models.tokenizer)
-        experience, _, _ = collect_rollout(cfg, algo, models, load_rewards(cfg), prompts[:cfg.rollout_batch_size],
-                                           ids[:cfg.rollout_batch_size], 0.05, {})
-        torch.save({f.name: getattr(experience, f.name) for f in fields(experience)}, Path(out) / "experience.pt")
+        experience, _, _ = collect_rollout(
+            cfg,
+            algo,
+            models,
+            load_rewards(cfg),
+            prompts[: cfg.rollout_batch_size],
+            ids[: cfg.rollout_batch_size],
+            0.05,
+            {},
+        )
+        torch.save(
+            {f.name: getattr(experience, f.name) for f in fields(experience)},
+            Path(out) / "experience.pt",
+        )
         return
     experience = Experience(**torch.load(Path(out) / "experience.pt", weights_only=True))
-    optimizers = [torch.optim.AdamW([p for p in models.actor.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0),
-                  *models.critic.optimizers()]
+    optimizers = [
+        torch.optim.AdamW(
+            [p for p in models.actor.parameters() if p.requires_grad],
+            lr=cfg.learning_rate,
+            weight_decay=0.0,
+        ),
+        *models.critic.optimizers(),
+    ]
     train_models = models
     if dist.is_sharded():  # as train_online: DDP keeps plain modules and sums gradients itself
-        train_models = replace(models, actor=dist.wrap_model(models.actor), critic=models.critic.wrapped(dist.wrap_model))
-    stats = update(cfg, algo, train_models, experience, optimizers, 0.05, True,
-                   torch.Generator().manual_seed(cfg.seed), NonFiniteGuard(), 1)
+        train_models = replace(
+            models,
+            actor=dist.wrap_model(models.actor),
+            critic=models.critic.wrapped(dist.wrap_model),
+        )
+    stats = update(
+        cfg,
+        algo,
+        train_models,
+        experience,
+        optimizers,
+        0.05,
+        True,
+        torch.Generator().manual_seed(cfg.seed),
+        NonFiniteGuard(),
+        1,
+    )
     if dist.is_main():
         tag = f"world{dist.world_size()}"
         weights = {f"actor.{k}": v.contiguous() for k, v in models.actor.state_dict().items()}

@@ -22,7 +22,11 @@ EXPECTED = {
 
 
 def _launch_options() -> set[str]:
-    return {opt.lstrip("-") for action in launch_command_parser()._actions for opt in action.option_strings}
+    return {
+        opt.lstrip("-")
+        for action in launch_command_parser()._actions
+        for opt in action.option_strings
+    }
 
 
 def test_every_shipped_config_is_listed():

@@ -44,5 +44,8 @@ def test_shard_takes_every_world_th_item_and_the_shards_partition_the_list(monke
 def test_split_global_divides_or_names_the_field(monkeypatch):
     monkeypatch.setattr(dist, "world_size", lambda: 4)
     assert dist.split_global(16, "rollout_batch_size") == 4
-    with pytest.raises(ProxrlError, match=r"^rollout_batch_size: the global batch of 6 does not divide across 4 processes; use a multiple of 4$"):
+    with pytest.raises(
+        ProxrlError,
+        match=r"^rollout_batch_size: the global batch of 6 does not divide across 4 processes; use a multiple of 4$",
+    ):
         dist.split_global(6, "rollout_batch_size")

@@ -37,7 +37,9 @@ def _compare(one: Path, two: Path, start: str) -> tuple[float, float, float]:
     rows_one, rows_two = read_metrics(one), read_metrics(two)
     assert [r["step"] for r in rows_one] == [r["step"] for r in rows_two]
     assert len(rows_one) >= 4
-    loss_diff = max(abs(a["train/loss"] - b["train/loss"]) for a, b in zip(rows_one, rows_two, strict=True))
+    loss_diff = max(
+        abs(a["train/loss"] - b["train/loss"]) for a, b in zip(rows_one, rows_two, strict=True)
+    )
     w1, w2 = load_file(str(one / "model.safetensors")), load_file(str(two / "model.safetensors"))
     w0 = load_file(str(Path(start) / "model.safetensors"))
     assert w1.keys() == w2.keys()
@@ -56,16 +58,29 @@ def _run_one_process(module, cfg_path: str, output_dir: Path) -> None:
 def test_sft_two_processes_match_one(tiny_lm, tmp_path):
     from proxrl.algos.offline import sft
 
-    cfg = _write_config(tmp_path / "sft.yaml", {
-        "model": tiny_lm, "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(41, seed=0)),
-        "batch_size": 8, "grad_accum": 2, "epochs": 2, "learning_rate": 3e-3,
-        "dtype": "float64", "progress": False, "save_every": 2,
-    })
+    cfg = _write_config(
+        tmp_path / "sft.yaml",
+        {
+            "model": tiny_lm,
+            "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(41, seed=0)),
+            "batch_size": 8,
+            "grad_accum": 2,
+            "epochs": 2,
+            "learning_rate": 3e-3,
+            "dtype": "float64",
+            "progress": False,
+            "save_every": 2,
+        },
+    )
     _run_one_process(sft, cfg, tmp_path / "one")
-    result = accelerate_launch(["-m", "proxrl", "sft", "--config", cfg, "--output-dir", str(tmp_path / "two")])
+    result = accelerate_launch(
+        ["-m", "proxrl", "sft", "--config", cfg, "--output-dir", str(tmp_path / "two")]
+    )
     check(result)
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
-    print(f"sft 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}")
+    print(
+        f"sft 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+    )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
     assert weight_diff <= WEIGHT_TOL
@@ -78,15 +93,26 @@ def test_sft_two_processes_match_one(tiny_lm, tmp_path):
 def test_dpo_two_processes_match_one_under_torchrun(tiny_lm, tmp_path):
     from proxrl.algos.offline import dpo
 
-    cfg = _write_config(tmp_path / "dpo.yaml", {
-        "model": tiny_lm, "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
-        "batch_size": 4, "grad_accum": 2, "epochs": 1, "learning_rate": 3e-3, "beta": 0.5,
-        "dtype": "float64", "progress": False,
-    })
+    cfg = _write_config(
+        tmp_path / "dpo.yaml",
+        {
+            "model": tiny_lm,
+            "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
+            "batch_size": 4,
+            "grad_accum": 2,
+            "epochs": 1,
+            "learning_rate": 3e-3,
+            "beta": 0.5,
+            "dtype": "float64",
+            "progress": False,
+        },
+    )
     _run_one_process(dpo, cfg, tmp_path / "one")
     check(torchrun(["-m", "proxrl", "dpo", "--config", cfg, "--output-dir", str(tmp_path / "two")]))
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
-    print(f"dpo 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}")
+    print(
+        f"dpo 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+    )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
     assert weight_diff <= WEIGHT_TOL
@@ -96,14 +122,20 @@ def test_dpo_two_processes_match_one_under_torchrun(tiny_lm, tmp_path):
 
 
 def test_batch_that_does_not_divide_is_an_error_naming_the_field(tiny_lm, tmp_path):
-    cfg = _write_config(tmp_path / "sft.yaml", {
-        "model": tiny_lm, "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(8, seed=0)),
-        "batch_size": 3, "progress": False,
-    })
-    result = torchrun(["-m", "proxrl", "sft", "--config", cfg, "--output-dir", str(tmp_path / "run")])
+    cfg = _write_config(
+        tmp_path / "sft.yaml",
+        {
+            "model": tiny_lm,
+            "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(8, seed=0)),
+            "batch_size": 3,
+            "progress": False,
+        },
+    )
+    result = torchrun(
+        ["-m", "proxrl", "sft", "--config", cfg, "--output-dir", str(tmp_path / "run")]
+    )
     assert result.returncode != 0
     assert "batch_size: the global batch of 3 does not divide across 2 processes" in result.stderr
-
 
 
 def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
@@ -113,21 +145,44 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
     from proxrl.algos.offline import sft
 
     fields = {
-        "model": tiny_lm, "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(48, seed=0)),
-        "batch_size": 8, "grad_accum": 1, "learning_rate": 3e-3, "lr_schedule": "constant",
-        "dtype": "float64", "progress": False,
+        "model": tiny_lm,
+        "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(48, seed=0)),
+        "batch_size": 8,
+        "grad_accum": 1,
+        "learning_rate": 3e-3,
+        "lr_schedule": "constant",
+        "dtype": "float64",
+        "progress": False,
     }
     three = _write_config(tmp_path / "three.yaml", fields | {"max_steps": 3})
     six = _write_config(tmp_path / "six.yaml", fields | {"max_steps": 6})
-    check(torchrun(["-m", "proxrl", "sft", "--config", three, "--output-dir", str(tmp_path / "resumed")]))
+    check(
+        torchrun(
+            ["-m", "proxrl", "sft", "--config", three, "--output-dir", str(tmp_path / "resumed")]
+        )
+    )
     from proxrl.runtime.config import parse_config
 
     # extending the run changes max_steps: a changed option, so --resume-with-changes
-    sft.train(parse_config(sft.Config, ["--config", six, "--output-dir", str(tmp_path / "resumed"), "--resume",
-                                        "--resume-with-changes"], prog="proxrl"))
+    sft.train(
+        parse_config(
+            sft.Config,
+            [
+                "--config",
+                six,
+                "--output-dir",
+                str(tmp_path / "resumed"),
+                "--resume",
+                "--resume-with-changes",
+            ],
+            prog="proxrl",
+        )
+    )
     _run_one_process(sft, six, tmp_path / "straight")
     loss_diff, weight_diff, moved = _compare(tmp_path / "straight", tmp_path / "resumed", tiny_lm)
-    print(f"sft 2-proc checkpoint resumed on 1 proc: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}")
+    print(
+        f"sft 2-proc checkpoint resumed on 1 proc: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}"
+    )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
     assert weight_diff <= WEIGHT_TOL
@@ -137,15 +192,25 @@ def test_reward_model_two_processes_match_one(tiny_lm, tmp_path):
     """``proxrl rm`` (whose loss calls the backbone and score head directly) on 2 processes."""
     from proxrl.algos.offline import reward
 
-    cfg = _write_config(tmp_path / "rm.yaml", {
-        "model": tiny_lm, "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
-        "batch_size": 4, "grad_accum": 2, "epochs": 1, "learning_rate": 3e-3,
-        "dtype": "float64", "progress": False,
-    })
+    cfg = _write_config(
+        tmp_path / "rm.yaml",
+        {
+            "model": tiny_lm,
+            "data": write_jsonl(tmp_path / "pairs.jsonl", preference_rows(32, seed=0)),
+            "batch_size": 4,
+            "grad_accum": 2,
+            "epochs": 1,
+            "learning_rate": 3e-3,
+            "dtype": "float64",
+            "progress": False,
+        },
+    )
     _run_one_process(reward, cfg, tmp_path / "one")
     check(torchrun(["-m", "proxrl", "rm", "--config", cfg, "--output-dir", str(tmp_path / "two")]))
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
-    print(f"rm 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}")
+    print(
+        f"rm 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+    )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
     assert weight_diff <= WEIGHT_TOL

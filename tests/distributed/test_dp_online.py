@@ -29,14 +29,20 @@ WEIGHT_TOL = 1e-9
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
+    )
     return str(path)
 
 
 def _python(args: list[str]) -> None:
     import subprocess
 
-    check(subprocess.run([sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=120))
+    check(
+        subprocess.run(
+            [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=120
+        )
+    )
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
@@ -45,7 +51,10 @@ def test_update_on_two_processes_matches_one(algo, tiny_lm, prompts, tmp_path):
     _python([str(SCRIPT), "make", *args])
     _python([str(SCRIPT), "update", *args])
     check(torchrun([str(SCRIPT), "update", *args]))
-    one, two = load_file(str(tmp_path / "world1.safetensors")), load_file(str(tmp_path / "world2.safetensors"))
+    one, two = (
+        load_file(str(tmp_path / "world1.safetensors")),
+        load_file(str(tmp_path / "world2.safetensors")),
+    )
     assert one.keys() == two.keys()
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
     stats1 = json.loads((tmp_path / "world1.json").read_text())
@@ -58,23 +67,47 @@ def test_update_on_two_processes_matches_one(algo, tiny_lm, prompts, tmp_path):
     assert stat_diff <= WEIGHT_TOL
     # The update moved the actor (so the comparison is not between two untouched models).
     base = load_file(str(Path(tiny_lm) / "model.safetensors"))
-    moved = max(float((one[f"actor.{k}"] - base[k].double()).abs().max()) for k in base if f"actor.{k}" in one)
+    moved = max(
+        float((one[f"actor.{k}"] - base[k].double()).abs().max())
+        for k in base
+        if f"actor.{k}" in one
+    )
     assert moved > 1e-3
 
 
 def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
     cfg = tmp_path / "grpo.yaml"
-    cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in {
-        "model": tiny_lm, "prompts": prompts, "reward_fn": ["online_rewards:target_fraction"],
-        "iterations": 30, "rollout_batch_size": 8, "group_size": 4, "max_new_tokens": 8,
-        "temperature": 1.0, "mini_batch_size": 16, "ppo_epochs": 2, "learning_rate": 3e-3,
-        "progress": False, "seed": 3, "save_every": 10, "sample_every": 10,
-    }.items()))
+    cfg.write_text(
+        "".join(
+            f"{k}: {json.dumps(v)}\n"
+            for k, v in {
+                "model": tiny_lm,
+                "prompts": prompts,
+                "reward_fn": ["online_rewards:target_fraction"],
+                "iterations": 30,
+                "rollout_batch_size": 8,
+                "group_size": 4,
+                "max_new_tokens": 8,
+                "temperature": 1.0,
+                "mini_batch_size": 16,
+                "ppo_epochs": 2,
+                "learning_rate": 3e-3,
+                "progress": False,
+                "seed": 3,
+                "save_every": 10,
+                "sample_every": 10,
+            }.items()
+        )
+    )
     out = tmp_path / "run"
-    result = accelerate_launch(["-m", "proxrl", "grpo", "--config", str(cfg), "--output-dir", str(out)], timeout=300)
+    result = accelerate_launch(
+        ["-m", "proxrl", "grpo", "--config", str(cfg), "--output-dir", str(out)], timeout=300
+    )
     check(result)
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == list(range(1, 31))  # rank 0 alone logged, once per iteration
+    assert [r["step"] for r in rows] == list(
+        range(1, 31)
+    )  # rank 0 alone logged, once per iteration
     history = [r["objective/scores"] for r in rows]
     first, last = sum(history[:5]) / 5, sum(history[-5:]) / 5
     print(f"2-process grpo: objective/scores first 5 {first:.3f}, last 5 {last:.3f}")
@@ -82,7 +115,9 @@ def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * 32  # iterations 1, 11, 21, 30 × 32 responses (both ranks')
     assert (out / "model.safetensors").exists()
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) != []
+    assert (
+        sorted(p.name for p in (out / "checkpoints").iterdir() if not p.name.startswith(".")) != []
+    )
 
 
 def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_path):
@@ -90,22 +125,63 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
     first run are kept as they were, the resumed iterations are logged once each (rank 0), and
     the final checkpoint holds each rank's sampler state."""
     fields = {
-        "model": tiny_lm, "prompts": prompts, "reward_fn": ["online_rewards:target_fraction"],
-        "rollout_batch_size": 4, "group_size": 4, "max_new_tokens": 8, "mini_batch_size": 16,
-        "learning_rate": 3e-3, "lr_schedule": "constant", "progress": False, "seed": 3,
+        "model": tiny_lm,
+        "prompts": prompts,
+        "reward_fn": ["online_rewards:target_fraction"],
+        "rollout_batch_size": 4,
+        "group_size": 4,
+        "max_new_tokens": 8,
+        "mini_batch_size": 16,
+        "learning_rate": 3e-3,
+        "lr_schedule": "constant",
+        "progress": False,
+        "seed": 3,
     }
     out = tmp_path / "run"
     first, second = tmp_path / "two.yaml", tmp_path / "four.yaml"
     for path, iterations in ((first, 2), (second, 4)):
-        path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in (fields | {"iterations": iterations}).items()))
+        path.write_text(
+            "".join(
+                f"{k}: {json.dumps(v)}\n" for k, v in (fields | {"iterations": iterations}).items()
+            )
+        )
     import subprocess
 
-    check(subprocess.run([sys.executable, "-m", "proxrl", "grpo", "--config", str(first), "--output-dir", str(out)],
-                         env=_env(), capture_output=True, text=True, timeout=120))
+    check(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "proxrl",
+                "grpo",
+                "--config",
+                str(first),
+                "--output-dir",
+                str(out),
+            ],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    )
     before = read_metrics(out)
     # extending the run changes iterations: a changed option, so --resume-with-changes
-    check(torchrun(["-m", "proxrl", "grpo", "--config", str(second), "--output-dir", str(out), "--resume",
-                    "--resume-with-changes"]))
+    check(
+        torchrun(
+            [
+                "-m",
+                "proxrl",
+                "grpo",
+                "--config",
+                str(second),
+                "--output-dir",
+                str(out),
+                "--resume",
+                "--resume-with-changes",
+            ]
+        )
+    )
     after = read_metrics(out)
     assert [r["step"] for r in after] == [1, 2, 3, 4]
     assert after[:2] == before

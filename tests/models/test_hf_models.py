@@ -35,7 +35,9 @@ from proxrl.models.tokenizer import (
 from proxrl.runtime.errors import ProxrlError
 
 
-def test_tokenizer_without_pad_gets_one_distinct_from_eos_and_the_model_is_resized(tmp_path, tiny_lm):
+def test_tokenizer_without_pad_gets_one_distinct_from_eos_and_the_model_is_resized(
+    tmp_path, tiny_lm
+):
     tokenizer = build_tiny_tokenizer(["hello world"] * 4)
     tokenizer.pad_token = tokenizer.eos_token  # the common "pad = EOS" shortcut
     tokenizer.save_pretrained(tmp_path)
@@ -46,8 +48,15 @@ def test_tokenizer_without_pad_gets_one_distinct_from_eos_and_the_model_is_resiz
     assert loaded.pad_token_id != loaded.eos_token_id
     assert loaded.padding_side == "right"
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=n_before - 1, hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=n_before - 1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        )
+    )
     resize_for_tokenizer(model, loaded)
     assert model.get_input_embeddings().weight.shape[0] >= len(loaded) > loaded.pad_token_id
     assert model.config.pad_token_id == loaded.pad_token_id
@@ -58,8 +67,12 @@ def test_tokenizer_without_pad_gets_one_distinct_from_eos_and_the_model_is_resiz
 
 
 def test_tokenizer_that_encodes_text_to_nothing_is_a_clear_error(tmp_path):
-    empty = Tokenizer(models.BPE(vocab={"<|pad|>": 0, "<|eos|>": 1}, merges=[]))  # no unk: drops text
-    broken = PreTrainedTokenizerFast(tokenizer_object=empty, pad_token="<|pad|>", eos_token="<|eos|>")
+    empty = Tokenizer(
+        models.BPE(vocab={"<|pad|>": 0, "<|eos|>": 1}, merges=[])
+    )  # no unk: drops text
+    broken = PreTrainedTokenizerFast(
+        tokenizer_object=empty, pad_token="<|pad|>", eos_token="<|eos|>"
+    )
     assert broken("hello", add_special_tokens=False)["input_ids"] == []
     with pytest.raises(ProxrlError, match="encodes the sample text .* to zero tokens"):
         check_round_trip(broken)
@@ -91,8 +104,14 @@ def test_causal_lm_options_dtype_checkpointing_and_remote_code_off(tiny_lm, monk
         return original(path, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
-    model = load_causal_lm(tiny_lm, dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager")
-    assert seen["trust_remote_code"] is False and seen["dtype"] is torch.bfloat16 and "torch_dtype" not in seen
+    model = load_causal_lm(
+        tiny_lm, dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager"
+    )
+    assert (
+        seen["trust_remote_code"] is False
+        and seen["dtype"] is torch.bfloat16
+        and "torch_dtype" not in seen
+    )
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
     assert checkpointed and model.config.use_cache is False
@@ -102,8 +121,14 @@ def test_causal_lm_options_dtype_checkpointing_and_remote_code_off(tiny_lm, monk
 
 
 def test_dropout_is_disabled_everywhere():
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, attention_dropout=0.3)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        attention_dropout=0.3,
+    )
     model = LlamaForCausalLM(config)
     model.extra = nn.Sequential(nn.Dropout(0.5))
     disable_dropout(model)
@@ -225,13 +250,18 @@ def test_an_uncached_hub_id_without_a_reachable_hub_fails_at_once(monkeypatch):
     monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", no_dns)
     monkeypatch.setattr(file_download, "hf_hub_download", no_download)
     started = time.perf_counter()
-    with pytest.raises(ProxrlError, match=r"hub model 'nobody/no-such-model' is neither a local directory nor in the "
-                                          r"Hugging Face cache, and huggingface\.co cannot be reached"):
+    with pytest.raises(
+        ProxrlError,
+        match=r"hub model 'nobody/no-such-model' is neither a local directory nor in the "
+        r"Hugging Face cache, and huggingface\.co cannot be reached",
+    ):
         load_tokenizer("nobody/no-such-model")
     assert time.perf_counter() - started < 5
 
 
-def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(tiny_lm, tmp_path, monkeypatch):
+def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(
+    tiny_lm, tmp_path, monkeypatch
+):
     """No DNS for the hub but the id in the Hugging Face cache: tokenizer and model load from the
     cache in offline mode, and no request is even attempted (it would retry for ~50 s)."""
     import shutil
@@ -251,8 +281,14 @@ def test_a_cached_hub_id_loads_from_the_cache_without_a_network_call(tiny_lm, tm
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     for name in tokenizer_module.PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError("no DNS")))
-    monkeypatch.setattr(file_download, "get_hf_file_metadata", lambda *a, **k: pytest.fail("a request was made"))
+    monkeypatch.setattr(
+        tokenizer_module.socket,
+        "getaddrinfo",
+        lambda *a, **k: (_ for _ in ()).throw(OSError("no DNS")),
+    )
+    monkeypatch.setattr(
+        file_download, "get_hf_file_metadata", lambda *a, **k: pytest.fail("a request was made")
+    )
 
     tokenizer = load_tokenizer("proxrl-test/tiny")
     model = load_causal_lm("proxrl-test/tiny")
@@ -269,7 +305,9 @@ def test_a_reachable_hub_or_a_proxy_is_left_to_transformers(monkeypatch):
     offline = constants.HF_HUB_OFFLINE
     monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: [])
     tokenizer_module.check_model_source("nobody/no-such-model")
-    monkeypatch.setattr(tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    monkeypatch.setattr(
+        tokenizer_module.socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(OSError())
+    )
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     tokenizer_module.check_model_source("nobody/no-such-model")
     assert offline is constants.HF_HUB_OFFLINE

@@ -29,8 +29,13 @@ def _model_and_optimizer():
 def test_round_trip_keeps_values_ties_and_optimizer_state(tmp_path):
     model, opt = _model_and_optimizer()
     manager = CheckpointManager(tmp_path)
-    state = {"optimizer": opt.state_dict(), "step": 7, "name": "x", "pair": (1, 2.5),
-             "nested": {"k": [torch.arange(3)]}}
+    state = {
+        "optimizer": opt.state_dict(),
+        "step": 7,
+        "name": "x",
+        "pair": (1, 2.5),
+        "nested": {"k": [torch.arange(3)]},
+    }
     path = manager.save(7, {"model": model.state_dict()}, state)
     tensors, loaded = manager.load(path)
     sd = tensors["model"]

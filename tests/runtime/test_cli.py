@@ -69,8 +69,12 @@ def test_unknown_and_missing_commands(capsys):
 
 
 def test_python_dash_m_proxrl_exit_code():
-    proc = subprocess.run([sys.executable, "-m", "proxrl", "classic", "--seeed", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxrl", "classic", "--seeed", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr == "proxrl classic: error: unknown option --seeed; did you mean --seed?\n"
 
@@ -99,8 +103,21 @@ def _plain_process_logging(monkeypatch):
     monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
 
 
-CLASSIC_TINY = ["--env", "CartPole-v1", "--num-envs", "1", "--num-steps", "32", "--mini-batch-size", "32",
-                "--ppo-epochs", "1", "--total-steps", "64", "--no-progress"]
+CLASSIC_TINY = [
+    "--env",
+    "CartPole-v1",
+    "--num-envs",
+    "1",
+    "--num-steps",
+    "32",
+    "--mini-batch-size",
+    "32",
+    "--ppo-epochs",
+    "1",
+    "--total-steps",
+    "64",
+    "--no-progress",
+]
 
 
 def test_resume_message_reaches_the_users_stderr(tmp_path, capsys, monkeypatch):
@@ -110,6 +127,11 @@ def test_resume_message_reaches_the_users_stderr(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume"]) == 0
     err = capsys.readouterr().err
-    assert f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; the run is already complete\n" in err
-    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume", "--quiet"]) == 0
+    assert (
+        f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; the run is already complete\n"
+        in err
+    )
+    assert (
+        cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume", "--quiet"]) == 0
+    )
     assert "resumed" not in capsys.readouterr().err

@@ -117,8 +117,13 @@ def test_help_shows_field_docstrings(capsys):
         parse_config(Demo, ["--help"], "proxrl demo")
     assert e.value.code == 0
     text = capsys.readouterr().out
-    for doc in ["Samples per step.", "Learning rate.", "Save a checkpoint every",
-                "--batch-size", "proxrl demo"]:
+    for doc in [
+        "Samples per step.",
+        "Learning rate.",
+        "Save a checkpoint every",
+        "--batch-size",
+        "proxrl demo",
+    ]:
         assert doc in text
 
 
@@ -172,7 +177,10 @@ def test_ranges_declared_beside_the_field_are_checked_in_one_wording(cls, argv, 
 def test_aliases_work_in_flags_and_yaml(tmp_path):
     cfg = parse_config(Ranged, ["--lr", "0.5", "--no-norm-adv"], "t")
     assert (cfg.learning_rate, cfg.whiten) == (0.5, False)
-    assert parse_config(Ranged, ["--norm_adv", "false", "--learning_rate", "none"], "t").whiten is False
+    assert (
+        parse_config(Ranged, ["--norm_adv", "false", "--learning_rate", "none"], "t").whiten
+        is False
+    )
     path = tmp_path / "c.yaml"
     path.write_text("lr: 1\nnorm-adv: false\n")
     cfg = load_config_file(Ranged, path)
@@ -185,9 +193,14 @@ def test_aliases_work_in_flags_and_yaml(tmp_path):
 def test_required_positional_and_report_options(capsys):
     from proxrl.report import Config as ReportConfig
 
-    assert parse_config(ReportConfig, ["runs/x", "--samples", "2"], "t") == ReportConfig("runs/x", 2)
-    for argv, message in [([], "missing RUN_DIR"), (["r", "--sample", "2"], "unknown option --sample; did you mean --samples?"),
-                          (["r", "--samples", "-1"], "samples: expected >= 0, got -1")]:
+    assert parse_config(ReportConfig, ["runs/x", "--samples", "2"], "t") == ReportConfig(
+        "runs/x", 2
+    )
+    for argv, message in [
+        ([], "missing RUN_DIR"),
+        (["r", "--sample", "2"], "unknown option --sample; did you mean --samples?"),
+        (["r", "--samples", "-1"], "samples: expected >= 0, got -1"),
+    ]:
         with pytest.raises(ProxrlError) as e:
             parse_config(ReportConfig, argv, "t")
         assert str(e.value) == message

@@ -42,19 +42,30 @@ CONFIGS = [Demo, sft.Config, reward.Config, dpo.Config, ppo.Config, grpo.Config,
 FIELDS = sorted({f.name for c in CONFIGS for f in dataclasses.fields(c)})
 
 yaml_scalars = (
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True)
+    | st.text(max_size=12)
     | st.sampled_from(["fast", "slow", "1e-3", "none", "true", "~", "-1", "0"])
 )
 yaml_values = st.recursive(
-    yaml_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    yaml_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 keys = st.sampled_from(FIELDS) | st.text(max_size=10) | st.integers()
 mappings = st.dictionaries(keys, yaml_values, max_size=5)
-flag_names = st.sampled_from(FIELDS).map(lambda f: "--" + f) | st.sampled_from(FIELDS).map(
-    lambda f: "--no-" + f.replace("_", "-")
+flag_names = (
+    st.sampled_from(FIELDS).map(lambda f: "--" + f)
+    | st.sampled_from(FIELDS).map(lambda f: "--no-" + f.replace("_", "-"))
+    | st.text(max_size=8)
+)
+flag_values = st.sampled_from(
+    ["", "1", "-1", "0.5", "nan", "inf", "true", "no", "None", "fast", "x", "--", "-"]
 ) | st.text(max_size=8)
-flag_values = st.sampled_from(["", "1", "-1", "0.5", "nan", "inf", "true", "no", "None", "fast", "x", "--", "-"]) | st.text(max_size=8)
 argvs = st.lists(st.one_of(flag_names, flag_values), max_size=8)
 
 

@@ -26,8 +26,12 @@ def _model_with_grads(bad: float | None = None) -> torch.nn.Module:
 def test_finite_step_is_taken_and_resets_the_run_of_skips():
     guard = NonFiniteGuard(max_consecutive=3)
     guard.consecutive = 2
-    assert guard.check(1, loss=torch.tensor(0.5), parameters=_model_with_grads(),
-                       tensors={"rewards": torch.tensor([1.0, -2.0])})
+    assert guard.check(
+        1,
+        loss=torch.tensor(0.5),
+        parameters=_model_with_grads(),
+        tensors={"rewards": torch.tensor([1.0, -2.0])},
+    )
     assert guard.state_dict() == {"consecutive": 0, "skipped": 0}
     assert guard.metrics() == {"guard/skipped_updates": 0.0}
 
@@ -40,7 +44,10 @@ def test_finite_step_is_taken_and_resets_the_run_of_skips():
         (dict(loss=1.0, parameters="nan-grad"), "grad of 1.weight holds NaN"),
         (dict(loss=1.0, parameters="inf-grad"), "grad of 1.weight holds Inf"),
         (dict(tensors={"rewards": torch.tensor([1.0, math.nan])}), "rewards holds NaN"),
-        (dict(tensors={"advantages": torch.tensor([math.inf, math.nan])}), "advantages holds NaN and Inf"),
+        (
+            dict(tensors={"advantages": torch.tensor([math.inf, math.nan])}),
+            "advantages holds NaN and Inf",
+        ),
     ],
 )
 def test_nonfinite_input_is_skipped_counted_and_named(kwargs, message, caplog):

@@ -14,14 +14,19 @@ def test_log_appends_flushed_json_lines_and_tensorboard(tmp_path):
     row = logger.log(1, {"a/x": torch.tensor(0.5), "b/y": 2})
     assert row == {"a/x": 0.5, "b/y": 2.0}
     # flushed: readable while the logger is still open
-    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "a/x": 0.5,
-                                                                    "b/y": 2.0}
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+        "step": 1,
+        "a/x": 0.5,
+        "b/y": 2.0,
+    }
     logger.log(2, {"a/x": float("nan")})
     logger.close()
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[1]["a/x"] != rows[1]["a/x"]  # NaN kept as NaN
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
+    assert any(
+        p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir()
+    )
 
 
 def test_truncate_after_drops_later_steps_and_keeps_appending(tmp_path):
@@ -51,7 +56,9 @@ def test_progress_bar_runs_without_a_terminal():
 
 
 def test_truncate_after_drops_a_line_a_killed_process_cut_in_half(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "m": 1.0}\n{"step": 2, "m": 2.0}\n{"step": 3, "m')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "m": 1.0}\n{"step": 2, "m": 2.0}\n{"step": 3, "m'
+    )
     logger = MetricsLogger(tmp_path, tensorboard=False)
     logger.truncate_after(2)
     logger.log(3, {"m": 3})

@@ -55,13 +55,18 @@ def test_cli_prints_a_stop_as_one_line_with_the_signal_exit_code(monkeypatch, ca
     module = types.ModuleType("proxrl_fake_stop")
 
     def main(argv):
-        raise Interrupted("received SIGTERM; checkpoint saved in out/checkpoints/step_000000002; "
-                          "continue with --resume", signal.SIGTERM)
+        raise Interrupted(
+            "received SIGTERM; checkpoint saved in out/checkpoints/step_000000002; "
+            "continue with --resume",
+            signal.SIGTERM,
+        )
 
     module.main = main
     monkeypatch.setitem(sys.modules, "proxrl_fake_stop", module)
     monkeypatch.setitem(cli.COMMANDS, "fake", ("proxrl_fake_stop", "a test command"))
     assert cli.main(["fake"]) == 143
     err = capsys.readouterr().err
-    assert err == ("proxrl fake: stopped: received SIGTERM; checkpoint saved in "
-                   "out/checkpoints/step_000000002; continue with --resume\n")
+    assert err == (
+        "proxrl fake: stopped: received SIGTERM; checkpoint saved in "
+        "out/checkpoints/step_000000002; continue with --resume\n"
+    )

@@ -35,12 +35,26 @@ Objective = Literal["clip", "adaptive-kl", "fixed-kl", "none"]
 OBJECTIVES: tuple[str, ...] = ("clip", "adaptive-kl", "fixed-kl", "none")
 
 _CONTINUOUS: dict[str, Any] = dict(
-    total_steps=1_000_000, num_envs=1, num_steps=2048, mini_batch_size=64, ppo_epochs=10,
-    learning_rate=3e-4, entropy_coef=0.0, normalize_obs=True, normalize_reward=True,
+    total_steps=1_000_000,
+    num_envs=1,
+    num_steps=2048,
+    mini_batch_size=64,
+    ppo_epochs=10,
+    learning_rate=3e-4,
+    entropy_coef=0.0,
+    normalize_obs=True,
+    normalize_reward=True,
 )
 _DISCRETE: dict[str, Any] = dict(
-    total_steps=500_000, num_envs=4, num_steps=128, mini_batch_size=128, ppo_epochs=4,
-    learning_rate=2.5e-4, entropy_coef=0.01, normalize_obs=False, normalize_reward=False,
+    total_steps=500_000,
+    num_envs=4,
+    num_steps=128,
+    mini_batch_size=128,
+    ppo_epochs=4,
+    learning_rate=2.5e-4,
+    entropy_coef=0.01,
+    normalize_obs=False,
+    normalize_reward=False,
 )
 
 

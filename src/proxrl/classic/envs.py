@@ -206,9 +206,7 @@ def snapshot_env(env: gym.Env[Any, Any]) -> str:
         layer = layer.env
     base = env.unwrapped
     attrs = {
-        k: _encode(v)
-        for k, v in vars(base).items()
-        if not k.startswith("_np_random") and _plain(v)
+        k: _encode(v) for k, v in vars(base).items() if not k.startswith("_np_random") and _plain(v)
     }
     snap: dict[str, Any] = {
         "wrappers": wrappers,

@@ -83,7 +83,11 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run the epochs, update β, and return the iteration's mean losses and diagnostics (over
     the minibatch steps taken; ``guard`` skips those with a NaN/Inf loss or gradient)."""
-    assert cfg.ppo_epochs is not None and cfg.mini_batch_size is not None and cfg.entropy_coef is not None
+    assert (
+        cfg.ppo_epochs is not None
+        and cfg.mini_batch_size is not None
+        and cfg.entropy_coef is not None
+    )
     size = batch.logprobs.shape[0]
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
@@ -103,7 +107,10 @@ def ppo_update(
                 adv = masked_whiten(adv, mask)
             pg_loss, pg_stats = policy_loss(cfg, logprobs, batch.logprobs[idx], adv, beta)
             v_loss, _ = value_loss(
-                agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
+                agent.value(batch.obs[idx]),
+                batch.values[idx],
+                batch.returns[idx],
+                mask,
                 clip=cfg.value_clip,
             )
             ent_loss, ent_stats = entropy_bonus(agent.entropy(dist), mask)
@@ -113,7 +120,8 @@ def ppo_update(
                 continue
 
             for name, value in (
-                ("losses/policy_loss", pg_loss.detach()), ("losses/value_loss", v_loss.detach()),
+                ("losses/policy_loss", pg_loss.detach()),
+                ("losses/value_loss", v_loss.detach()),
                 ("losses/entropy", ent_stats["entropy"]),
                 ("losses/approx_kl", pg_stats["approx_kl"]),
                 ("losses/approx_kl_k1", pg_stats["approx_kl_k1"]),

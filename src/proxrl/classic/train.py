@@ -96,14 +96,17 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
     optimizer = torch.optim.Adam(trainable, lr=cfg.learning_rate, eps=1e-5)
     kl_ctrl = (
-        AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if cfg.objective == "adaptive-kl"
+        AdaptiveKL(cfg.penalty_beta, cfg.penalty_target)
+        if cfg.objective == "adaptive-kl"
         else FixedKL(cfg.penalty_beta)
     )
     collector = Collector(
-        envs, agent,
+        envs,
+        agent,
         ObsNormalizer((obs_dim,), cfg.normalize_obs, cfg.obs_clip),  # type: ignore[arg-type]
         RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_reward, cfg.reward_clip),  # type: ignore[arg-type]
-        cfg.gamma, cfg.seed,
+        cfg.gamma,
+        cfg.seed,
     )
     metrics = MetricsLogger(out)
     checkpointer = Checkpointer(out, keep=cfg.keep_checkpoints)
@@ -115,9 +118,17 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     #    running episodes, RNGs; the counters at save) and the resume from the newest one. Envs
     #    that cannot be snapshot restart their episodes.
     exact = all(snapshot_supported(e) for e in envs.envs)
-    collector_state = Accessors(collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=exact))
-    checkpointer.track(agent=agent, optimizer=optimizer, kl_ctrl=kl_ctrl, guard=guard,
-                       collector=collector_state, rng=GlobalRNG())
+    collector_state = Accessors(
+        collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=exact)
+    )
+    checkpointer.track(
+        agent=agent,
+        optimizer=optimizer,
+        kl_ctrl=kl_ctrl,
+        guard=guard,
+        collector=collector_state,
+        rng=GlobalRNG(),
+    )
     if cfg.resume:
         restored = checkpointer.restore()
         if not exact:
@@ -132,8 +143,12 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
 
     def save() -> Path:
         return checkpointer.save(
-            global_step, iteration=iteration, global_step=global_step, episodes=episodes_done,
-            elapsed_s=elapsed_before + time.perf_counter() - start, recent_returns=list(recent),
+            global_step,
+            iteration=iteration,
+            global_step=global_step,
+            episodes=episodes_done,
+            elapsed_s=elapsed_before + time.perf_counter() - start,
+            recent_returns=list(recent),
         )
 
     # 5. The loop: collect → GAE → update → log → checkpoint (→ stop on SIGINT/SIGTERM).
@@ -144,7 +159,11 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     with bar, metrics, GracefulStop() as stop:
         while iteration < cfg.num_iterations and global_step < stop_at:
             iteration += 1
-            lr = cfg.learning_rate * (1.0 - (iteration - 1) / cfg.num_iterations) if cfg.anneal_lr else cfg.learning_rate
+            lr = (
+                cfg.learning_rate * (1.0 - (iteration - 1) / cfg.num_iterations)
+                if cfg.anneal_lr
+                else cfg.learning_rate
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr
 
@@ -156,8 +175,12 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
 
             # 5b. Advantages and returns (core GAE; truncations bootstrapped in the rewards).
             advantages, returns = gae_env(
-                rollout.rewards, rollout.values, rollout.dones, rollout.next_value,
-                cfg.gamma, cfg.lam,
+                rollout.rewards,
+                rollout.values,
+                rollout.dones,
+                rollout.next_value,
+                cfg.gamma,
+                cfg.lam,
             )
             batch = rollout.flatten(advantages, returns)
 
@@ -209,8 +232,13 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     # 6. Summary: mean return of the last 100 training episodes.
     wall = elapsed_before + time.perf_counter() - start
     summary: dict[str, Any] = {
-        "env": cfg.env, "algo": cfg.algo, "objective": cfg.objective, "seed": cfg.seed,
-        "global_step": global_step, "iterations": iteration, "episodes": episodes_done,
+        "env": cfg.env,
+        "algo": cfg.algo,
+        "objective": cfg.objective,
+        "seed": cfg.seed,
+        "global_step": global_step,
+        "iterations": iteration,
+        "episodes": episodes_done,
         "complete": iteration >= cfg.num_iterations,
         "mean_return_last_100": float(np.mean(recent)) if recent else math.nan,
         "std_return_last_100": float(np.std(recent)) if recent else math.nan,

@@ -145,7 +145,10 @@ def critic_update(
             idx = perm[start : start + cfg.mini_batch_size]
             mask = torch.ones_like(batch.returns[idx])
             loss, _ = value_loss(
-                agent.value(batch.obs[idx]), batch.values[idx], batch.returns[idx], mask,
+                agent.value(batch.obs[idx]),
+                batch.values[idx],
+                batch.returns[idx],
+                mask,
                 clip=cfg.value_clip,
             )
             if guarded_step(optimizer, loss, agent.critic, cfg.max_grad_norm, guard, iteration):

@@ -79,7 +79,9 @@ def shaped_rewards(
     return rewards.scatter_add(1, last.unsqueeze(1), scores.to(rewards.dtype).unsqueeze(1))
 
 
-def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+def sequence_kl(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1"
+) -> Tensor:
     """(B,) KL of each whole response: the per-token estimate summed over valid tokens."""
     return masked_sum(kl_per_token(logprobs, ref_logprobs, estimator), mask, dim=-1)
 

@@ -270,4 +270,7 @@ def sft_loss(logits: Tensor, labels: Tensor, mask: Tensor) -> tuple[Tensor, Stat
     safe_labels = torch.where(mask.bool(), labels, 0)
     nll = -logprobs_from_logits(logits, safe_labels)
     loss = masked_mean(nll, mask)
-    return loss, {"loss": loss.detach(), "tokens": mask.sum().float().detach()}  # float32 even for bf16 logits
+    return loss, {
+        "loss": loss.detach(),
+        "tokens": mask.sum().float().detach(),
+    }  # float32 even for bf16 logits

@@ -44,7 +44,9 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     """Variance of the valid entries of ``x`` (a scalar), Bessel-corrected when ``unbiased``."""
     count = mask.to(x.dtype).expand_as(x).sum()
     if count < (2 if unbiased else 1):
-        raise ValueError(f"masked_var needs at least {2 if unbiased else 1} valid entries, got {int(count)}")
+        raise ValueError(
+            f"masked_var needs at least {2 if unbiased else 1} valid entries, got {int(count)}"
+        )
     centred = x - masked_mean(x, mask)
     variance = masked_sum(centred * centred, mask) / count
     return variance * count / (count - 1) if unbiased else variance

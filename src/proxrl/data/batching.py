@@ -40,7 +40,10 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         position_ids = None if self.position_ids is None else self.position_ids.to(device)
         return Batch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.loss_mask.to(device), position_ids
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.loss_mask.to(device),
+            position_ids,
         )
 
     def model_inputs(self) -> dict[str, Tensor | bool | None]:
@@ -49,8 +52,16 @@ class Batch:
         where the positions restart (for every attention implementation of models built on
         its masking utilities: Llama, Qwen2, Mistral, Gemma…); the KV cache must be off."""
         if self.packed:
-            return {"input_ids": self.input_ids, "position_ids": self.position_ids, "use_cache": False}
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "use_cache": False}
+            return {
+                "input_ids": self.input_ids,
+                "position_ids": self.position_ids,
+                "use_cache": False,
+            }
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "use_cache": False,
+        }
 
 
 def pad_right(rows: Sequence[Sequence[int]], value: int) -> Tensor:

@@ -75,7 +75,12 @@ class OverlongReport:
         if self.truncated or self.dropped:
             log.warning(
                 "%s: %d of %d examples exceed max_length=%d: %d truncated, %d dropped",
-                name, self.truncated + self.dropped, self.total, max_length, self.truncated, self.dropped,
+                name,
+                self.truncated + self.dropped,
+                self.total,
+                max_length,
+                self.truncated,
+                self.dropped,
             )
 
 
@@ -92,7 +97,9 @@ def render_conversation(
     return text + ("assistant: " if add_generation_prompt else "")
 
 
-def encode_prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: str, messages: list[Message] | None) -> list[int]:
+def encode_prompt_text(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, messages: list[Message] | None
+) -> list[int]:
     """Prompt ids: a chat-templated conversation (the template writes its own special tokens)
     or a plain string (with the tokenizer's BOS if it adds one)."""
     if messages is not None:
@@ -159,15 +166,19 @@ def encode_sft(
     encoded = []
     for example in examples:
         if example.messages is not None:
-            prompt_text = render_conversation(tokenizer, example.messages[:-1], add_generation_prompt=True)
-            full_text = render_conversation(tokenizer, example.messages, add_generation_prompt=False)
+            prompt_text = render_conversation(
+                tokenizer, example.messages[:-1], add_generation_prompt=True
+            )
+            full_text = render_conversation(
+                tokenizer, example.messages, add_generation_prompt=False
+            )
             if not full_text.startswith(prompt_text):
                 raise ProxrlError(
                     f"{example.where}: the chat template does not render the conversation as "
                     "prompt + assistant reply, so the prompt cannot be masked"
                 )
             prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-            response_ids = encode_response_text(tokenizer, full_text[len(prompt_text):])
+            response_ids = encode_response_text(tokenizer, full_text[len(prompt_text) :])
         else:
             prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
             response_ids = encode_response_text(tokenizer, example.completion)
@@ -191,7 +202,9 @@ def encode_preferences(
     encoded = []
     for example in examples:
         prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
-        chosen, chosen_cut = _join(prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong)
+        chosen, chosen_cut = _join(
+            prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong
+        )
         rejected, rejected_cut = _join(
             prompt_ids, encode_response_text(tokenizer, example.rejected), max_length, overlong
         )
@@ -214,7 +227,10 @@ def encode_rankings(
     encoded = []
     for example in examples:
         prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
-        joined = [_join(prompt_ids, encode_response_text(tokenizer, r), max_length, overlong) for r in example.responses]
+        joined = [
+            _join(prompt_ids, encode_response_text(tokenizer, r), max_length, overlong)
+            for r in example.responses
+        ]
         responses = [sequence for sequence, _ in joined if sequence is not None]
         kept = len(responses) == len(joined)
         _count(report, kept, any(cut for _, cut in joined), example.where)

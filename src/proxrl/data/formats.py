@@ -58,7 +58,9 @@ class PromptExample:
     prompt: str
     messages: list[Message] | None
     where: str
-    columns: dict[str, Any] = field(default_factory=dict)  # the row's other fields, for reward functions
+    columns: dict[str, Any] = field(
+        default_factory=dict
+    )  # the row's other fields, for reward functions
 
 
 def _expect_text(row: Row, name: str, allow_empty: bool = False) -> str:
@@ -66,7 +68,9 @@ def _expect_text(row: Row, name: str, allow_empty: bool = False) -> str:
         raise ProxrlError(f"{row.where}: missing field '{name}'")
     value = row.data[name]
     if not isinstance(value, str):
-        raise ProxrlError(f"{row.where}: field '{name}': expected a string, got {type(value).__name__}")
+        raise ProxrlError(
+            f"{row.where}: field '{name}': expected a string, got {type(value).__name__}"
+        )
     if not allow_empty and not value.strip():
         raise ProxrlError(f"{row.where}: field '{name}': expected a non-empty string")
     return value
@@ -83,7 +87,7 @@ def _expect_messages(row: Row, final_role: str | None) -> list[Message]:
             or not isinstance(message.get("content"), str)
         ):
             raise ProxrlError(
-                f"{row.where}: field 'messages[{i}]': expected {{\"role\": str, \"content\": str}}"
+                f'{row.where}: field \'messages[{i}]\': expected {{"role": str, "content": str}}'
             )
     if final_role is not None and messages[-1]["role"] != final_role:
         raise ProxrlError(
@@ -105,7 +109,10 @@ def parse_sft(row: Row) -> SFTExample:
             "or 'messages')"
         )
     return SFTExample(
-        _expect_text(row, "prompt", allow_empty=True), _expect_text(row, "completion"), None, row.where
+        _expect_text(row, "prompt", allow_empty=True),
+        _expect_text(row, "completion"),
+        None,
+        row.where,
     )
 
 
@@ -150,7 +157,9 @@ def parse_ranking(row: Row) -> RankingExample:
         or len(responses) < 2
         or not all(isinstance(r, str) and r.strip() for r in responses)
     ):
-        raise ProxrlError(f"{row.where}: field 'responses': expected a list of at least 2 non-empty strings")
+        raise ProxrlError(
+            f"{row.where}: field 'responses': expected a list of at least 2 non-empty strings"
+        )
     if (
         not isinstance(ranking, list)
         or len(ranking) != len(responses)
@@ -161,7 +170,9 @@ def parse_ranking(row: Row) -> RankingExample:
             "(the rank of each response, 0 = best)"
         )
     if len(set(ranking)) == 1:
-        raise ProxrlError(f"{row.where}: field 'ranking': all responses tie, so there is no pair to learn")
+        raise ProxrlError(
+            f"{row.where}: field 'ranking': all responses tie, so there is no pair to learn"
+        )
     return RankingExample(prompt, list(responses), list(ranking), row.where)
 
 
@@ -212,7 +223,9 @@ def ranking_examples(rows: list[Row], source: str) -> list[RankingExample]:
     return examples
 
 
-def load_comparison_examples(source: str, split: str = "train") -> list[PreferenceExample] | list[RankingExample]:
+def load_comparison_examples(
+    source: str, split: str = "train"
+) -> list[PreferenceExample] | list[RankingExample]:
     """Preference pairs or K-way rankings, whichever ``source`` holds (decided by its first
     row: ``responses`` without ``chosen`` is a ranking)."""
     rows = read_rows(source, split)

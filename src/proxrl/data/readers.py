@@ -89,7 +89,9 @@ def _read_jsonl(path: str) -> list[Row]:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ProxrlError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            raise ProxrlError(
+                f"{where}: malformed JSON ({exc.msg} at column {exc.colno})"
+            ) from None
         rows.append(Row(_as_object(value, where), where))
     return rows
 
@@ -102,7 +104,7 @@ def _read_json(path: str) -> list[Row]:
     if isinstance(value, dict) and isinstance(value.get("data"), list):
         value = value["data"]
     if not isinstance(value, list):
-        raise ProxrlError(f"{path}: expected a JSON list of objects (or {{\"data\": [...]}})")
+        raise ProxrlError(f'{path}: expected a JSON list of objects (or {{"data": [...]}})')
     return [Row(_as_object(item, f"{path}:[{i}]"), f"{path}:[{i}]") for i, item in enumerate(value)]
 
 
@@ -147,7 +149,9 @@ def _read_saved_dataset(path: str, split: str) -> list[Row]:
     try:
         loaded = datasets.load_from_disk(path)
     except FileNotFoundError:
-        raise ProxrlError(f"'{path}' is a directory but not a dataset saved with save_to_disk") from None
+        raise ProxrlError(
+            f"'{path}' is a directory but not a dataset saved with save_to_disk"
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
             raise ProxrlError(f"{path}: no split '{split}' (has {sorted(loaded)})")

@@ -33,9 +33,16 @@ class PolicyScores:
 
 @torch.no_grad()
 def evaluate_policy(
-    policy: nn.Module, sft: nn.Module, reward: RewardModelReward, tokenizer: Any,
-    prompts: list[PromptExample], samples_per_prompt: int, max_new_tokens: int,
-    temperature: float = 1.0, batch_size: int = 256, seed: int = 0,
+    policy: nn.Module,
+    sft: nn.Module,
+    reward: RewardModelReward,
+    tokenizer: Any,
+    prompts: list[PromptExample],
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+    seed: int = 0,
 ) -> PolicyScores:
     """Sample ``samples_per_prompt`` responses per prompt from ``policy`` and score them."""
     examples = [p for p in prompts for _ in range(samples_per_prompt)]
@@ -70,5 +77,8 @@ def evaluate_policy(
         for p, c, ok, s in zip(examples, completions, correct, proxy.tolist(), strict=True)
     ]
     return PolicyScores(
-        gold=sum(correct) / len(correct), proxy=float(proxy.mean()), kl=float(torch.cat(kls).mean()), samples=samples
+        gold=sum(correct) / len(correct),
+        proxy=float(proxy.mean()),
+        kl=float(torch.cat(kls).mean()),
+        samples=samples,
     )

@@ -173,7 +173,9 @@ class Stopwatch:
         self._started = time.perf_counter()
         age = process_age_s()
         self._startup = max(age, 0.0) if age is not None else None
-        self.wall_s: dict[str, float] = {} if self._startup is None else {"startup": round(self._startup, 2)}
+        self.wall_s: dict[str, float] = (
+            {} if self._startup is None else {"startup": round(self._startup, 2)}
+        )
 
     @contextmanager
     def stage(self, name: str):  # type: ignore[no-untyped-def]
@@ -181,7 +183,9 @@ class Stopwatch:
         started = time.perf_counter()
         yield
         self.wall_s[name] = round(time.perf_counter() - started, 2)
-        log.info("[demo] %s done in %.1f s (peak RSS %.0f MB)", name, self.wall_s[name], peak_rss_mb())
+        log.info(
+            "[demo] %s done in %.1f s (peak RSS %.0f MB)", name, self.wall_s[name], peak_rss_mb()
+        )
 
     def total(self) -> dict[str, float]:
         total = time.perf_counter() - self._started + (self._startup or 0.0)
@@ -191,7 +195,9 @@ class Stopwatch:
 # Written into a stage's run directory once its trainer has returned: ``--resume`` skips it.
 STAGE_DONE = "demo_stage_done"
 DEMO_CONFIG = "demo_config.yaml"
-RESUME_ALSO_FREE = {"threads"}  # the demo's own option that may change on resume (runtime.resume has the rest)
+RESUME_ALSO_FREE = {
+    "threads"
+}  # the demo's own option that may change on resume (runtime.resume has the rest)
 
 
 def check_same_demo(cfg: Config) -> None:
@@ -216,8 +222,14 @@ class StageRunner:
             log.info("[demo] %s: finished before, kept", stage_dir.name)
             return last_metrics(stage_dir)
         has_checkpoint = self.resume and CheckpointManager(stage_dir).latest() is not None
-        metrics: dict[str, float] = train_fn(replace(config, resume=has_checkpoint, overwrite=not has_checkpoint,
-                                                     resume_with_changes=self.resume_with_changes))
+        metrics: dict[str, float] = train_fn(
+            replace(
+                config,
+                resume=has_checkpoint,
+                overwrite=not has_checkpoint,
+                resume_with_changes=self.resume_with_changes,
+            )
+        )
         (stage_dir / STAGE_DONE).write_text("", encoding="utf-8")
         return metrics
 
@@ -233,10 +245,18 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
 def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
     """What the three RL runs share."""
     return dict(
-        output_dir=str(out / name), prompts=str(out / "data" / "rl_prompts.jsonl"), model=str(out / "sft"),
-        iterations=cfg.rl_iterations, rollout_batch_size=cfg.rollout_batch_size, max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature, learning_rate=cfg.rl_learning_rate, ppo_epochs=cfg.ppo_epochs,
-        seed=cfg.seed, sample_every=max(1, cfg.rl_iterations // 4), progress=cfg.progress,
+        output_dir=str(out / name),
+        prompts=str(out / "data" / "rl_prompts.jsonl"),
+        model=str(out / "sft"),
+        iterations=cfg.rl_iterations,
+        rollout_batch_size=cfg.rollout_batch_size,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        learning_rate=cfg.rl_learning_rate,
+        ppo_epochs=cfg.ppo_epochs,
+        seed=cfg.seed,
+        sample_every=max(1, cfg.rl_iterations // 4),
+        progress=cfg.progress,
         save_every=max(1, cfg.rl_iterations // 4),  # a killed stage resumes from the last quarter
     )
 
@@ -251,7 +271,9 @@ def train(cfg: Config) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     if cfg.resume:
         check_same_demo(cfg)
-    out = prepare_output_dir(cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite and not cfg.resume)
+    out = prepare_output_dir(
+        cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite and not cfg.resume
+    )
     if not cfg.resume or cfg.resume_with_changes:
         save_config_file(cfg, out / DEMO_CONFIG)
     watch = Stopwatch()
@@ -259,62 +281,124 @@ def train(cfg: Config) -> dict[str, Any]:
     seed_everything(cfg.seed)
 
     with watch.stage("data"):
-        sizes = task.TaskSizes(sft=cfg.sft_examples, preference=cfg.preference_pairs,
-                               preference_eval=cfg.preference_eval_pairs, rl=cfg.rl_prompts,
-                               eval=cfg.eval_prompts, demo_accuracy=cfg.demo_accuracy,
-                               off_list_rejects=cfg.off_list_rejects)
+        sizes = task.TaskSizes(
+            sft=cfg.sft_examples,
+            preference=cfg.preference_pairs,
+            preference_eval=cfg.preference_eval_pairs,
+            rl=cfg.rl_prompts,
+            eval=cfg.eval_prompts,
+            demo_accuracy=cfg.demo_accuracy,
+            off_list_rejects=cfg.off_list_rejects,
+        )
         data = task.generate(out / "data", sizes, cfg.seed)
 
     with watch.stage("base_model"):
-        build_tiny_lm(out / "base", task.tokenizer_corpus(), hidden_size=cfg.hidden_size,
-                      num_layers=cfg.num_layers, vocab_size=300, max_positions=64, seed=cfg.seed)
+        build_tiny_lm(
+            out / "base",
+            task.tokenizer_corpus(),
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            vocab_size=300,
+            max_positions=64,
+            seed=cfg.seed,
+        )
 
-    offline = dict(model=str(out / "base"), batch_size=cfg.batch_size, seed=cfg.seed, progress=cfg.progress,
-                   lr_schedule="linear", warmup_steps=10, max_length=32)
+    offline = dict(
+        model=str(out / "base"),
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        lr_schedule="linear",
+        warmup_steps=10,
+        max_length=32,
+    )
     with watch.stage("sft"):
-        run(sft.train, sft.Config(**offline, output_dir=str(out / "sft"), data=str(data["sft"]),
-                                  epochs=cfg.sft_epochs, learning_rate=cfg.sft_learning_rate))
+        run(
+            sft.train,
+            sft.Config(
+                **offline,
+                output_dir=str(out / "sft"),
+                data=str(data["sft"]),
+                epochs=cfg.sft_epochs,
+                learning_rate=cfg.sft_learning_rate,
+            ),
+        )
 
     with watch.stage("reward_model"):
-        rm_metrics = run(reward.train, reward.Config(
-            **offline, output_dir=str(out / "rm"), data=str(data["preferences"]),
-            eval_data=str(data["preferences_eval"]), epochs=cfg.rm_epochs, learning_rate=cfg.rm_learning_rate,
-        ))
+        rm_metrics = run(
+            reward.train,
+            reward.Config(
+                **offline,
+                output_dir=str(out / "rm"),
+                data=str(data["preferences"]),
+                eval_data=str(data["preferences_eval"]),
+                epochs=cfg.rm_epochs,
+                learning_rate=cfg.rm_learning_rate,
+            ),
+        )
     rm_accuracy = rm_metrics["eval/accuracy"]
     log.info("[demo] reward model held-out accuracy %.3f", rm_accuracy)
 
     rm_dir = str(out / "rm")
-    ppo_fields = dict(reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(1.0, 0.0), group_size=cfg.group_size,
-                      mini_batch_size=cfg.rollout_batch_size * cfg.group_size, critic_learning_rate=cfg.critic_learning_rate)
+    ppo_fields = dict(
+        reward_model=rm_dir,
+        reward_fn=(GOLD_FN,),
+        reward_weights=(1.0, 0.0),
+        group_size=cfg.group_size,
+        mini_batch_size=cfg.rollout_batch_size * cfg.group_size,
+        critic_learning_rate=cfg.critic_learning_rate,
+    )
     with watch.stage("ppo"):
-        run(ppo.train, ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef))
+        run(
+            ppo.train,
+            ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef),
+        )
     with watch.stage("ppo_no_kl"):
-        run(ppo.train, ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0))
+        run(
+            ppo.train, ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0)
+        )
     with watch.stage("grpo"):
-        run(grpo.train, grpo.Config(
-            **online_fields(cfg, out, "grpo"), reward_model=rm_dir, reward_fn=(GOLD_FN,), reward_weights=(0.0, 1.0),
-            estimator="grpo", group_size=cfg.grpo_group_size, kl_coef=cfg.grpo_kl_coef,
-            mini_batch_size=cfg.rollout_batch_size * cfg.grpo_group_size,
-        ))
+        run(
+            grpo.train,
+            grpo.Config(
+                **online_fields(cfg, out, "grpo"),
+                reward_model=rm_dir,
+                reward_fn=(GOLD_FN,),
+                reward_weights=(0.0, 1.0),
+                estimator="grpo",
+                group_size=cfg.grpo_group_size,
+                kl_coef=cfg.grpo_kl_coef,
+                mini_batch_size=cfg.rollout_batch_size * cfg.grpo_group_size,
+            ),
+        )
 
     with watch.stage("evaluate"):
         scores = evaluate_all(cfg, out)
 
     summary: dict[str, Any] = {
         "reward_model": {"heldout_accuracy": round(rm_accuracy, 4)},
-        "policies": {name: {"gold": round(s.gold, 4), "proxy": round(s.proxy, 4), "kl": round(s.kl, 4)}
-                     for name, s in scores.items()},
+        "policies": {
+            name: {"gold": round(s.gold, 4), "proxy": round(s.proxy, 4), "kl": round(s.kl, 4)}
+            for name, s in scores.items()
+        },
     }
     with watch.stage("report"):
         write_eval_samples(out, scores)
         print_table(summary)
         # report.md shows the wall times up to here; summary.json (below) includes this stage
-        write_report(out, summary=summary | {"wall_s": watch.total(), "peak_rss_mb": round(peak_rss_mb(), 1)})
+        write_report(
+            out, summary=summary | {"wall_s": watch.total(), "peak_rss_mb": round(peak_rss_mb(), 1)}
+        )
     summary["wall_s"] = watch.total()
     summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    log.info("[demo] total %.1f s, peak RSS %.0f MB; wrote %s and %s", summary["wall_s"]["total"],
-             summary["peak_rss_mb"], out / "summary.json", out / "report.md")
+    log.info(
+        "[demo] total %.1f s, peak RSS %.0f MB; wrote %s and %s",
+        summary["wall_s"]["total"],
+        summary["peak_rss_mb"],
+        out / "summary.json",
+        out / "report.md",
+    )
     return summary
 
 
@@ -327,8 +411,17 @@ def evaluate_all(cfg: Config, out: Path) -> dict[str, PolicyScores]:
     scores = {}
     for name in POLICIES:
         policy = sft_model if name == "sft" else load_causal_lm(str(out / name)).eval()
-        scores[name] = evaluate_policy(policy, sft_model, reward_source, tokenizer, prompts, cfg.eval_samples,
-                                       cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
+        scores[name] = evaluate_policy(
+            policy,
+            sft_model,
+            reward_source,
+            tokenizer,
+            prompts,
+            cfg.eval_samples,
+            cfg.max_new_tokens,
+            cfg.temperature,
+            seed=cfg.seed,
+        )
     return scores
 
 
@@ -344,8 +437,10 @@ def print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"held-out prompts (reward model held-out accuracy "
-                        f"{summary['reward_model']['heldout_accuracy']:.3f})")
+    table = Table(
+        title=f"held-out prompts (reward model held-out accuracy "
+        f"{summary['reward_model']['heldout_accuracy']:.3f})"
+    )
     for column in ("policy", "gold (exact accuracy)", "proxy (reward model)", "KL to SFT"):
         table.add_column(column, justify="right" if column != "policy" else "left")
     for name, s in summary["policies"].items():

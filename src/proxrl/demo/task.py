@@ -78,7 +78,9 @@ def _unique_prompts(rng: random.Random, n: int, num_digits: int, taken: set[str]
     """``n`` prompts not in ``taken`` (added to it), lists with at least two distinct digits."""
     capacity = 10**num_digits - 10
     if len(taken) + n > capacity:
-        raise ValueError(f"{n} more prompts do not fit in the {capacity} lists of {num_digits} digits")
+        raise ValueError(
+            f"{n} more prompts do not fit in the {capacity} lists of {num_digits} digits"
+        )
     prompts = []
     while len(prompts) < n:
         digits = [rng.randrange(10) for _ in range(num_digits)]
@@ -121,7 +123,9 @@ def generate(data_dir: Path, sizes: TaskSizes, seed: int) -> dict[str, Path]:
     rejected}, ``rl_prompts`` and ``eval_prompts`` {prompt, answer}."""
     taken: set[str] = set()
     rng = random.Random(seed)
-    split_seeds = {name: rng.randrange(2**31) for name in ("sft", "pref", "pref_eval", "rl", "eval")}
+    split_seeds = {
+        name: rng.randrange(2**31) for name in ("sft", "pref", "pref_eval", "rl", "eval")
+    }
 
     def prompts(name: str, n: int) -> tuple[random.Random, list[str]]:
         split_rng = random.Random(split_seeds[name])
@@ -134,10 +138,20 @@ def generate(data_dir: Path, sizes: TaskSizes, seed: int) -> dict[str, Path]:
     _, rl_prompts = prompts("rl", sizes.rl)
 
     def pairs(rng_: random.Random, ps: list[str]) -> list[dict]:
-        return [{"prompt": p, "chosen": " " + answer_of(p), "rejected": " " + wrong_answer(rng_, p, sizes.off_list_rejects)} for p in ps]
+        return [
+            {
+                "prompt": p,
+                "chosen": " " + answer_of(p),
+                "rejected": " " + wrong_answer(rng_, p, sizes.off_list_rejects),
+            }
+            for p in ps
+        ]
 
     rows = {
-        "sft": [{"prompt": p, "completion": " " + sloppy_answer(sft_rng, p, sizes.demo_accuracy)} for p in sft_prompts],
+        "sft": [
+            {"prompt": p, "completion": " " + sloppy_answer(sft_rng, p, sizes.demo_accuracy)}
+            for p in sft_prompts
+        ],
         "preferences": pairs(pref_rng, pref_prompts),
         "preferences_eval": pairs(pref_eval_rng, pref_eval_prompts),
         "rl_prompts": [{"prompt": p, "answer": answer_of(p)} for p in rl_prompts],

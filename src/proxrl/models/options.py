@@ -59,10 +59,15 @@ class ModelRunConfig(RunConfig):
         enabled = self.mixed_precision == "bf16"
         with ExitStack() as stack:
             for device_type in {dist.device().type, "cpu"}:
-                stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled))
+                stack.enter_context(
+                    torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
+                )
             yield
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The options every ``from_pretrained`` call of a run shares."""
-        return {"dtype": self.dtype, "attn_implementation": self.attn_implementation,
-                "trust_remote_code": self.trust_remote_code}
+        return {
+            "dtype": self.dtype,
+            "attn_implementation": self.attn_implementation,
+            "trust_remote_code": self.trust_remote_code,
+        }

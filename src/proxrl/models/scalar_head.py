@@ -65,16 +65,23 @@ def load_score_model(
         hf_logging.set_verbosity(verbosity)
     head = score_head(model)
     head_names = {
-        f"{name}.{p}" for name, module in model.named_modules() if module is head for p in ("weight", "bias")
+        f"{name}.{p}"
+        for name, module in model.named_modules()
+        if module is head
+        for p in ("weight", "bias")
     }
     missing = set(info["missing_keys"])
     if head_names & missing:
         init_score_head(head, new_head)
-        log.info("%s: no scalar head in the checkpoint; initialised a %s head", name_or_path, new_head)
+        log.info(
+            "%s: no scalar head in the checkpoint; initialised a %s head", name_or_path, new_head
+        )
     if missing - head_names:
         log.warning(
             "%s: %d weights missing from the checkpoint were newly initialised (e.g. %s)",
-            name_or_path, len(missing - head_names), sorted(missing - head_names)[0],
+            name_or_path,
+            len(missing - head_names),
+            sorted(missing - head_names)[0],
         )
     prepare_for_training(model, gradient_checkpointing)
     return model
@@ -90,7 +97,11 @@ def score_head(model: nn.Module) -> nn.Linear:
             # peft wraps trained heads in ModulesToSaveWrapper; the active copy is the head.
             active = getattr(head, "modules_to_save", None)
             if active is not None:
-                return active[head.active_adapter if isinstance(head.active_adapter, str) else head.active_adapter[0]]
+                return active[
+                    head.active_adapter
+                    if isinstance(head.active_adapter, str)
+                    else head.active_adapter[0]
+                ]
             return head
     raise TypeError(f"{type(inner).__name__} has no 'score' or 'classifier' head")
 
@@ -137,7 +148,9 @@ def apply_head(head: nn.Linear, hidden: Tensor) -> Tensor:
 def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The head at every position: (B, T) ids and mask → (B, T) values (a critic's V(s_t))."""
     body = backbone(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = body(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+    ).last_hidden_state
     return apply_head(score_head(model), hidden).squeeze(-1)
 
 

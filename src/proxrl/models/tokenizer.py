@@ -65,7 +65,14 @@ def check_model_source(name_or_path: str) -> None:
         check_hub_model_reachable(name_or_path)
 
 
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+)
 
 
 def check_hub_model_reachable(repo_id: str) -> None:
@@ -88,7 +95,11 @@ def check_hub_model_reachable(repo_id: str) -> None:
     except ValueError:  # not a valid repo id: transformers' own message says why
         return
     if cached:
-        log.warning("%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)", host, repo_id)
+        log.warning(
+            "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
+            host,
+            repo_id,
+        )
         constants.HF_HUB_OFFLINE = True
         os.environ["HF_HUB_OFFLINE"] = "1"  # and for the processes this one starts
         return
@@ -139,7 +150,11 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
     if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
         return False
     tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
-    log.info("tokenizer: added pad token %s (id %d), distinct from EOS", PAD_TOKEN, tokenizer.pad_token_id)
+    log.info(
+        "tokenizer: added pad token %s (id %d), distinct from EOS",
+        PAD_TOKEN,
+        tokenizer.pad_token_id,
+    )
     return True
 
 
@@ -155,9 +170,13 @@ def check_round_trip(
         )
     decoded = tokenizer.decode(ids, skip_special_tokens=True)
     if not decoded.strip():
-        raise ProxrlError(f"tokenizer from '{source}' decodes {len(ids)} sample tokens to empty text")
+        raise ProxrlError(
+            f"tokenizer from '{source}' decodes {len(ids)} sample tokens to empty text"
+        )
     if decoded.strip() != text.strip():
-        log.warning("tokenizer from '%s' does not round-trip exactly: %r -> %r", source, text, decoded)
+        log.warning(
+            "tokenizer from '%s' does not round-trip exactly: %r -> %r", source, text, decoded
+        )
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -173,7 +192,9 @@ def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
 
 
 @contextlib.contextmanager
-def padding_side(tokenizer: PreTrainedTokenizerBase, side: str) -> Iterator[PreTrainedTokenizerBase]:
+def padding_side(
+    tokenizer: PreTrainedTokenizerBase, side: str
+) -> Iterator[PreTrainedTokenizerBase]:
     """Temporarily pad on ``side`` ("left" for batched generation), then restore."""
     previous = tokenizer.padding_side
     tokenizer.padding_side = side

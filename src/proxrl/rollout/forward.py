@@ -57,10 +57,14 @@ def policy_forward(
     )
 
 
-def critic_forward(critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_length: int) -> Tensor:
+def critic_forward(
+    critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_length: int
+) -> Tensor:
     """V(s_t) for every response token from a separate critic (a ``num_labels=1`` sequence
     classifier): its head on the hidden state that precedes token t. → (B, T)."""
     hidden = backbone(critic)(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
     ).last_hidden_state
     return apply_head(score_head(critic), hidden[:, prompt_length - 1 : -1]).squeeze(-1).float()

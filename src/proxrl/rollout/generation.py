@@ -34,13 +34,19 @@ class SamplingSettings:
 class Samples:
     response_ids: Tensor  # (B, T) sampled tokens, pad after the stop
     response_mask: Tensor  # (B, T) 1 up to and including the stop token
-    logprobs: Tensor | None = None  # (B, T) log π(a_t|s_t) from the sampler's temperature-scaled logits
+    logprobs: Tensor | None = (
+        None  # (B, T) log π(a_t|s_t) from the sampler's temperature-scaled logits
+    )
     entropy: Tensor | None = None  # (B, T) entropy of the sampler's temperature-scaled distribution
 
 
 class Sampler(Protocol):
     def sample(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, settings: SamplingSettings, with_logprobs: bool = False
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        with_logprobs: bool = False,
     ) -> Samples:
         """(B, P) left-padded prompts → the sampled responses, and with ``with_logprobs`` the
         sampler's own log-probs of them (so no second forward pass is needed)."""
@@ -62,7 +68,9 @@ def response_mask_after_stop(response_ids: Tensor, eos_token_id: int, pad_token_
     return (~after_eos & before_trailing_pad).long()
 
 
-def stopped(response_mask: Tensor, response_ids: Tensor, eos_token_id: int, max_new_tokens: int) -> Tensor:
+def stopped(
+    response_mask: Tensor, response_ids: Tensor, eos_token_id: int, max_new_tokens: int
+) -> Tensor:
     """(B,) True for responses that ended by themselves: an EOS, or a stop string (which ends a
     response before ``max_new_tokens``); False for those cut off at the length limit."""
     has_eos = ((response_ids == eos_token_id) & response_mask.bool()).any(-1)
@@ -78,7 +86,11 @@ class HFSampler:
 
     @torch.no_grad()
     def sample(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, settings: SamplingSettings, with_logprobs: bool = False
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        with_logprobs: bool = False,
     ) -> Samples:
         kwargs: dict[str, Any] = {
             "max_new_tokens": settings.max_new_tokens,
@@ -104,7 +116,9 @@ class HFSampler:
         output = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
         self.model.train(was_training)
         response_ids = output.sequences[:, prompt_ids.shape[1] :]
-        mask = response_mask_after_stop(response_ids, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        mask = response_mask_after_stop(
+            response_ids, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        )
         response_ids = torch.where(mask.bool(), response_ids, self.tokenizer.pad_token_id)
         samples = Samples(response_ids, mask)
         if with_logprobs:
@@ -129,7 +143,9 @@ def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses p
+        drop_sorted = (
+            cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
+        )  # keep the token that crosses p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return logits
 
@@ -145,7 +161,9 @@ def draw_tokens(probs: Tensor) -> Tensor:
     """
     cdf = probs.double().cumsum(-1)
     if not bool(torch.isfinite(cdf[:, -1]).all()):
-        raise ValueError("draw_tokens: non-finite probabilities (the policy's logits hold NaN or inf)")
+        raise ValueError(
+            "draw_tokens: non-finite probabilities (the policy's logits hold NaN or inf)"
+        )
     u = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
@@ -188,7 +206,11 @@ class CachedSampler:
 
     @torch.no_grad()
     def sample(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, settings: SamplingSettings, with_logprobs: bool = False
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        with_logprobs: bool = False,
     ) -> Samples:
         if settings.stop_strings:
             raise ValueError("CachedSampler does not match stop strings; use HFSampler")
@@ -199,22 +221,37 @@ class CachedSampler:
         attention = prompt_mask.long()
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
         # transformers renamed ``past_key_values`` to ``cache`` in 5.x.
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # peft
-        cache_name = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        base = (
+            self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        )  # peft
+        cache_name = (
+            "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        )
         step = self.model
         prefill: dict[str, Any] = {}
         if self.compile_step:
             # Every step then has the same shapes: the cache and the mask span the whole bucket
             # (the cache tracks how far it is filled and the causal mask hides the rest), so one
             # compiled graph serves every step.
-            length = -(-(prompt_length + settings.max_new_tokens) // self.CACHE_BUCKET) * self.CACHE_BUCKET
-            attention = torch.cat([attention, attention.new_ones(batch, length - prompt_length)], dim=1)
+            length = (
+                -(-(prompt_length + settings.max_new_tokens) // self.CACHE_BUCKET)
+                * self.CACHE_BUCKET
+            )
+            attention = torch.cat(
+                [attention, attention.new_ones(batch, length - prompt_length)], dim=1
+            )
             prefill = {cache_name: static_cache(self.model, length)}
             step = torch.compile(self.model.forward, dynamic=False)
         # Without ``compile_step`` the model builds the cache type it needs (sliding-window and
         # hybrid models differ) and the mask grows by one column a step.
-        output = self.model(input_ids=prompt_ids, attention_mask=attention,
-                            position_ids=positions, use_cache=True, logits_to_keep=1, **prefill)
+        output = self.model(
+            input_ids=prompt_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **prefill,
+        )
         cache, logits = getattr(output, cache_name), output.logits[:, -1]
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
@@ -226,7 +263,11 @@ class CachedSampler:
             else:
                 scaled = logits.float() / settings.temperature
                 log_p = torch.log_softmax(scaled, dim=-1)  # π the trainer scores: temperature only
-                sample_from = filter_logits(scaled, settings.top_k, settings.top_p) if settings.top_k or settings.top_p < 1.0 else scaled
+                sample_from = (
+                    filter_logits(scaled, settings.top_k, settings.top_p)
+                    if settings.top_k or settings.top_p < 1.0
+                    else scaled
+                )
                 token = draw_tokens(torch.softmax(sample_from, dim=-1))
             token = torch.where(finished, pad, token)
             tokens.append(token)
@@ -238,8 +279,13 @@ class CachedSampler:
                 break
             if not self.compile_step:
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            output = step(input_ids=token.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
-                          use_cache=True, **{cache_name: cache})
+            output = step(
+                input_ids=token.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=next_position,
+                use_cache=True,
+                **{cache_name: cache},
+            )
             cache, logits = getattr(output, cache_name), output.logits[:, -1]
             next_position = next_position + 1
         self.model.train(was_training)

@@ -53,12 +53,16 @@ class FunctionReward:
     def name(self) -> str:
         return self.spec.rpartition(":")[2]
 
-    def __call__(self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+    def __call__(
+        self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
+    ) -> Tensor:
         texts = [p.prompt for p in prompts]
         try:
             values = list(self.fn(texts, completions, **columns))
         except Exception as exc:
-            raise ProxrlError(f"reward_fn '{self.spec}' raised {type(exc).__name__}: {exc}") from exc
+            raise ProxrlError(
+                f"reward_fn '{self.spec}' raised {type(exc).__name__}: {exc}"
+            ) from exc
         if len(values) != len(completions):
             raise ProxrlError(
                 f"reward_fn '{self.spec}' returned {len(values)} scores for {len(completions)} completions"
@@ -86,10 +90,13 @@ class RewardModelReward:
     name = "reward_model"
 
     @torch.no_grad()
-    def __call__(self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]) -> Tensor:
+    def __call__(
+        self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
+    ) -> Tensor:
         device = next(self.model.parameters()).device
         rows = [
-            encode_prompt_text(self.tokenizer, p.prompt, p.messages) + encode_response_text(self.tokenizer, c)
+            encode_prompt_text(self.tokenizer, p.prompt, p.messages)
+            + encode_response_text(self.tokenizer, c)
             for p, c in zip(prompts, completions, strict=True)
         ]
         scores = []
@@ -97,7 +104,9 @@ class RewardModelReward:
             chunk = rows[start : start + self.batch_size]
             ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
             mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
-            scores.append(sequence_scores(self.model, ids, mask, normalize=self.normalize).float().cpu())
+            scores.append(
+                sequence_scores(self.model, ids, mask, normalize=self.normalize).float().cpu()
+            )
         return torch.cat(scores)
 
 

@@ -100,8 +100,14 @@ def _dedupe(group: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]
         if not isinstance(tensor, Tensor):
             raise TypeError(f"tensor group entry {name!r} is a {type(tensor).__name__}")
         t = tensor.detach()
-        view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-                tuple(t.stride()), t.dtype, t.device)
+        view = (
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.dtype,
+            t.device,
+        )
         if view in seen_views and t.numel() > 0:
             aliases[name] = seen_views[view]
             continue
@@ -189,7 +195,7 @@ class CheckpointManager:
         if not self.root.is_dir():
             return []
         found = [p for p in self.root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
-        return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
+        return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
     @staticmethod
     def verify(path: str | Path) -> str | None:
@@ -220,7 +226,8 @@ class CheckpointManager:
             if problem is None:
                 return path
             warnings.warn(
-                f"skipping corrupt checkpoint {path}: {problem}", CorruptCheckpointWarning,
+                f"skipping corrupt checkpoint {path}: {problem}",
+                CorruptCheckpointWarning,
                 stacklevel=2,
             )
         return None

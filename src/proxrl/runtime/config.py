@@ -142,7 +142,9 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         raise ProxrlError(f"config file {where} is not valid YAML: {problem}") from None
     except UnicodeDecodeError as e:
-        raise ProxrlError(f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ProxrlError(
+            f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
     except IsADirectoryError:
         raise ProxrlError(f"config file {path} is a directory; expected a YAML file") from None
     if raw is None:
@@ -274,7 +276,9 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
             token = event.tokens[0]
             if token.startswith("--") and len(token) > 2:
                 name = token[2:].partition("=")[0]
-                raise _unknown("option", name.replace("-", "_"), list(spellings(config_cls)), flag=True)
+                raise _unknown(
+                    "option", name.replace("-", "_"), list(spellings(config_cls)), flag=True
+                )
             raise ProxrlError(f"unexpected argument {token!r}; options look like --name value")
         if isinstance(event, events.InvalidChoice):
             flag, tp = field_of(event.argument)
@@ -289,7 +293,10 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
             text = _values_after(event.argument.lowered.name_or_flags, argv)
             raise ProxrlError(f"{flag} expects {type_name(tp)}, found {text!r}")
         if isinstance(event, events.MissingArgs):
-            names = [a.arg.lowered.name_or_flags[-1].upper().replace("-", "_") for a in event.missing_arguments]
+            names = [
+                a.arg.lowered.name_or_flags[-1].upper().replace("-", "_")
+                for a in event.missing_arguments
+            ]
             raise ProxrlError(f"missing {', '.join(names)}")
         raise ProxrlError(f"cannot parse the command line ({type(event).__name__})")
 
@@ -314,8 +321,10 @@ def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
     default: Any = tyro.MISSING_NONPROP
     if config_path:
         default = load_config_file(config_cls, config_path, validate=False)
-    elif all(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-             for f in dataclasses.fields(config_cls)):  # type: ignore[arg-type]
+    elif all(
+        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        for f in dataclasses.fields(config_cls)
+    ):  # type: ignore[arg-type]
         default = config_cls()
     args = _tyro_spellings(config_cls, rest)
     with events.on_parse_error(_translate(config_cls, args)):

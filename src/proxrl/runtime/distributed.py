@@ -159,7 +159,9 @@ def all_reduce_sum(x: Any) -> Any:
         return _reduce_tensor(x, torch_dist.ReduceOp.SUM)
     if isinstance(x, dict):
         return _reduce_dict(x, torch_dist.ReduceOp.SUM)
-    return float(_reduce_tensor(torch.tensor(float(x), dtype=torch.float64), torch_dist.ReduceOp.SUM))
+    return float(
+        _reduce_tensor(torch.tensor(float(x), dtype=torch.float64), torch_dist.ReduceOp.SUM)
+    )
 
 
 @overload

@@ -38,8 +38,10 @@ class Range:
 
     def holds(self, value: float) -> bool:
         return not (
-            (self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
-            or (self.le is not None and value > self.le) or (self.lt is not None and value >= self.lt)
+            (self.ge is not None and value < self.ge)
+            or (self.gt is not None and value <= self.gt)
+            or (self.le is not None and value > self.le)
+            or (self.lt is not None and value >= self.lt)
         )
 
     def message(self, name: str, value: Any, style: str, integer: bool) -> str:
@@ -50,7 +52,13 @@ class Range:
         if style == "field" and integer and self.gt is not None:  # an int's > k reads as >= k + 1
             gt, ge = None, int(self.gt) + 1
         low = (">=", ge) if ge is not None else (">", gt) if gt is not None else None
-        high = ("<=", self.le) if self.le is not None else ("<", self.lt) if self.lt is not None else None
+        high = (
+            ("<=", self.le)
+            if self.le is not None
+            else ("<", self.lt)
+            if self.lt is not None
+            else None
+        )
         if low and high:
             interval = f"{'[' if low[0] == '>=' else '('}{_num(low[1])}, {_num(high[1])}{']' if high[0] == '<=' else ')'}"
             if style == "flag":
@@ -99,9 +107,15 @@ def field_table(config_cls: Any) -> dict[str, FieldSpec]:
         if typing.get_origin(tp) is Annotated:
             tp, *extras = typing.get_args(tp)
         ranges = [m for m in extras if isinstance(m, Range)]
-        aliases = [a.lstrip("-").replace("-", "_") for m in extras for a in (getattr(m, "aliases", None) or ())]
+        aliases = [
+            a.lstrip("-").replace("-", "_")
+            for m in extras
+            for a in (getattr(m, "aliases", None) or ())
+        ]
         switch = tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras)
-        table[f.name] = FieldSpec(tp, ranges[0] if ranges else inherited.get(f.name), tuple(aliases), switch)
+        table[f.name] = FieldSpec(
+            tp, ranges[0] if ranges else inherited.get(f.name), tuple(aliases), switch
+        )
     return table
 
 

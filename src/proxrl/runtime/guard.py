@@ -134,7 +134,10 @@ class NonFiniteGuard:
         self.skipped += 1
         log.warning(
             "step %d: %s; update skipped (%d in a row, %d in total)",
-            step, problem, self.consecutive, self.skipped,
+            step,
+            problem,
+            self.consecutive,
+            self.skipped,
         )
         if self.consecutive >= self.max_consecutive:
             where = (

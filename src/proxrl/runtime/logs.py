@@ -44,8 +44,13 @@ def configure_logging(level: int = logging.INFO) -> None:
         from rich.console import Console
         from rich.logging import RichHandler
 
-        handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False,
-                              markup=False, rich_tracebacks=False)
+        handler = RichHandler(
+            console=Console(stderr=True),
+            show_time=False,
+            show_path=False,
+            markup=False,
+            rich_tracebacks=False,
+        )
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)

@@ -91,6 +91,8 @@ def split_eval(items: list[Any], fraction: float, seed: int) -> tuple[list[Any],
     order = torch.randperm(len(items), generator=generator).tolist()
     n_eval = max(1, round(fraction * len(items)))
     if n_eval >= len(items):
-        raise ProxrlError(f"eval_fraction={fraction} leaves no training example out of {len(items)}")
+        raise ProxrlError(
+            f"eval_fraction={fraction} leaves no training example out of {len(items)}"
+        )
     held = set(order[:n_eval])
     return [x for i, x in enumerate(items) if i not in held], [items[i] for i in order[:n_eval]]

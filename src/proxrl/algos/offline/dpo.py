@@ -88,7 +88,9 @@ class DPOBatch:
     ref_rejected: Tensor  # (B,)
 
     def to(self, device: torch.device | str) -> DPOBatch:
-        return DPOBatch(self.pairs.to(device), self.ref_chosen.to(device), self.ref_rejected.to(device))
+        return DPOBatch(
+            self.pairs.to(device), self.ref_chosen.to(device), self.ref_rejected.to(device)
+        )
 
 
 def response_logps(model: nn.Module, sequences: Batch, average: bool) -> Tensor:
@@ -96,24 +98,32 @@ def response_logps(model: nn.Module, sequences: Batch, average: bool) -> Tensor:
     logits = model(**sequences.model_inputs()).logits
     token_logps = logprobs_from_logits(logits[:, :-1], sequences.input_ids[:, 1:])
     mask = sequences.loss_mask[:, 1:]
-    return masked_mean(token_logps, mask, dim=-1) if average else masked_sum(token_logps, mask, dim=-1)
+    return (
+        masked_mean(token_logps, mask, dim=-1) if average else masked_sum(token_logps, mask, dim=-1)
+    )
 
 
 def uses_average(loss: str) -> bool:
     return loss in ("ipo", "simpo")
 
 
-def preference_loss(model: nn.Module, batch: DPOBatch, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+def preference_loss(
+    model: nn.Module, batch: DPOBatch, cfg: Config
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
     batch = batch.to(next(model.parameters()).device)
     logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss))
     b = batch.pairs.num_pairs
     chosen, rejected = logps[:b], logps[b:]
     if cfg.loss == "simpo":
-        return simpo_loss(chosen, rejected, cfg.beta, cfg.simpo_gamma_beta_ratio, cfg.label_smoothing)
+        return simpo_loss(
+            chosen, rejected, cfg.beta, cfg.simpo_gamma_beta_ratio, cfg.label_smoothing
+        )
     if cfg.loss == "ipo":
         return ipo_loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta)
-    return dpo_loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta, cfg.label_smoothing)
+    return dpo_loss(
+        chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta, cfg.label_smoothing
+    )
 
 
 @torch.no_grad()
@@ -129,8 +139,12 @@ def reference_logps(
     model.eval()
     chosen = torch.zeros(len(items), dtype=torch.float64)
     rejected = torch.zeros(len(items), dtype=torch.float64)
-    for indices in dist.shard(bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False)):
-        pairs = collate_pairs([items[i] for i in indices], pad_id).to(next(model.parameters()).device)
+    for indices in dist.shard(
+        bucket_batches([len(x) for x in items], batch_size, seed=0, shuffle=False)
+    ):
+        pairs = collate_pairs([items[i] for i in indices], pad_id).to(
+            next(model.parameters()).device
+        )
         logps = response_logps(model, pairs.sequences, average).double().cpu()
         chosen[indices] = logps[: len(indices)]
         rejected[indices] = logps[len(indices) :]
@@ -138,7 +152,13 @@ def reference_logps(
     return dist.all_reduce_sum(chosen), dist.all_reduce_sum(rejected)
 
 
-def make_batch(items: list[EncodedPair], indices: list[int], ref: tuple[Tensor, Tensor], pad_id: int, dtype: torch.dtype) -> DPOBatch:
+def make_batch(
+    items: list[EncodedPair],
+    indices: list[int],
+    ref: tuple[Tensor, Tensor],
+    pad_id: int,
+    dtype: torch.dtype,
+) -> DPOBatch:
     pairs = collate_pairs([items[i] for i in indices], pad_id)
     return DPOBatch(pairs, ref[0][indices].to(dtype), ref[1][indices].to(dtype))
 
@@ -154,7 +174,9 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 2. Data: validated pairs (chosen == rejected dropped); a held-out split.
     def load(source: str, name: str) -> list[EncodedPair]:
-        return encode_preferences(load_preference_examples(source), tokenizer, cfg.max_length, cfg.overlong, name)
+        return encode_preferences(
+            load_preference_examples(source), tokenizer, cfg.max_length, cfg.overlong, name
+        )
 
     train_items = load(cfg.data, "training data")
     if cfg.eval_data:
@@ -165,7 +187,9 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 3. Seeds and the policy (dropout off; LoRA if asked).
     seed_everything(cfg.seed)
-    policy = load_causal_lm(cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
+    policy = load_causal_lm(
+        cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
+    )
     resize_for_tokenizer(policy, tokenizer)
     policy = maybe_lora(policy, cfg).to(dist.device())
 
@@ -175,7 +199,9 @@ def train(cfg: Config) -> dict[str, float]:
         ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
         ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
     elif cfg.ref_model:
-        reference = load_causal_lm(cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing).to(dist.device())
+        reference = load_causal_lm(
+            cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
+        ).to(dist.device())
         resize_for_tokenizer(reference, tokenizer)
         with cfg.autocast():
             ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)

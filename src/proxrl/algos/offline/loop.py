@@ -165,7 +165,12 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
 
     log.info(
         "%s: %d items, %d per optimizer step (batch_size %d × grad_accum %d), %d steps",
-        task.name, len(lengths), cfg.examples_per_step, cfg.batch_size, cfg.grad_accum, total_steps,
+        task.name,
+        len(lengths),
+        cfg.examples_per_step,
+        cfg.batch_size,
+        cfg.grad_accum,
+        total_steps,
     )
 
     # 2. Optimizer over what trains (LoRA: adapters and head only). Several processes: each
@@ -185,7 +190,9 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     # 3. What a checkpoint holds: trainable weights, optimizer, RNG, skip counters and, as a
     #    counter, the step (which fixes the data position). Resume is checked before anything in
     #    output_dir is touched, so a failed resume leaves the run as it was.
-    checkpointer.track(model=TrainableWeights(model), optimizer=optimizer, rng=GlobalRNG(), guard=guard)
+    checkpointer.track(
+        model=TrainableWeights(model), optimizer=optimizer, rng=GlobalRNG(), guard=guard
+    )
     step = 0
     if cfg.resume:
         restored = checkpointer.restore()
@@ -208,7 +215,9 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     tokens_seen = 0
     with (
         GracefulStop() as stop,
-        progress_bar(total_steps, task.name, completed=step, enabled=cfg.progress and dist.is_main()) as bar,
+        progress_bar(
+            total_steps, task.name, completed=step, enabled=cfg.progress and dist.is_main()
+        ) as bar,
     ):
         for epoch in range(cfg.epochs):
             micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
@@ -227,8 +236,12 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 if world == 1:
                     stats = accumulate_gradients(model, batches, loss_fn, task.units_fn)
                 else:  # local sums weighted by the global unit count, then summed over ranks
-                    global_units = int(dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches))))
-                    if sharded and len(batches) < len(group):  # FSDP / ZeRO: every rank must run every forward
+                    global_units = int(
+                        dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches)))
+                    )
+                    if sharded and len(batches) < len(
+                        group
+                    ):  # FSDP / ZeRO: every rank must run every forward
                         raise ProxrlError(
                             f"batch_size: under FSDP/DeepSpeed every micro-batch needs >= {world} examples; "
                             f"step {done} has fewer (use a data size whose remainder by batch_size is 0 or >= {world})"
@@ -236,7 +249,10 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     with dist.no_sync(train_model):
                         # FSDP / DeepSpeed average gradients over ranks: weigh by world / units.
                         stats = accumulate_gradients(
-                            train_model, batches, loss_fn, task.units_fn,
+                            train_model,
+                            batches,
+                            loss_fn,
+                            task.units_fn,
                             total_units=global_units / world if sharded else global_units,
                         )
                     if not sharded:
@@ -248,25 +264,39 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 # which would spread a NaN over every gradient and hide where it came from).
                 finite = guard.check(done, loss=stats["loss"], parameters=model)
                 grad_norm = (
-                    torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                    if cfg.max_grad_norm > 0
-                    else torch.nn.utils.clip_grad_norm_(params, float("inf"))
-                ) if finite else torch.tensor(float("nan"))
+                    (
+                        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                        if cfg.max_grad_norm > 0
+                        else torch.nn.utils.clip_grad_norm_(params, float("inf"))
+                    )
+                    if finite
+                    else torch.tensor(float("nan"))
+                )
                 if finite:
                     optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 tokens_seen += sum(lengths[i] for indices in group for i in indices)
-                row = _namespaced(stats, "train") | {
-                    "train/lr": lr,
-                    "train/grad_norm": float(grad_norm),
-                    "train/epoch": epoch + 1,
-                    "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
-                } | guard.metrics()
+                row = (
+                    _namespaced(stats, "train")
+                    | {
+                        "train/lr": lr,
+                        "train/grad_norm": float(grad_norm),
+                        "train/epoch": epoch + 1,
+                        "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
+                    }
+                    | guard.metrics()
+                )
                 if task.nonpad_share is not None and batches:
-                    row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(batches)
+                    row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(
+                        batches
+                    )
                 if world > 1 and task.nonpad_share is not None:
-                    row["perf/nonpad_share"] = dist.all_reduce_mean(row.get("perf/nonpad_share", 1.0))
-                evaluate_now = done == total_steps or (cfg.eval_every and done % cfg.eval_every == 0)
+                    row["perf/nonpad_share"] = dist.all_reduce_mean(
+                        row.get("perf/nonpad_share", 1.0)
+                    )
+                evaluate_now = done == total_steps or (
+                    cfg.eval_every and done % cfg.eval_every == 0
+                )
                 if task.evaluate is not None and evaluate_now:
                     with cfg.autocast():
                         row |= task.evaluate(model)
@@ -280,14 +310,22 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                 if dist.any_rank(stop.requested) and done < total_steps:
                     saved = saved or save(done)
                     logger.close()
-                    log.warning("%s: stopping at step %d of %d on %s", task.name, done, total_steps, stop.signal_name)
+                    log.warning(
+                        "%s: stopping at step %d of %d on %s",
+                        task.name,
+                        done,
+                        total_steps,
+                        stop.signal_name,
+                    )
                     raise stop.interrupted(saved)
 
     # 5. Final checkpoint (the last step was evaluated and logged above).
     if done > step:
         save(done)
     else:
-        log.warning("nothing to train: the checkpoint in %s is already at step %d", output_dir, step)
+        log.warning(
+            "nothing to train: the checkpoint in %s is already at step %d", output_dir, step
+        )
     logger.close()
     return last
 

@@ -103,7 +103,9 @@ def make_batch(items: list[Item], use_margin: bool, pad_id: int) -> ScoreBatch:
     return batch if use_margin else PairBatch(batch.sequences, None)
 
 
-def eval_metrics(model: nn.Module, batches: list[ScoreBatch], center_coef: float) -> dict[str, float]:
+def eval_metrics(
+    model: nn.Module, batches: list[ScoreBatch], center_coef: float
+) -> dict[str, float]:
     stats = evaluate_batches(
         model, batches, lambda m, b: reward_loss(m, b, center_coef), comparison_units
     )
@@ -111,7 +113,9 @@ def eval_metrics(model: nn.Module, batches: list[ScoreBatch], center_coef: float
 
 
 @torch.no_grad()
-def score_statistics(model: nn.Module, items: list[Item], batch_size: int, pad_id: int) -> tuple[float, float]:
+def score_statistics(
+    model: nn.Module, items: list[Item], batch_size: int, pad_id: int
+) -> tuple[float, float]:
     """Mean and std of the raw scores of every response in ``items``."""
     sequences = [s for item in items for s in _responses(item)]
     order = bucket_batches([len(s) for s in sequences], batch_size, seed=0, shuffle=False)
@@ -130,12 +134,16 @@ def _responses(item: Item) -> list:
     return item.responses if isinstance(item, EncodedRanking) else [item.chosen, item.rejected]
 
 
-def load_items(source: str, tokenizer: PreTrainedTokenizerBase, cfg: Config, name: str) -> list[Item]:
+def load_items(
+    source: str, tokenizer: PreTrainedTokenizerBase, cfg: Config, name: str
+) -> list[Item]:
     """Pairs or rankings, whichever the data holds (rankings have ``responses``)."""
     examples = load_comparison_examples(source)
     if isinstance(examples[0], RankingExample):
         if cfg.center_coef:
-            raise ProxrlError(f"{name}: center_coef applies to preference pairs, not K-way rankings")
+            raise ProxrlError(
+                f"{name}: center_coef applies to preference pairs, not K-way rankings"
+            )
         return encode_rankings(examples, tokenizer, cfg.max_length, cfg.overlong, name)  # type: ignore[arg-type]
     return encode_preferences(examples, tokenizer, cfg.max_length, cfg.overlong, name)  # type: ignore[arg-type]
 
@@ -162,12 +170,19 @@ def train(cfg: Config) -> dict[str, float]:
     log.info("rm: %d training and %d eval comparisons", len(train_items), len(eval_items))
     pad_id = tokenizer.pad_token_id
     eval_order = bucket_batches([len(x) for x in eval_items], cfg.batch_size, seed=0, shuffle=False)
-    eval_batches = [make_batch([eval_items[i] for i in ix], cfg.use_margin, pad_id) for ix in eval_order]
+    eval_batches = [
+        make_batch([eval_items[i] for i in ix], cfg.use_margin, pad_id) for ix in eval_order
+    ]
 
     # 3. Seeds, a num_labels=1 classifier (a head missing from the checkpoint is drawn
     #    N(0, 1/√(d+1)), bias 0), then the output directory (once every input has loaded).
     seed_everything(cfg.seed)
-    model = load_score_model(cfg.model, new_head="reward", **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
+    model = load_score_model(
+        cfg.model,
+        new_head="reward",
+        **cfg.loader_kwargs(),
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg, task="seq_cls").to(dist.device())
     output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
@@ -179,7 +194,9 @@ def train(cfg: Config) -> dict[str, float]:
         make_batch=lambda ix: make_batch([train_items[i] for i in ix], cfg.use_margin, pad_id),
         loss_fn=lambda m, b: reward_loss(m, b, cfg.center_coef),
         units_fn=comparison_units,
-        evaluate=(lambda m: eval_metrics(m, eval_batches, cfg.center_coef)) if eval_batches else None,
+        evaluate=(lambda m: eval_metrics(m, eval_batches, cfg.center_coef))
+        if eval_batches
+        else None,
         nonpad_share=lambda batch: batch.sequences.nonpad_share,
     )
     metrics = fit(cfg, model, task, output_dir)

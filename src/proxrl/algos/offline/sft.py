@@ -92,7 +92,11 @@ def train(cfg: Config) -> dict[str, float]:
     train_items = encode_sft(load_sft_examples(cfg.data), tokenizer, cfg.max_length, cfg.overlong)
     if cfg.eval_data:
         eval_items = encode_sft(
-            load_sft_examples(cfg.eval_data), tokenizer, cfg.max_length, cfg.overlong, name="eval data"
+            load_sft_examples(cfg.eval_data),
+            tokenizer,
+            cfg.max_length,
+            cfg.overlong,
+            name="eval data",
         )
     else:
         train_items, eval_items = split_eval(train_items, cfg.eval_fraction, cfg.seed)
@@ -103,7 +107,9 @@ def train(cfg: Config) -> dict[str, float]:
     # 3. Seeds, the model (dropout off; LoRA if asked), then the output directory: created only
     #    once every input has loaded, so a bad one leaves no half-made run behind.
     seed_everything(cfg.seed)
-    model = load_causal_lm(cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing)
+    model = load_causal_lm(
+        cfg.model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
+    )
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg).to(dist.device())
     output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
@@ -112,7 +118,12 @@ def train(cfg: Config) -> dict[str, float]:
     #    length-bucketed batches or on packed rows.
     if cfg.packing:
         rows = pack_sequences(train_items, cfg.max_length)
-        log.info("sft: packed %d examples into %d rows of <= %d tokens", len(train_items), len(rows), cfg.max_length)
+        log.info(
+            "sft: packed %d examples into %d rows of <= %d tokens",
+            len(train_items),
+            len(rows),
+            cfg.max_length,
+        )
         items, collate_fn = rows, collate_packed
     else:
         items, collate_fn = train_items, collate

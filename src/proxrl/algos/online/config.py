@@ -75,7 +75,9 @@ class OnlineConfig(ModelRunConfig):
     """Upper clip range (default: clip); DAPO uses 0.28."""
     dual_clip: float | None = None
     """Dual-clip bound c > 1 on negative-advantage losses (None: off)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
     """How per-token losses reduce to a scalar."""
     kl_coef: float = 0.05
     """Initial coefficient β of the KL to the reference policy."""
@@ -128,21 +130,31 @@ class OnlineConfig(ModelRunConfig):
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
         if self.reward_model is None and not self.reward_fn:
-            raise ProxrlError("reward_model / reward_fn: give a reward model, a reward function, or both")
+            raise ProxrlError(
+                "reward_model / reward_fn: give a reward model, a reward function, or both"
+            )
         sources = (self.reward_model is not None) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
-            raise ProxrlError(f"reward_weights: expected {sources} weights (one per reward source), got {len(self.reward_weights)}")
+            raise ProxrlError(
+                f"reward_weights: expected {sources} weights (one per reward source), got {len(self.reward_weights)}"
+            )
         if self.responses_per_iteration % self.mini_batch_size:
             raise ProxrlError(
                 f"mini_batch_size: {self.mini_batch_size} does not divide the {self.responses_per_iteration} "
                 f"responses of an iteration (rollout_batch_size {self.rollout_batch_size} × group_size {self.group_size})"
             )
         if self.mini_batch_size % self.grad_accum:
-            raise ProxrlError(f"grad_accum: {self.grad_accum} does not divide mini_batch_size {self.mini_batch_size}")
+            raise ProxrlError(
+                f"grad_accum: {self.grad_accum} does not divide mini_batch_size {self.mini_batch_size}"
+            )
         if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
-            raise ProxrlError("compile_sampler: needs sampler=cached without stop_strings (generate runs those)")
+            raise ProxrlError(
+                "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"
+            )
         if self.lora_r and self.ref_reset_every:
-            raise ProxrlError("ref_reset_every: not available with lora_r > 0 (the reference is the base model)")
+            raise ProxrlError(
+                "ref_reset_every: not available with lora_r > 0 (the reference is the base model)"
+            )
 
 
 @dataclass

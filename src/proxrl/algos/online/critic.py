@@ -56,12 +56,16 @@ class Critic(ABC):
     """Iterations at the start that train only the critic."""
 
     @abstractmethod
-    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+    def values(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
+    ) -> Tensor:
         """(B, P+T) ids and mask, with the policy's (B, T, d) last hidden state when
         ``needs_hidden`` → (B, T) float32 V(s_t) at every response token."""
 
     @abstractmethod
-    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """The weighted value loss (vf_coef × clipped value loss) of a minibatch, and its stats."""
 
     @abstractmethod
@@ -109,10 +113,19 @@ class NoCritic(Critic):
     def load(cls, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> NoCritic:
         return cls()
 
-    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
-        return torch.zeros(input_ids.shape[0], input_ids.shape[1] - prompt_length, dtype=torch.float32, device=input_ids.device)
+    def values(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
+    ) -> Tensor:
+        return torch.zeros(
+            input_ids.shape[0],
+            input_ids.shape[1] - prompt_length,
+            dtype=torch.float32,
+            device=input_ids.device,
+        )
 
-    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         return torch.zeros((), device=mb.response_mask.device), {}
 
     def rollout_metrics(self, experience: Experience) -> dict[str, float]:
@@ -142,20 +155,37 @@ class _TrainedCritic(Critic):
         self.settings = settings
         self.warmup_iterations = settings.warmup_iterations
 
-    def loss(self, mb: Experience, hidden: Tensor | None, loss_agg: str) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         new_values = self.values(mb.input_ids, mb.attention_mask, mb.prompt_ids.shape[1], hidden)
-        v_loss, stats = value_loss(new_values, mb.values, mb.returns, mb.response_mask.float(), self.settings.value_clip, loss_agg)
+        v_loss, stats = value_loss(
+            new_values,
+            mb.values,
+            mb.returns,
+            mb.response_mask.float(),
+            self.settings.value_clip,
+            loss_agg,
+        )
         return self.settings.vf_coef * v_loss, stats
 
     def rollout_metrics(self, experience: Experience) -> dict[str, float]:
         mask = experience.response_mask.float()
-        return {"value/explained_var": explained_variance(experience.values, experience.returns, mask).item()}
+        return {
+            "value/explained_var": explained_variance(
+                experience.values, experience.returns, mask
+            ).item()
+        }
 
     def modules(self) -> list[nn.Module]:
         return [self.module]
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [torch.optim.AdamW(list(self.parameters()), lr=self.settings.learning_rate, weight_decay=0.0)]
+        return [
+            torch.optim.AdamW(
+                list(self.parameters()), lr=self.settings.learning_rate, weight_decay=0.0
+            )
+        ]
 
     def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
         return type(self)(wrap(self.module), self.settings)
@@ -171,13 +201,22 @@ class SeparateCritic(_TrainedCritic):
     module: PreTrainedModel
 
     @classmethod
-    def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> SeparateCritic:
+    def load(
+        cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any
+    ) -> SeparateCritic:
         source = settings.source or cfg.reward_model or cfg.model
-        model = load_score_model(source, new_head="zero", gradient_checkpointing=cfg.gradient_checkpointing, **cfg.loader_kwargs())
+        model = load_score_model(
+            source,
+            new_head="zero",
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            **cfg.loader_kwargs(),
+        )
         resize_for_tokenizer(model, tokenizer)
         return cls(model, settings)
 
-    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+    def values(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
+    ) -> Tensor:
         return critic_forward(self.module, input_ids, attention_mask, prompt_length)
 
     def save_pretrained(self, output_dir: Path) -> None:
@@ -193,13 +232,19 @@ class ValueHeadCritic(_TrainedCritic):
     needs_hidden = True
 
     @classmethod
-    def load(cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> ValueHeadCritic:
+    def load(
+        cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any
+    ) -> ValueHeadCritic:
         config: Any = actor.config  # a transformers config (through peft's wrapper under LoRA)
         return cls(ValueHead(config.hidden_size), settings)
 
-    def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None) -> Tensor:
+    def values(
+        self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
+    ) -> Tensor:
         if hidden is None:
-            raise ValueError("a value head reads the policy's hidden state: run policy_forward with with_hidden=True")
+            raise ValueError(
+                "a value head reads the policy's hidden state: run policy_forward with with_hidden=True"
+            )
         values: Tensor = self.module(hidden)
         return values
 
@@ -207,7 +252,10 @@ class ValueHeadCritic(_TrainedCritic):
         """``value_head.safetensors`` beside the policy."""
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous() for k, v in self.module.state_dict().items()}, str(output_dir / "value_head.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.module.state_dict().items()},
+            str(output_dir / "value_head.safetensors"),
+        )
 
 
 CriticLoader = Callable[["OnlineConfig", nn.Module, Any], Critic]

@@ -64,7 +64,9 @@ class Config(OnlineConfig):
 
     def validate(self) -> None:
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
-            raise ProxrlError(f"group_size: {self.estimator} needs at least 2 samples per prompt, got {self.group_size}")
+            raise ProxrlError(
+                f"group_size: {self.estimator} needs at least 2 samples per prompt, got {self.group_size}"
+            )
         super().validate()
 
 
@@ -76,8 +78,14 @@ def build(cfg: Config) -> Algorithm:
     def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
         mask = exp.response_mask.float()
         if cfg.estimator == "reinforce_pp":
-            rewards = shaped_rewards(exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator)
-            return rewards, reinforce_pp_advantages(rewards, mask, cfg.gamma), discounted_returns(rewards, mask, cfg.gamma)
+            rewards = shaped_rewards(
+                exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+            )
+            return (
+                rewards,
+                reinforce_pp_advantages(rewards, mask, cfg.gamma),
+                discounted_returns(rewards, mask, cfg.gamma),
+            )
         if cfg.estimator == "grpo":  # KL is paid in the loss
             returns = exp.scores
             if cfg.rank_weight == 1:
@@ -87,28 +95,46 @@ def build(cfg: Config) -> Algorithm:
             else:
                 advantages = grpo_advantages(returns, cfg.group_size, cfg.group_scale)
         else:
-            returns = exp.scores - kl_coef * sequence_kl(exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator)
+            returns = exp.scores - kl_coef * sequence_kl(
+                exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator
+            )
             if cfg.estimator == "rloo":
                 advantages = rloo_advantages(returns, cfg.group_size)
             elif cfg.estimator == "remax":
                 if exp.greedy_scores is None:
-                    raise ValueError("remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)")
+                    raise ValueError(
+                        "remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)"
+                    )
                 advantages = remax_advantages(returns, exp.greedy_scores)
             else:
                 advantages = returns - returns.mean()
         # The sequence return sits at the last token, as a per-token reward would.
-        rewards = torch.zeros_like(mask).scatter(1, last_valid_index(mask).unsqueeze(1), returns.unsqueeze(1))
+        rewards = torch.zeros_like(mask).scatter(
+            1, last_valid_index(mask).unsqueeze(1), returns.unsqueeze(1)
+        )
         return rewards, _per_token(advantages, mask), _per_token(returns, mask)
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb.response_mask.float()
         if cfg.estimator == "reinforce":
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.loss_agg)
-        return ppo_clip_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
+        return ppo_clip_loss(
+            logprobs,
+            mb.logprobs,
+            mb.advantages,
+            mask,
+            cfg.clip,
+            cfg.clip_high,
+            cfg.dual_clip,
+            cfg.loss_agg,
+        )
 
     return Algorithm(
-        name=cfg.estimator, estimate=estimate, policy_loss=policy_loss,
-        kl_in_loss=cfg.estimator == "grpo", needs_greedy=cfg.estimator == "remax",
+        name=cfg.estimator,
+        estimate=estimate,
+        policy_loss=policy_loss,
+        kl_in_loss=cfg.estimator == "grpo",
+        needs_greedy=cfg.estimator == "remax",
     )
 
 

@@ -57,7 +57,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
     if cfg.compile_sampler:
-        static_cache(models.actor, CachedSampler.CACHE_BUCKET)  # a model without one fails here, not mid-run
+        static_cache(
+            models.actor, CachedSampler.CACHE_BUCKET
+        )  # a model without one fails here, not mid-run
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
     world = dist.world_size()
     if world > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
@@ -74,14 +76,23 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
     train_models = models
     if world > 1 and dist.is_sharded():
-        train_models = replace(models, actor=dist.wrap_model(models.actor), critic=models.critic.wrapped(dist.wrap_model))
+        train_models = replace(
+            models,
+            actor=dist.wrap_model(models.actor),
+            critic=models.critic.wrapped(dist.wrap_model),
+        )
     actor_params = [p for p in models.actor.parameters() if p.requires_grad]
-    optimizers = [torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0), *models.critic.optimizers()]
+    optimizers = [
+        torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
+        *models.critic.optimizers(),
+    ]
     base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
     kl = kl_controller(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer(
-        output_dir, keep=cfg.keep_checkpoints, rank_rng=True,
+        output_dir,
+        keep=cfg.keep_checkpoints,
+        rank_rng=True,
         # another world size: a fresh stream per rank, still a function of the iteration
         reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
     )
@@ -97,8 +108,14 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     checkpointer.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
     if cfg.ref_reset_every:  # a reference that moves is state; a frozen one is reloaded from disk
         checkpointer.track(reference=models.reference)
-    checkpointer.track(optimizers=optimizers, kl=kl, penalty=algo.penalty, rng=GlobalRNG(),
-                       generator=generator, guard=guard)
+    checkpointer.track(
+        optimizers=optimizers,
+        kl=kl,
+        penalty=algo.penalty,
+        rng=GlobalRNG(),
+        generator=generator,
+        guard=guard,
+    )
 
     def save(done: int) -> Path:
         return checkpointer.save(done, iteration=done)
@@ -115,7 +132,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 4. Iterate.
     last: dict[str, float] = {}
     bar_on = cfg.progress and dist.is_main()
-    with progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=bar_on) as bar, GracefulStop() as stop:
+    with (
+        progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=bar_on) as bar,
+        GracefulStop() as stop,
+    ):
         for iteration in range(start, cfg.iterations):
             started = time.perf_counter()
             fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
@@ -131,13 +151,26 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             models.actor.eval()
             with cfg.autocast():
                 experience, completions, row = collect_rollout(
-                    cfg, algo, models, rewards, [prompts[i] for i in local], [prompt_ids[i] for i in local], kl.value, timings
+                    cfg,
+                    algo,
+                    models,
+                    rewards,
+                    [prompts[i] for i in local],
+                    [prompt_ids[i] for i in local],
+                    kl.value,
+                    timings,
                 )
             # A finite rollout is only inspected: counting it as a success would reset the
             # in-a-row count, and a run with fewer steps per iteration than max_consecutive_skips
             # whose gradients are always NaN would then never stop.
-            rollout = {"scores": experience.scores, "rewards": experience.rewards, "advantages": experience.advantages}
-            rollout_ok = guard.problem(tensors=rollout) is None or guard.check(iteration + 1, tensors=rollout)
+            rollout = {
+                "scores": experience.scores,
+                "rewards": experience.rewards,
+                "advantages": experience.advantages,
+            }
+            rollout_ok = guard.problem(tensors=rollout) is None or guard.check(
+                iteration + 1, tensors=rollout
+            )
 
             # 4b. Update: the critic alone during warm-up, then both. A rollout with a non-finite
             # score, reward or advantage is skipped whole.
@@ -146,7 +179,18 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             train_policy = iteration >= models.critic.warmup_iterations
             stats: dict[str, float] = {}
             if rollout_ok:
-                stats = update(cfg, algo, train_models, experience, optimizers, kl.value, train_policy, generator, guard, iteration + 1)
+                stats = update(
+                    cfg,
+                    algo,
+                    train_models,
+                    experience,
+                    optimizers,
+                    kl.value,
+                    train_policy,
+                    generator,
+                    guard,
+                    iteration + 1,
+                )
             timings["time/update_s"] = time.perf_counter() - started_update
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
@@ -155,7 +199,11 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             if algo.penalty is not None and train_policy and stats.get("steps"):
                 algo.penalty.update(stats.get("approx_kl", 0.0))
                 row["policy/penalty_beta"] = algo.penalty.value
-            if cfg.ref_reset_every and (iteration + 1) % cfg.ref_reset_every == 0 and models.reference is not None:
+            if (
+                cfg.ref_reset_every
+                and (iteration + 1) % cfg.ref_reset_every == 0
+                and models.reference is not None
+            ):
                 models.reference.load_state_dict(models.actor.state_dict())
 
             # 4d. Metrics, samples, checkpoint.
@@ -170,14 +218,26 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             row["time/iteration_s"] = elapsed
             row.update(timings)
             last = logger.log(iteration + 1, row)
-            sample_now = cfg.sample_every and (iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations)
+            sample_now = cfg.sample_every and (
+                iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations
+            )
             if sample_now and dist.is_main():
-                write_samples(output_dir, iteration + 1, [prompts[i] for i in order for _ in range(cfg.group_size)],
-                              completions, experience.scores, show=cfg.progress)
+                write_samples(
+                    output_dir,
+                    iteration + 1,
+                    [prompts[i] for i in order for _ in range(cfg.group_size)],
+                    completions,
+                    experience.scores,
+                    show=cfg.progress,
+                )
             bar.update(1, score=row["objective/scores"], kl=row.get("objective/kl", 0.0))
             if dist.any_rank(stop.requested) and iteration + 1 < cfg.iterations:
                 raise stop.interrupted(save(iteration + 1))
-            if cfg.save_every and (iteration + 1) % cfg.save_every == 0 and iteration + 1 < cfg.iterations:
+            if (
+                cfg.save_every
+                and (iteration + 1) % cfg.save_every == 0
+                and iteration + 1 < cfg.iterations
+            ):
                 save(iteration + 1)
 
     # 5. Final checkpoint and the policy (and critic) for transformers.
@@ -194,19 +254,38 @@ def truncate_samples(output_dir: Path, iteration: int) -> None:
     """Drop samples written after ``iteration`` (a resumed run writes them again)."""
     path = output_dir / "samples.jsonl"
     if path.exists():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["iteration"] <= iteration]
+        kept = [
+            line
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if json.loads(line)["iteration"] <= iteration
+        ]
         path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def write_samples(
-    output_dir: Path, iteration: int, prompts: list[PromptExample], completions: list[str], scores: Tensor,
-    show: bool = False, shown: int = 3,
+    output_dir: Path,
+    iteration: int,
+    prompts: list[PromptExample],
+    completions: list[str],
+    scores: Tensor,
+    show: bool = False,
+    shown: int = 3,
 ) -> None:
     """Append every sample to samples.jsonl; with ``show``, log the first few as a table."""
     rows = list(zip(prompts, completions, scores.tolist(), strict=True))
     with open(output_dir / "samples.jsonl", "a", encoding="utf-8") as f:
         for prompt, completion, score in rows:
-            f.write(json.dumps({"iteration": iteration, "prompt": prompt.prompt, "completion": completion, "score": score}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "iteration": iteration,
+                        "prompt": prompt.prompt,
+                        "completion": completion,
+                        "score": score,
+                    }
+                )
+                + "\n"
+            )
     if show:
         from rich.table import Table
 

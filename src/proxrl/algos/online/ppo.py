@@ -80,7 +80,9 @@ class Config(OnlineConfig):
 def build(cfg: Config) -> Algorithm:
     def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
         mask = exp.response_mask.float()
-        rewards = shaped_rewards(exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator)
+        rewards = shaped_rewards(
+            exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+        )
         if cfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
         advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
@@ -88,23 +90,46 @@ def build(cfg: Config) -> Algorithm:
             advantages = masked_whiten(advantages, mask)
         return rewards, advantages, returns
 
-    penalty = AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
+    penalty = (
+        AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
+    )
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb.response_mask.float()
         if cfg.surrogate == "penalty":
-            return ppo_penalty_loss(logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.loss_agg)  # type: ignore[union-attr]
-        loss, stats = ppo_clip_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
+            return ppo_penalty_loss(
+                logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.loss_agg
+            )  # type: ignore[union-attr]
+        loss, stats = ppo_clip_loss(
+            logprobs,
+            mb.logprobs,
+            mb.advantages,
+            mask,
+            cfg.clip,
+            cfg.clip_high,
+            cfg.dual_clip,
+            cfg.loss_agg,
+        )
         if penalty is not None:  # clip+penalty: β·KL(π_old‖π), k3 of r = π/π_old
-            loss = loss + penalty.value * aggregate_loss(kl_k3(mb.logprobs, logprobs), mask, cfg.loss_agg)
+            loss = loss + penalty.value * aggregate_loss(
+                kl_k3(mb.logprobs, logprobs), mask, cfg.loss_agg
+            )
         return loss, stats
 
     settings = CriticSettings(
-        learning_rate=cfg.critic_learning_rate, vf_coef=cfg.vf_coef, value_clip=cfg.value_clip,
-        warmup_iterations=cfg.critic_warmup_iterations, source=cfg.critic_model,
+        learning_rate=cfg.critic_learning_rate,
+        vf_coef=cfg.vf_coef,
+        value_clip=cfg.value_clip,
+        warmup_iterations=cfg.critic_warmup_iterations,
+        source=cfg.critic_model,
     )
-    return Algorithm(name="ppo", estimate=estimate, policy_loss=policy_loss,
-                     critic=partial(CRITICS[cfg.critic], settings), penalty=penalty)
+    return Algorithm(
+        name="ppo",
+        estimate=estimate,
+        policy_loss=policy_loss,
+        critic=partial(CRITICS[cfg.critic], settings),
+        penalty=penalty,
+    )
 
 
 def train(cfg: Config) -> dict[str, float]:

@@ -45,14 +45,18 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
     actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
     resize_for_tokenizer(actor, tokenizer)
     reference = None
-    tracks_kl = cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
+    tracks_kl = (
+        cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
+    )
     if cfg.lora_r:
         actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
     elif tracks_kl:
         reference = load_causal_lm(cfg.model, **kwargs)
         resize_for_tokenizer(reference, tokenizer)
         reference.requires_grad_(False).eval()
-    critic = algo.critic(cfg, actor, tokenizer)  # after the reference: the same random stream as before
+    critic = algo.critic(
+        cfg, actor, tokenizer
+    )  # after the reference: the same random stream as before
     return Models(actor, reference, critic, tokenizer, tracks_kl)
 
 
@@ -79,12 +83,17 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
             kept.append(example)
             ids.append(encoded)
     if len(kept) < len(examples):
-        log.warning("%d of %d prompts are longer than max_prompt_length=%d and were dropped",
-                    len(examples) - len(kept), len(examples), cfg.max_prompt_length)
+        log.warning(
+            "%d of %d prompts are longer than max_prompt_length=%d and were dropped",
+            len(examples) - len(kept),
+            len(examples),
+            cfg.max_prompt_length,
+        )
     if not kept:
-        raise ProxrlError(f"prompts: every prompt in {cfg.prompts} is longer than max_prompt_length={cfg.max_prompt_length}")
+        raise ProxrlError(
+            f"prompts: every prompt in {cfg.prompts} is longer than max_prompt_length={cfg.max_prompt_length}"
+        )
     return kept, ids
-
 
 
 def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) -> None:

@@ -31,7 +31,9 @@ def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[
     order: list[int] = []
     while len(order) < batch:
         epoch, offset = divmod(start + len(order), n_prompts)
-        permutation = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+        permutation = torch.randperm(
+            n_prompts, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)
+        ).tolist()
         order.extend(permutation[offset : offset + batch - len(order)])
     return order
 
@@ -45,8 +47,14 @@ def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | C
 
 @torch.no_grad()
 def collect_rollout(
-    cfg: OnlineConfig, algo: Algorithm, models: Models, rewards: WeightedRewards,
-    prompts: list[PromptExample], prompt_ids: list[list[int]], kl_coef: float, timings: dict[str, float],
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    kl_coef: float,
+    timings: dict[str, float],
 ) -> tuple[Experience, list[str], dict[str, float]]:
     """Sample, score and evaluate one batch of prompts; returns the rollout, the completions
     and the rollout-side metrics."""
@@ -59,16 +67,24 @@ def collect_rollout(
     batch_prompts = [p for p in prompts for _ in range(group)]
     prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
-    settings = SamplingSettings(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings)
+    settings = SamplingSettings(
+        cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings
+    )
     critic = models.critic
-    use_sampler_logprobs = cfg.sampler_logprobs and not critic.needs_hidden  # a value head needs the forward pass
+    use_sampler_logprobs = (
+        cfg.sampler_logprobs and not critic.needs_hidden
+    )  # a value head needs the forward pass
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        samples = make_sampler(cfg, whole, tokenizer).sample(prompt_tensor, prompt_mask, settings,
-                                                             with_logprobs=use_sampler_logprobs)
+        samples = make_sampler(cfg, whole, tokenizer).sample(
+            prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs
+        )
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
         response_mask[:, 0] = 1
-    completions = tokenizer.batch_decode(response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask), skip_special_tokens=True)
+    completions = tokenizer.batch_decode(
+        response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask),
+        skip_special_tokens=True,
+    )
     timings["time/rollout_s"] = time.perf_counter() - started
 
     # Score.
@@ -81,7 +97,11 @@ def collect_rollout(
     raw_scores = scores.clone()
     ended = stopped(response_mask, response_ids, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     if cfg.no_stop_penalty is not None:
-        penalised = scores - cfg.no_stop_penalty if cfg.no_stop_mode == "subtract" else torch.full_like(scores, cfg.no_stop_penalty)
+        penalised = (
+            scores - cfg.no_stop_penalty
+            if cfg.no_stop_mode == "subtract"
+            else torch.full_like(scores, cfg.no_stop_penalty)
+        )
         scores = torch.where(ended, scores, penalised)
     if cfg.reward_clip:
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
@@ -95,7 +115,9 @@ def collect_rollout(
             )
         greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
         prompt_columns = {k: v[::group] for k, v in columns.items()}
-        greedy_scores = rewards(prompts, greedy_text, prompt_columns)[0].repeat_interleave(group).to(device)
+        greedy_scores = (
+            rewards(prompts, greedy_text, prompt_columns)[0].repeat_interleave(group).to(device)
+        )
     timings["time/score_s"] = time.perf_counter() - started
 
     # Forward passes of the policy, the reference and the critic over the sampled tokens.
@@ -110,24 +132,52 @@ def collect_rollout(
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
             entropy.append(samples.entropy[rows])  # type: ignore[index]
         else:
-            out = policy_forward(actor, input_ids[rows], attention_mask[rows], P, cfg.temperature,
-                                 with_entropy=True, with_hidden=critic.needs_hidden)
+            out = policy_forward(
+                actor,
+                input_ids[rows],
+                attention_mask[rows],
+                P,
+                cfg.temperature,
+                with_entropy=True,
+                with_hidden=critic.needs_hidden,
+            )
             logprobs.append(out.logprobs.float())
             entropy.append(out.entropy.float())  # type: ignore[union-attr]
             hidden = out.hidden
         if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
             ref_logprobs.append(logprobs[-1])
         else:
-            with adapter_disabled(actor) if models.reference is None else contextlib.nullcontext(models.reference) as ref:
+            with (
+                adapter_disabled(actor)
+                if models.reference is None
+                else contextlib.nullcontext(models.reference) as ref
+            ):
                 ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
-                ref_logprobs.append(policy_forward(ref, input_ids[rows].to(ref_device), attention_mask[rows].to(ref_device), P,
-                                                   cfg.temperature).logprobs.float().to(device))
+                ref_logprobs.append(
+                    policy_forward(
+                        ref,
+                        input_ids[rows].to(ref_device),
+                        attention_mask[rows].to(ref_device),
+                        P,
+                        cfg.temperature,
+                    )
+                    .logprobs.float()
+                    .to(device)
+                )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
     mask = response_mask.float()
     experience = Experience(
-        prompt_ids=prompt_tensor, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
-        logprobs=torch.cat(logprobs), ref_logprobs=torch.cat(ref_logprobs), values=torch.cat(values) * mask,
-        scores=scores.to(device), rewards=torch.zeros_like(mask), advantages=torch.zeros_like(mask), returns=torch.zeros_like(mask),
+        prompt_ids=prompt_tensor,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        logprobs=torch.cat(logprobs),
+        ref_logprobs=torch.cat(ref_logprobs),
+        values=torch.cat(values) * mask,
+        scores=scores.to(device),
+        rewards=torch.zeros_like(mask),
+        advantages=torch.zeros_like(mask),
+        returns=torch.zeros_like(mask),
         greedy_scores=greedy_scores,
     )
     timings["time/forward_s"] = time.perf_counter() - started
@@ -137,12 +187,15 @@ def collect_rollout(
     if dist.world_size() > 1:
         entropy = [torch.cat(entropy)]
         experience, raw_scores, ended, entropy[0], completions = gather_rollout(
-            experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id)
+            experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id
+        )
         scores, mask = experience.scores, experience.response_mask.float()
         parts = dist.all_reduce_mean(dict(parts))
 
     # Advantages.
-    experience.rewards, experience.advantages, experience.returns = algo.estimate(experience, kl_coef)
+    experience.rewards, experience.advantages, experience.returns = algo.estimate(
+        experience, kl_coef
+    )
     seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
     lengths = mask.sum(-1)
     metrics = {
@@ -169,17 +222,26 @@ def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
 
 
 def gather_rollout(
-    experience: Experience, raw_scores: torch.Tensor, ended: torch.Tensor, entropy: torch.Tensor,
-    completions: list[str], pad_id: int,
+    experience: Experience,
+    raw_scores: torch.Tensor,
+    ended: torch.Tensor,
+    entropy: torch.Tensor,
+    completions: list[str],
+    pad_id: int,
 ) -> tuple[Experience, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """Every rank's rollout concatenated in rank order (rows of rank 0 first), prompts re-padded
     on the left and responses on the right to the widest rank's (B, P) and (B, T)."""
     device = experience.prompt_ids.device
     local = {name: None if x is None else x.cpu() for name, x in experience.tensors().items()}
-    parts = dist.all_gather_objects({
-        "experience": local,
-        "raw_scores": raw_scores.cpu(), "ended": ended.cpu(), "entropy": entropy.cpu(), "completions": completions,
-    })
+    parts = dist.all_gather_objects(
+        {
+            "experience": local,
+            "raw_scores": raw_scores.cpu(),
+            "ended": ended.cpu(),
+            "entropy": entropy.cpu(),
+            "completions": completions,
+        }
+    )
     P = max(p["experience"]["prompt_ids"].shape[1] for p in parts)
     T = max(p["experience"]["response_ids"].shape[1] for p in parts)
     columns: dict[str, Any] = {}

@@ -25,8 +25,16 @@ log = logging.getLogger(__name__)
 
 
 def update(
-    cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, optimizers: list[torch.optim.Optimizer],
-    kl_coef: float, train_policy: bool, generator: torch.Generator, guard: NonFiniteGuard, iteration: int,
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    experience: Experience,
+    optimizers: list[torch.optim.Optimizer],
+    kl_coef: float,
+    train_policy: bool,
+    generator: torch.Generator,
+    guard: NonFiniteGuard,
+    iteration: int,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
     loss or gradient is not finite is skipped by ``guard``. Returns the mean of each stat over
@@ -39,15 +47,21 @@ def update(
     world, rank = dist.world_size(), dist.rank()
     sharded = dist.is_sharded()
     if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
-        raise ProxrlError(f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step must divide across {world} processes")
+        raise ProxrlError(
+            f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step must divide across {world} processes"
+        )
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
-    named = list(actor.named_parameters()) + [(f"critic.{n}", p) for n, p in critic.named_parameters()]
+    named = list(actor.named_parameters()) + [
+        (f"critic.{n}", p) for n, p in critic.named_parameters()
+    ]
     totals: dict[str, float] = defaultdict(float)
     steps = 0
     P = experience.prompt_ids.shape[1]
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
-        for minibatch in torch.randperm(len(experience), generator=generator).split(cfg.mini_batch_size):
+        for minibatch in torch.randperm(len(experience), generator=generator).split(
+            cfg.mini_batch_size
+        ):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = defaultdict(float)
@@ -57,8 +71,18 @@ def update(
                 no_sync.enter_context(dist.no_sync(model))
             with no_sync:
                 # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
-                _accumulate(cfg, algo, models, experience, micro_batches[rank::world],
-                            len(minibatch) / world if sharded else len(minibatch), P, kl_coef, train_policy, step_stats)
+                _accumulate(
+                    cfg,
+                    algo,
+                    models,
+                    experience,
+                    micro_batches[rank::world],
+                    len(minibatch) / world if sharded else len(minibatch),
+                    P,
+                    kl_coef,
+                    train_policy,
+                    step_stats,
+                )
             if world > 1:  # one all-reduce per optimizer step
                 if not sharded:
                     dist.all_reduce_gradients(parameters)
@@ -67,11 +91,17 @@ def update(
                     step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
             # The global norm doubles as the finiteness check: only a non-finite one makes the
             # guard look for the culprit tensor.
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf")))
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf"))
+            )
             tensors = dict(step_stats)
-            if not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None:  # overflowed norm
+            if (
+                not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None
+            ):  # overflowed norm
                 tensors["gradient norm"] = grad_norm
-            if not guard.check(iteration, tensors=tensors, parameters=None if math.isfinite(grad_norm) else named):
+            if not guard.check(
+                iteration, tensors=tensors, parameters=None if math.isfinite(grad_norm) else named
+            ):
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
                 continue
@@ -92,8 +122,16 @@ def update(
 
 
 def _accumulate(
-    cfg: OnlineConfig, algo: Algorithm, models: Models, experience: Experience, micro_batches: list[Tensor],
-    minibatch_size: float, P: int, kl_coef: float, train_policy: bool, step_stats: dict[str, float],
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    experience: Experience,
+    micro_batches: list[Tensor],
+    minibatch_size: float,
+    P: int,
+    kl_coef: float,
+    train_policy: bool,
+    step_stats: dict[str, float],
 ) -> None:
     """Backward through ``micro_batches`` (row indices into ``experience``), each loss weighted
     by its rows' share of the minibatch; adds the weighted stats into ``step_stats``."""
@@ -108,14 +146,27 @@ def _accumulate(
 
 
 def _minibatch_loss(
-    cfg: OnlineConfig, algo: Algorithm, models: Models, mb: Experience, P: int, kl_coef: float, train_policy: bool,
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    mb: Experience,
+    P: int,
+    kl_coef: float,
+    train_policy: bool,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
     micro-batch."""
     actor, critic = models.actor, models.critic
     mask = mb.response_mask.float()
-    out = policy_forward(actor, mb.input_ids, mb.attention_mask, P, cfg.temperature,
-                         with_entropy=cfg.entropy_coef > 0, with_hidden=critic.needs_hidden)
+    out = policy_forward(
+        actor,
+        mb.input_ids,
+        mb.attention_mask,
+        P,
+        cfg.temperature,
+        with_entropy=cfg.entropy_coef > 0,
+        with_hidden=critic.needs_hidden,
+    )
     loss = torch.zeros((), device=mask.device)
     stats: dict[str, Tensor] = {}
     if train_policy:
@@ -135,7 +186,11 @@ def _minibatch_loss(
 
 
 NAMESPACES = {
-    "value_loss": "value/loss", "value_clipfrac": "value/clipfrac", "value_mean": "value/mean",
-    "entropy": "policy/entropy", "grad_norm": "policy/grad_norm", "early_stopped": "policy/early_stopped",
+    "value_loss": "value/loss",
+    "value_clipfrac": "value/clipfrac",
+    "value_mean": "value/mean",
+    "entropy": "policy/entropy",
+    "grad_norm": "policy/grad_norm",
+    "early_stopped": "policy/early_stopped",
     "steps": "policy/optimizer_steps",
 }
