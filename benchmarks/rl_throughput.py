@@ -211,13 +211,15 @@ def main() -> None:
     floor = statistics.median(floor_s)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
-        f"model: hidden {args.hidden} × {args.layers} layers; 32 responses × 32 new tokens; 2 PPO epochs × 2 minibatches; {args.threads} threads"
+        f"model: hidden {args.hidden} × {args.layers} layers; 32 responses × 32 new tokens; "
+        f"2 PPO epochs × 2 minibatches; {args.threads} threads"
     )
     print(f"{'phase':<12} {'proxrl median s':>16}")
     for phase in ("rollout", "score", "forward", "update"):
         print(f"{phase:<12} {med(f'time/{phase}_s'):>16.3f}")
     print(
-        f"{'iteration':<12} {iteration_s:>16.3f}   floor {floor:.3f} s   ratio proxrl/floor {iteration_s / floor:.2f}"
+        f"{'iteration':<12} {iteration_s:>16.3f}   floor {floor:.3f} s   "
+        f"ratio proxrl/floor {iteration_s / floor:.2f}"
     )
     print(f"generated tokens/s (proxrl): {tokens / iteration_s:.0f}   peak RSS {peak_mb:.0f} MB")
 

@@ -564,7 +564,10 @@ def main() -> None:
     parser.add_argument(
         "--compile-sampler",
         action="store_true",
-        help="proxrl's compile_sampler (its compiles land in the first two updates: warm-up, printed apart)",
+        help=(
+            "proxrl's compile_sampler (its compiles land in the first two updates: "
+            "warm-up, printed apart)"
+        ),
     )
     parser.add_argument(
         "--no-floor",
@@ -595,8 +598,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     frameworks = ("proxrl", "trl", "floor") if args.floor else ("proxrl", "trl")
     print(
-        f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} {'tokens/update':>15} "
-        f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  computed in (proxrl / TRL / floor)",
+        f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} "
+        f"{'tokens/update':>15} "
+        f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  "
+        "computed in (proxrl / TRL / floor)",
         flush=True,
     )
     # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
@@ -631,9 +636,11 @@ def main() -> None:
                 )
                 computed.add(tuple(run.dtypes for run in runs.values()))
                 print(
-                    f"{trainer:<6} {size:<6} {pair:<4} {'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
+                    f"{trainer:<6} {size:<6} {pair:<4} "
+                    f"{'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
                     f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>15} "
-                    f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} {ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
+                    f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} "
+                    f"{ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
                     f"{'/'.join(f'{r.warmup_s:.1f}' for r in list(runs.values())[:2]):>10}  "
                     f"{' / '.join(run.dtypes for run in runs.values())}",
                     flush=True,
@@ -642,7 +649,8 @@ def main() -> None:
                 (trainer, size, statistics.median(ratios), statistics.median(ceilings), computed)
             )
     print(
-        f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; ceiling = floor/TRL, "
+        f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; "
+        "ceiling = floor/TRL, "
         "the ratio a trainer with no overhead at all would reach"
     )
     for trainer, size, ratio, ceiling, computed in summary:

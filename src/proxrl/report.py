@@ -193,7 +193,8 @@ def training_samples(run_dir: Path, runs: list[str], per_side: int) -> list[str]
         for when, it in (("before", first), ("after", last)):
             for r in [r for r in rows if r["iteration"] == it][:per_side]:
                 lines.append(
-                    f"| {when} | `{_cell(r['prompt'])}` | `{_cell(r['completion'])}` | {r['score']:+.3f} |"
+                    f"| {when} | `{_cell(r['prompt'])}` | `{_cell(r['completion'])}` "
+                    f"| {r['score']:+.3f} |"
                 )
         lines.append("")
     return lines

@@ -53,8 +53,12 @@ def _assert_finite_metrics(out: Path) -> None:
     ("precision", "compute"), [("no", torch.float32), ("bf16", torch.bfloat16)]
 )
 def test_ppo_computes_in_the_chosen_precision_and_keeps_float32_weights(
-    precision, compute, tiny_lm, prompts, tmp_path
-):  # noqa: F811
+    precision,
+    compute,
+    tiny_lm,
+    prompts,  # noqa: F811  (a fixture)
+    tmp_path,
+):
     """Sampling, the reference / critic / reward-model passes and the update all run in
     ``compute``, except the scalar heads: scores and values stay float32 (a bf16 score near 8
     moves in steps of 1/32). What is trained and saved stays float32."""

@@ -86,7 +86,10 @@ def test_nan_loss_and_nan_gradient_are_skipped_and_counted(tiny_lm, tmp_path, mo
     assert ["train/grad_norm" in r for r in rows] == [True, True, False, False, True, True]
     assert [r.getMessage() for r in caplog.records] == [
         "step 3: loss is NaN; update skipped (1 in a row, 1 in total)",
-        "step 4: grad of model.layers.1.mlp.up_proj.weight holds NaN; update skipped (2 in a row, 2 in total)",
+        (
+            "step 4: grad of model.layers.1.mlp.up_proj.weight holds NaN; "
+            "update skipped (2 in a row, 2 in total)"
+        ),
     ]
     # Steps 3 and 4 changed nothing: checkpoint 4 holds exactly checkpoint 2's weights and
     # optimizer state; step 5 trained again.
@@ -135,8 +138,9 @@ def test_n_skips_in_a_row_stop_the_run_and_leave_the_last_good_checkpoint(
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.splitlines()[-1] == (
-        "proxrl sft: error: stopped at step 5: 3 updates in a row were skipped for non-finite values "
-        f"(last: loss is NaN); the last good checkpoint in {out / 'checkpoints'} is intact"
+        "proxrl sft: error: stopped at step 5: 3 updates in a row were skipped "
+        f"for non-finite values (last: loss is NaN); the last good checkpoint in "
+        f"{out / 'checkpoints'} is intact"
     )
     assert "Traceback" not in err
     manager = CheckpointManager(out)

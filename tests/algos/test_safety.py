@@ -49,7 +49,12 @@ def _torch_loads(source: str) -> list[tuple[int, bool]]:
 
 
 def test_the_torch_load_check_catches_an_unsafe_call():
-    source = "import torch\nx = torch.load(p, weights_only=True)\ny = torch.load(p)\nz = torch.load(p, weights_only=False)\n"
+    source = (
+        "import torch\n"
+        "x = torch.load(p, weights_only=True)\n"
+        "y = torch.load(p)\n"
+        "z = torch.load(p, weights_only=False)\n"
+    )
     assert _torch_loads(source) == [(2, True), (3, False), (4, False)]
 
 

@@ -205,7 +205,8 @@ def test_cartpole_reaches_400_with_the_clip_objective(tmp_path):
 
 
 def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
-    """The LM trainers' names are canonical; CleanRL's still work (a run's older config.yaml too)."""
+    """The LM trainers' names are canonical; CleanRL's still work (a run's older config.yaml
+    too)."""
     from proxrl.runtime.config import load_config_file, parse_config
 
     argv = [

@@ -1,11 +1,11 @@
 """Run one online update phase on a saved rollout, on 1 process (python) or N (torchrun).
 
-    python online_update_script.py make   ALGO MODEL PROMPTS OUT   # rollout → OUT/experience.pt
-    python online_update_script.py update ALGO MODEL PROMPTS OUT   # update → OUT/weights.safetensors
+    python online_update_script.py make   ALGO MODEL PROMPTS OUT  # rollout → OUT/experience.pt
+    python online_update_script.py update ALGO MODEL PROMPTS OUT  # update → OUT/weights.safetensors
 
 ``update`` builds the models and optimizers as ``train_online`` does (seeded; on several
-processes the update sums gradients over ranks), loads the same rollout on every rank, runs ``online_update.update`` and has
-rank 0 save the actor and critic weights and the stats."""
+processes the update sums gradients over ranks), loads the same rollout on every rank, runs
+``online_update.update`` and has rank 0 save the actor and critic weights and the stats."""
 
 from __future__ import annotations
 

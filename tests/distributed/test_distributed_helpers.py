@@ -46,6 +46,9 @@ def test_split_global_divides_or_names_the_field(monkeypatch):
     assert dist.split_global(16, "rollout_batch_size") == 4
     with pytest.raises(
         ProxrlError,
-        match=r"^rollout_batch_size: the global batch of 6 does not divide across 4 processes; use a multiple of 4$",
+        match=(
+            r"^rollout_batch_size: the global batch of 6 does not divide across 4 processes; "
+            r"use a multiple of 4$"
+        ),
     ):
         dist.split_global(6, "rollout_batch_size")

@@ -79,7 +79,8 @@ def test_sft_two_processes_match_one(tiny_lm, tmp_path):
     check(result)
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
     print(
-        f"sft 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+        f"sft 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, "
+        f"moved {moved:.2e}"
     )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
@@ -111,7 +112,8 @@ def test_dpo_two_processes_match_one_under_torchrun(tiny_lm, tmp_path):
     check(torchrun(["-m", "proxrl", "dpo", "--config", cfg, "--output-dir", str(tmp_path / "two")]))
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
     print(
-        f"dpo 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+        f"dpo 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, "
+        f"moved {moved:.2e}"
     )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
@@ -181,7 +183,8 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tiny_lm, tmp_path):
     _run_one_process(sft, six, tmp_path / "straight")
     loss_diff, weight_diff, moved = _compare(tmp_path / "straight", tmp_path / "resumed", tiny_lm)
     print(
-        f"sft 2-proc checkpoint resumed on 1 proc: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}"
+        f"sft 2-proc checkpoint resumed on 1 proc: max |Δloss| {loss_diff:.2e}, "
+        f"max |Δw| {weight_diff:.2e}"
     )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL
@@ -209,7 +212,8 @@ def test_reward_model_two_processes_match_one(tiny_lm, tmp_path):
     check(torchrun(["-m", "proxrl", "rm", "--config", cfg, "--output-dir", str(tmp_path / "two")]))
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
     print(
-        f"rm 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, moved {moved:.2e}"
+        f"rm 1 vs 2 processes: max |Δloss| {loss_diff:.2e}, max |Δw| {weight_diff:.2e}, "
+        f"moved {moved:.2e}"
     )
     assert moved > 1e-3
     assert loss_diff <= LOSS_TOL

@@ -128,8 +128,8 @@ def test_resume_message_reaches_the_users_stderr(tmp_path, capsys, monkeypatch):
     assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume"]) == 0
     err = capsys.readouterr().err
     assert (
-        f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; the run is already complete\n"
-        in err
+        f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; "
+        "the run is already complete\n" in err
     )
     assert (
         cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume", "--quiet"]) == 0

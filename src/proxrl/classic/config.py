@@ -14,8 +14,8 @@ continuous actions (MuJoCo) get the PPO paper's MuJoCo settings (CleanRL
 | entropy_coef | 0.0 | 0.01 |
 | normalize_obs / normalize_reward | on / on | off / off |
 
-Field names are the language-model trainers' (the glossary in docs/architecture.md); CleanRL's spellings are
-accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``ent_coef``,
+Field names are the language-model trainers' (the glossary in docs/architecture.md); CleanRL's
+spellings are accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``ent_coef``,
 ``minibatch_size``, ``epochs``, ``norm_adv``, ``target_kl``, ``kl_target`` (→
 ``penalty_target``), ``kl_beta`` (→ ``penalty_beta``) and the switch ``clip_vloss``.
 """
@@ -156,8 +156,8 @@ class ClassicConfig(RunConfig):
         batch = cfg.batch_size
         if batch % cfg.mini_batch_size:  # type: ignore[operator]
             raise ProxrlError(  # both spellings: CleanRL users know the second
-                f"--mini-batch-size / --minibatch-size {cfg.mini_batch_size} does not divide num_envs × num_steps = "
-                f"{cfg.num_envs} × {cfg.num_steps} = {batch}"
+                f"--mini-batch-size / --minibatch-size {cfg.mini_batch_size} does not divide "
+                f"num_envs × num_steps = {cfg.num_envs} × {cfg.num_steps} = {batch}"
             )
         if cfg.total_steps < batch:  # type: ignore[operator]
             raise ProxrlError(

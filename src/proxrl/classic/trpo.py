@@ -15,8 +15,8 @@ negative) subject to ``KL̄[π_old ‖ π_θ] ≤ δ``:
 A NaN/Inf in the surrogate, its gradient or the step skips the policy step, and one in a
 critic minibatch's loss or gradient skips that minibatch (``runtime.guard``).
 
-Departures: advantages are whitened over the whole batch (``whiten_advantages``); the critic is trained
-with Adam on the same (optionally clipped) value loss as PPO, over the same epochs and
+Departures: advantages are whitened over the whole batch (``whiten_advantages``); the critic is
+trained with Adam on the same (optionally clipped) value loss as PPO, over the same epochs and
 minibatches, instead of the original's L-BFGS.
 """
 

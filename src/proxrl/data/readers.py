@@ -76,7 +76,8 @@ def _read_text(path: str) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise ProxrlError(
-            f"{path}:{line}: expected UTF-8 text, found byte 0x{data[exc.start]:02x} at column {column}"
+            f"{path}:{line}: expected UTF-8 text, "
+            f"found byte 0x{data[exc.start]:02x} at column {column}"
         ) from None
 
 

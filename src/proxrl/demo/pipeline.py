@@ -72,21 +72,24 @@ POLICIES = ("sft", "ppo", "ppo_no_kl", "grpo")
 
 @dataclass
 class Config:
-    """proxrl demo: SFT → reward model → PPO (with and without KL) and GRPO on a tiny model, on CPU."""
+    """proxrl demo: SFT → reward model → PPO (with and without KL) and GRPO on a tiny model, on
+    CPU."""
 
     output_dir: str = "runs/demo"
     """Directory for the data, every stage's run, summary.json and report.md."""
     seed: int = 1
     """Random seed of the data, the model's initialisation and every stage."""
     overwrite: bool = True
-    """Replace a previous demo in output_dir (only a directory that holds a proxrl run is deleted)."""
+    """Replace a previous demo in output_dir (only a directory that holds a proxrl run is
+    deleted)."""
     resume: bool = False
     """Continue an interrupted demo in output_dir, with the same options: finished stages are kept,
     a stopped RL stage resumes from its last checkpoint (Ctrl-C saves one, and one is kept every
     quarter of a run), and a stage with none starts over."""
     resume_with_changes: bool = False
     """With --resume: continue even though options differ from the demo's demo_config.yaml (without
-    it such a resume is refused, naming the changed options); every stage then runs with the new ones."""
+    it such a resume is refused, naming the changed options); every stage then runs with the new
+    ones."""
     sft_examples: Annotated[int, Range(ge=1)] = 2000
     """Demonstrations (prompt → the sloppy annotator's answer)."""
     demo_accuracy: Annotated[float, Range(gt=0, le=1)] = 0.3
@@ -94,7 +97,8 @@ class Config:
     off_list_rejects: float = 0.0
     """Share of rejected answers drawn from all ten digits rather than from the list."""
     preference_pairs: Annotated[int, Range(ge=1)] = 2000
-    """Preference pairs for the reward model (chosen: the largest digit; rejected: another digit)."""
+    """Preference pairs for the reward model (chosen: the largest digit; rejected: another
+    digit)."""
     preference_eval_pairs: Annotated[int, Range(ge=1)] = 400
     """Held-out preference pairs the reward model's accuracy is measured on."""
     rl_prompts: Annotated[int, Range(ge=1)] = 1000
@@ -132,7 +136,8 @@ class Config:
     critic_learning_rate: float = 1e-3
     """PPO critic learning rate."""
     kl_coef: float = 3.0
-    """KL coefficient β of the PPO run, in reward-model units (its scores have a std of ~8 here); ppo_no_kl uses 0."""
+    """KL coefficient β of the PPO run, in reward-model units (its scores have a std of ~8 here);
+    ppo_no_kl uses 0."""
     grpo_kl_coef: float = 0.0
     """KL coefficient β of the GRPO run (in the loss, k3)."""
     max_new_tokens: int = 4

@@ -96,7 +96,8 @@ def _digits(prompt: str) -> list[int]:
 
 
 def sloppy_answer(rng: random.Random, prompt: str, accuracy: float) -> str:
-    """The annotator: the largest digit with probability ``accuracy``, else another digit of the list."""
+    """The annotator: the largest digit with probability ``accuracy``, else another digit of the
+    list."""
     best = int(answer_of(prompt))
     others = [d for d in _digits(prompt) if d != best]
     return str(best if rng.random() < accuracy else rng.choice(others))

@@ -27,7 +27,8 @@ class ModelRunConfig(RunConfig):
     max_grad_norm: Annotated[float, Range(ge=0)] = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
     lora_r: Annotated[int, Range(ge=0)] = 0
-    """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled base)."""
+    """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled
+    base)."""
     lora_alpha: float = 0.0
     """LoRA scale numerator (0: 2 × lora_r)."""
     dtype: str = "float32"
@@ -47,7 +48,8 @@ class ModelRunConfig(RunConfig):
         resolve_dtype(self.dtype)
         if self.mixed_precision not in ("no", "bf16"):
             raise ProxrlError(
-                f"mixed_precision: expected no or bf16, got {self.mixed_precision!r} (fp16 would need loss scaling; use bf16)"
+                f"mixed_precision: expected no or bf16, got {self.mixed_precision!r} "
+                "(fp16 would need loss scaling; use bf16)"
             )
 
     @contextmanager

@@ -52,14 +52,15 @@ def check_model_source(name_or_path: str) -> None:
     path = os.path.expanduser(name_or_path)
     if os.path.isfile(path):
         raise ProxrlError(
-            f"model path '{name_or_path}' is a file; expected a model directory (with config.json) or a hub id"
+            f"model path '{name_or_path}' is a file; "
+            "expected a model directory (with config.json) or a hub id"
         )
     if looks_like_local_path(name_or_path) and not os.path.isdir(path):
         raise ProxrlError(f"model path '{name_or_path}' does not exist (or is not a directory)")
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in MODEL_FILES):
         raise ProxrlError(
-            f"model directory '{name_or_path}' has no config.json (nor tokenizer files); expected a "
-            "directory written by save_pretrained"
+            f"model directory '{name_or_path}' has no config.json (nor tokenizer files); "
+            "expected a directory written by save_pretrained"
         )
     if not os.path.isdir(path):
         check_hub_model_reachable(name_or_path)
@@ -104,8 +105,9 @@ def check_hub_model_reachable(repo_id: str) -> None:
         os.environ["HF_HUB_OFFLINE"] = "1"  # and for the processes this one starts
         return
     raise ProxrlError(
-        f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, and {host} cannot be "
-        "reached from here; download it on a connected machine (huggingface-cli download) or pass a local directory"
+        f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, "
+        f"and {host} cannot be reached from here; download it on a connected machine "
+        "(huggingface-cli download) or pass a local directory"
     )
 
 

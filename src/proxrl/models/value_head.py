@@ -8,7 +8,8 @@ from proxrl.models.scalar_head import apply_head
 
 
 class ValueHead(nn.Module):
-    """V(s) = w·h + b on the policy's last hidden state (the shared-backbone critic), zero-initialised."""
+    """V(s) = w·h + b on the policy's last hidden state (the shared-backbone critic),
+    zero-initialised."""
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()

@@ -178,7 +178,8 @@ def static_cache(model: Any, length: int) -> Any:
         return StaticCache(config=base.config, max_cache_len=length)
     except Exception as error:  # transformers raises several types for configs it cannot cache
         raise ProxrlError(
-            f"compile_sampler: {type(base).__name__} has no static KV cache ({error}); set compile_sampler false"
+            f"compile_sampler: {type(base).__name__} has no static KV cache ({error}); "
+            "set compile_sampler false"
         ) from error
 
 

@@ -65,7 +65,8 @@ class FunctionReward:
             ) from exc
         if len(values) != len(completions):
             raise ProxrlError(
-                f"reward_fn '{self.spec}' returned {len(values)} scores for {len(completions)} completions"
+                f"reward_fn '{self.spec}' returned {len(values)} scores "
+                f"for {len(completions)} completions"
             )
         for index, value in enumerate(values):
             if not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -60,7 +60,9 @@ class Range:
             else None
         )
         if low and high:
-            interval = f"{'[' if low[0] == '>=' else '('}{_num(low[1])}, {_num(high[1])}{']' if high[0] == '<=' else ')'}"
+            opening = "[" if low[0] == ">=" else "("
+            closing = "]" if high[0] == "<=" else ")"
+            interval = f"{opening}{_num(low[1])}, {_num(high[1])}{closing}"
             if style == "flag":
                 return f"--{name.replace('_', '-')} must lie in {interval}"
             return f"{name}: expected in {interval}, got {value}"

@@ -167,5 +167,6 @@ def assert_finite_weights(tensors: Mapping[str, Tensor], what: str) -> None:
     for name, tensor in tensors.items():
         if isinstance(tensor, Tensor) and not _is_finite(tensor):
             raise ProxrlError(
-                f"refusing to save {what}: tensor {name!r} holds {_kind(tensor)}; nothing was written"
+                f"refusing to save {what}: tensor {name!r} holds {_kind(tensor)}; "
+                "nothing was written"
             )

@@ -24,7 +24,8 @@ class OfflineConfig(ModelRunConfig):
     model: str = ""
     """Hub id or local directory of the model to start from."""
     data: str = ""
-    """Training data: a .jsonl/.json/.csv/.parquet file, a saved datasets directory, or a datasets hub name (name or name:split)."""
+    """Training data: a .jsonl/.json/.csv/.parquet file, a saved datasets directory, or a datasets
+    hub name (name or name:split)."""
     eval_data: str | None = None
     """Held-out data in the same format (default: hold out eval_fraction of data)."""
     eval_fraction: Annotated[float, Range(ge=0, lt=1)] = 0.0
@@ -32,7 +33,8 @@ class OfflineConfig(ModelRunConfig):
     max_length: Annotated[int, Range(ge=2)] = 512
     """Longest prompt + response, in tokens; longer examples follow the overlong policy."""
     overlong: Literal["truncate", "drop"] = "truncate"
-    """What to do with an example longer than max_length: cut its end, or drop it (counted in the log)."""
+    """What to do with an example longer than max_length: cut its end, or drop it (counted in the
+    log)."""
     batch_size: Annotated[int, Range(ge=1)] = 8
     """Examples per forward pass; one optimizer step sees batch_size × grad_accum examples."""
     grad_accum: Annotated[int, Range(ge=1)] = 1

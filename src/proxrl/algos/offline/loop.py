@@ -243,8 +243,9 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                         group
                     ):  # FSDP / ZeRO: every rank must run every forward
                         raise ProxrlError(
-                            f"batch_size: under FSDP/DeepSpeed every micro-batch needs >= {world} examples; "
-                            f"step {done} has fewer (use a data size whose remainder by batch_size is 0 or >= {world})"
+                            "batch_size: under FSDP/DeepSpeed every micro-batch needs "
+                            f">= {world} examples; step {done} has fewer (use a data size "
+                            f"whose remainder by batch_size is 0 or >= {world})"
                         )
                     with dist.no_sync(train_model):
                         # FSDP / DeepSpeed average gradients over ranks: weigh by world / units.

@@ -165,7 +165,8 @@ def train(cfg: Config) -> dict[str, float]:
     if eval_items and type(eval_items[0]) is not type(train_items[0]):
         kinds = {EncodedPair: "preference pairs", EncodedRanking: "K-way rankings"}
         raise ProxrlError(
-            f"eval_data: expected {kinds[type(train_items[0])]} like data, found {kinds[type(eval_items[0])]}"
+            f"eval_data: expected {kinds[type(train_items[0])]} like data, "
+            f"found {kinds[type(eval_items[0])]}"
         )
     log.info("rm: %d training and %d eval comparisons", len(train_items), len(eval_items))
     pad_id = tokenizer.pad_token_id

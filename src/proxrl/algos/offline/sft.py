@@ -51,7 +51,8 @@ class Config(OfflineConfig):
     learning_rate: float = 2e-5
     """Peak AdamW learning rate."""
     packing: bool = False
-    """Pack several examples into each row of max_length tokens (no padding; attention kept within each example through position ids). batch_size then counts rows."""
+    """Pack several examples into each row of max_length tokens (no padding; attention kept within
+    each example through position ids). batch_size then counts rows."""
 
 
 def completion_loss(model: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:

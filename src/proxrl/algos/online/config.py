@@ -58,7 +58,8 @@ class OnlineConfig(ModelRunConfig):
     no_stop_penalty: float | None = None
     """Score for a response that hit max_new_tokens without stopping (None: no penalty)."""
     no_stop_mode: Literal["replace", "subtract"] = "replace"
-    """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from it."""
+    """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from
+    it."""
     reward_clip: float = 0.0
     """Clip scores to ±reward_clip (0: off)."""
     ppo_epochs: Annotated[int, Range(ge=1)] = 1
@@ -113,7 +114,8 @@ class OnlineConfig(ModelRunConfig):
     fewer per iteration, but π_old then differs from the trainer's own numbers by float
     rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
     offload_frozen_roles: bool = False
-    """Keep the reference and reward models on the CPU (their forward passes run there), freeing accelerator memory for the actor and critic."""
+    """Keep the reference and reward models on the CPU (their forward passes run there), freeing
+    accelerator memory for the actor and critic."""
 
     @property
     def responses_per_iteration(self) -> int:
@@ -136,16 +138,19 @@ class OnlineConfig(ModelRunConfig):
         sources = (self.reward_model is not None) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
-                f"reward_weights: expected {sources} weights (one per reward source), got {len(self.reward_weights)}"
+                f"reward_weights: expected {sources} weights (one per reward source), "
+                f"got {len(self.reward_weights)}"
             )
         if self.responses_per_iteration % self.mini_batch_size:
             raise ProxrlError(
-                f"mini_batch_size: {self.mini_batch_size} does not divide the {self.responses_per_iteration} "
-                f"responses of an iteration (rollout_batch_size {self.rollout_batch_size} × group_size {self.group_size})"
+                f"mini_batch_size: {self.mini_batch_size} does not divide the "
+                f"{self.responses_per_iteration} responses of an iteration "
+                f"(rollout_batch_size {self.rollout_batch_size} × group_size {self.group_size})"
             )
         if self.mini_batch_size % self.grad_accum:
             raise ProxrlError(
-                f"grad_accum: {self.grad_accum} does not divide mini_batch_size {self.mini_batch_size}"
+                f"grad_accum: {self.grad_accum} does not divide "
+                f"mini_batch_size {self.mini_batch_size}"
             )
         if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
             raise ProxrlError(

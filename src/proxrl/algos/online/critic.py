@@ -97,7 +97,8 @@ class Critic(ABC):
         return (item for module in self.modules() for item in module.named_parameters())
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The trained weights, as a module's ``state_dict`` would give them ({} without a critic)."""
+        """The trained weights, as a module's ``state_dict`` would give them ({} without a
+        critic)."""
         weights = self.checkpoint_weights()
         return weights.state_dict() if weights is not None else {}
 
@@ -243,7 +244,8 @@ class ValueHeadCritic(_TrainedCritic):
     ) -> Tensor:
         if hidden is None:
             raise ValueError(
-                "a value head reads the policy's hidden state: run policy_forward with with_hidden=True"
+                "a value head reads the policy's hidden state: "
+                "run policy_forward with with_hidden=True"
             )
         values: Tensor = self.module(hidden)
         return values

@@ -65,7 +65,8 @@ class Config(OnlineConfig):
     def validate(self) -> None:
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise ProxrlError(
-                f"group_size: {self.estimator} needs at least 2 samples per prompt, got {self.group_size}"
+                f"group_size: {self.estimator} needs at least 2 samples per prompt, "
+                f"got {self.group_size}"
             )
         super().validate()
 
@@ -103,7 +104,8 @@ def build(cfg: Config) -> Algorithm:
             elif cfg.estimator == "remax":
                 if exp.greedy_scores is None:
                     raise ValueError(
-                        "remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)"
+                        "remax: the rollout carries no greedy_scores "
+                        "(Algorithm.needs_greedy is off)"
                     )
                 advantages = remax_advantages(returns, exp.greedy_scores)
             else:

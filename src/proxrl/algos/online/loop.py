@@ -72,7 +72,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     #    processes: data parallel (DDP) keeps the plain modules, the update summing gradients
     #    over ranks itself once per optimizer step (critic_forward calls the backbone and head
     #    directly, past any wrapper's forward); FSDP / DeepSpeed wrap the trained roles (launch
-    #    config), the rollout gathering full weights to generate. Each rank samples with seed + rank.
+    #    config), the rollout gathering full weights to generate. Each rank samples with
+    #    seed + rank.
     place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
     train_models = models
     if world > 1 and dist.is_sharded():

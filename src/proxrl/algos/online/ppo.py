@@ -45,11 +45,13 @@ class Config(OnlineConfig):
     ppo_epochs: int = 4
     """Passes over each rollout batch."""
     surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
-    """PPO-Clip, PPO-Penalty (adaptive β on KL(π_old‖π)), or the clipped surrogate plus the penalty."""
+    """PPO-Clip, PPO-Penalty (adaptive β on KL(π_old‖π)), or the clipped surrogate plus the
+    penalty."""
     penalty_beta: float = 1.0
     """Initial β of PPO-Penalty (the paper starts at 1)."""
     penalty_target: float = 0.01
-    """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above 1.5·d_targ)."""
+    """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above
+    1.5·d_targ)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Discount over response tokens."""
     lam: Annotated[float, Range(ge=0, le=1)] = 0.95

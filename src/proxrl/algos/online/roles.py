@@ -91,7 +91,8 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
         )
     if not kept:
         raise ProxrlError(
-            f"prompts: every prompt in {cfg.prompts} is longer than max_prompt_length={cfg.max_prompt_length}"
+            f"prompts: every prompt in {cfg.prompts} is longer than "
+            f"max_prompt_length={cfg.max_prompt_length}"
         )
     return kept, ids
 

@@ -39,7 +39,8 @@ def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[
 
 
 def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | CachedSampler:
-    """``generate`` when asked for or when stop strings need its text matching, else the lean loop."""
+    """``generate`` when asked for or when stop strings need its text matching, else the lean
+    loop."""
     if cfg.sampler == "hf" or cfg.stop_strings:
         return HFSampler(model, tokenizer)
     return CachedSampler(model, tokenizer, compile_step=cfg.compile_sampler)

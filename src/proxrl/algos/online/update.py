@@ -48,7 +48,8 @@ def update(
     sharded = dist.is_sharded()
     if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
         raise ProxrlError(
-            f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step must divide across {world} processes"
+            f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step "
+            f"must divide across {world} processes"
         )
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
     named = list(actor.named_parameters()) + [
