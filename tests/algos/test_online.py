@@ -692,7 +692,7 @@ def test_sampler_logprobs_equal_a_fresh_forward(sampler, policy):
 def test_filter_logits_by_hand():
     """logits (4, 3, 2, 1): top-k 2 keeps (4, 3); top-p 0.7 keeps the smallest prefix whose
     probability reaches 0.7 — softmax = (.644, .237, .087, .032), so the first two."""
-    from proxrl.rollout.generation import filter_logits
+    from proxrl.core import truncate_logits as filter_logits
 
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
     inf = float("-inf")

@@ -14,6 +14,14 @@ from proxrl.core.advantages import (
     remax_advantages,
     rloo_advantages,
 )
+from proxrl.core.correction import (
+    correction_stats,
+    icepop_weights,
+    mis_weights,
+    seq_mis_weights,
+    seq_tis_weights,
+    tis_weights,
+)
 from proxrl.core.kl import (
     AdaptiveKL,
     FixedKL,
@@ -48,6 +56,12 @@ from proxrl.core.masked import (
     masked_var,
     masked_whiten,
 )
+from proxrl.core.sampling import (
+    processed_entropy,
+    processed_logprobs,
+    truncate_logits,
+    truncates,
+)
 
 __all__ = [
     "AdaptiveKL",
@@ -55,6 +69,7 @@ __all__ = [
     "ProportionalKL",
     "aggregate_loss",
     "bradley_terry_loss",
+    "correction_stats",
     "discounted_returns",
     "dpo_loss",
     "entropy_bonus",
@@ -64,6 +79,7 @@ __all__ = [
     "gae",
     "gae_env",
     "grpo_advantages",
+    "icepop_weights",
     "ipo_loss",
     "kl_k1",
     "kl_k2",
@@ -75,18 +91,26 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mis_weights",
     "mixed_group_advantages",
     "policy_gradient_loss",
     "ppo_clip_loss",
     "ppo_penalty_loss",
+    "processed_entropy",
+    "processed_logprobs",
     "rank_advantages",
     "ranking_loss",
     "reinforce_pp_advantages",
     "remax_advantages",
     "rloo_advantages",
+    "seq_mis_weights",
+    "seq_tis_weights",
     "sequence_kl",
     "sft_loss",
     "shaped_rewards",
     "simpo_loss",
+    "tis_weights",
+    "truncate_logits",
+    "truncates",
     "value_loss",
 ]

@@ -18,8 +18,9 @@ class Experience:
     prompt_mask: Tensor  # (B, P) 1 at real prompt tokens
     response_ids: Tensor  # (B, T) sampled tokens, pad after the stop
     response_mask: Tensor  # (B, T) 1 at response tokens up to and including the stop token
-    logprobs: Tensor  # (B, T) log π_old(a_t|s_t) from temperature-scaled logits
-    ref_logprobs: Tensor  # (B, T) log π_ref(a_t|s_t) from temperature-scaled logits
+    logprobs: Tensor  # (B, T) log π_old(a_t|s_t) of the processed sampling distribution
+    # (temperature, top-k, top-p, min-p; ``core.processed_logprobs``)
+    ref_logprobs: Tensor  # (B, T) log π_ref(a_t|s_t), processed the same way
     values: Tensor  # (B, T) V_old(s_t) of the critic; zeros without one
     scores: Tensor  # (B,) score of each response, after the no-stop penalty and clipping
     rewards: Tensor  # (B, T) per-token rewards the advantages are computed from
@@ -28,6 +29,9 @@ class Experience:
     greedy_scores: Tensor | None = None  # (B,) score of the greedy decode of each response's prompt
     # (ReMax's baseline), the same for a prompt's G samples so rows select and gather like any
     # other (B,) field; None unless the algorithm decodes greedily
+    rollout_weights: Tensor | None = None  # (B, T) rollout-correction weight w_t ≥ 0 of each
+    # token's policy loss (``core.correction``: from π_old/π_sampler, no gradient), 0 at
+    # padding; None without a rollout_correction
 
     @property
     def input_ids(self) -> Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from proxrl.core import entropy_from_logits, logprobs_from_logits
+from proxrl.core import processed_entropy, processed_logprobs
 from proxrl.models.scalar_head import apply_head, backbone, score_head
 
 
@@ -22,8 +22,9 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 
 @dataclass
 class PolicyOutput:
-    logprobs: Tensor  # (B, T) log π(a_t|s_t) of the response tokens, temperature-scaled
-    entropy: Tensor | None  # (B, T) entropy of π(·|s_t), when asked for
+    logprobs: Tensor  # (B, T) log π(a_t|s_t) of the response tokens under the processed
+    # distribution (temperature, top-k, top-p, min-p: ``core.processed_logprobs``)
+    entropy: Tensor | None  # (B, T) entropy of that processed π(·|s_t), when asked for
     hidden: Tensor | None  # (B, T, d) last hidden state at s_t, when asked for (value head)
 
 
@@ -35,8 +36,12 @@ def policy_forward(
     temperature: float,
     with_entropy: bool = False,
     with_hidden: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
 ) -> PolicyOutput:
-    """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them.
+    """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
+    under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
 
     ``logits[:, P−1+t]`` predicts response token t, so the (B, T, V) slice is a view of the
     model's own logits, never a copy.
@@ -51,8 +56,12 @@ def policy_forward(
     logits = output.logits[:, prompt_length - 1 : -1]
     response = input_ids[:, prompt_length:]
     return PolicyOutput(
-        logprobs=logprobs_from_logits(logits, response, temperature),
-        entropy=entropy_from_logits(logits.detach(), temperature) if with_entropy else None,
+        logprobs=processed_logprobs(logits, response, temperature, top_k, top_p, min_p),
+        entropy=(
+            processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)
+            if with_entropy
+            else None
+        ),
         hidden=output.hidden_states[-1][:, prompt_length - 1 : -1] if with_hidden else None,
     )
 

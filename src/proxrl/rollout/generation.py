@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from proxrl.core import entropy_from_logprobs
+from proxrl.core import entropy_from_logprobs, truncate_logits, truncates
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -28,16 +28,21 @@ class SamplingSettings:
     top_p: float = 1.0
     stop_strings: tuple[str, ...] = ()
     greedy: bool = False
+    min_p: float = 0.0  # 0: off
+
+    @property
+    def truncation(self) -> dict[str, Any]:
+        """top_k, top_p and min_p as keywords of ``core.processed_logprobs``."""
+        return {"top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
 
 
 @dataclass
 class Samples:
     response_ids: Tensor  # (B, T) sampled tokens, pad after the stop
     response_mask: Tensor  # (B, T) 1 up to and including the stop token
-    logprobs: Tensor | None = (
-        None  # (B, T) log π(a_t|s_t) from the sampler's temperature-scaled logits
-    )
-    entropy: Tensor | None = None  # (B, T) entropy of the sampler's temperature-scaled distribution
+    logprobs: Tensor | None = None  # (B, T) log π(a_t|s_t) of the processed distribution the
+    # sampler drew from (temperature, top-k, top-p, min-p: ``core.processed_logprobs``)
+    entropy: Tensor | None = None  # (B, T) entropy of that processed distribution
 
 
 class Sampler(Protocol):
@@ -108,6 +113,7 @@ class HFSampler:
                 temperature=settings.temperature,
                 top_k=settings.top_k or None,
                 top_p=settings.top_p if settings.top_p < 1.0 else None,
+                min_p=settings.min_p or None,
             )
         if settings.stop_strings:
             kwargs.update(stop_strings=list(settings.stop_strings), tokenizer=self.tokenizer)
@@ -122,32 +128,20 @@ class HFSampler:
         response_ids = torch.where(mask.bool(), response_ids, self.tokenizer.pad_token_id)
         samples = Samples(response_ids, mask)
         if with_logprobs:
-            # Raw logits, one (B, V) step at a time: scale by the temperature as the trainer
-            # does, never stacking a (B, T, V) copy.
+            # Raw logits (``output_logits`` are taken before generate's processors), one (B, V)
+            # step at a time: processed as the trainer does, never stacking a (B, T, V) copy.
             temperature = 1.0 if settings.greedy else settings.temperature
+            truncation = {} if settings.greedy else settings.truncation
             logprobs, entropy = [], []
             for t, step_logits in enumerate(output.logits):
-                log_p = torch.log_softmax(step_logits.float() / temperature, dim=-1)
+                log_p = torch.log_softmax(
+                    truncate_logits(step_logits.float() / temperature, **truncation), dim=-1
+                )
                 logprobs.append(log_p.gather(-1, response_ids[:, t : t + 1]).squeeze(-1))
                 entropy.append(entropy_from_logprobs(log_p))
             samples.logprobs = torch.stack(logprobs, 1) * mask
             samples.entropy = torch.stack(entropy, 1) * mask
         return samples
-
-
-def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
-    """(B, V) → (B, V) with the tokens outside the top-k / nucleus set to −inf."""
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop_sorted = (
-            cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
-        )  # keep the token that crosses p
-        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return logits
 
 
 def draw_tokens(probs: Tensor) -> Tensor:
@@ -187,7 +181,8 @@ class CachedSampler:
     """A lean decoding loop over the model's KV cache: one forward per token and nothing else
     (``generate``'s per-step machinery costs more than a small model's forward on a CPU).
 
-    Same distribution as ``HFSampler`` (temperature, top-k, top-p, EOS), with positions taken
+    Same distribution as ``HFSampler`` (temperature, top-k, top-p, min-p, EOS: the processed
+    distribution of ``core.sampling``, which the trainer scores too), with positions taken
     from the attention mask as ``generate`` does for left padding. Stop strings need
     ``generate``'s text matching: use ``HFSampler`` for them.
 
@@ -263,13 +258,10 @@ class CachedSampler:
                 token = log_p.argmax(-1)
             else:
                 scaled = logits.float() / settings.temperature
-                log_p = torch.log_softmax(scaled, dim=-1)  # π the trainer scores: temperature only
-                sample_from = (
-                    filter_logits(scaled, settings.top_k, settings.top_p)
-                    if settings.top_k or settings.top_p < 1.0
-                    else scaled
-                )
-                token = draw_tokens(torch.softmax(sample_from, dim=-1))
+                if truncates(**settings.truncation):
+                    scaled = truncate_logits(scaled, **settings.truncation)
+                log_p = torch.log_softmax(scaled, dim=-1)  # the π the trainer scores
+                token = draw_tokens(torch.softmax(scaled, dim=-1))
             token = torch.where(finished, pad, token)
             tokens.append(token)
             if with_logprobs:

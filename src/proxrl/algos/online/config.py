@@ -53,6 +53,10 @@ class OnlineConfig(ModelRunConfig):
     """Sample among the k likeliest tokens (0: off)."""
     top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling threshold (1: off)."""
+    min_p: Annotated[float, Range(ge=0, lt=1)] = 0.0
+    """Min-p sampling: keep tokens at least min_p times as likely as the likeliest (0: off).
+    temperature, top_k, top_p, min_p apply in that order, to the sampler's draws and the
+    trainer's log-probs alike."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a response besides EOS."""
     no_stop_penalty: float | None = None
@@ -112,7 +116,16 @@ class OnlineConfig(ModelRunConfig):
     sampler_logprobs: bool = False
     """Take log π_old from the sampler's logits instead of a second forward pass: one pass
     fewer per iteration, but π_old then differs from the trainer's own numbers by float
-    rounding (KV-cache vs full pass), so the first ratio is not exactly 1."""
+    rounding (KV-cache vs full pass), so the first ratio is not exactly 1. With a
+    rollout_correction, π_old is the trainer's and the sampler's log-probs give the weights."""
+    rollout_correction: Literal["none", "tis", "seq_tis", "mis", "seq_mis", "icepop"] = "none"
+    """With sampler_logprobs: weigh each token's policy loss by ρ = π_old/π_sampler (one extra
+    forward pass for the trainer's π_old). tis / seq_tis: min(ρ, cap) per token / per response;
+    mis / seq_mis: ρ, or 0 above cap; icepop: ρ, or 0 outside [rollout_correction_low, cap]."""
+    rollout_correction_cap: Annotated[float, Range(gt=1)] = 2.0
+    """Upper bound C on the correction's ratio (TIS's C; IcePop's β)."""
+    rollout_correction_low: Annotated[float, Range(gt=0, lt=1)] = 0.5
+    """icepop: lower bound α on the token ratio."""
     offload_frozen_roles: bool = False
     """Keep the reference and reward models on the CPU (their forward passes run there), freeing
     accelerator memory for the actor and critic."""
@@ -155,6 +168,11 @@ class OnlineConfig(ModelRunConfig):
         if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
             raise ProxrlError(
                 "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"
+            )
+        if self.rollout_correction != "none" and not self.sampler_logprobs:
+            raise ProxrlError(
+                f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
+                "set sampler_logprobs true (or rollout_correction none)"
             )
         if self.lora_r and self.ref_reset_every:
             raise ProxrlError(

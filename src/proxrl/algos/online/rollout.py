@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,16 @@ import torch
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models
-from proxrl.core import masked_mean, sequence_kl
+from proxrl.core import (
+    correction_stats,
+    icepop_weights,
+    masked_mean,
+    mis_weights,
+    seq_mis_weights,
+    seq_tis_weights,
+    sequence_kl,
+    tis_weights,
+)
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
@@ -36,6 +46,22 @@ def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[
         ).tolist()
         order.extend(permutation[offset : offset + batch - len(order)])
     return order
+
+
+CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torch.Tensor]] = {
+    "tis": lambda log_ratio, mask, cfg: tis_weights(log_ratio, mask, cfg.rollout_correction_cap),
+    "seq_tis": lambda log_ratio, mask, cfg: seq_tis_weights(
+        log_ratio, mask, cfg.rollout_correction_cap
+    ),
+    "mis": lambda log_ratio, mask, cfg: mis_weights(log_ratio, mask, cfg.rollout_correction_cap),
+    "seq_mis": lambda log_ratio, mask, cfg: seq_mis_weights(
+        log_ratio, mask, cfg.rollout_correction_cap
+    ),
+    "icepop": lambda log_ratio, mask, cfg: icepop_weights(
+        log_ratio, mask, cfg.rollout_correction_low, cfg.rollout_correction_cap
+    ),
+}
+"""``rollout_correction`` → (log π_old − log π_sampler, mask, config) → (B, T) weights."""
 
 
 def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | CachedSampler:
@@ -69,15 +95,23 @@ def collect_rollout(
     prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
     settings = SamplingSettings(
-        cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_strings
+        cfg.max_new_tokens,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.top_p,
+        cfg.stop_strings,
+        min_p=cfg.min_p,
     )
     critic = models.critic
+    # A rollout correction weighs π_old (the trainer's, from the forward pass below) against the
+    # sampler's log-probs; without one the sampler's stand in for π_old and save that pass.
+    correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
     use_sampler_logprobs = (
-        cfg.sampler_logprobs and not critic.needs_hidden
+        cfg.sampler_logprobs and not critic.needs_hidden and not correct
     )  # a value head needs the forward pass
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
         samples = make_sampler(cfg, whole, tokenizer).sample(
-            prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs
+            prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs or correct
         )
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
@@ -141,6 +175,7 @@ def collect_rollout(
                 cfg.temperature,
                 with_entropy=True,
                 with_hidden=critic.needs_hidden,
+                **settings.truncation,
             )
             logprobs.append(out.logprobs.float())
             entropy.append(out.entropy.float())  # type: ignore[union-attr]
@@ -161,6 +196,7 @@ def collect_rollout(
                         attention_mask[rows].to(ref_device),
                         P,
                         cfg.temperature,
+                        **settings.truncation,
                     )
                     .logprobs.float()
                     .to(device)
@@ -181,6 +217,19 @@ def collect_rollout(
         returns=torch.zeros_like(mask),
         greedy_scores=greedy_scores,
     )
+    correction_metrics: dict[str, float] = {}
+    if correct:
+        mask = response_mask.float()
+        log_ratio = experience.logprobs - samples.logprobs.float()  # type: ignore[union-attr]
+        experience.rollout_weights = CORRECTIONS[cfg.rollout_correction](log_ratio, mask, cfg)
+        stats = correction_stats(
+            experience.logprobs,
+            samples.logprobs.float(),  # type: ignore[union-attr]
+            experience.rollout_weights,
+            mask,
+            cfg.rollout_correction_cap,
+        )
+        correction_metrics = {f"rollout/{k}": float(v) for k, v in stats.items()}
     timings["time/forward_s"] = time.perf_counter() - started
 
     # Several processes: each sampled its own prompts (whole groups); gather the rollout so that
@@ -192,6 +241,8 @@ def collect_rollout(
         )
         scores, mask = experience.scores, experience.response_mask.float()
         parts = dist.all_reduce_mean(dict(parts))
+        if correction_metrics:  # (the ratio's min and max become the ranks' mean min and max)
+            correction_metrics = dist.all_reduce_mean(correction_metrics)
 
     # Advantages.
     experience.rewards, experience.advantages, experience.returns = algo.estimate(
@@ -208,6 +259,7 @@ def collect_rollout(
         "response/eos_rate": ended.float().mean().item(),
         "policy/kl_coef": kl_coef,
         **parts,
+        **correction_metrics,
     }
     if models.tracks_kl:
         metrics["objective/kl"] = seq_kl.mean().item()

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -167,11 +168,14 @@ def _minibatch_loss(
         cfg.temperature,
         with_entropy=cfg.entropy_coef > 0,
         with_hidden=critic.needs_hidden,
+        top_k=cfg.top_k,  # π_θ on the distribution that was sampled from, as π_old
+        top_p=cfg.top_p,
+        min_p=cfg.min_p,
     )
     loss = torch.zeros((), device=mask.device)
     stats: dict[str, Tensor] = {}
     if train_policy:
-        loss, stats = algo.policy_loss(out.logprobs, mb)
+        loss, stats = algo.policy_loss(out.logprobs, corrected(mb))
         if algo.kl_in_loss and kl_coef:
             kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
             loss = loss + kl_coef * kl_loss
@@ -184,6 +188,21 @@ def _minibatch_loss(
     loss = loss + v_loss
     stats.update(v_stats)
     return loss, stats
+
+
+def corrected(mb: Experience) -> Experience:
+    """The minibatch whose advantages carry the rollout correction's weights (rollout_weights),
+    the one place every algorithm's policy loss gets it.
+
+    Every policy loss is A_t times a function of the ratio, or a max/min of such terms with the
+    same A_t (PPO-Clip, dual clip, REINFORCE, PPO-Penalty's surrogate); for w_t ≥ 0 scaling A_t
+    by w_t scales that token's loss by w_t, as TIS/MIS/IcePop ask, and the weights hold no
+    gradient. Terms without A_t (PPO-Penalty's and clip+penalty's KL(π_old‖π)) stay unweighted.
+    A masked token (w = 0) still counts in the loss's normaliser, as in IcePop's formula.
+    """
+    if mb.rollout_weights is None:
+        return mb
+    return replace(mb, advantages=mb.advantages * mb.rollout_weights)
 
 
 NAMESPACES = {
