@@ -1,0 +1,68 @@
+import math
+
+from helpers import close, t
+
+from proxrl.core import (
+    correction_stats,
+    icepop_weights,
+    mis_weights,
+    seq_mis_weights,
+    seq_tis_weights,
+    tis_weights,
+)
+
+# Two responses; ρ_t = π_old / π_sampler per token, the last token of row 1 is padding.
+# Row 0: ρ = (0.4, 1.0, 3.0)  → Π = 1.2
+# Row 1: ρ = (1.5, 2.5, pad)  → Π = 3.75
+RATIOS = [[0.4, 1.0, 3.0], [1.5, 2.5, 7.0]]
+MASK = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+LOG_RATIO = t([[math.log(r) for r in row] for row in RATIOS])
+
+
+def test_tis_by_hand():
+    """min(ρ_t, 2) per token; 0 at padding."""
+    close(tis_weights(LOG_RATIO, MASK, 2.0), [[0.4, 1.0, 2.0], [1.5, 2.0, 0.0]])
+
+
+def test_seq_tis_by_hand():
+    """min(Π ρ, 2) broadcast: row 0 → 1.2, row 1 → min(3.75, 2) = 2."""
+    close(seq_tis_weights(LOG_RATIO, MASK, 2.0), [[1.2, 1.2, 1.2], [2.0, 2.0, 0.0]])
+
+
+def test_mis_by_hand():
+    """ρ_t, or 0 above 2: the 3.0 and the 2.5 are dropped."""
+    close(mis_weights(LOG_RATIO, MASK, 2.0), [[0.4, 1.0, 0.0], [1.5, 0.0, 0.0]])
+
+
+def test_seq_mis_by_hand():
+    """Π ρ, or 0 above 2: row 0 keeps 1.2, row 1 (3.75) is dropped whole."""
+    close(seq_mis_weights(LOG_RATIO, MASK, 2.0), [[1.2, 1.2, 1.2], [0.0, 0.0, 0.0]])
+
+
+def test_icepop_by_hand():
+    """ρ_t inside [0.5, 2.0], else 0: 0.4 (below), 3.0 and 2.5 (above) are dropped; the bounds
+    themselves are kept (cap 2.5 keeps the 2.5)."""
+    close(icepop_weights(LOG_RATIO, MASK, 0.5, 2.0), [[0.0, 1.0, 0.0], [1.5, 0.0, 0.0]])
+    close(icepop_weights(LOG_RATIO, MASK, 0.5, 2.5), [[0.0, 1.0, 0.0], [1.5, 2.5, 0.0]])
+
+
+def test_correction_stats_by_hand():
+    """Sampler log-probs all log 0.5, trainer's log(0.5 ρ). Over the 5 valid tokens:
+    ρ mean (0.4+1+3+1.5+2.5)/5 = 1.68, min 0.4, max 3.0; k3 of KL(π_s‖π_old) per token
+    (ρ − 1) − log ρ; k1 −log ρ. TIS with cap 2: 2 of 5 truncated, none masked; MIS: 2 masked."""
+    sampler = t([[math.log(0.5)] * 3] * 2)
+    trainer = sampler + LOG_RATIO
+    valid = [0.4, 1.0, 3.0, 1.5, 2.5]
+    k3 = sum((r - 1) - math.log(r) for r in valid) / 5
+    k1 = sum(-math.log(r) for r in valid) / 5
+    stats = correction_stats(trainer, sampler, tis_weights(LOG_RATIO, MASK, 2.0), MASK, 2.0)
+    close(stats["mismatch_kl"], t(k3))
+    close(stats["mismatch_kl_k1"], t(k1))
+    close(stats["is_ratio_mean"], t(1.68))
+    close(stats["is_ratio_min"], t(0.4))
+    close(stats["is_ratio_max"], t(3.0))
+    close(stats["truncated_share"], t(0.4))
+    close(stats["masked_share"], t(0.0))
+    stats = correction_stats(trainer, sampler, mis_weights(LOG_RATIO, MASK, 2.0), MASK, 2.0)
+    close(stats["masked_share"], t(0.4))
+    close(stats["truncated_share"], t(0.0))
