@@ -593,17 +593,6 @@ CASES: list[Case] = [
         "proxrl ppo: error: compile_sampler: needs sampler=cached without stop_strings (generate runs those)",
     ),
     Case(
-        "grpo: rollout_correction without sampler_logprobs",
-        (*GRPO, "--reward-fn", "os:getcwd", "--rollout-correction", "tis"),
-        "proxrl grpo: error: rollout_correction: tis corrects the sampler's log-probs; "
-        "set sampler_logprobs true (or rollout_correction none)",
-    ),
-    Case(
-        "grpo: min_p out of range",
-        (*GRPO, "--reward-fn", "os:getcwd", "--min-p", "1"),
-        "proxrl grpo: error: min_p: expected in [0, 1), got 1.0",
-    ),
-    Case(
         "grpo: group_size 1",
         (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),
         "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1",
@@ -680,6 +669,17 @@ CASES: list[Case] = [
         "pass --resume-with-changes to continue with the new values",
     ),
     # --
+    Case(
+        "grpo: rollout_correction without sampler_logprobs",
+        (*GRPO, "--reward-fn", "os:getcwd", "--rollout-correction", "tis"),
+        "proxrl grpo: error: rollout_correction: tis corrects the sampler's log-probs; "
+        "set sampler_logprobs true (or rollout_correction none)",
+    ),
+    Case(
+        "grpo: min_p out of range",
+        (*GRPO, "--reward-fn", "os:getcwd", "--min-p", "1"),
+        "proxrl grpo: error: min_p: expected in [0, 1), got 1.0",
+    ),
 ]
 
 
