@@ -7,6 +7,15 @@ and the entropy all go through these functions, so a truncating sampler and the 
 (peers shipped the bug: TRL #4159 scaled by the temperature on one side only; TRL #6789 let the
 trainer score the untruncated distribution while vLLM sampled the truncated one).
 
+The reference π_ref is scored through the same function as the policy (its own logits, the
+same temperature and truncation). TRL and veRL also put π_ref through the policy's log-prob
+function (temperature included); they do not replay truncation on either side. Chosen over the
+raw reference because then a policy equal to the reference has a KL of exactly 0, as without
+truncation: against a raw π_ref, log π̃(a) − log π_ref(a) ≥ −log(kept mass) > 0 for every
+sampled token, so the KL would read positive from the first step and the penalty would push the
+policy to spread mass over tokens that are never sampled. π_ref(a) stays finite for any sampled
+a (the scored token counts as kept, below).
+
 Like ``core.logprobs`` these work one sequence at a time: the peak extra memory is one (T, V)
 slice, never a second (B, T, V) copy. With no truncation (top_k=0, top_p=1, min_p=0) they run the
 very operations of ``logprobs_from_logits`` / ``entropy_from_logits``, bit for bit.
