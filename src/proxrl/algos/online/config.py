@@ -49,7 +49,7 @@ class OnlineConfig(ModelRunConfig):
     """Longest response in tokens."""
     temperature: Annotated[float, Range(gt=0)] = 0.7
     """Sampling temperature; log-probs are computed from logits divided by it."""
-    top_k: int = 0
+    top_k: Annotated[int, Range(ge=0)] = 0
     """Sample among the k likeliest tokens (0: off)."""
     top_p: Annotated[float, Range(gt=0, le=1)] = 1.0
     """Nucleus sampling threshold (1: off)."""
