@@ -117,5 +117,20 @@ def test_the_rows_just_inside_each_rule_load(tmp_path):
     assert [e.ranking for e in loaded] == [[2, 0, 1], [0, 0, 2]]
 
 
+def test_a_pair_that_differs_only_in_whitespace_is_dropped_like_an_equal_one(tmp_path, caplog):
+    import logging
+
+    rows = [
+        {"prompt": "a", "chosen": " yes.", "rejected": "yes.\n"},
+        {"prompt": "a", "chosen": " yes.", "rejected": " no."},
+    ]
+    path = _write(tmp_path / "w.jsonl", rows)
+    with caplog.at_level(logging.WARNING):
+        kept = load_preference_examples(path)
+    assert [e.rejected for e in kept] == [" no."]
+    assert "dropped 1 of 2 rows whose 'chosen' equals 'rejected'" in caplog.text
+    assert f"{path}:1" in caplog.text
+
+
 def test_the_roles_are_those_chat_templates_use():
     assert ROLES == ("system", "user", "assistant", "tool")

@@ -14,8 +14,9 @@
   a conversation that already ends with the assistant's answer is refused).
 
 Every row is checked; the first bad one stops the run with its file, line, field and what was
-expected, as one line. A preference row whose ``chosen`` equals ``rejected`` teaches nothing
-and is dropped with a warning that counts them.
+expected, as one line. A preference row whose ``chosen`` equals ``rejected`` (up to
+surrounding whitespace) teaches nothing, or a preference for whitespace, and is dropped with a
+warning that counts them.
 """
 
 from __future__ import annotations
@@ -226,16 +227,23 @@ def load_preference_examples(source: str, split: str = "train") -> list[Preferen
     return preference_examples(read_rows(source, split), source)
 
 
+def _same_answer(example: PreferenceExample) -> bool:
+    """chosen and rejected differ at most in surrounding whitespace: nothing to prefer but the
+    whitespace itself."""
+    return example.chosen.strip() == example.rejected.strip()
+
+
 def preference_examples(rows: list[Row], source: str) -> list[PreferenceExample]:
     examples = [parse_preference(row) for row in rows]
-    kept = [e for e in examples if e.chosen != e.rejected]
+    kept = [e for e in examples if not _same_answer(e)]
     if len(kept) < len(examples):
         log.warning(
-            "%s: dropped %d of %d rows whose 'chosen' equals 'rejected' (first: %s)",
+            "%s: dropped %d of %d rows whose 'chosen' equals 'rejected' (up to surrounding "
+            "whitespace; first: %s)",
             source,
             len(examples) - len(kept),
             len(examples),
-            next(e.where for e in examples if e.chosen == e.rejected),
+            next(e.where for e in examples if _same_answer(e)),
         )
     return _nonempty(kept, source)
 
