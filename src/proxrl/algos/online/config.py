@@ -75,7 +75,8 @@ class OnlineConfig(ModelRunConfig):
     clip_high: Annotated[float | None, Range(gt=0)] = None
     """Upper clip range (default: clip); DAPO uses 0.28."""
     dual_clip: Annotated[float | None, Range(gt=1)] = None
-    """Dual-clip bound c > 1 on negative-advantage losses (None: off)."""
+    """Dual-clip bound c on negative-advantage losses, past the clip range: c > 1 + clip_high
+    (None: off)."""
     loss_agg: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
