@@ -11,7 +11,7 @@ import torch
 from lm_tasks import sft_rows, write_jsonl
 from safetensors.torch import load_file
 from test_mixed_precision import linear_output_dtypes
-from test_online import prompts, scores, small  # noqa: F401  (prompts: a fixture)
+from test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 from proxrl.algos.offline import sft
 from proxrl.algos.online import grpo, ppo
@@ -54,7 +54,14 @@ def test_samplers_on_the_device_match_a_fresh_forward(sampler, device, tiny_lm):
     torch.testing.assert_close(s.logprobs[valid], full.logprobs[valid], rtol=0, atol=1e-4)
 
 
-def test_ppo_places_roles_and_trains_in_bf16(device, tiny_lm, prompts, tmp_path, monkeypatch):  # noqa: F811
+def test_ppo_places_roles_and_trains_in_bf16(
+    device,
+    tiny_lm,
+    prompts,  # noqa: F811  (a fixture)
+    reward_model,  # noqa: F811  (a fixture)
+    tmp_path,
+    monkeypatch,
+):
     """offload_frozen_roles: actor and critic on the device, reference and reward model on the
     CPU; bf16 autocast reaches the transformer layers on both; scores and values stay float32;
     every metric finite; the saved policy float32."""
@@ -80,7 +87,7 @@ def test_ppo_places_roles_and_trains_in_bf16(device, tiny_lm, prompts, tmp_path,
         group_size=2,
         mixed_precision="bf16",
         reward_fn=(),
-        reward_model=tiny_lm,
+        reward_model=reward_model,
         critic_learning_rate=1e-3,
         kl_coef=0.05,
         offload_frozen_roles=True,

@@ -62,6 +62,35 @@ FILES: dict[str, str | bytes] = {
     "data/ranking_ties.jsonl": _jsonl(
         [{"prompt": "a", "responses": [" a.", " b."], "ranking": [1, 1]}]
     ),
+    "data/ranking_scores.jsonl": _jsonl(
+        [{"prompt": "a", "responses": [" a.", " b.", " c."], "ranking": [8, 2, 9]}]
+    ),
+    "data/ranking_one_based.jsonl": _jsonl(
+        [{"prompt": "a", "responses": [" a.", " b.", " c."], "ranking": [1, 2, 3]}]
+    ),
+    "data/margin_negative.jsonl": _jsonl([*GOOD_PAIRS[:1], GOOD_PAIRS[1] | {"margin": -1.0}]),
+    "data/role_typo.jsonl": _jsonl(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "asistant", "content": "hello"},
+                    {"role": "user", "content": "bye"},
+                    {"role": "assistant", "content": "bye"},
+                ]
+            }
+        ]
+    ),
+    "data/prompt_with_answer.jsonl": _jsonl(
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "copy: abc ="},
+                    {"role": "assistant", "content": " abc"},
+                ]
+            }
+        ]
+    ),
     "data/latin1.jsonl": b'{"prompt": "caf\xe9", "completion": " x"}\n',
     "data/notes.txt": "prompt, completion\n",
     "data/only_prompt.csv": "prompt\nhello\n",
@@ -75,6 +104,7 @@ FILES: dict[str, str | bytes] = {
     "configs/typo.yaml": "learning_rat: 0.1\n",
     "configs/batch_words.yaml": "batch_size: eight\n",
     "configs/lr_list.yaml": "learning_rate: [1, 2]\n",
+    "configs/lr_exponent.yaml": "learning_rate: -1e-5\n",
     "models/empty/README": "no config here\n",
     "runs/done/metrics.jsonl": '{"step": 1, "train/loss": 1.0}\n',
     "runs/done/.proxrl-run": "",
@@ -294,6 +324,26 @@ CASES: list[Case] = [
         ),
         "proxrl rm: error: training data: center_coef applies to preference pairs, not K-way rankings",
     ),
+    Case(
+        "sft: negative seed",
+        (*SFT, "--seed", "-1"),
+        "proxrl sft: error: seed: expected in [0, 4294967295], got -1",
+    ),
+    Case(
+        "sft: learning_rate NaN",
+        (*SFT, "--learning-rate", "nan"),
+        "proxrl sft: error: learning_rate: expected a finite number, got nan",
+    ),
+    Case(
+        "dpo: negative simpo_gamma_beta_ratio",
+        (*PAIRS_DPO, "--loss", "simpo", "--simpo-gamma-beta-ratio", "-0.5"),
+        "proxrl dpo: error: simpo_gamma_beta_ratio: expected >= 0, got -0.5",
+    ),
+    Case(
+        "sft: negative lora_alpha",
+        (*SFT, "--lora-r", "4", "--lora-alpha", "-8"),
+        "proxrl sft: error: lora_alpha: expected >= 0, got -8.0",
+    ),
     # -- config files ----------------------------------------------------------------------
     Case(
         "config file missing",
@@ -319,6 +369,11 @@ CASES: list[Case] = [
         "config value of the wrong type",
         ("sft", "--config", "configs/batch_words.yaml"),
         "proxrl sft: error: config file configs/batch_words.yaml: field batch_size expects int, found str 'eight'",
+    ),
+    Case(
+        "config number written 1e-5 (read as a float), outside its range",
+        ("sft", "--config", "configs/lr_exponent.yaml"),
+        "proxrl sft: error: learning_rate: expected > 0, got -1e-05",
     ),
     Case(
         "config list for a number",
@@ -477,6 +532,65 @@ CASES: list[Case] = [
         ("rm", "--model", "model", "--data", "data/ranking_ties.jsonl", "--output-dir", "runs/new"),
         "proxrl rm: error: data/ranking_ties.jsonl:1: field 'ranking': all responses tie, so there is no pair to learn",
     ),
+    Case(
+        "message with a role the chat template does not know",
+        sft_data("data/role_typo.jsonl"),
+        "proxrl sft: error: data/role_typo.jsonl:1: field 'messages[1].role': expected one of system, user, assistant, tool, got 'asistant'; did you mean assistant?",
+    ),
+    Case(
+        "negative margin",
+        (
+            "rm",
+            "--model",
+            "model",
+            "--data",
+            "data/margin_negative.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl rm: error: data/margin_negative.jsonl:2: field 'margin': expected >= 0, got -1.0",
+    ),
+    Case(
+        "ranking holding scores instead of ranks",
+        (
+            "rm",
+            "--model",
+            "model",
+            "--data",
+            "data/ranking_scores.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl rm: error: data/ranking_scores.jsonl:1: field 'ranking': expected ranks 0 (best) to 2 (worst), got [8, 2, 9]",
+    ),
+    Case(
+        "ranking counted from 1",
+        (
+            "rm",
+            "--model",
+            "model",
+            "--data",
+            "data/ranking_one_based.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl rm: error: data/ranking_one_based.jsonl:1: field 'ranking': expected ranks 0 (best) to 2 (worst), got [1, 2, 3]",
+    ),
+    Case(
+        "grpo: prompt conversation that ends with the answer",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--prompts",
+            "data/prompt_with_answer.jsonl",
+            "--reward-fn",
+            "os:getcwd",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: data/prompt_with_answer.jsonl:1: field 'messages': a prompt must not end with the assistant's message (the policy would see its answer)",
+    ),
     # -- model directories -----------------------------------------------------------------
     Case(
         "model path missing",
@@ -613,6 +727,61 @@ CASES: list[Case] = [
         "proxrl grpo: error: reward_fn: module 'os' has no function 'no_such_function'",
     ),
     Case(
+        "grpo: a causal LM given as reward_model (no score head)",
+        (*GRPO, "--reward-model", "model"),
+        "proxrl grpo: error: reward_model: model holds a causal LM (LlamaForCausalLM) without a score head; train one with `proxrl rm`",
+    ),
+    Case(
+        "ppo: negative kl_coef",
+        (*PPO, "--reward-fn", "os:getcwd", "--kl-coef", "-0.05"),
+        "proxrl ppo: error: kl_coef: expected >= 0, got -0.05",
+    ),
+    Case(
+        "ppo: negative clip",
+        (*PPO, "--reward-fn", "os:getcwd", "--clip", "-0.2"),
+        "proxrl ppo: error: clip: expected > 0, got -0.2",
+    ),
+    Case(
+        "ppo: top_p above 1",
+        (*PPO, "--reward-fn", "os:getcwd", "--top-p", "1.5"),
+        "proxrl ppo: error: top_p: expected in (0, 1], got 1.5",
+    ),
+    Case(
+        "ppo: dual_clip 1 or less",
+        (*PPO, "--reward-fn", "os:getcwd", "--dual-clip", "0.9"),
+        "proxrl ppo: error: dual_clip: expected > 1, got 0.9",
+    ),
+    Case(
+        "ppo: dual_clip inside the clip range",
+        (*PPO, "--reward-fn", "os:getcwd", "--clip-high", "0.28", "--dual-clip", "1.2"),
+        "proxrl ppo: error: dual_clip: expected > 1 + clip_high = 1.28 (it bounds the loss only past the clip range), got 1.2",
+    ),
+    Case(
+        "ppo: proportional KL controller starting from kl_coef 0",
+        (*PPO, "--reward-fn", "os:getcwd", "--kl-controller", "proportional", "--kl-coef", "0"),
+        "proxrl ppo: error: kl_coef: the proportional controller scales β, so it cannot start from 0",
+    ),
+    Case(
+        "ppo: adaptive penalty starting from penalty_beta 0",
+        (*PPO, "--reward-fn", "os:getcwd", "--surrogate", "penalty", "--penalty-beta", "0"),
+        "proxrl ppo: error: penalty_beta: surrogate=penalty doubles or halves β, so it cannot start from 0",
+    ),
+    Case(
+        "grpo: reward_weights all 0",
+        (*GRPO, "--reward-fn", "os:getcwd", "--reward-weights", "0"),
+        "proxrl grpo: error: reward_weights: every weight is 0, so no reward reaches the policy",
+    ),
+    Case(
+        "grpo: reward weight NaN",
+        (*GRPO, "--reward-fn", "os:getcwd", "--reward-weights", "nan"),
+        "proxrl grpo: error: reward_weights: expected a finite number, got nan",
+    ),
+    Case(
+        "grpo: gamma above 1",
+        (*GRPO, "--reward-fn", "os:getcwd", "--estimator", "reinforce_pp", "--gamma", "1.5"),
+        "proxrl grpo: error: gamma: expected in [0, 1], got 1.5",
+    ),
+    Case(
         "grpo: reward model path missing",
         (*GRPO, "--reward-model", "models/nope"),
         "proxrl grpo: error: reward_model: model path 'models/nope' does not exist (or is not a directory)",
@@ -642,6 +811,26 @@ CASES: list[Case] = [
         "classic: gamma above 1",
         (*CLASSIC, "--gamma", "1.5"),
         "proxrl classic: error: --gamma must lie in [0, 1]",
+    ),
+    Case(
+        "classic: adaptive-kl starting from penalty_beta 0",
+        (*CLASSIC, "--objective", "adaptive-kl", "--penalty-beta", "0"),
+        "proxrl classic: error: --penalty-beta must be > 0 with --objective adaptive-kl (it doubles or halves β)",
+    ),
+    Case(
+        "classic-eval: episodes 0",
+        ("classic-eval", "--run-dir", "runs/done", "--episodes", "0"),
+        "proxrl classic-eval: error: --episodes must be > 0, got 0",
+    ),
+    Case(
+        "demo: hidden_size the attention heads cannot split",
+        ("demo", "--output-dir", "runs/new", "--hidden-size", "12"),
+        "proxrl demo: error: hidden_size: expected a multiple of 8 (4 attention heads of an even width), got 12",
+    ),
+    Case(
+        "demo: temperature 0",
+        ("demo", "--output-dir", "runs/new", "--temperature", "0"),
+        "proxrl demo: error: temperature: expected > 0, got 0.0",
     ),
     Case(
         "classic: max_consecutive_skips 0",

@@ -12,7 +12,7 @@ import pytest
 import torch
 from lm_tasks import preference_rows, sft_rows, write_jsonl
 from safetensors.torch import load_file
-from test_online import prompts, scores, small  # noqa: F401  (prompts: a fixture)
+from test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 from proxrl.algos.offline import dpo, reward, sft
 from proxrl.algos.online import grpo, ppo
@@ -57,6 +57,7 @@ def test_ppo_computes_in_the_chosen_precision_and_keeps_float32_weights(
     compute,
     tiny_lm,
     prompts,  # noqa: F811  (a fixture)
+    reward_model,  # noqa: F811  (a fixture)
     tmp_path,
 ):
     """Sampling, the reference / critic / reward-model passes and the update all run in
@@ -71,7 +72,7 @@ def test_ppo_computes_in_the_chosen_precision_and_keeps_float32_weights(
         group_size=2,
         mixed_precision=precision,
         reward_fn=(),
-        reward_model=tiny_lm,
+        reward_model=reward_model,
         critic_learning_rate=1e-3,
         kl_coef=0.05,
     )

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxrl.data.formats import (
+    ROLES,
     PreferenceExample,
     PromptExample,
     RankingExample,
@@ -112,10 +113,15 @@ def test_any_row_parses_or_gets_a_clean_error_naming_the_row(parse, data):
     }[type(example)](example)
     assert all(isinstance(t, str) for t in texts)
     if isinstance(example, PreferenceExample) and example.margin is not None:
-        assert math.isfinite(example.margin)
+        assert math.isfinite(example.margin) and example.margin >= 0
     if isinstance(example, RankingExample):
         assert len(example.ranking) == len(example.responses) >= 2
-        assert all(type(r) is int and r >= 0 for r in example.ranking)
+        assert all(type(r) is int and 0 <= r < len(example.ranking) for r in example.ranking)
+        assert min(example.ranking) == 0
+    messages = getattr(example, "messages", None) or []
+    assert all(m["role"] in ROLES for m in messages)
+    if isinstance(example, PromptExample) and messages:
+        assert messages[-1]["role"] != "assistant"
 
 
 LOADERS = [load_sft_examples, load_comparison_examples, load_prompt_examples]

@@ -92,7 +92,7 @@ def test_bad_flags_are_one_line_errors(argv, message):
         ("batch_size: 2.5\n", "field batch_size expects int, found float 2.5"),
         ("resume: 1\n", "field resume expects bool, found int 1"),
         ("mode: medium\n", "field mode expects one of fast, slow, found 'medium'"),
-        ("names: x\n", "field names expects a list of str, found str 'x'"),
+        ("names: {a: 1}\n", "field names expects a list of str, found dict {'a': 1}"),
         ("- 1\n- 2\n", "must hold a mapping"),
         ("batch_size: 0\n", "--batch-size must be > 0"),
         ("a: [\n", "is not valid YAML"),

@@ -141,6 +141,10 @@ class ClassicConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.objective == "adaptive-kl" and self.penalty_beta == 0:
+            raise ProxrlError(
+                "--penalty-beta must be > 0 with --objective adaptive-kl (it doubles or halves β)"
+            )
         from proxrl.classic.envs import check_env_id
 
         check_env_id(self.env)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +24,7 @@ from proxrl.classic.envs import ObsNormalizer, check_env_id
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.config import load_config_file, parse_config
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range, check_ranges
 
 
 @dataclasses.dataclass
@@ -34,14 +35,15 @@ class EvalConfig:
     """The output_dir of the training run."""
     checkpoint: str | None = None
     """A checkpoint directory to load instead of the run's newest one."""
-    episodes: int = 10
+    episodes: Annotated[int, Range(gt=0)] = 10
     """Number of episodes to run."""
-    seed: int = 0
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0
     """Seed of the first episode's reset (episode i uses seed + i)."""
 
+    range_style: ClassVar[Literal["field", "flag"]] = "flag"  # classic's wording
+
     def validate(self) -> None:
-        if self.episodes <= 0:
-            raise ProxrlError(f"--episodes must be > 0, got {self.episodes}")
+        check_ranges(self)
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:

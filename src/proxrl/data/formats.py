@@ -1,19 +1,27 @@
 """Row formats and their validation.
 
 - SFT: ``{"prompt", "completion"}`` or ``{"messages": [{"role", "content"}, ...]}`` whose last
-  message is the assistant's (the chat template is applied at encoding time).
-- Preference: ``{"prompt", "chosen", "rejected"}`` with an optional numeric ``"margin"``.
+  message is the assistant's (the chat template is applied at encoding time). Roles are those
+  chat templates know: system, user, assistant, tool (a typo would silently move which tokens
+  are trained on).
+- Preference: ``{"prompt", "chosen", "rejected"}`` with an optional ``"margin"``, a finite
+  number >= 0 (how much better chosen is).
 - Ranking: ``{"prompt", "responses": [K strings], "ranking": [K ints]}`` where ``ranking[i]``
-  is the rank of ``responses[i]``, 0 the best; equal ranks are ties (no pair is formed).
-- Prompt (RL rollouts): ``{"prompt"}`` or ``{"messages": [...]}`` (continued by the assistant).
+  is the rank of ``responses[i]``, 0 the best, K - 1 the worst; equal ranks are ties (no pair
+  is formed). Ranks outside 0..K-1 (scores, where higher is better, or 1-based ranks) are
+  refused rather than guessed at.
+- Prompt (RL rollouts): ``{"prompt"}`` or ``{"messages": [...]}`` (continued by the assistant;
+  a conversation that already ends with the assistant's answer is refused).
 
 Every row is checked; the first bad one stops the run with its file, line, field and what was
-expected, as one line. A preference row whose ``chosen`` equals ``rejected`` teaches nothing
-and is dropped with a warning that counts them.
+expected, as one line. A preference row whose ``chosen`` equals ``rejected`` (up to
+surrounding whitespace) teaches nothing, or a preference for whitespace, and is dropped with a
+warning that counts them.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import numbers
@@ -26,6 +34,8 @@ from proxrl.runtime.errors import ProxrlError
 log = logging.getLogger(__name__)
 
 Message = dict[str, str]
+
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,13 @@ def _expect_messages(row: Row, final_role: str | None) -> list[Message]:
             raise ProxrlError(
                 f'{row.where}: field \'messages[{i}]\': expected {{"role": str, "content": str}}'
             )
+        if message["role"] not in ROLES:
+            close = difflib.get_close_matches(message["role"], ROLES, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ProxrlError(
+                f"{row.where}: field 'messages[{i}].role': expected one of {', '.join(ROLES)}, "
+                f"got {_shown(message['role'])}{hint}"
+            )
     if final_role is not None and messages[-1]["role"] != final_role:
         raise ProxrlError(
             f"{row.where}: field 'messages': the last message must have role '{final_role}', "
@@ -141,9 +158,16 @@ def _margin(row: Row) -> float | None:
         except OverflowError:
             value = math.inf
     if value is None or not math.isfinite(value):
-        shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
-        raise ProxrlError(f"{row.where}: field 'margin': expected a finite number, got {shown}")
+        raise ProxrlError(
+            f"{row.where}: field 'margin': expected a finite number, got {_shown(raw)}"
+        )
+    if value < 0:  # chosen worse than rejected: the loss would push the wrong way
+        raise ProxrlError(f"{row.where}: field 'margin': expected >= 0, got {_shown(raw)}")
     return value
+
+
+def _shown(raw: Any) -> str:
+    return repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
 
 
 def parse_ranking(row: Row) -> RankingExample:
@@ -173,13 +197,24 @@ def parse_ranking(row: Row) -> RankingExample:
         raise ProxrlError(
             f"{row.where}: field 'ranking': all responses tie, so there is no pair to learn"
         )
+    if max(ranking) >= len(responses) or min(ranking) != 0:
+        raise ProxrlError(
+            f"{row.where}: field 'ranking': expected ranks 0 (best) to {len(responses) - 1} "
+            f"(worst), got {_shown(ranking)}"
+        )
     return RankingExample(prompt, list(responses), list(ranking), row.where)
 
 
 def parse_prompt(row: Row) -> PromptExample:
     columns = {k: v for k, v in row.data.items() if k not in ("prompt", "messages")}
     if "messages" in row.data and row.data["messages"] is not None:
-        return PromptExample("", _expect_messages(row, final_role=None), row.where, columns)
+        messages = _expect_messages(row, final_role=None)
+        if messages[-1]["role"] == "assistant":  # the answer would be part of the prompt
+            raise ProxrlError(
+                f"{row.where}: field 'messages': a prompt must not end with the assistant's "
+                "message (the policy would see its answer)"
+            )
+        return PromptExample("", messages, row.where, columns)
     return PromptExample(_expect_text(row, "prompt"), None, row.where, columns)
 
 
@@ -192,16 +227,23 @@ def load_preference_examples(source: str, split: str = "train") -> list[Preferen
     return preference_examples(read_rows(source, split), source)
 
 
+def _same_answer(example: PreferenceExample) -> bool:
+    """chosen and rejected differ at most in surrounding whitespace: nothing to prefer but the
+    whitespace itself."""
+    return example.chosen.strip() == example.rejected.strip()
+
+
 def preference_examples(rows: list[Row], source: str) -> list[PreferenceExample]:
     examples = [parse_preference(row) for row in rows]
-    kept = [e for e in examples if e.chosen != e.rejected]
+    kept = [e for e in examples if not _same_answer(e)]
     if len(kept) < len(examples):
         log.warning(
-            "%s: dropped %d of %d rows whose 'chosen' equals 'rejected' (first: %s)",
+            "%s: dropped %d of %d rows whose 'chosen' equals 'rejected' (up to surrounding "
+            "whitespace; first: %s)",
             source,
             len(examples) - len(kept),
             len(examples),
-            next(e.where for e in examples if e.chosen == e.rejected),
+            next(e.where for e in examples if _same_answer(e)),
         )
     return _nonempty(kept, source)
 

@@ -77,7 +77,7 @@ class Config:
 
     output_dir: str = "runs/demo"
     """Directory for the data, every stage's run, summary.json and report.md."""
-    seed: int = 1
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 1
     """Random seed of the data, the model's initialisation and every stage."""
     overwrite: bool = True
     """Replace a previous demo in output_dir (only a directory that holds a proxrl run is
@@ -94,7 +94,7 @@ class Config:
     """Demonstrations (prompt → the sloppy annotator's answer)."""
     demo_accuracy: Annotated[float, Range(gt=0, le=1)] = 0.3
     """Share of demonstrations that name the largest digit."""
-    off_list_rejects: float = 0.0
+    off_list_rejects: Annotated[float, Range(ge=0, le=1)] = 0.0
     """Share of rejected answers drawn from all ten digits rather than from the list."""
     preference_pairs: Annotated[int, Range(ge=1)] = 2000
     """Preference pairs for the reward model (chosen: the largest digit; rejected: another
@@ -107,50 +107,55 @@ class Config:
     """Held-out prompts every policy is evaluated on."""
     eval_samples: Annotated[int, Range(ge=1)] = 4
     """Responses sampled per held-out prompt."""
-    hidden_size: int = 64
+    hidden_size: Annotated[int, Range(ge=8)] = 64
     """Width of the tiny Llama."""
-    num_layers: int = 2
+    num_layers: Annotated[int, Range(ge=1)] = 2
     """Transformer blocks of the tiny Llama."""
-    sft_epochs: int = 3
+    sft_epochs: Annotated[int, Range(ge=1)] = 3
     """Passes over the demonstrations."""
-    sft_learning_rate: float = 3e-3
+    sft_learning_rate: Annotated[float, Range(gt=0)] = 3e-3
     """SFT peak learning rate."""
-    rm_epochs: int = 2
+    rm_epochs: Annotated[int, Range(ge=1)] = 2
     """Passes over the preference pairs."""
-    rm_learning_rate: float = 2e-3
+    rm_learning_rate: Annotated[float, Range(gt=0)] = 2e-3
     """Reward-model peak learning rate."""
-    batch_size: int = 32
+    batch_size: Annotated[int, Range(ge=1)] = 32
     """Examples per optimizer step in SFT and reward-model training."""
     rl_iterations: Annotated[int, Range(ge=1)] = 100
     """Iterations of each RL run."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 32
     """Prompts per RL iteration."""
-    group_size: int = 2
+    group_size: Annotated[int, Range(ge=1)] = 2
     """Responses per prompt in PPO (GRPO uses grpo_group_size)."""
-    grpo_group_size: int = 4
+    grpo_group_size: Annotated[int, Range(ge=2)] = 4
     """Responses per prompt in GRPO."""
-    ppo_epochs: int = 2
+    ppo_epochs: Annotated[int, Range(ge=1)] = 2
     """Passes over each rollout batch."""
-    rl_learning_rate: float = 5e-4
+    rl_learning_rate: Annotated[float, Range(gt=0)] = 5e-4
     """Policy learning rate of every RL run."""
-    critic_learning_rate: float = 1e-3
+    critic_learning_rate: Annotated[float, Range(gt=0)] = 1e-3
     """PPO critic learning rate."""
-    kl_coef: float = 3.0
+    kl_coef: Annotated[float, Range(ge=0)] = 3.0
     """KL coefficient β of the PPO run, in reward-model units (its scores have a std of ~8 here);
     ppo_no_kl uses 0."""
-    grpo_kl_coef: float = 0.0
+    grpo_kl_coef: Annotated[float, Range(ge=0)] = 0.0
     """KL coefficient β of the GRPO run (in the loss, k3)."""
-    max_new_tokens: int = 4
+    max_new_tokens: Annotated[int, Range(ge=1)] = 4
     """Longest response in tokens (a correct one is 1 token + EOS)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature of rollouts and evaluation."""
-    threads: int = 1
+    threads: Annotated[int, Range(ge=0)] = 1
     """torch CPU threads (0: torch's default; one is fastest for a model this small)."""
     progress: bool = True
     """Show progress bars."""
 
     def validate(self) -> None:
         check_ranges(self)
+        if self.hidden_size % 8:
+            raise ProxrlError(
+                f"hidden_size: expected a multiple of 8 (4 attention heads of an even width), "
+                f"got {self.hidden_size}"
+            )
 
 
 def peak_rss_mb() -> float:

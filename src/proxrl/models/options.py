@@ -29,7 +29,7 @@ class ModelRunConfig(RunConfig):
     lora_r: Annotated[int, Range(ge=0)] = 0
     """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled
     base)."""
-    lora_alpha: float = 0.0
+    lora_alpha: Annotated[float, Range(ge=0)] = 0.0
     """LoRA scale numerator (0: 2 × lora_r)."""
     dtype: str = "float32"
     """Weights dtype: float32, bfloat16, float16, float64 or auto."""

@@ -10,7 +10,9 @@ proxrl, and a reward model trained elsewhere loads here.
 - A value model reads the head at every token (``token_values``).
 - A head that is missing from the checkpoint (a causal LM turned into a reward model) is
   initialised N(0, 1/√(d+1)) with bias 0 for a reward model (Ziegler et al. 2019; "The N
-  implementation details of RLHF with PPO"), and to zero for a value model.
+  implementation details of RLHF with PPO"), and to zero for a value model: only where
+  training starts (``proxrl rm``, the critic). The model that scores rollouts must bring its
+  head (``new_head=None``): transformers would build a random one and only warn.
 - Score normalisation: most HF heads (Llama, Qwen2, GPT-2) have no bias, so the shift that
   makes the mean training score 0 cannot be folded into the head. ``reward_mean`` and
   ``reward_std`` are stored in the model config instead and ``sequence_scores(...,
@@ -31,6 +33,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from proxrl.models.causal_lm import from_pretrained_kwargs, load_pretrained, prepare_for_training
+from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +43,15 @@ HeadInit = Literal["reward", "zero"]
 def load_score_model(
     name_or_path: str,
     *,
-    new_head: HeadInit = "reward",
+    new_head: HeadInit | None = "reward",
     dtype: str = "float32",
     attn_implementation: str | None = None,
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """Load a ``num_labels=1`` sequence classifier; initialise its head if the checkpoint has
-    none (``new_head="reward"``: N(0, 1/√(d+1)); ``"zero"``: zeros, for a critic)."""
+    none (``new_head="reward"``: N(0, 1/√(d+1)); ``"zero"``: zeros, for a critic; ``None``:
+    refuse such a checkpoint with a ``ProxrlError``, for a model used as it is)."""
     kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
     # transformers prints a multi-line load report when a causal LM becomes a classifier (its
     # lm_head unused, the head missing): expected here, so it is replaced by one log line.
@@ -72,6 +76,8 @@ def load_score_model(
     }
     missing = set(info["missing_keys"])
     if head_names & missing:
+        if new_head is None:
+            raise ProxrlError(f"{name_or_path} {_without_head(model)}")
         init_score_head(head, new_head)
         log.info(
             "%s: no scalar head in the checkpoint; initialised a %s head", name_or_path, new_head
@@ -85,6 +91,16 @@ def load_score_model(
         )
     prepare_for_training(model, gradient_checkpointing)
     return model
+
+
+def _without_head(model: PreTrainedModel) -> str:
+    """What a checkpoint without a score head holds, in words (the architectures its config
+    records; the missing head itself is what the loader reported)."""
+    saved = [a for a in getattr(model.config, "architectures", None) or [] if isinstance(a, str)]
+    kind = ", ".join(saved) or "no recorded architecture"
+    causal = any("CausalLM" in a or a.endswith("LMHeadModel") for a in saved)
+    what = "a causal LM" if causal else "a model"
+    return f"holds {what} ({kind}) without a score head; train one with `proxrl rm`"
 
 
 def score_head(model: nn.Module) -> nn.Linear:

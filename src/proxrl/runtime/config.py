@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -53,7 +54,7 @@ class RunConfig:
 
     output_dir: str = "runs/run"
     """Directory for metrics, TensorBoard events, checkpoints and the summary."""
-    seed: int = 1
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 1
     """Random seed for Python, NumPy, torch and the environments."""
     resume: bool = False
     """Continue the run in output_dir from its newest complete checkpoint."""
@@ -89,17 +90,40 @@ def _adapter(tp: Any) -> Any:
     return TypeAdapter(tp)
 
 
+# A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _as_written(tp: Any, value: Any) -> Any:
+    """The spellings people write that YAML does not type as the field does: ``1e-4`` (a
+    string to YAML 1.1) in a float field, and one value where a list is expected."""
+    inner = optional_inner(tp)[1]
+    listed = typing.get_origin(inner) in (tuple, list)
+    item = (typing.get_args(inner) or (Any,))[0] if listed else inner
+    if listed and value is not None and not isinstance(value, (list, tuple)):
+        value = [value]
+    if item is float:
+        value = [_number(v) for v in value] if isinstance(value, list) else _number(value)
+    return value
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and _NUMBER.fullmatch(value.strip()) else value
+
+
 def _check_value(name: str, tp: Any, value: Any) -> Any:
-    """A YAML value checked strictly against a field type (int → float and list → tuple are
-    the only conversions); a ``ProxrlError`` naming the field otherwise."""
+    """A YAML value checked strictly against a field type (int → float, list → tuple, a
+    number written ``1e-4`` → float and one value → a one-item list are the only conversions);
+    a ``ProxrlError`` naming the field otherwise."""
     from pydantic import ValidationError
 
+    written, value = value, _as_written(tp, value)
     if isinstance(value, list) and typing.get_origin(optional_inner(tp)[1]) is tuple:
         value = tuple(value)
     try:
         return _adapter(tp).validate_python(value, strict=True)
     except ValidationError:
-        pass
+        value = written  # the message shows what the file holds
     literal = typing.get_origin(optional_inner(tp)[1]) is Literal
     found = repr(value) if literal else f"{type(value).__name__} {value!r}"
     if isinstance(value, tuple):
@@ -154,12 +178,18 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
     return raw
 
 
-def load_config_file(config_cls: type[T], path: str | Path, validate: bool = True) -> T:
+def load_config_file(
+    config_cls: type[T],
+    path: str | Path,
+    validate: bool = True,
+    overridden: frozenset[str] = frozenset(),
+) -> T:
     """Build ``config_cls`` from a YAML mapping of field → value (missing fields keep defaults).
 
     Keys may use dashes and a field's aliases. Unknown keys and values of the wrong type raise
     ``ProxrlError`` naming the key. ``validate=False`` skips ``cfg.validate()``
-    (``parse_config`` validates after overrides).
+    (``parse_config`` validates after overrides). The values of ``overridden`` fields are not
+    read: a flag replaces them, so a bad one there is no error.
     """
     path = Path(path)
     fields, names = field_table(config_cls), spellings(config_cls)  # type: ignore[arg-type]
@@ -169,6 +199,8 @@ def load_config_file(config_cls: type[T], path: str | Path, validate: bool = Tru
         try:
             if name is None:
                 raise _unknown("key", str(key), list(names), flag=False)
+            if name in overridden:
+                continue
             values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"config file {path}: {e}") from None
@@ -247,6 +279,20 @@ def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
     return out
 
 
+def _flagged_fields(config_cls: type, argv: list[str]) -> frozenset[str]:
+    """The fields argv sets (``--name``, ``--name=v``, ``--no-name``, aliases included)."""
+    names = spellings(config_cls)
+    found = set()
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        name = arg[2:].partition("=")[0].replace("-", "_")
+        field = names.get(name) or (names.get(name[3:]) if name.startswith("no_") else None)
+        if field is not None:
+            found.add(field)
+    return frozenset(found)
+
+
 def _values_after(flags: tuple[str, ...], argv: list[str]) -> str:
     """The text given to the last of ``flags`` in argv (for an error message)."""
     spelt = {f.replace("_", "-") for f in flags}
@@ -320,7 +366,8 @@ def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
     config_path, rest = _split_config_flag(list(argv or []))
     default: Any = tyro.MISSING_NONPROP
     if config_path:
-        default = load_config_file(config_cls, config_path, validate=False)
+        flagged = _flagged_fields(config_cls, rest)
+        default = load_config_file(config_cls, config_path, validate=False, overridden=flagged)
     elif all(
         f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         for f in dataclasses.fields(config_cls)

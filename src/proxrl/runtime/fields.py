@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Annotated, Any, Literal, Union
@@ -37,7 +38,9 @@ class Range:
     style: Literal["field", "flag"] | None = None
 
     def holds(self, value: float) -> bool:
-        return not (
+        """Within the bounds, and finite: no formula takes NaN or ±inf (``Range()`` declares a
+        field that takes any finite number)."""
+        return math.isfinite(value) and not (
             (self.ge is not None and value < self.ge)
             or (self.gt is not None and value <= self.gt)
             or (self.le is not None and value > self.le)
@@ -47,7 +50,13 @@ class Range:
     def message(self, name: str, value: Any, style: str, integer: bool) -> str:
         """``field``: ``name: expected >= 1, got 0`` / ``name: expected in [0, 1), got 1.5``;
         ``flag`` (the classic commands' and RunConfig's wording, kept because docs/errors.md
-        shows it): ``--name must be > 0, got 0`` / ``--name must lie in [0, 1]``."""
+        shows it): ``--name must be > 0, got 0`` / ``--name must lie in [0, 1]``. NaN, ±inf
+        and ``Range()``: ``name: expected a finite number, got nan``."""
+        unbounded = all(b is None for b in (self.ge, self.gt, self.le, self.lt))
+        if unbounded or not math.isfinite(value):
+            if style == "flag":
+                return f"--{name.replace('_', '-')} must be a finite number, got {value}"
+            return f"{name}: expected a finite number, got {value}"
         gt, ge = self.gt, self.ge
         if style == "field" and integer and self.gt is not None:  # an int's > k reads as >= k + 1
             gt, ge = None, int(self.gt) + 1
@@ -133,9 +142,15 @@ def check_ranges(cfg: Any) -> None:
         value = getattr(cfg, name)
         if f.range is None or value is None or isinstance(value, bool):
             continue
-        if not f.range.holds(value):
-            integer = optional_inner(f.type)[1] is int
-            raise ProxrlError(f.range.message(name, value, f.range.style or style, integer))
+        inner = optional_inner(f.type)[1]
+        if typing.get_origin(inner) in (tuple, list):  # a list field: the range of each item
+            items, inner = list(value), (typing.get_args(inner) or (float,))[0]
+        else:
+            items = [value]
+        for item in items:
+            if not f.range.holds(item):
+                message = f.range.message(name, item, f.range.style or style, inner is int)
+                raise ProxrlError(message)
 
 
 def optional_inner(tp: Any) -> tuple[bool, Any]:

@@ -65,7 +65,7 @@ class Config(OfflineConfig):
     """Strength of the implicit KL constraint (SimPO: reward scale, 2.0-2.5 in the paper)."""
     label_smoothing: Annotated[float, Range(ge=0, lt=0.5)] = 0.0
     """cDPO / SimPO: probability that a preference label is flipped (0: plain DPO)."""
-    simpo_gamma_beta_ratio: float = 0.5
+    simpo_gamma_beta_ratio: Annotated[float, Range(ge=0)] = 0.5
     """SimPO target margin γ divided by β."""
     ref_model: str | None = None
     """Reference model for the log-prob ratios (default: the starting policy)."""

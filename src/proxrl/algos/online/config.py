@@ -35,7 +35,7 @@ class OnlineConfig(ModelRunConfig):
     """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
     reward_fn: tuple[str, ...] = ()
     """Reward functions as module:function, called with (prompts, completions, **columns)."""
-    reward_weights: tuple[float, ...] = ()
+    reward_weights: Annotated[tuple[float, ...], Range()] = ()
     """Weight of each reward source, reward model first (default: all 1)."""
     iterations: Annotated[int, Range(ge=1)] = 100
     """Rollout-and-update iterations."""
@@ -59,12 +59,12 @@ class OnlineConfig(ModelRunConfig):
     trainer's log-probs alike."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a response besides EOS."""
-    no_stop_penalty: float | None = None
+    no_stop_penalty: Annotated[float | None, Range()] = None
     """Score for a response that hit max_new_tokens without stopping (None: no penalty)."""
     no_stop_mode: Literal["replace", "subtract"] = "replace"
     """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from
     it."""
-    reward_clip: float = 0.0
+    reward_clip: Annotated[float, Range(ge=0)] = 0.0
     """Clip scores to ±reward_clip (0: off)."""
     ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each rollout batch."""
@@ -74,35 +74,37 @@ class OnlineConfig(ModelRunConfig):
     """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
-    clip: float = 0.2
+    clip: Annotated[float, Range(gt=0)] = 0.2
     """PPO clip range ε (lower side)."""
-    clip_high: float | None = None
+    clip_high: Annotated[float | None, Range(gt=0)] = None
     """Upper clip range (default: clip); DAPO uses 0.28."""
-    dual_clip: float | None = None
-    """Dual-clip bound c > 1 on negative-advantage losses (None: off)."""
+    dual_clip: Annotated[float | None, Range(gt=1)] = None
+    """Dual-clip bound c on negative-advantage losses, past the clip range: c > 1 + clip_high
+    (None: off)."""
     loss_agg: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
     """How per-token losses reduce to a scalar."""
-    kl_coef: float = 0.05
+    kl_coef: Annotated[float, Range(ge=0)] = 0.05
     """Initial coefficient β of the KL to the reference policy."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator for the KL paid in the reward."""
     kl_controller: Literal["fixed", "proportional"] = "fixed"
     """fixed β, or the proportional controller of Ziegler et al. (InstructGPT)."""
-    kl_target: float = 6.0
+    kl_target: Annotated[float, Range(gt=0)] = 6.0
     """Target sequence KL of the proportional controller."""
-    kl_horizon: int = 10000
+    kl_horizon: Annotated[int, Range(ge=1)] = 10000
     """Horizon (in samples) of the proportional controller."""
-    entropy_coef: float = 0.0
+    entropy_coef: Annotated[float, Range(ge=0)] = 0.0
     """Entropy bonus coefficient (entropy is logged either way)."""
     early_stop_kl: Annotated[float | None, Range(ge=0)] = None
     """Stop an iteration's epochs once approx-KL(π_old‖π) exceeds this (None: never; 0, the
     older spelling of off, still means never)."""
-    ref_reset_every: int = 0
+    ref_reset_every: Annotated[int, Range(ge=0)] = 0
     """Copy the policy into the reference every N iterations (0: never)."""
-    sample_every: int = 10
-    """Write sampled prompts, completions and scores to samples.jsonl every N iterations."""
+    sample_every: Annotated[int, Range(ge=0)] = 10
+    """Write sampled prompts, completions and scores to samples.jsonl every N iterations (0:
+    never)."""
     sampler: Literal["cached", "hf"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings)."""
@@ -153,6 +155,20 @@ class OnlineConfig(ModelRunConfig):
             raise ProxrlError(
                 f"reward_weights: expected {sources} weights (one per reward source), "
                 f"got {len(self.reward_weights)}"
+            )
+        if self.reward_weights and not any(self.reward_weights):
+            raise ProxrlError("reward_weights: every weight is 0, so no reward reaches the policy")
+        high = "clip" if self.clip_high is None else "clip_high"
+        upper = 1 + (self.clip if self.clip_high is None else self.clip_high)
+        if self.dual_clip is not None and self.dual_clip <= upper:
+            # Below 1 + ε it would cut the loss inside the clip range, not only past it.
+            raise ProxrlError(
+                f"dual_clip: expected > 1 + {high} = {upper:g} (it bounds the loss only past the "
+                f"clip range), got {self.dual_clip}"
+            )
+        if self.kl_controller == "proportional" and self.kl_coef == 0:
+            raise ProxrlError(
+                "kl_coef: the proportional controller scales β, so it cannot start from 0"
             )
         if self.responses_per_iteration % self.mini_batch_size:
             raise ProxrlError(

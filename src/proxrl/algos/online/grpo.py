@@ -59,7 +59,7 @@ class Config(OnlineConfig):
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
-    gamma: float = 1.0
+    gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """reinforce_pp: discount of the reward-to-go."""
 
     def validate(self) -> None:

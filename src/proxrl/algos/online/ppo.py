@@ -47,9 +47,9 @@ class Config(OnlineConfig):
     surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
     """PPO-Clip, PPO-Penalty (adaptive β on KL(π_old‖π)), or the clipped surrogate plus the
     penalty."""
-    penalty_beta: float = 1.0
+    penalty_beta: Annotated[float, Range(ge=0)] = 1.0
     """Initial β of PPO-Penalty (the paper starts at 1)."""
-    penalty_target: float = 0.01
+    penalty_target: Annotated[float, Range(gt=0)] = 0.01
     """d_targ of PPO-Penalty's adaptive rule (halve β below d_targ/1.5, double it above
     1.5·d_targ)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
@@ -64,19 +64,24 @@ class Config(OnlineConfig):
     """A separate value model, or a value head on the policy's backbone."""
     critic_model: str | None = None
     """Where the separate critic starts (default: the reward model, else the policy)."""
-    critic_learning_rate: float = 1e-5
+    critic_learning_rate: Annotated[float, Range(gt=0)] = 1e-5
     """Critic learning rate (AdamW)."""
-    vf_coef: float = 0.1
+    vf_coef: Annotated[float, Range(ge=0)] = 0.1
     """Weight of the value loss."""
-    value_clip: float | None = 0.2
+    value_clip: Annotated[float | None, Range(gt=0)] = 0.2
     """Clip value predictions to ±value_clip around the rollout's values (None: off)."""
-    critic_warmup_iterations: int = 0
+    critic_warmup_iterations: Annotated[int, Range(ge=0)] = 0
     """Train only the critic for this many first iterations."""
 
     def validate(self) -> None:
         super().validate()
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
+        if "penalty" in self.surrogate and self.penalty_beta == 0:
+            raise ProxrlError(
+                f"penalty_beta: surrogate={self.surrogate} doubles or halves β, so it cannot "
+                "start from 0"
+            )
 
 
 def build(cfg: Config) -> Algorithm:

@@ -64,7 +64,8 @@ def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
     sources: list[Any] = []
     if cfg.reward_model is not None:
         try:
-            model = load_score_model(cfg.reward_model, **cfg.loader_kwargs())
+            # A checkpoint without a score head would get a random one: PPO would chase noise.
+            model = load_score_model(cfg.reward_model, new_head=None, **cfg.loader_kwargs())
         except ProxrlError as exc:
             raise ProxrlError(f"reward_model: {exc}") from exc
         model.requires_grad_(False).eval()
