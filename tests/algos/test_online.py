@@ -303,7 +303,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
         {
             "ref_reset_every": 1,
             "early_stop_kl": 1e-6,
-            "loss_agg": "seq-mean-token-mean",
+            "loss_aggregation": "seq-mean-token-mean",
             "stop_strings": ("x",),
         },
     ],
