@@ -146,3 +146,38 @@ def test_grpo_step_is_invariant_to_micro_batching(aggregation, tiny_lm, prompts,
 def test_ppo_step_is_invariant_to_micro_batching(aggregation, tiny_lm, prompts, tmp_path):
     """PPO: token-level advantages, the critic's clipped value loss, the entropy bonus."""
     _assert_invariant(ppo, tiny_lm, prompts, tmp_path, loss_aggregation=aggregation)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("policy_loss", ["gspo", "gspo_token", "cispo"])
+def test_new_surrogates_are_invariant_to_micro_batching(
+    policy_loss, aggregation, tiny_lm, prompts, tmp_path
+):
+    """GSPO's sequence ratio, GSPO-token's and CISPO's weights, with the KL and entropy terms."""
+    _assert_invariant(
+        grpo,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        policy_loss=policy_loss,
+        loss_aggregation=aggregation,
+        clip=0.05,
+    )
+
+
+@pytest.mark.parametrize("kl_loss_type", ["k1", "k2", "k3+"])
+def test_kl_loss_estimators_are_invariant_to_micro_batching(
+    kl_loss_type, tiny_lm, prompts, tmp_path
+):
+    _assert_invariant(
+        grpo,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        kl_loss_type=kl_loss_type,
+        loss_aggregation="seq-mean-token-sum-norm",
+    )
+
+
+def test_reinforce_policy_gradient_is_invariant_to_micro_batching(tiny_lm, prompts, tmp_path):
+    _assert_invariant(grpo, tiny_lm, prompts, tmp_path, estimator="reinforce")

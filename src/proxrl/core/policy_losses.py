@@ -25,6 +25,9 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
 def _clipped_surrogate(
     ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor]:
+    # Padding's advantage is zeroed: a (B, 1) sequence ratio gathers gradient from every column,
+    # and 0 × NaN would reach it from a NaN sitting in padding.
+    advantages = torch.where(mask.bool(), advantages, 0.0)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     clipfrac = masked_mean((clipped > unclipped).to(ratio.dtype).expand_as(mask), mask)
