@@ -76,18 +76,39 @@ def test_ppo_raises_a_learnable_reward(tiny_lm, prompts, tmp_path):
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.2, history
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce"])
+@pytest.mark.parametrize(
+    "estimator",
+    ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "reinforce"],
+)
 def test_group_estimators_raise_a_learnable_reward(estimator, tiny_lm, prompts, tmp_path):
+    _grpo_learns(tiny_lm, prompts, tmp_path, estimator=estimator)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"policy_loss": "gspo", "loss_aggregation": "seq-mean-token-mean"},
+        {"policy_loss": "cispo", "clip_high": 0.28},
+        {
+            "policy_loss": "gspo_token",
+            "scale_rewards": "batch",
+            "loss_aggregation": "dr_grpo",
+            "kl_coef": 0.05,
+            "kl_loss_type": "k3+",
+        },
+    ],
+)
+def test_new_surrogates_raise_a_learnable_reward(overrides, tiny_lm, prompts, tmp_path):
+    _grpo_learns(tiny_lm, prompts, tmp_path, **overrides)
+
+
+def _grpo_learns(tiny_lm, prompts, tmp_path, **overrides):
     cfg = small(
         grpo.Config,
         tiny_lm,
         prompts,
         tmp_path,
-        estimator=estimator,
-        iterations=30,
-        group_size=4,
-        ppo_epochs=2,
-        mini_batch_size=16,
+        **(dict(iterations=30, group_size=4, ppo_epochs=2, mini_batch_size=16) | overrides),
     )
     grpo.train(cfg)
     history = scores(tmp_path)
