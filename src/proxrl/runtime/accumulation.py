@@ -26,8 +26,8 @@ def accumulate_gradients(
     total_units: float | None = None,
 ) -> dict[str, float]:
     """Backward through every micro-batch, each loss weighted by its share of the step's units
-    (``units_fn``: tokens or pairs), so the accumulated gradient is that of the mean loss over
-    the whole step. Returns the step's stats (unit-weighted means; counts summed).
+    (``units_fn``: tokens, pairs or sequences), so the accumulated gradient is that of the mean
+    loss over the whole step. Returns the step's stats (unit-weighted means; counts summed).
 
     ``total_units``: the step's units over every rank (default: this rank's), so that with
     data parallelism the gradients and stats summed over ranks are the global-batch ones."""
