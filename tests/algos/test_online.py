@@ -319,6 +319,8 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
     [
         {"surrogate": "penalty"},
         {"surrogate": "clip+penalty", "dual_clip": 3.0, "clip_high": 0.28},
+        {"surrogate": "clip+penalty", "policy_loss": "gspo_token", "loss_aggregation": "dr_grpo"},
+        {"policy_loss": "cispo", "clip_high": 0.28},
         {"critic": "head", "kl_controller": "proportional", "kl_target": 0.1, "entropy_coef": 0.01},
         {"lora_r": 4, "whiten_rewards": True, "reward_clip": 0.5, "no_stop_penalty": -1.0},
         {
