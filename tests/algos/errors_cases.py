@@ -869,6 +869,22 @@ CASES: list[Case] = [
         (*GRPO, "--reward-fn", "os:getcwd", "--min-p", "1"),
         "proxrl grpo: error: min_p: expected in [0, 1), got 1.0",
     ),
+    # -- ppo / grpo policy losses (issue 15) ----------------------------------------------------
+    Case(
+        "ppo: dual_clip with another surrogate",
+        (*PPO, "--reward-fn", "os:getcwd", "--policy-loss", "cispo", "--dual-clip", "3"),
+        "proxrl ppo: error: dual_clip: bounds the ppo surrogate only, not policy_loss cispo",
+    ),
+    Case(
+        "ppo: PPO-Penalty with another surrogate",
+        (*PPO, "--reward-fn", "os:getcwd", "--surrogate", "penalty", "--policy-loss", "gspo"),
+        "proxrl ppo: error: policy_loss: surrogate penalty is PPO-Penalty; gspo needs surrogate clip or clip+penalty",
+    ),
+    Case(
+        "grpo: reinforce with another surrogate",
+        (*GRPO, "--reward-fn", "os:getcwd", "--estimator", "reinforce", "--policy-loss", "gspo"),
+        "proxrl grpo: error: policy_loss: estimator reinforce takes the plain policy-gradient loss, not gspo (pick another estimator)",
+    ),
 ]
 
 

@@ -76,18 +76,39 @@ def test_ppo_raises_a_learnable_reward(tiny_lm, prompts, tmp_path):
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.2, history
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce"])
+@pytest.mark.parametrize(
+    "estimator",
+    ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "reinforce"],
+)
 def test_group_estimators_raise_a_learnable_reward(estimator, tiny_lm, prompts, tmp_path):
+    _grpo_learns(tiny_lm, prompts, tmp_path, estimator=estimator)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"policy_loss": "gspo", "loss_aggregation": "seq-mean-token-mean"},
+        {"policy_loss": "cispo", "clip_high": 0.28},
+        {
+            "policy_loss": "gspo_token",
+            "scale_rewards": "batch",
+            "loss_aggregation": "dr_grpo",
+            "kl_coef": 0.05,
+            "kl_loss_type": "k3+",
+        },
+    ],
+)
+def test_new_surrogates_raise_a_learnable_reward(overrides, tiny_lm, prompts, tmp_path):
+    _grpo_learns(tiny_lm, prompts, tmp_path, **overrides)
+
+
+def _grpo_learns(tiny_lm, prompts, tmp_path, **overrides):
     cfg = small(
         grpo.Config,
         tiny_lm,
         prompts,
         tmp_path,
-        estimator=estimator,
-        iterations=30,
-        group_size=4,
-        ppo_epochs=2,
-        mini_batch_size=16,
+        **(dict(iterations=30, group_size=4, ppo_epochs=2, mini_batch_size=16) | overrides),
     )
     grpo.train(cfg)
     history = scores(tmp_path)
@@ -298,12 +319,14 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
     [
         {"surrogate": "penalty"},
         {"surrogate": "clip+penalty", "dual_clip": 3.0, "clip_high": 0.28},
+        {"surrogate": "clip+penalty", "policy_loss": "gspo_token", "loss_aggregation": "dr_grpo"},
+        {"policy_loss": "cispo", "clip_high": 0.28},
         {"critic": "head", "kl_controller": "proportional", "kl_target": 0.1, "entropy_coef": 0.01},
         {"lora_r": 4, "whiten_rewards": True, "reward_clip": 0.5, "no_stop_penalty": -1.0},
         {
             "ref_reset_every": 1,
             "early_stop_kl": 1e-6,
-            "loss_agg": "seq-mean-token-mean",
+            "loss_aggregation": "seq-mean-token-mean",
             "stop_strings": ("x",),
         },
     ],

@@ -55,7 +55,7 @@ def config(module, tiny_lm, prompts, out, **overrides):
         top_p=0.9,
         mini_batch_size=8,
         learning_rate=3e-3,
-        loss_agg="token-mean",
+        loss_aggregation="token-mean",
         progress=False,
         seed=3,
     )

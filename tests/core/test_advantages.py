@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from helpers import close, prefix_mask, t
@@ -249,3 +251,37 @@ def test_group_functions_reject_bad_groups(fn):
         fn(t([1.0, 2.0]), 1)
     with pytest.raises(ValueError, match="do not split into groups of 2"):
         fn(t([1.0, 2.0, 3.0]), 2)
+
+
+def test_batch_scaled_advantages_by_hand():
+    """Scores 1, 2, 3 | 0, 0, 4: group means 2 and 4/3, so centred −1, 0, 1 | −4/3, −4/3, 8/3;
+    batch mean 5/3, squared deviations (4 + 1 + 16 + 25 + 25 + 49)/9 = 40/3, unbiased variance
+    8/3: every centred score ÷ (√(8/3) + 1e-6) — one divisor for the whole batch."""
+    from proxrl.core import batch_scaled_advantages
+
+    scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
+    centred = t([-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
+    close(batch_scaled_advantages(scores, 3), centred / (math.sqrt(8 / 3) + 1e-6))
+    close(grpo_advantages(scores, 3, scale="batch"), centred / (math.sqrt(8 / 3) + 1e-6))
+
+
+def test_scale_names_pick_their_function():
+    """group = GRPO's per-group std (the older spelling std too); none = centred only."""
+    scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
+    close(grpo_advantages(scores, 3, scale="group"), grpo_advantages(scores, 3, scale="std"))
+    close(grpo_advantages(scores, 3, scale="none"), [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
+    with pytest.raises(ValueError, match="unknown scale 'max'"):
+        grpo_advantages(scores, 3, scale="max")
+
+
+def test_reinforce_pp_baseline_by_hand():
+    """Scores 1, 3 (one group of 2) → centred −1, +1. Lengths 2 and 1, KL rewards −0.1, −0.2 |
+    −0.3. Token rewards −0.1, −1.2 | 0.7; reward-to-go −1.3, −1.2 | 0.7; their mean −0.6,
+    squared deviations 0.49 + 0.36 + 1.69 = 2.54, unbiased variance 1.27: whitened
+    (−0.7, −0.6 | 1.3)/√(1.27 + 1e-8), 0 at the masked position."""
+    from proxrl.core import reinforce_pp_baseline_advantages
+
+    mask = t([[1, 1], [1, 0]])
+    kl_rewards = t([[-0.1, -0.2], [-0.3, 0.0]])
+    expected = t([[-0.7, -0.6], [1.3, 0.0]]) / math.sqrt(1.27 + 1e-8)
+    close(reinforce_pp_baseline_advantages(t([1.0, 3.0]), 2, kl_rewards, mask), expected)

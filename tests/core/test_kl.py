@@ -113,3 +113,29 @@ def test_controller_state_round_trip():
     restored = AdaptiveKL(1.0, target=0.01)
     restored.load_state_dict(controller.state_dict())
     assert restored.value == 2.0
+
+
+def test_k3_plus_has_k3_value_and_k2_gradient():
+    """log π = 0, −1; log π_ref = −0.5, −0.5 → log r = −0.5, 0.5. Value: k3 = e^−0.5 − 0.5,
+    e^0.5 − 1.5. Gradient of the sum: k2's, log π − log π_ref = (0.5, −0.5), where k3's would
+    be 1 − π_ref/π = (1 − e^−0.5, 1 − e^0.5)."""
+    from proxrl.core import kl_k3, kl_k3_plus
+
+    ref = t([-0.5, -0.5])
+    logprobs = t([0.0, -1.0]).requires_grad_(True)
+    value = kl_k3_plus(logprobs, ref)
+    close(value, [math.exp(-0.5) - 0.5, math.exp(0.5) - 1.5])
+    value.sum().backward()
+    close(logprobs.grad, [0.5, -0.5])
+    plain = t([0.0, -1.0]).requires_grad_(True)
+    kl_k3(plain, ref).sum().backward()
+    close(plain.grad, [1 - math.exp(-0.5), 1 - math.exp(0.5)])
+
+
+def test_kl_estimators_table_by_name():
+    from proxrl.core import kl_per_token
+
+    lp, ref = t([0.0, -1.0]), t([-0.5, -0.5])
+    close(kl_per_token(lp, ref, "k1"), [0.5, -0.5])
+    close(kl_per_token(lp, ref, "k2"), [0.125, 0.125])
+    close(kl_per_token(lp, ref, "k3+"), kl_per_token(lp, ref, "k3"))

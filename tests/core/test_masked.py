@@ -112,3 +112,46 @@ def test_inputs_are_not_mutated():
     masked_whiten(x, mask)
     aggregate_loss(x, mask, "seq-mean-token-mean")
     assert torch.equal(x, X) and torch.equal(mask, MASK)
+
+
+def test_units_of_each_aggregation_by_hand():
+    """RAGGED has 4 valid tokens in 2 rows: tokens 4, non-empty rows 2, rows 2, rows × H = 10."""
+    from proxrl.core import aggregation
+
+    assert float(aggregation("token-mean").units(RAGGED)) == 4.0
+    assert float(aggregation("seq-mean-token-mean").units(t([[1, 1, 0], [0, 0, 0]]))) == 1.0
+    assert float(aggregation("seq-mean-token-sum").units(RAGGED)) == 2.0
+    assert float(aggregation("seq-mean-token-sum-norm", horizon=5).units(RAGGED)) == 10.0
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [("dapo", "token-mean"), ("bnpo", "token-mean"), ("grpo", "seq-mean-token-mean")],
+)
+def test_trl_spellings_reduce_as_their_canonical_mode(alias, canonical):
+    close(aggregate_loss(LOSS, RAGGED, alias), aggregate_loss(LOSS, RAGGED, canonical))
+
+
+def test_dr_grpo_spelling_by_hand():
+    """TRL's dr_grpo: Σ ℓ / (B·L) = (6 + 4)/(2·5) = 1 with max_completion_length L = 5."""
+    close(aggregate_loss(LOSS, RAGGED, "dr_grpo", horizon=5), 1.0)
+
+
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
+def test_micro_batch_shares_add_up_to_the_whole_batch(mode):
+    """Lengths 6, 1, 2, 2 split as {6, 1} + {2, 2} (the second trimmed to width 2): each
+    micro-batch's loss × its units / the whole batch's units sums to the whole batch's loss.
+    With the micro-batch's trimmed width as Dr. GRPO's horizon it would not (the issue's bug)."""
+    from helpers import prefix_mask
+
+    from proxrl.core import aggregation
+
+    loss = torch.randn(4, 6, dtype=torch.float64)
+    mask = prefix_mask([6, 1, 2, 2], 6)
+    agg = aggregation(mode, horizon=8)
+    total = agg.units(mask)
+    parts = [(loss[:2], mask[:2]), (loss[2:, :2], mask[2:, :2])]
+    split = sum(agg(part, m) * agg.units(m) / total for part, m in parts)
+    close(split, agg(loss, mask), rtol=1e-12)

@@ -2,6 +2,8 @@
 
     python online_update_script.py make   ALGO MODEL PROMPTS OUT  # rollout → OUT/experience.pt
     python online_update_script.py update ALGO MODEL PROMPTS OUT  # update → OUT/weights.safetensors
+    ... [key=value ...]  # config overrides (grad_accum=2, loss_aggregation=token-mean); on
+                         # make, ragged=1 cuts the responses to very unequal lengths
 
 ``update`` builds the models and optimizers as ``train_online`` does (seeded; on several
 processes the update sums gradients over ranks), loads the same rollout on every rank, runs
@@ -26,8 +28,10 @@ from proxrl.runtime import distributed as dist
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import seed_everything
 
+RAGGED = [8, 1, 2, 2, 1, 7, 3, 1]  # response lengths imposed by ragged=1, repeated over rows
 
-def config(name: str, model: str, prompts: str, out: str):
+
+def config(name: str, model: str, prompts: str, out: str, overrides: dict | None = None):
     common = dict(
         model=model,
         prompts=prompts,
@@ -43,17 +47,44 @@ def config(name: str, model: str, prompts: str, out: str):
         mini_batch_size=8,
         grad_accum=4,
     )
+    common |= overrides or {}
     if name == "ppo":
         return ppo, ppo.Config(
-            **common, rollout_batch_size=8, group_size=2, critic_learning_rate=1e-3, kl_coef=0.05
+            **(
+                dict(rollout_batch_size=8, group_size=2, critic_learning_rate=1e-3, kl_coef=0.05)
+                | common
+            )
         )
     return grpo, grpo.Config(
-        **common, rollout_batch_size=4, group_size=4, estimator="grpo", kl_coef=0.05
+        **(dict(rollout_batch_size=4, group_size=4, estimator="grpo", kl_coef=0.05) | common)
     )
 
 
-def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
-    module, cfg = config(name, model, prompts_path, out)
+def _ragged(experience: Experience) -> Experience:
+    """The rollout with response i cut to RAGGED[i % 8] tokens (advantages and returns 0 after)."""
+    B, T = experience.response_mask.shape
+    lengths = torch.tensor([RAGGED[i % len(RAGGED)] for i in range(B)]).clamp_max(T)
+    keep = torch.arange(T)[None, :] < lengths[:, None]
+    mask = experience.response_mask * keep
+    return replace(
+        experience,
+        response_mask=mask,
+        advantages=experience.advantages * mask,
+        returns=experience.returns * mask,
+    )
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: str) -> None:
+    overrides = {k: _value(v) for k, v in (item.split("=", 1) for item in extra)}
+    ragged = overrides.pop("ragged", 0)
+    module, cfg = config(name, model, prompts_path, out, overrides)
     algo = module.build(cfg)
     seed_everything(cfg.seed)
     models = load_models(cfg, algo)
@@ -69,6 +100,8 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
             0.05,
             {},
         )
+        if ragged:
+            experience = _ragged(experience)
         torch.save(
             {f.name: getattr(experience, f.name) for f in fields(experience)},
             Path(out) / "experience.pt",
@@ -103,7 +136,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
         1,
     )
     if dist.is_main():
-        tag = f"world{dist.world_size()}"
+        tag = f"world{dist.world_size()}" + "".join(f"_{item}" for item in extra)
         weights = {f"actor.{k}": v.contiguous() for k, v in models.actor.state_dict().items()}
         weights |= {f"critic.{k}": v.contiguous() for k, v in models.critic.state_dict().items()}
         save_file(weights, str(Path(out) / f"{tag}.safetensors"))
@@ -112,4 +145,4 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from proxrl.core.kl import last_valid_index
 from proxrl.core.masked import masked_whiten
 
 
@@ -103,22 +104,48 @@ def _groups(scores: Tensor, group_size: int) -> Tensor:
     return scores.view(-1, group_size)
 
 
-def grpo_advantages(
-    scores: Tensor, group_size: int, scale: str = "std", eps: float = 1e-6
-) -> Tensor:
-    """Group-relative advantages (DeepSeekMath GRPO): ``(s − mean_g) / (std_g + eps)``.
-
-    ``scale="none"`` subtracts the group mean only (Dr. GRPO: dividing by the std over-weights
-    prompts that are nearly always right or wrong). The std is the unbiased sample std, as in TRL.
-    (N,) → (N,).
-    """
+def group_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """GRPO (Shao et al. 2024): ``(s − mean_g) / (std_g + eps)``, the std of the prompt's own
+    group (unbiased, as TRL). TRL ``scale_rewards="group"``. (N,) → (N,)."""
     groups = _groups(scores, group_size)
     centred = groups - groups.mean(dim=1, keepdim=True)
-    if scale == "std":
-        centred = centred / (groups.std(dim=1, keepdim=True) + eps)
-    elif scale != "none":
-        raise ValueError(f"unknown scale {scale!r}; expected 'std' or 'none'")
-    return centred.reshape(-1)
+    return (centred / (groups.std(dim=1, keepdim=True) + eps)).reshape(-1)
+
+
+def batch_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """Lite PPO (Liu et al. 2025, "Tricks or Traps?"): ``(s − mean_g) / (std_batch + eps)``,
+    the group mean but the std of every score of the batch (unbiased), so a prompt that is
+    nearly always right or wrong is not blown up. TRL ``scale_rewards="batch"``. (N,) → (N,)."""
+    groups = _groups(scores, group_size)
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    return (centred / (scores.std() + eps)).reshape(-1)
+
+
+def group_centred_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """Dr. GRPO (Liu et al. 2025): ``s − mean_g``, no std (dividing by it over-weights prompts
+    that are nearly always right or wrong). TRL ``scale_rewards="none"``. ``eps`` is unused (the
+    table's signature). (N,) → (N,)."""
+    groups = _groups(scores, group_size)
+    return (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+REWARD_SCALES = {
+    "group": group_scaled_advantages,
+    "batch": batch_scaled_advantages,
+    "none": group_centred_advantages,
+    "std": group_scaled_advantages,  # proxrl's older spelling of "group"
+}
+
+
+def grpo_advantages(
+    scores: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages with the reward scale named ``scale`` (a key of
+    ``REWARD_SCALES``): ``group`` (GRPO), ``batch`` (Lite PPO) or ``none`` (Dr. GRPO). (N,) →
+    (N,)."""
+    if scale not in REWARD_SCALES:
+        raise ValueError(f"unknown scale {scale!r}; expected one of {tuple(REWARD_SCALES)}")
+    return REWARD_SCALES[scale](scores, group_size, eps)
 
 
 def rank_advantages(scores: Tensor, group_size: int) -> Tensor:
@@ -141,8 +168,8 @@ def mixed_group_advantages(
     """``(1 − w)·grpo_advantages + w·rank_advantages``: a weighted mix of the two signals."""
     if not 0.0 <= rank_weight <= 1.0:
         raise ValueError(f"rank_weight must lie in [0, 1], got {rank_weight}")
-    return (1 - rank_weight) * grpo_advantages(
-        scores, group_size, eps=eps
+    return (1 - rank_weight) * group_scaled_advantages(
+        scores, group_size, eps
     ) + rank_weight * rank_advantages(scores, group_size)
 
 
@@ -176,3 +203,28 @@ def reinforce_pp_advantages(token_rewards: Tensor, mask: Tensor, gamma: float) -
     """REINFORCE++ (Hu 2025): reward-to-go of the KL-shaped token rewards, whitened over the
     whole batch instead of a per-prompt or learned baseline. (B, T) → (B, T), 0 where masked."""
     return masked_whiten(discounted_returns(token_rewards, mask, gamma), mask)
+
+
+def reinforce_pp_baseline_advantages(
+    scores: Tensor, group_size: int, kl_rewards: Tensor, mask: Tensor, gamma: float = 1.0
+) -> Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025; OpenRLHF ``reinforce_baseline``): subtract the
+    group mean from each score, pay the centred score at the last valid token on top of the
+    per-token KL rewards, take the reward-to-go and whiten it over the whole batch:
+    ``A_t = whiten_batch(Σ_{s≥t} γ^{s−t}·r̃_s)``, ``r̃_s = kl_s + [s = last]·(R − mean_g R)``.
+    The group mean removes the prompt's difficulty; the batch whitening sets the scale without
+    GRPO's per-group std.
+
+    Args:
+        scores: (N,) sequence scores, G consecutive samples per prompt.
+        kl_rewards: (N, T) per-token KL rewards (−β·KL_t, 0 where masked; zeros for none).
+        mask: (N, T) 1 at valid response tokens (every row needs one).
+    Returns:
+        (N, T) advantages, 0 where masked.
+    """
+    centred = group_centred_advantages(scores, group_size)
+    last = last_valid_index(mask)
+    rewards = torch.where(mask.bool(), kl_rewards, 0.0).scatter_add(
+        1, last.unsqueeze(1), centred.to(kl_rewards.dtype).unsqueeze(1)
+    )
+    return masked_whiten(discounted_returns(rewards, mask, gamma), mask)

@@ -14,8 +14,6 @@ from torch import Tensor
 
 from proxrl.core.masked import masked_sum
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-
 
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """``log π − log π_ref`` per token. (B, T), (B, T) → (B, T)."""
@@ -36,15 +34,28 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def kl_k3_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3's value with k2's gradient ("k3+", veRL's ``low_var_kl+``): ``k2 + sg(k3 − k2)``.
+
+    As a loss term, k3's own gradient with respect to log π, ``1 − π_ref/π``, is a biased
+    estimate of the KL's gradient when tokens come from π_old; k2's, ``log π − log π_ref``, is
+    the gradient of the exact reverse KL to first order (Schulman's note; veRL #2150). The logged
+    value stays the unbiased, non-negative k3. (B, T), (B, T) → (B, T)."""
+    k2 = kl_k2(logprobs, ref_logprobs)
+    return k2 + (kl_k3(logprobs, ref_logprobs) - k2).detach()
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "k3+": kl_k3_plus}
+
+
 def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
-    """The estimator named ``k1``, ``k2`` or ``k3``, for configs that choose one by name."""
-    if estimator == "k1":
-        return kl_k1(logprobs, ref_logprobs)
-    if estimator == "k2":
-        return kl_k2(logprobs, ref_logprobs)
-    if estimator == "k3":
-        return kl_k3(logprobs, ref_logprobs)
-    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    """The estimator named ``estimator`` (a key of ``KL_ESTIMATORS``), for configs that choose
+    one by name."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"unknown KL estimator {estimator!r}; expected one of {tuple(KL_ESTIMATORS)}"
+        )
+    return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
 
 
 def last_valid_index(mask: Tensor) -> Tensor:

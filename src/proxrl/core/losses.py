@@ -12,13 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from proxrl.core.logprobs import logprobs_from_logits
-from proxrl.core.masked import aggregate_loss, masked_mean
+from proxrl.core.masked import Aggregation, aggregate_loss, masked_mean
 
 Stats = dict[str, Tensor]
 
 
 def policy_gradient_loss(
-    logprobs: Tensor, advantages: Tensor, mask: Tensor, agg: str = "token-mean"
+    logprobs: Tensor, advantages: Tensor, mask: Tensor, agg: str | Aggregation = "token-mean"
 ) -> tuple[Tensor, Stats]:
     """REINFORCE (Williams 1992): ``−A_t·log π(a_t|s_t)``, on-policy only."""
     loss = aggregate_loss(-advantages * logprobs, mask, agg)
@@ -46,7 +46,7 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float | None = None,
     dual_clip: float | None = None,
-    agg: str = "token-mean",
+    agg: str | Aggregation = "token-mean",
 ) -> tuple[Tensor, Stats]:
     """PPO-Clip (Schulman et al. 2017, eq. 7) as a loss: ``max(−A·r, −A·clip(r, 1−ε_lo, 1+ε_hi))``.
 
@@ -88,7 +88,7 @@ def ppo_penalty_loss(
     advantages: Tensor,
     mask: Tensor,
     beta: float,
-    agg: str = "token-mean",
+    agg: str | Aggregation = "token-mean",
 ) -> tuple[Tensor, Stats]:
     """PPO-Penalty (Schulman et al. 2017, eq. 8) as a loss: ``−A·r + β·KL(π_old‖π)``.
 
@@ -113,7 +113,7 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     clip: float | None = None,
-    agg: str = "token-mean",
+    agg: str | Aggregation = "token-mean",
 ) -> tuple[Tensor, Stats]:
     """Critic regression ``½(V − R)²``; with ``clip`` = c the pessimistic clipped form
     ``½·max((V − R)², (V_old + clip(V − V_old, −c, c) − R)²)`` (OpenAI baselines).
@@ -134,7 +134,9 @@ def value_loss(
     return loss, stats
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor, agg: str = "token-mean") -> tuple[Tensor, Stats]:
+def entropy_bonus(
+    entropy: Tensor, mask: Tensor, agg: str | Aggregation = "token-mean"
+) -> tuple[Tensor, Stats]:
     """``−H``: add ``coef × this`` to a loss to reward exploration. Stats: ``entropy``."""
     mean_entropy = aggregate_loss(entropy, mask, agg)
     return -mean_entropy, {"entropy": mean_entropy.detach()}

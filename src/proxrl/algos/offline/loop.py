@@ -36,6 +36,7 @@ from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
 from proxrl.models.options import ModelRunConfig
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
@@ -45,15 +46,8 @@ from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
-# Stats that are counts: summed over micro-batches, not averaged.
-COUNT_STATS = ("tokens", "pairs")
-
-
 # ------------------------------------------------------------------------------------------
 # One optimizer step
-
-LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
-UnitsFn = Callable[[Any], int]
 
 
 def under_autocast(loss_fn: LossFn, cfg: ModelRunConfig) -> LossFn:
@@ -64,37 +58,6 @@ def under_autocast(loss_fn: LossFn, cfg: ModelRunConfig) -> LossFn:
             return loss_fn(model, batch)
 
     return loss_in_precision
-
-
-def accumulate_gradients(
-    model: nn.Module,
-    micro_batches: Sequence[Any],
-    loss_fn: LossFn,
-    units_fn: UnitsFn,
-    total_units: float | None = None,
-) -> dict[str, float]:
-    """Backward through every micro-batch, each loss weighted by its share of the step's units
-    (``units_fn``: tokens or pairs), so the accumulated gradient is that of the mean loss over
-    the whole step. Returns the step's stats (unit-weighted means; counts summed).
-
-    ``total_units``: the step's units over every rank (default: this rank's), so that with
-    data parallelism the gradients and stats summed over ranks are the global-batch ones."""
-    units = [units_fn(batch) for batch in micro_batches]
-    total = sum(units) if total_units is None else total_units
-    if total == 0:
-        raise ValueError("an optimizer step with no unit to learn from (empty loss masks)")
-    stats: dict[str, float] = defaultdict(float)
-    for batch, n in zip(micro_batches, units, strict=True):
-        if n == 0:
-            continue
-        loss, batch_stats = loss_fn(model, batch)
-        weight = n / total
-        (loss * weight).backward()
-        stats["loss"] += float(loss.detach()) * weight
-        for key, value in batch_stats.items():
-            if key != "loss":  # taken from the loss itself above
-                stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
-    return dict(stats)
 
 
 @torch.no_grad()

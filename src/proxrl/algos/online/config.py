@@ -11,16 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Literal
 
 from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
-from proxrl.core import AdaptiveKL
+from proxrl.core import (
+    AdaptiveKL,
+    Aggregation,
+    aggregation,
+    cispo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    ppo_clip_loss,
+)
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.fields import Range, alias
 
 
 @dataclass
@@ -81,10 +90,27 @@ class OnlineConfig(ModelRunConfig):
     dual_clip: Annotated[float | None, Range(gt=1)] = None
     """Dual-clip bound c on negative-advantage losses, past the clip range: c > 1 + clip_high
     (None: off)."""
-    loss_agg: Literal[
-        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    loss_aggregation: Annotated[
+        Literal[
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+            "dapo",
+            "bnpo",
+            "grpo",
+            "dr_grpo",
+        ],
+        alias("loss_agg", "loss_agg_mode"),
     ] = "token-mean"
-    """How per-token losses reduce to a scalar."""
+    """How per-token losses reduce to a step's loss, normalised over the whole mini-batch:
+    token-mean (DAPO; = TRL dapo, bnpo), seq-mean-token-mean (GRPO; = grpo), seq-mean-token-sum,
+    seq-mean-token-sum-norm (Dr. GRPO: ÷ max_new_tokens; = dr_grpo)."""
+    policy_loss: Annotated[
+        Literal["ppo", "gspo", "gspo_token", "cispo"], alias("policy_loss_type")
+    ] = "ppo"
+    """Surrogate: ppo (token ratio, clipped), gspo / gspo_token (sequence ratio, Zheng et al.
+    2025), cispo (clipped stop-gradient IS weight × log π, MiniMax-M1)."""
     kl_coef: Annotated[float, Range(ge=0)] = 0.05
     """Initial coefficient β of the KL to the reference policy."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -140,6 +166,11 @@ class OnlineConfig(ModelRunConfig):
     def micro_batch_size(self) -> int:
         return self.mini_batch_size // self.grad_accum
 
+    @property
+    def aggregation(self) -> Aggregation:
+        """``loss_aggregation`` bound to Dr. GRPO's constant horizon, the generation budget."""
+        return aggregation(self.loss_aggregation, self.max_new_tokens)
+
     def validate(self) -> None:
         super().validate()
         if not self.model:
@@ -190,6 +221,10 @@ class OnlineConfig(ModelRunConfig):
                 f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
                 "set sampler_logprobs true (or rollout_correction none)"
             )
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ProxrlError(
+                f"dual_clip: bounds the ppo surrogate only, not policy_loss {self.policy_loss}"
+            )
         if self.lora_r and self.ref_reset_every:
             raise ProxrlError(
                 "ref_reset_every: not available with lora_r > 0 (the reference is the base model)"
@@ -205,8 +240,9 @@ class Algorithm:
     """(rollout, β) → (rewards, advantages, returns), each (B, T)."""
     policy_loss: Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
     """(new log-probs (B, T), minibatch) → (loss, stats)."""
-    kl_in_loss: bool = False
-    """Pay β·KL(π‖π_ref) (k3) as a loss term instead of in the reward."""
+    kl_loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    """(log π (B, T), log π_ref (B, T)) → per-token KL estimate paid as β × a loss term (None:
+    the KL is paid in the reward)."""
     needs_greedy: bool = False
     """Also decode each prompt greedily and score it (ReMax's baseline), in
     ``Experience.greedy_scores``."""
@@ -214,3 +250,50 @@ class Algorithm:
     """Loads the critic (``critic.CRITICS[option]`` bound to its settings; none by default)."""
     penalty: AdaptiveKL | None = None
     """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
+
+
+PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+
+
+def _ppo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+    return ppo_clip_loss(
+        logprobs,
+        mb.logprobs,
+        mb.advantages,
+        mb.response_mask.float(),
+        cfg.clip,
+        cfg.clip_high,
+        cfg.dual_clip,
+        cfg.aggregation,
+    )
+
+
+def _gspo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+    mask = mb.response_mask.float()
+    return gspo_loss(
+        logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
+    )
+
+
+def _gspo_token(
+    cfg: OnlineConfig, logprobs: Tensor, mb: Experience
+) -> tuple[Tensor, dict[str, Tensor]]:
+    mask = mb.response_mask.float()
+    return gspo_token_loss(
+        logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
+    )
+
+
+def _cispo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+    """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
+    clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
+    mask = mb.response_mask.float()
+    return cispo_loss(logprobs, mb.logprobs, mb.advantages, mask, clip_high, None, cfg.aggregation)
+
+
+SURROGATES = {"ppo": _ppo, "gspo": _gspo, "gspo_token": _gspo_token, "cispo": _cispo}
+
+
+def surrogate(cfg: OnlineConfig) -> PolicyLoss:
+    """The policy loss ``cfg.policy_loss`` names, bound to cfg's clip ranges and aggregation."""
+    return partial(SURROGATES[cfg.policy_loss], cfg)

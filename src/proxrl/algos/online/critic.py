@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from proxrl.core import explained_variance, value_loss
+from proxrl.core import Aggregation, explained_variance, value_loss
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import resize_for_tokenizer
 from proxrl.models.value_head import ValueHead
@@ -64,7 +64,7 @@ class Critic(ABC):
 
     @abstractmethod
     def loss(
-        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str | Aggregation
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The weighted value loss (vf_coef × clipped value loss) of a minibatch, and its stats."""
 
@@ -125,7 +125,7 @@ class NoCritic(Critic):
         )
 
     def loss(
-        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str | Aggregation
     ) -> tuple[Tensor, dict[str, Tensor]]:
         return torch.zeros((), device=mb.response_mask.device), {}
 
@@ -157,7 +157,7 @@ class _TrainedCritic(Critic):
         self.warmup_iterations = settings.warmup_iterations
 
     def loss(
-        self, mb: Experience, hidden: Tensor | None, loss_agg: str
+        self, mb: Experience, hidden: Tensor | None, loss_agg: str | Aggregation
     ) -> tuple[Tensor, dict[str, Tensor]]:
         new_values = self.values(mb.input_ids, mb.attention_mask, mb.prompt_ids.shape[1], hidden)
         v_loss, stats = value_loss(

@@ -4,13 +4,17 @@ Papers: Shao et al. 2024 (GRPO, DeepSeekMath), Liu et al. 2025 (Dr. GRPO), Ahmad
 2024 (RLOO), Li et al. 2023 (ReMax), Hu 2025 (REINFORCE++), Williams 1992 (REINFORCE).
 
 What each estimator takes as its baseline, and where it pays the KL to the reference:
-- ``grpo``: group mean (÷ group std unless ``group_scale="none"``, Dr. GRPO), or group ranks,
-  or a mix (``rank_weight``); KL as a loss term with the k3 estimator, as in the paper;
+- ``grpo``: group mean, ÷ the group std (``scale_rewards="group"``), the batch std (``batch``,
+  Lite PPO) or nothing (``none``, Dr. GRPO); or group ranks, or a mix (``rank_weight``); KL as
+  a loss term (``kl_loss_type``, k3 as in the paper);
 - ``rloo``: the mean of the other samples of the prompt; KL in the sequence reward;
 - ``remax``: the score of the prompt's greedy decode; KL in the sequence reward;
 - ``reinforce_pp``: none — per-token KL-shaped rewards, reward-to-go, whitened over the batch;
+- ``reinforce_pp_baseline``: the group mean subtracted from each score, then as
+  ``reinforce_pp`` (OpenRLHF ``reinforce_baseline``); KL in the per-token reward;
 - ``reinforce``: the batch mean; KL in the sequence reward; the plain policy-gradient loss.
-All but ``reinforce`` minimise the PPO-Clip surrogate, so ``ppo_epochs > 1`` stays safe.
+All but ``reinforce`` minimise the surrogate ``policy_loss`` picks (PPO-Clip by default), so
+``ppo_epochs > 1`` stays safe.
 Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on tokens sampled from
 π_old without importance weights (as DeepSeekMath and TRL do).
 """
@@ -23,16 +27,21 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
+from proxrl.algos.online.config import surrogate
 from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
 from proxrl.core import (
+    REWARD_SCALES,
     discounted_returns,
-    grpo_advantages,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_k3_plus,
     last_valid_index,
     mixed_group_advantages,
     policy_gradient_loss,
-    ppo_clip_loss,
     rank_advantages,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     remax_advantages,
     rloo_advantages,
     sequence_kl,
@@ -40,33 +49,47 @@ from proxrl.core import (
 )
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.fields import Range, alias
 
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
 
 
 @dataclass
 class Config(OnlineConfig):
     """proxrl grpo: critic-free policy optimisation with a group or batch baseline."""
 
-    estimator: Literal["grpo", "rloo", "remax", "reinforce_pp", "reinforce"] = "grpo"
-    """Which baseline and loss: grpo, rloo, remax, reinforce_pp or reinforce."""
+    estimator: Literal[
+        "grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "reinforce"
+    ] = "grpo"
+    """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline or
+    reinforce."""
     group_size: int = 4
-    """Responses sampled per prompt (at least 2 for grpo and rloo)."""
-    group_scale: Literal["std", "none"] = "std"
-    """grpo: divide by the group std (std), or only subtract the mean (none: Dr. GRPO)."""
+    """Responses sampled per prompt (at least 2 for grpo, rloo and reinforce_pp_baseline)."""
+    scale_rewards: Annotated[Literal["group", "batch", "none", "std"], alias("group_scale")] = (
+        "group"
+    )
+    """grpo: divide group-centred scores by the group std (group: GRPO), the batch std (batch:
+    Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
+    kl_loss_type: Literal["k1", "k2", "k3", "k3+"] = "k3"
+    """grpo: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or k3+ (k3's
+    value, k2's gradient; veRL's low_var_kl+)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
-    """reinforce_pp: discount of the reward-to-go."""
+    """reinforce_pp, reinforce_pp_baseline: discount of the reward-to-go."""
 
     def validate(self) -> None:
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
             raise ProxrlError(
                 f"group_size: {self.estimator} needs at least 2 samples per prompt, "
                 f"got {self.group_size}"
+            )
+        if self.estimator == "reinforce" and self.policy_loss != "ppo":
+            raise ProxrlError(
+                f"policy_loss: estimator reinforce takes the plain policy-gradient loss, not "
+                f"{self.policy_loss} (pick another estimator)"
             )
         super().validate()
 
@@ -75,67 +98,122 @@ def _per_token(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
     return sequence_advantages.unsqueeze(1) * mask
 
 
-def build(cfg: Config) -> Algorithm:
-    def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
-        mask = exp.response_mask.float()
-        if cfg.estimator == "reinforce_pp":
-            rewards = shaped_rewards(
-                exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
-            )
-            return (
-                rewards,
-                reinforce_pp_advantages(rewards, mask, cfg.gamma),
-                discounted_returns(rewards, mask, cfg.gamma),
-            )
-        if cfg.estimator == "grpo":  # KL is paid in the loss
-            returns = exp.scores
-            if cfg.rank_weight == 1:
-                advantages = rank_advantages(returns, cfg.group_size)
-            elif cfg.rank_weight:
-                advantages = mixed_group_advantages(returns, cfg.group_size, cfg.rank_weight)
-            else:
-                advantages = grpo_advantages(returns, cfg.group_size, cfg.group_scale)
-        else:
-            returns = exp.scores - kl_coef * sequence_kl(
-                exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator
-            )
-            if cfg.estimator == "rloo":
-                advantages = rloo_advantages(returns, cfg.group_size)
-            elif cfg.estimator == "remax":
-                if exp.greedy_scores is None:
-                    raise ValueError(
-                        "remax: the rollout carries no greedy_scores "
-                        "(Algorithm.needs_greedy is off)"
-                    )
-                advantages = remax_advantages(returns, exp.greedy_scores)
-            else:
-                advantages = returns - returns.mean()
-        # The sequence return sits at the last token, as a per-token reward would.
-        rewards = torch.zeros_like(mask).scatter(
-            1, last_valid_index(mask).unsqueeze(1), returns.unsqueeze(1)
-        )
-        return rewards, _per_token(advantages, mask), _per_token(returns, mask)
+def _at_last_token(returns: Tensor, mask: Tensor) -> Tensor:
+    """The sequence return sits at the last token, as a per-token reward would."""
+    return torch.zeros_like(mask).scatter(
+        1, last_valid_index(mask).unsqueeze(1), returns.unsqueeze(1)
+    )
 
-    def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        mask = mb.response_mask.float()
-        if cfg.estimator == "reinforce":
-            return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.loss_agg)
-        return ppo_clip_loss(
-            logprobs,
-            mb.logprobs,
-            mb.advantages,
-            mask,
-            cfg.clip,
-            cfg.clip_high,
-            cfg.dual_clip,
-            cfg.loss_agg,
+
+Estimate = tuple[Tensor, Tensor, Tensor]
+
+
+def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    """Group baseline; the KL is paid in the loss, so the return is the score."""
+    mask, returns = exp.response_mask.float(), exp.scores
+    if cfg.rank_weight == 1:
+        advantages = rank_advantages(returns, cfg.group_size)
+    elif cfg.rank_weight:
+        advantages = mixed_group_advantages(returns, cfg.group_size, cfg.rank_weight)
+    else:
+        advantages = REWARD_SCALES[cfg.scale_rewards](returns, cfg.group_size)
+    return _at_last_token(returns, mask), _per_token(advantages, mask), _per_token(returns, mask)
+
+
+def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
+    mask = exp.response_mask.float()
+    return exp.scores - kl_coef * sequence_kl(
+        exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator
+    )
+
+
+def _sequence_estimator(baseline):  # type: ignore[no-untyped-def]
+    """An estimator whose (N,) advantage is ``baseline(cfg, exp, returns)`` of the KL-paid
+    sequence return."""
+
+    def estimate(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+        mask = exp.response_mask.float()
+        returns = _kl_paid_return(cfg, exp, kl_coef)
+        advantages = baseline(cfg, exp, returns)
+        return (
+            _at_last_token(returns, mask),
+            _per_token(advantages, mask),
+            _per_token(returns, mask),
         )
+
+    return estimate
+
+
+def _remax_baseline(cfg: Config, exp: Experience, returns: Tensor) -> Tensor:
+    if exp.greedy_scores is None:
+        raise ValueError(
+            "remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)"
+        )
+    return remax_advantages(returns, exp.greedy_scores)
+
+
+def _reinforce_pp(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    """Per-token KL-shaped rewards, reward-to-go whitened over the batch."""
+    mask = exp.response_mask.float()
+    rewards = shaped_rewards(
+        exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+    )
+    return (
+        rewards,
+        reinforce_pp_advantages(rewards, mask, cfg.gamma),
+        discounted_returns(rewards, mask, cfg.gamma),
+    )
+
+
+def _reinforce_pp_baseline(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    """As reinforce_pp, with the group mean subtracted from each score first."""
+    mask = exp.response_mask.float()
+    kl_rewards = shaped_rewards(
+        torch.zeros_like(exp.scores),
+        exp.logprobs,
+        exp.ref_logprobs,
+        mask,
+        kl_coef,
+        cfg.kl_estimator,
+    )
+    rewards = kl_rewards + _at_last_token(exp.scores, mask)
+    return (
+        rewards,
+        reinforce_pp_baseline_advantages(exp.scores, cfg.group_size, kl_rewards, mask, cfg.gamma),
+        discounted_returns(rewards, mask, cfg.gamma),
+    )
+
+
+ESTIMATORS = {
+    "grpo": _grpo,
+    "rloo": _sequence_estimator(lambda cfg, exp, r: rloo_advantages(r, cfg.group_size)),
+    "remax": _sequence_estimator(_remax_baseline),
+    "reinforce": _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
+    "reinforce_pp": _reinforce_pp,
+    "reinforce_pp_baseline": _reinforce_pp_baseline,
+}
+KL_LOSSES = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "k3+": kl_k3_plus}
+
+
+def build(cfg: Config) -> Algorithm:
+    estimator = ESTIMATORS[cfg.estimator]
+
+    def estimate(exp: Experience, kl_coef: float) -> Estimate:
+        return estimator(cfg, exp, kl_coef)
+
+    if cfg.estimator == "reinforce":  # on-policy: no ratio to clip
+
+        def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+            mask = mb.response_mask.float()
+            return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.aggregation)
+    else:
+        policy_loss = surrogate(cfg)
 
     return Algorithm(
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
-        kl_in_loss=cfg.estimator == "grpo",
+        kl_loss=KL_LOSSES[cfg.kl_loss_type] if cfg.estimator == "grpo" else None,
         needs_greedy=cfg.estimator == "remax",
     )
 

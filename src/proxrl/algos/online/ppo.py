@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 from torch import Tensor
 
+from proxrl.algos.online.config import surrogate
 from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
 from proxrl.core import (
@@ -29,7 +30,6 @@ from proxrl.core import (
     gae,
     kl_k3,
     masked_whiten,
-    ppo_clip_loss,
     ppo_penalty_loss,
     shaped_rewards,
 )
@@ -45,8 +45,8 @@ class Config(OnlineConfig):
     ppo_epochs: int = 4
     """Passes over each rollout batch."""
     surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
-    """PPO-Clip, PPO-Penalty (adaptive β on KL(π_old‖π)), or the clipped surrogate plus the
-    penalty."""
+    """PPO-Clip (or the policy_loss chosen), PPO-Penalty (adaptive β on KL(π_old‖π)), or the
+    clipped surrogate plus the penalty."""
     penalty_beta: Annotated[float, Range(ge=0)] = 1.0
     """Initial β of PPO-Penalty (the paper starts at 1)."""
     penalty_target: Annotated[float, Range(gt=0)] = 0.01
@@ -75,6 +75,11 @@ class Config(OnlineConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.surrogate == "penalty" and self.policy_loss != "ppo":
+            raise ProxrlError(
+                f"policy_loss: surrogate penalty is PPO-Penalty; {self.policy_loss} needs "
+                "surrogate clip or clip+penalty"
+            )
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
         if "penalty" in self.surrogate and self.penalty_beta == 0:
@@ -97,6 +102,7 @@ def build(cfg: Config) -> Algorithm:
             advantages = masked_whiten(advantages, mask)
         return rewards, advantages, returns
 
+    clipped = surrogate(cfg)
     penalty = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
     )
@@ -105,21 +111,12 @@ def build(cfg: Config) -> Algorithm:
         mask = mb.response_mask.float()
         if cfg.surrogate == "penalty":
             return ppo_penalty_loss(
-                logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.loss_agg
+                logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
             )  # type: ignore[union-attr]
-        loss, stats = ppo_clip_loss(
-            logprobs,
-            mb.logprobs,
-            mb.advantages,
-            mask,
-            cfg.clip,
-            cfg.clip_high,
-            cfg.dual_clip,
-            cfg.loss_agg,
-        )
+        loss, stats = clipped(logprobs, mb)
         if penalty is not None:  # clip+penalty: β·KL(π_old‖π), k3 of r = π/π_old
             loss = loss + penalty.value * aggregate_loss(
-                kl_k3(mb.logprobs, logprobs), mask, cfg.loss_agg
+                kl_k3(mb.logprobs, logprobs), mask, cfg.aggregation
             )
         return loss, stats
 

@@ -9,16 +9,18 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import replace
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models
-from proxrl.core import aggregate_loss, entropy_bonus, kl_k3
+from proxrl.core import entropy_bonus
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 
@@ -73,17 +75,18 @@ def update(
                 no_sync.enter_context(dist.no_sync(model))
             with no_sync:
                 # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
-                _accumulate(
-                    cfg,
-                    algo,
-                    models,
-                    experience,
-                    micro_batches[rank::world],
-                    len(minibatch) / world if sharded else len(minibatch),
-                    P,
-                    kl_coef,
-                    train_policy,
-                    step_stats,
+                # The normaliser of every loss term is counted on the whole minibatch before
+                # its micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the
+                # same gradient. FSDP / DeepSpeed average gradients over ranks themselves.
+                total_units = cfg.aggregation.units(experience.response_mask[minibatch])
+                step_stats.update(
+                    accumulate_gradients(
+                        actor,
+                        [experience.select(rows) for rows in micro_batches[rank::world]],
+                        partial(_minibatch_loss, cfg, algo, models, P, kl_coef, train_policy),
+                        lambda mb: float(cfg.aggregation.units(mb.response_mask)),
+                        float(total_units) / world if sharded else float(total_units),
+                    )
                 )
             if world > 1:  # one all-reduce per optimizer step
                 if not sharded:
@@ -123,42 +126,34 @@ def update(
     return stats_out
 
 
-def _accumulate(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    experience: Experience,
-    micro_batches: list[Tensor],
-    minibatch_size: float,
-    P: int,
-    kl_coef: float,
-    train_policy: bool,
-    step_stats: dict[str, float],
-) -> None:
-    """Backward through ``micro_batches`` (row indices into ``experience``), each loss weighted
-    by its rows' share of the minibatch; adds the weighted stats into ``step_stats``."""
-    for rows in micro_batches:
-        mb = experience.select(rows)
-        with cfg.autocast():  # the forward passes and losses; the backward runs outside
-            loss, stats = _minibatch_loss(cfg, algo, models, mb, P, kl_coef, train_policy)
-        share = len(rows) / minibatch_size
-        (loss * share).backward()
-        for key, value in stats.items():
-            step_stats[key] += float(value) * share
-
-
 def _minibatch_loss(
     cfg: OnlineConfig,
     algo: Algorithm,
     models: Models,
-    mb: Experience,
     P: int,
     kl_coef: float,
     train_policy: bool,
+    model: torch.nn.Module,
+    mb: Experience,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
-    micro-batch."""
+    micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units.
+    ``model`` is ``models.actor`` (the accumulation helper's signature)."""
+    with cfg.autocast():  # the forward passes and losses; the backward runs outside
+        return _terms(cfg, algo, models, P, kl_coef, train_policy, mb)
+
+
+def _terms(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    P: int,
+    kl_coef: float,
+    train_policy: bool,
+    mb: Experience,
+) -> tuple[Tensor, dict[str, Tensor]]:
     actor, critic = models.actor, models.critic
+    agg = cfg.aggregation
     mask = mb.response_mask.float()
     out = policy_forward(
         actor,
@@ -176,15 +171,15 @@ def _minibatch_loss(
     stats: dict[str, Tensor] = {}
     if train_policy:
         loss, stats = algo.policy_loss(out.logprobs, corrected(mb))
-        if algo.kl_in_loss and kl_coef:
-            kl_loss = aggregate_loss(kl_k3(out.logprobs, mb.ref_logprobs), mask, cfg.loss_agg)
+        if algo.kl_loss is not None and kl_coef:
+            kl_loss = agg(algo.kl_loss(out.logprobs, mb.ref_logprobs), mask)
             loss = loss + kl_coef * kl_loss
             stats["kl_loss"] = kl_loss.detach()
         if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
-            bonus, entropy_stats = entropy_bonus(out.entropy, mask, cfg.loss_agg)  # type: ignore[arg-type]
+            bonus, entropy_stats = entropy_bonus(out.entropy, mask, agg)  # type: ignore[arg-type]
             stats.update(entropy_stats)
             loss = loss + cfg.entropy_coef * bonus
-    v_loss, v_stats = critic.loss(mb, out.hidden, cfg.loss_agg)  # 0 and {} without a critic
+    v_loss, v_stats = critic.loss(mb, out.hidden, agg)  # 0 and {} without a critic
     loss = loss + v_loss
     stats.update(v_stats)
     return loss, stats
@@ -206,6 +201,7 @@ def corrected(mb: Experience) -> Experience:
 
 
 NAMESPACES = {
+    "loss": "policy/total_loss",
     "value_loss": "value/loss",
     "value_clipfrac": "value/clipfrac",
     "value_mean": "value/mean",

@@ -1,0 +1,137 @@
+"""Policy surrogates published after PPO-Clip for language models: GSPO, GSPO-token, CISPO.
+
+Each takes the per-token log-probabilities of the sampled tokens under the policy being trained
+(``logprobs``, with gradient) and under the sampling policy (``old_logprobs``), (B, T)
+advantages, a 0/1 ``mask`` and an aggregation (``agg``, see ``core.masked``), and returns
+``(loss, stats)`` like ``ppo_clip_loss``. Every one builds a per-token loss and leaves the
+reduction to the aggregation, so that all of them split over micro-batches the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from proxrl.core.losses import Stats, _ratio_stats
+from proxrl.core.masked import Aggregation, aggregate_loss, masked_mean
+
+
+def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """(B, 1) ``(1/|y_i|)·Σ_t (log π − log π_old)``: the log of the geometric mean of the
+    token ratios (0 for an empty row)."""
+    return masked_mean(logprobs - old_logprobs, mask, dim=-1).unsqueeze(-1)
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    # Padding's advantage is zeroed: a (B, 1) sequence ratio gathers gradient from every column,
+    # and 0 × NaN would reach it from a NaN sitting in padding.
+    advantages = torch.where(mask.bool(), advantages, 0.0)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clipfrac = masked_mean((clipped > unclipped).to(ratio.dtype).expand_as(mask), mask)
+    return torch.maximum(unclipped, clipped), clipfrac.detach()
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float | None = None,
+    agg: str | Aggregation = "seq-mean-token-mean",
+) -> tuple[Tensor, Stats]:
+    """GSPO (Zheng et al. 2025, eq. 5–7): one importance ratio per sequence, the geometric
+    mean of its token ratios ``s_i = exp((1/|y_i|)·Σ_t log(π_θ/π_old))``, clipped at the
+    sequence level: ``J = (1/G)·Σ_i min(s_i·A_i, clip(s_i, 1−ε_lo, 1+ε_hi)·A_i)``. A clipped
+    sequence contributes no gradient to any of its tokens.
+
+    Departures: the loss is written per token, ``max(−A_{i,t}·s_i, −A_{i,t}·clip(s_i))``, and
+    reduced by ``agg``, as TRL (``importance_sampling_level="sequence"``) and veRL do; with a
+    sequence-level advantage and ``seq-mean-token-mean`` (the default here) it is the paper's
+    objective exactly. The paper's clip ranges are tiny (ε_lo = 3e-4, ε_hi = 4e-4): a sequence
+    ratio moves far less than a token ratio.
+
+    Args:
+        logprobs: (B, T) log π_θ of the sampled tokens, with gradient.
+        old_logprobs: (B, T) log π_old of the same tokens.
+        advantages: (B, T) (the sequence's advantage at each of its tokens).
+    Stats: ``clipfrac`` (share of valid tokens in clipped sequences), ``seq_ratio_mean``, and
+    the token-ratio diagnostics of ``ppo_clip_loss``.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    ratio = torch.exp(_sequence_log_ratio(logprobs, old_logprobs, mask))
+    per_token, clipfrac = _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
+    loss = aggregate_loss(per_token, mask, agg)
+    stats = _ratio_stats(logprobs - old_logprobs, mask)
+    stats |= {
+        "clipfrac": clipfrac,
+        "seq_ratio_mean": ratio.mean().detach(),
+        "policy_loss": loss.detach(),
+    }
+    return loss, stats
+
+
+def gspo_token_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 3e-4,
+    clip_high: float | None = None,
+    agg: str | Aggregation = "seq-mean-token-mean",
+) -> tuple[Tensor, Stats]:
+    """GSPO-token (Zheng et al. 2025, eq. 13–14), for token-level advantages:
+    ``s_{i,t} = sg[s_i]·π_θ(y_t)/sg[π_θ(y_t)]`` — numerically the sequence ratio s_i, but its
+    gradient is ``s_i·∇log π_θ(y_t)`` on token t alone; clipped as GSPO's:
+    ``max(−A_{i,t}·s_{i,t}, −A_{i,t}·clip(s_{i,t}, 1−ε_lo, 1+ε_hi))``, reduced by ``agg``. With
+    one advantage per sequence and ``seq-mean-token-mean`` its value and gradient equal
+    GSPO's. veRL's ``loss_mode: gspo`` is this form. Args and stats as ``gspo_loss``."""
+    clip_high = clip_low if clip_high is None else clip_high
+    sequence = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()
+    ratio = torch.exp(logprobs - logprobs.detach() + sequence)
+    per_token, clipfrac = _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
+    loss = aggregate_loss(per_token, mask, agg)
+    stats = _ratio_stats(logprobs - old_logprobs, mask)
+    stats |= {
+        "clipfrac": clipfrac,
+        "seq_ratio_mean": torch.exp(sequence).mean().detach(),
+        "policy_loss": loss.detach(),
+    }
+    return loss, stats
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_high: float = 0.2,
+    clip_low: float | None = None,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """CISPO (MiniMax-M1, 2025, eq. 4–5): REINFORCE with a clipped, stop-gradient importance
+    weight, ``J = Σ_{i,t} sg(r̂_{i,t})·A_{i,t}·log π_θ(y_{i,t}) / Σ_i |y_i|`` with
+    ``r̂ = clip(r, 1−ε_lo, 1+ε_hi)``, ``r = π_θ/π_old``. Unlike PPO-Clip, a token whose ratio
+    is clipped keeps its gradient ``r̂·A·∇log π`` (only its weight is capped), so rare tokens
+    that PPO would drop after one update still learn.
+
+    ``clip_low`` None is the paper's setting (no lower bound: "ε_lo set to a large value");
+    the paper's reduction is ``token-mean``. Stats: ``clipfrac`` (share of valid tokens whose
+    weight was capped), the ratio diagnostics of ``ppo_clip_loss``.
+
+    Args:
+        logprobs: (B, T) log π_θ, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T).
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    low = None if clip_low is None else 1 - clip_low
+    weight = torch.clamp(ratio, low, 1 + clip_high).detach()
+    loss = aggregate_loss(-weight * advantages * logprobs, mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["clipfrac"] = masked_mean((weight != ratio.detach()).to(ratio.dtype), mask).detach()
+    stats["policy_loss"] = loss.detach()
+    return loss, stats

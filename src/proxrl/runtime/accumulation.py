@@ -1,0 +1,49 @@
+"""Gradient accumulation that does not depend on how a step's batch is split: every
+micro-batch's loss is weighted by its share of the step's units (tokens, pairs, sequences),
+counted on the whole step before its micro-batches run. The offline trainers and the online
+update share it, so "1, 2 or 4 micro-batches give the same gradient" holds for both."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+# Stats that are counts: summed over micro-batches, not averaged.
+COUNT_STATS = ("tokens", "pairs")
+
+LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, Tensor]]]
+UnitsFn = Callable[[Any], float]
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    micro_batches: Sequence[Any],
+    loss_fn: LossFn,
+    units_fn: UnitsFn,
+    total_units: float | None = None,
+) -> dict[str, float]:
+    """Backward through every micro-batch, each loss weighted by its share of the step's units
+    (``units_fn``: tokens, pairs or sequences), so the accumulated gradient is that of the mean
+    loss over the whole step. Returns the step's stats (unit-weighted means; counts summed).
+
+    ``total_units``: the step's units over every rank (default: this rank's), so that with
+    data parallelism the gradients and stats summed over ranks are the global-batch ones."""
+    units = [units_fn(batch) for batch in micro_batches]
+    total = sum(units) if total_units is None else total_units
+    if total == 0:
+        raise ValueError("an optimizer step with no unit to learn from (empty loss masks)")
+    stats: dict[str, float] = defaultdict(float)
+    for batch, n in zip(micro_batches, units, strict=True):
+        if n == 0:
+            continue
+        loss, batch_stats = loss_fn(model, batch)
+        weight = n / total
+        (loss * weight).backward()
+        stats["loss"] += float(loss.detach()) * weight
+        for key, value in batch_stats.items():
+            if key != "loss":  # taken from the loss itself above
+                stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
+    return dict(stats)
