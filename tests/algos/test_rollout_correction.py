@@ -75,7 +75,8 @@ def rollout(cfg, module):
 
 def policy_grads(cfg, algo, models, mb):
     models.actor.zero_grad()
-    loss, _ = _minibatch_loss(cfg, algo, models, mb, mb.prompt_ids.shape[1], 0.0, True)
+    P = mb.prompt_ids.shape[1]
+    loss, _ = _minibatch_loss(cfg, algo, models, P, 0.0, True, models.actor, mb)
     loss.backward()
     return [p.grad.clone() for p in models.actor.parameters() if p.grad is not None]
 
