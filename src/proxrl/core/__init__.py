@@ -48,6 +48,7 @@ from proxrl.core.masked import (
     masked_var,
     masked_whiten,
 )
+from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
     "AdaptiveKL",
@@ -64,6 +65,7 @@ __all__ = [
     "gae",
     "gae_env",
     "grpo_advantages",
+    "informative_groups",
     "ipo_loss",
     "kl_k1",
     "kl_k2",
@@ -76,6 +78,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "mixed_group_advantages",
+    "overlong_penalty",
     "policy_gradient_loss",
     "ppo_clip_loss",
     "ppo_penalty_loss",
