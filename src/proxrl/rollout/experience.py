@@ -28,6 +28,8 @@ class Experience:
     greedy_scores: Tensor | None = None  # (B,) score of the greedy decode of each response's prompt
     # (ReMax's baseline), the same for a prompt's G samples so rows select and gather like any
     # other (B,) field; None unless the algorithm decodes greedily
+    truncated: Tensor | None = None  # (B,) bool, True where the response hit max_new_tokens
+    # without stopping (an EOS or a stop string); None from a rollout that did not record it
 
     @property
     def input_ids(self) -> Tensor:
