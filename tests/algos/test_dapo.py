@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dapo_rewards import WORDS, replay_dynamic_sampling
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
@@ -21,7 +22,6 @@ from proxrl.rollout.generation import stopped
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
-WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]  # the first four: constant
 GROUP = 4
 STOP = ("e", "a")  # stop strings end some responses early: lengths vary
 
@@ -58,21 +58,9 @@ def dynamic(tiny_lm: str, prompts: str, out: Path, **overrides) -> grpo.Config:
 
 
 def expected_rounds(cfg: grpo.Config) -> list[tuple[int, int, int, list[str]]]:
-    """Replays the data order by hand: per iteration (rounds, dropped groups, filled groups,
-    the words of the trained batch in order)."""
-    out, extra = [], 0
-    for iteration in range(cfg.iterations):
-        kept, dropped, rounds = [], [], 0
-        while len(kept) < cfg.rollout_batch_size and rounds < cfg.max_sampling_rounds:
-            draw = iteration + extra + rounds
-            for i in prompt_order(len(WORDS), cfg.rollout_batch_size, draw, cfg.seed):
-                (dropped if WORDS[i] < "m" else kept).append(WORDS[i])
-            rounds += 1
-        filled = max(0, cfg.rollout_batch_size - len(kept))
-        batch = (kept + dropped)[: cfg.rollout_batch_size]
-        out.append((rounds, len(dropped), filled, batch))
-        extra += rounds - 1
-    return out
+    return replay_dynamic_sampling(
+        cfg.iterations, cfg.rollout_batch_size, cfg.max_sampling_rounds, cfg.seed
+    )
 
 
 def test_dynamic_sampling_drops_constant_groups_until_the_batch_is_full(tiny_lm, prompts, tmp_path):
