@@ -211,3 +211,27 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
     assert any(
         not torch.allclose(a, b) for a, b in zip(unmasked, grads(noisy(experience)), strict=True)
     )
+
+
+@pytest.mark.parametrize("command", ["ppo", "rloo", "remax"])
+def test_dynamic_sampling_and_mask_truncated_run_on_other_estimators(
+    command, tiny_lm, prompts, tmp_path
+):
+    """The batch after dynamic sampling is an ordinary rollout: PPO's critic values and GAE,
+    RLOO's group baseline and ReMax's greedy scores are re-estimated over it."""
+    module = ppo if command == "ppo" else grpo
+    extra = {} if command == "ppo" else {"estimator": command}
+    cfg = module.Config(
+        model=tiny_lm, prompts=prompts, reward_fn=("dapo_rewards:constant_for_early_words",),
+        output_dir=str(tmp_path), iterations=3, rollout_batch_size=3, group_size=GROUP,
+        max_new_tokens=6, mini_batch_size=4, progress=False, seed=1, sample_every=1,
+        dynamic_sampling=True, max_sampling_rounds=2, mask_truncated=True,
+        **extra,
+    )  # fmt: skip
+    module.train(cfg)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 3
+    assert [r["sampling/rounds"] for r in rows] == [
+        rounds for rounds, *_ in replay_dynamic_sampling(3, 3, 2, 1)
+    ]
+    assert all(v == v and abs(v) != float("inf") for r in rows for v in r.values())

@@ -72,8 +72,8 @@ class OnlineConfig(ModelRunConfig):
     """Leave responses that hit max_new_tokens without stopping out of the loss (their tokens
     get no gradient and do not count in any average)."""
     dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose scores are all equal and sample more prompts
-    until rollout_batch_size informative groups are kept (needs group_size >= 2)."""
+    """DAPO dynamic sampling: drop groups whose scores (after penalties and shaping) are all
+    equal, sampling more prompts until rollout_batch_size groups are kept (group_size >= 2)."""
     max_sampling_rounds: Annotated[int, Range(ge=1)] = 4
     """dynamic_sampling: most sampling rounds per iteration, the first included; a batch still
     short after them is filled with dropped groups (counted in sampling/filled_groups)."""

@@ -194,8 +194,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 row["sampling/constant_groups"] = float(
                     (~informative_groups(experience.scores, group_size)).sum()
                 )
-            if cfg.mask_truncated:
-                experience = without_truncated(experience)
+            # What the update trains on; metrics keep describing the whole rollout.
+            trained = without_truncated(experience) if cfg.mask_truncated else experience
             # A finite rollout is only inspected: counting it as a success would reset the
             # in-a-row count, and a run with fewer steps per iteration than max_consecutive_skips
             # whose gradients are always NaN would then never stop.
@@ -219,7 +219,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                     cfg,
                     algo,
                     train_models,
-                    experience,
+                    trained,
                     optimizers,
                     kl.value,
                     train_policy,
