@@ -184,27 +184,35 @@ def main() -> None:
 
 
 def print_table(results: dict[str, Any], rows: list[Row], seeds: list[int]) -> None:
+    """Markdown table. Waste columns (group rows): groups generated per informative group trained
+    on, and groups trained on without signal (all scores equal) per informative group."""
     sft = [results[f"sft/{s}"] for s in seeds]
     head = " | ".join(f"seed {s}" for s in seeds)
     print(
         f"\n| row | options | {head} | mean | min Δ vs SFT | ≥ {GAIN} on every seed | wall s "
-        "| wasted groups per useful |"
+        "| generated / useful groups | flat trained / useful groups |"
     )
-    print("|---|---|" + "---|" * len(seeds) + "---|---|---|---|---|")
-    print(f"| sft | | {' | '.join(f'{g:.3f}' for g in sft)} | {statistics.mean(sft):.3f} | | | | |")
+    print("|---|---|" + "---|" * len(seeds) + "---|---|---|---|---|---|")
+    print(
+        f"| sft | | {' | '.join(f'{g:.3f}' for g in sft)} | {statistics.mean(sft):.3f} | | | | | |"
+    )
     for row in rows:
         runs = [results.get(f"{row.name}/{s}") for s in seeds]
         if any(r is None for r in runs):
             continue
         gold = [r["gold"] for r in runs]
         gain = min(g - s for g, s in zip(gold, sft, strict=True))
-        wasted = [r["waste"]["wasted_per_useful"] for r in runs if r["waste"]]
+        waste = [r["waste"] for r in runs if r["waste"]]
+        generated = [w["sampled_groups"] / w["useful_groups"] for w in waste]
+        flat = [(w["sampled_groups"] / w["mean_rounds"] - w["useful_groups"]) / w["useful_groups"]
+                for w in waste]  # fmt: skip
         options = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "(defaults)"
         print(
             f"| {row.name} | {row.command}: {options} | {' | '.join(f'{g:.3f}' for g in gold)} "
             f"| {statistics.mean(gold):.3f} | {gain:+.3f} | {'yes' if gain >= GAIN else 'NO'} "
             f"| {statistics.mean(r['wall_s'] for r in runs):.0f} "
-            f"| {statistics.mean(wasted) if wasted else float('nan'):.2f} |"
+            f"| {f'{statistics.mean(generated):.2f}' if generated else ''} "
+            f"| {f'{statistics.mean(flat):.2f}' if flat else ''} |"
         )
 
 
