@@ -885,6 +885,27 @@ CASES: list[Case] = [
         (*GRPO, "--reward-fn", "os:getcwd", "--estimator", "reinforce", "--policy-loss", "gspo"),
         "proxrl grpo: error: policy_loss: estimator reinforce takes the plain policy-gradient loss, not gspo (pick another estimator)",
     ),
+    # -- DAPO sampling options and the critic's start (issue 15) ---------------------------
+    Case(
+        "ppo: dynamic_sampling without groups",
+        (*PPO, "--reward-fn", "os:getcwd", "--dynamic-sampling"),
+        "proxrl ppo: error: dynamic_sampling: needs groups of at least 2 responses, got group_size 1",
+    ),
+    Case(
+        "grpo: overlong_buffer longer than max_new_tokens",
+        (*GRPO, "--reward-fn", "os:getcwd", "--overlong-buffer", "100"),
+        "proxrl grpo: error: overlong_buffer: 100 exceeds max_new_tokens 64",
+    ),
+    Case(
+        "ppo: critic_model with a value head",
+        (*PPO, "--reward-fn", "os:getcwd", "--critic", "head", "--critic-model", "policy"),
+        "proxrl ppo: error: critic_model: only with critic=separate (a value head starts at 0)",
+    ),
+    Case(
+        "ppo: critic_model directory with no critic",
+        (*PPO, "--reward-fn", "os:getcwd", "--critic-model", "models/empty"),
+        "proxrl ppo: error: critic_model: models/empty holds no critic (no critic/, no config.json)",
+    ),
 ]
 
 

@@ -81,6 +81,7 @@ from proxrl.core.sampling import (
     truncate_logits,
     truncates,
 )
+from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
     "AGGREGATIONS",
@@ -110,6 +111,7 @@ __all__ = [
     "icepop_weights",
     "gspo_loss",
     "gspo_token_loss",
+    "informative_groups",
     "ipo_loss",
     "kl_k1",
     "kl_k2",
@@ -124,6 +126,7 @@ __all__ = [
     "masked_whiten",
     "mis_weights",
     "mixed_group_advantages",
+    "overlong_penalty",
     "policy_gradient_loss",
     "ppo_clip_loss",
     "ppo_penalty_loss",

@@ -34,7 +34,8 @@ def _ratio_stats(log_ratio: Tensor, mask: Tensor) -> Stats:
         "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach(),
         "approx_kl_k1": masked_mean(-log_ratio, mask).detach(),
         "ratio_mean": masked_mean(ratio, mask).detach(),
-        "ratio_max": torch.where(valid, ratio, -torch.inf).max().detach(),
+        # 0, not −inf, when no token is valid (every response truncated under mask_truncated)
+        "ratio_max": torch.where(valid, ratio, 0.0).max().detach(),
     }
 
 

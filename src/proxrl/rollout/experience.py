@@ -32,6 +32,8 @@ class Experience:
     rollout_weights: Tensor | None = None  # (B, T) rollout-correction weight w_t ≥ 0 of each
     # token's policy loss (``core.correction``: from π_old/π_sampler, no gradient), 0 at
     # padding; None without a rollout_correction
+    truncated: Tensor | None = None  # (B,) bool, True where the response hit max_new_tokens
+    # without stopping (an EOS or a stop string); None from a rollout that did not record it
 
     @property
     def input_ids(self) -> Tensor:

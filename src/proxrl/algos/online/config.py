@@ -75,6 +75,21 @@ class OnlineConfig(ModelRunConfig):
     it."""
     reward_clip: Annotated[float, Range(ge=0)] = 0.0
     """Clip scores to ±reward_clip (0: off)."""
+    # DAPO's sampling-side options (Yu et al. 2025).
+    overlong_buffer: Annotated[int, Range(ge=0)] = 0
+    """DAPO overlong shaping: over the last N tokens before max_new_tokens the score loses
+    overlong_penalty × (length − (max_new_tokens − N)) / N (0: off)."""
+    overlong_penalty: Annotated[float, Range(ge=0)] = 1.0
+    """Score lost by a response that reaches max_new_tokens under overlong_buffer."""
+    mask_truncated: bool = False
+    """Leave responses that hit max_new_tokens without stopping out of the loss (their tokens
+    get no gradient and do not count in any average)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose scores (after penalties and shaping) are all
+    equal, sampling more prompts until rollout_batch_size groups are kept (group_size >= 2)."""
+    max_sampling_rounds: Annotated[int, Range(ge=1)] = 4
+    """dynamic_sampling: most sampling rounds per iteration, the first included; a batch still
+    short after them is filled with dropped groups (counted in sampling/filled_groups)."""
     ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each rollout batch."""
     mini_batch_size: Annotated[int, Range(ge=1)] = 16
@@ -224,6 +239,16 @@ class OnlineConfig(ModelRunConfig):
         if self.dual_clip is not None and self.policy_loss != "ppo":
             raise ProxrlError(
                 f"dual_clip: bounds the ppo surrogate only, not policy_loss {self.policy_loss}"
+            )
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ProxrlError(
+                f"overlong_buffer: {self.overlong_buffer} exceeds max_new_tokens "
+                f"{self.max_new_tokens}"
+            )
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ProxrlError(
+                f"dynamic_sampling: needs groups of at least 2 responses, got group_size "
+                f"{self.group_size}"
             )
         if self.lora_r and self.ref_reset_every:
             raise ProxrlError(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import yaml
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
@@ -26,6 +27,7 @@ from proxrl.models.value_head import ValueHead
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward
 from proxrl.runtime.checkpointer import TrainableWeights
+from proxrl.runtime.errors import ProxrlError
 
 if TYPE_CHECKING:
     from proxrl.algos.online.config import OnlineConfig
@@ -44,7 +46,7 @@ class CriticSettings:
     warmup_iterations: int = 0
     """Train only the critic for this many first iterations."""
     source: str | None = None
-    """Where a separate critic starts (None: the reward model, else the policy)."""
+    """Where a separate critic starts (``critic_start``): None, ``policy``, a model, or a run."""
 
 
 class Critic(ABC):
@@ -195,6 +197,51 @@ class _TrainedCritic(Critic):
         return TrainableWeights(self.module)
 
 
+POLICY = "policy"
+"""``critic_model: policy``: the critic starts from the policy's weights (a zero head)."""
+
+
+def critic_start(source: str | None, cfg: OnlineConfig) -> str:
+    """Where a separate critic starts, as veRL / OpenRLHF / NeMo RL allow:
+
+    - None: the reward model (InstructGPT; its head is kept), else the policy;
+    - ``policy``: the policy (``model``), with a zero head, even when there is a reward model;
+    - an earlier run's directory: its ``critic/`` (warm start from the critic proxrl saved);
+    - any other model directory or hub id: that model (its head kept if it has one, else zero).
+
+    A ppo/grpo run directory without ``critic/`` (critic-free, or ``critic: head``) and a
+    directory with no model in it are one-line errors."""
+    if source is None:
+        return cfg.reward_model or cfg.model
+    if source == POLICY:
+        return cfg.model
+    path = Path(source)
+    if not path.is_dir():
+        return source  # a hub id (the loader reports one that does not exist)
+    if (path / "critic" / "config.json").is_file():
+        return str(path / "critic")
+    if _is_online_run(path):
+        raise ProxrlError(
+            f"critic_model: {source} is a ppo/grpo run without a critic/ to start from "
+            "(critic-free, or critic: head); give a run trained with critic: separate, "
+            "a model, or policy"
+        )
+    if not (path / "config.json").is_file():
+        raise ProxrlError(f"critic_model: {source} holds no critic (no critic/, no config.json)")
+    return source
+
+
+def _is_online_run(path: Path) -> bool:
+    config = path / "config.yaml"
+    if not config.is_file():
+        return False
+    try:
+        fields = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return False
+    return isinstance(fields, dict) and "rollout_batch_size" in fields
+
+
 class SeparateCritic(_TrainedCritic):
     """A value model of its own in the ``AutoModelForSequenceClassification`` (num_labels=1)
     layout, its head read at every response token (InstructGPT's critic)."""
@@ -205,7 +252,7 @@ class SeparateCritic(_TrainedCritic):
     def load(
         cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any
     ) -> SeparateCritic:
-        source = settings.source or cfg.reward_model or cfg.model
+        source = critic_start(settings.source, cfg)
         model = load_score_model(
             source,
             new_head="zero",

@@ -20,11 +20,18 @@ from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
-from proxrl.algos.online.rollout import collect_rollout, prompt_order
+from proxrl.algos.online.rollout import (
+    DynamicBatch,
+    collect_rollout,
+    prompt_order,
+    without_truncated,
+)
 from proxrl.algos.online.update import NAMESPACES, update
-from proxrl.core import FixedKL, ProportionalKL
+from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample
+from proxrl.rollout.experience import Experience
 from proxrl.rollout.generation import CachedSampler, static_cache
+from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
@@ -118,13 +125,19 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         guard=guard,
     )
 
+    # Dynamic sampling draws extra batches of prompts: the data position is the iteration plus
+    # the extra rounds so far, a counter of the checkpoint.
+    extra_rounds = 0
+    group_size = cfg.group_size
+
     def save(done: int) -> Path:
-        return checkpointer.save(done, iteration=done)
+        return checkpointer.save(done, iteration=done, extra_rounds=extra_rounds)
 
     start = 0
     if cfg.resume:
         restored = checkpointer.restore()
         start = int(restored.counters["iteration"])
+        extra_rounds = int(restored.counters.get("extra_rounds", 0))  # older checkpoints: none
         logger.truncate_after(start)
         if dist.is_main():
             truncate_samples(output_dir, start)
@@ -146,21 +159,43 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
             # 4a. Rollout: sample, score, forward passes, advantages.
             timings: dict[str, float] = {}
-            order = prompt_order(len(prompts), cfg.rollout_batch_size, iteration, cfg.seed)
-            local = dist.shard(order)  # rank r: prompts r, r + world, ...; gathered in rank order
-            order = [i for r in range(world) for i in order[r::world]]
             models.actor.eval()
-            with cfg.autocast():
-                experience, completions, row = collect_rollout(
+            if cfg.dynamic_sampling:
+                experience, completions, order, row = dynamic_rollout(
                     cfg,
                     algo,
                     models,
                     rewards,
-                    [prompts[i] for i in local],
-                    [prompt_ids[i] for i in local],
+                    prompts,
+                    prompt_ids,
                     kl.value,
                     timings,
+                    draw=iteration + extra_rounds,
                 )
+                extra_rounds += int(row["sampling/rounds"]) - 1
+            else:
+                order = prompt_order(len(prompts), cfg.rollout_batch_size, iteration, cfg.seed)
+                local = dist.shard(order)  # rank r: prompts r, r + world, ...; gathered in order
+                order = [
+                    i for r in range(world) for i in order[r::world] for _ in range(group_size)
+                ]
+                with cfg.autocast():
+                    experience, completions, row = collect_rollout(
+                        cfg,
+                        algo,
+                        models,
+                        rewards,
+                        [prompts[i] for i in local],
+                        [prompt_ids[i] for i in local],
+                        kl.value,
+                        timings,
+                    )
+            if group_size > 1:
+                row["sampling/constant_groups"] = float(
+                    (~informative_groups(experience.scores, group_size)).sum()
+                )
+            # What the update trains on; metrics keep describing the whole rollout.
+            trained = without_truncated(experience) if cfg.mask_truncated else experience
             # A finite rollout is only inspected: counting it as a success would reset the
             # in-a-row count, and a run with fewer steps per iteration than max_consecutive_skips
             # whose gradients are always NaN would then never stop.
@@ -184,7 +219,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                     cfg,
                     algo,
                     train_models,
-                    experience,
+                    trained,
                     optimizers,
                     kl.value,
                     train_policy,
@@ -226,7 +261,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 write_samples(
                     output_dir,
                     iteration + 1,
-                    [prompts[i] for i in order for _ in range(cfg.group_size)],
+                    [prompts[i] for i in order],
                     completions,
                     experience.scores,
                     show=cfg.progress,
@@ -249,6 +284,64 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     dist.barrier()
     logger.close()
     return last
+
+
+def dynamic_rollout(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    kl_coef: float,
+    timings: dict[str, float],
+    draw: int,
+) -> tuple[Experience, list[str], list[int], dict[str, float]]:
+    """DAPO's dynamic sampling: rounds of ``rollout_batch_size`` prompts (the ``draw``-th batch
+    of the data order, then the next ones) until ``rollout_batch_size`` groups with unequal
+    scores are kept, or ``max_sampling_rounds`` rounds ran. Returns the batch (advantages
+    estimated over it), its completions, each row's prompt index, and the metrics: those of
+    the rollouts averaged over the rounds, plus ``sampling/rounds``, ``sampling/dropped_groups``
+    and ``sampling/filled_groups``.
+
+    Several processes: each round is gathered before the filter, so every rank drops the same
+    groups (a group is whole on the rank that sampled it) and runs the same number of rounds."""
+    world = dist.world_size()
+    found = DynamicBatch(cfg.group_size, cfg.rollout_batch_size)
+    completions: list[str] = []
+    labels: list[int] = []  # the prompt index of every row sampled this iteration
+    round_rows: list[dict[str, float]] = []
+    while not found.full and found.rounds < cfg.max_sampling_rounds:
+        order = prompt_order(len(prompts), cfg.rollout_batch_size, draw + found.rounds, cfg.seed)
+        local = dist.shard(order)
+        order = [i for r in range(world) for i in order[r::world] for _ in range(cfg.group_size)]
+        round_timings: dict[str, float] = {}
+        with cfg.autocast():
+            experience, texts, metrics = collect_rollout(
+                cfg,
+                algo,
+                models,
+                rewards,
+                [prompts[i] for i in local],
+                [prompt_ids[i] for i in local],
+                kl_coef,
+                round_timings,
+            )
+        for key, value in round_timings.items():
+            timings[key] = timings.get(key, 0.0) + value
+        found.add(experience, list(range(len(labels), len(labels) + len(order))))
+        completions += texts
+        labels += order
+        round_rows.append(metrics)
+    experience, rows, filled = found.batch(models.tokenizer.pad_token_id)
+    experience.rewards, experience.advantages, experience.returns = algo.estimate(
+        experience, kl_coef
+    )
+    row = {key: sum(r[key] for r in round_rows) / len(round_rows) for key in round_rows[0]}
+    row["sampling/rounds"] = float(found.rounds)
+    row["sampling/dropped_groups"] = float(found.dropped_groups)
+    row["sampling/filled_groups"] = float(filled)
+    return experience, [completions[i] for i in rows], [labels[i] for i in rows], row
 
 
 def truncate_samples(output_dir: Path, iteration: int) -> None:

@@ -63,7 +63,8 @@ class Config(OnlineConfig):
     critic: Literal["separate", "head"] = "separate"
     """A separate value model, or a value head on the policy's backbone."""
     critic_model: str | None = None
-    """Where the separate critic starts (default: the reward model, else the policy)."""
+    """Where the separate critic starts: the reward model (default; else the policy), policy,
+    a model directory or hub id, or an earlier ppo run's directory (its critic/: warm start)."""
     critic_learning_rate: Annotated[float, Range(gt=0)] = 1e-5
     """Critic learning rate (AdamW)."""
     vf_coef: Annotated[float, Range(ge=0)] = 0.1
@@ -80,6 +81,8 @@ class Config(OnlineConfig):
                 f"policy_loss: surrogate penalty is PPO-Penalty; {self.policy_loss} needs "
                 "surrogate clip or clip+penalty"
             )
+        if self.critic_model is not None and self.critic == "head":
+            raise ProxrlError("critic_model: only with critic=separate (a value head starts at 0)")
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
         if "penalty" in self.surrogate and self.penalty_beta == 0:

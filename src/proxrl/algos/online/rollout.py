@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,8 +17,10 @@ from proxrl.algos.online.roles import Models
 from proxrl.core import (
     correction_stats,
     icepop_weights,
+    informative_groups,
     masked_mean,
     mis_weights,
+    overlong_penalty,
     seq_mis_weights,
     seq_tis_weights,
     sequence_kl,
@@ -138,6 +140,11 @@ def collect_rollout(
             else torch.full_like(scores, cfg.no_stop_penalty)
         )
         scores = torch.where(ended, scores, penalised)
+    if cfg.overlong_buffer:  # DAPO's soft overlong punishment
+        lengths = response_mask.sum(-1).cpu().to(scores.dtype)
+        scores = scores + overlong_penalty(
+            lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        )
     if cfg.reward_clip:
         scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
     greedy_scores = None
@@ -216,6 +223,7 @@ def collect_rollout(
         advantages=torch.zeros_like(mask),
         returns=torch.zeros_like(mask),
         greedy_scores=greedy_scores,
+        truncated=~ended.to(device),
     )
     correction_metrics: dict[str, float] = {}
     if correct:
@@ -319,3 +327,104 @@ def gather_rollout(
         entropy_all,
         [c for p in parts for c in p["completions"]],
     )
+
+
+# ---------------------------------------------------------------- DAPO: dynamic sampling and
+# truncated responses. Rollouts of several sampling rounds are joined, their constant groups
+# dropped and the batch cut to rollout_batch_size groups; advantages are then estimated again
+# over the batch that is trained on (whitening and batch baselines see only that batch).
+
+
+def concat_rollouts(parts: list[Experience], pad_id: int) -> Experience:
+    """The rows of ``parts`` one after the other, prompts re-padded on the left and responses on
+    the right to the widest part's (B, P) and (B, T)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(e.prompt_ids.shape[1] for e in parts)
+    T = max(e.response_ids.shape[1] for e in parts)
+    columns: dict[str, Any] = {}
+    for name, first in parts[0].tensors().items():
+        if first is None:
+            columns[name] = None
+            continue
+        rows = []
+        for e in parts:
+            x = getattr(e, name)
+            if name in ("prompt_ids", "prompt_mask"):
+                x = _pad_to(x, P, pad_id if name == "prompt_ids" else 0, left=True)
+            elif x.dim() == 2:
+                x = _pad_to(x, T, pad_id if name == "response_ids" else 0, left=False)
+            rows.append(x)
+        columns[name] = torch.cat(rows)
+    return replace(parts[0], **columns)
+
+
+@dataclass
+class DynamicBatch:
+    """The groups a dynamic-sampling iteration keeps, as they arrive round by round."""
+
+    group_size: int
+    groups_wanted: int
+    kept: list[Experience] = field(default_factory=list)
+    kept_rows: list[list[int]] = field(default_factory=list)
+    dropped: list[Experience] = field(default_factory=list)
+    dropped_rows: list[list[int]] = field(default_factory=list)
+    rounds: int = 0
+    dropped_groups: int = 0
+
+    @property
+    def groups_kept(self) -> int:
+        return sum(len(e) for e in self.kept) // self.group_size
+
+    @property
+    def full(self) -> bool:
+        return self.groups_kept >= self.groups_wanted
+
+    def add(self, experience: Experience, rows: list[int]) -> None:
+        """One round's rollout; ``rows[i]`` labels row i (the caller's prompt index)."""
+        self.rounds += 1
+        useful = informative_groups(experience.scores, self.group_size)
+        self.dropped_groups += int((~useful).sum())
+        keep = useful.repeat_interleave(self.group_size).cpu()
+        for flag, into, labels in (
+            (keep, self.kept, self.kept_rows),
+            (~keep, self.dropped, self.dropped_rows),
+        ):
+            index = flag.nonzero().squeeze(1)
+            if len(index):
+                into.append(_rows(experience, index))
+                labels.append([rows[i] for i in index.tolist()])
+
+    def batch(self, pad_id: int) -> tuple[Experience, list[int], int]:
+        """rollout_batch_size groups: the first informative ones, then (after the last round)
+        dropped ones to fill what is missing. Returns the batch, its row labels and how many
+        groups were filled in."""
+        want = self.groups_wanted * self.group_size
+        parts, labels = list(self.kept), [r for rows in self.kept_rows for r in rows]
+        filled = max(0, want - len(labels)) // self.group_size
+        if filled:
+            parts += self.dropped
+            labels += [r for rows in self.dropped_rows for r in rows]
+        joined = concat_rollouts(parts, pad_id)
+        return _rows(joined, torch.arange(want)), labels[:want], filled
+
+
+def _rows(experience: Experience, index: torch.Tensor) -> Experience:
+    """Rows ``index`` of every field, untrimmed (``Experience.select`` trims for the update)."""
+    return replace(
+        experience,
+        **{
+            name: None if x is None else x[index.to(x.device)]
+            for name, x in experience.tensors().items()
+        },
+    )
+
+
+def without_truncated(experience: Experience) -> Experience:
+    """``mask_truncated``: the responses that hit max_new_tokens lose their response mask, so
+    every loss term (and every average in it) leaves them out. Call after the advantages are
+    estimated: the estimators read the score at a response's last token."""
+    if experience.truncated is None:
+        raise ValueError("mask_truncated: the rollout did not record which responses were cut")
+    keep = (~experience.truncated).to(experience.response_mask.dtype).unsqueeze(1)
+    return replace(experience, response_mask=experience.response_mask * keep)
