@@ -105,8 +105,7 @@ def rl_config(row: Row, demo: pipeline.Config, out: Path) -> grpo.Config | ppo.C
             group_size=demo.group_size,
             mini_batch_size=demo.rollout_batch_size * demo.group_size,
             critic_learning_rate=demo.critic_learning_rate,
-            kl_coef=demo.kl_coef,
-            **overrides,
+            **({"kl_coef": demo.kl_coef} | overrides),
         )
     return grpo.Config(
         **fields,
@@ -114,9 +113,8 @@ def rl_config(row: Row, demo: pipeline.Config, out: Path) -> grpo.Config | ppo.C
         reward_fn=(pipeline.GOLD_FN,),
         reward_weights=(0.0, 1.0),
         group_size=demo.grpo_group_size,
-        kl_coef=demo.grpo_kl_coef,
         mini_batch_size=demo.rollout_batch_size * demo.grpo_group_size,
-        **overrides,
+        **({"kl_coef": demo.grpo_kl_coef} | overrides),
     )
 
 

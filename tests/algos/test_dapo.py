@@ -195,7 +195,7 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
         for m in models.critic.modules():
             m.zero_grad()
         P = exp.prompt_ids.shape[1]
-        loss, _ = _minibatch_loss(cfg, algo, models, exp, P, cfg.kl_coef, True)
+        loss, _ = _minibatch_loss(cfg, algo, models, P, cfg.kl_coef, True, models.actor, exp)
         loss.backward()
         params = [*models.actor.parameters(), *models.critic.parameters()]
         return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]

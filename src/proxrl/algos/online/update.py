@@ -66,6 +66,11 @@ def update(
         for minibatch in torch.randperm(len(experience), generator=generator).split(
             cfg.mini_batch_size
         ):
+            # The normaliser of every loss term is counted on the whole minibatch before its
+            # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
+            total_units = cfg.aggregation.units(experience.response_mask[minibatch])
+            if total_units == 0:  # every row masked out (mask_truncated): nothing to learn from
+                continue
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = defaultdict(float)
@@ -75,10 +80,6 @@ def update(
                 no_sync.enter_context(dist.no_sync(model))
             with no_sync:
                 # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
-                # The normaliser of every loss term is counted on the whole minibatch before
-                # its micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the
-                # same gradient. FSDP / DeepSpeed average gradients over ranks themselves.
-                total_units = cfg.aggregation.units(experience.response_mask[minibatch])
                 step_stats.update(
                     accumulate_gradients(
                         actor,
