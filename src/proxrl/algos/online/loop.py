@@ -20,11 +20,12 @@ from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
-from proxrl.algos.online.rollout import collect_rollout, prompt_order
+from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_engine
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.generation import CachedSampler, static_cache
+from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
@@ -130,6 +131,12 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             truncate_samples(output_dir, start)
         log.info("resumed from %s at iteration %d", restored.path, start)
 
+    # An engine with its own copy of the weights (sampler: vllm) starts once, outside the
+    # iterations, and gets the policy's weights now (a resumed run's differ from the model's).
+    engine = rollout_engine(cfg)
+    if engine is not None:
+        sync_weights(engine, models.actor)
+
     # 4. Iterate.
     last: dict[str, float] = {}
     bar_on = cfg.progress and dist.is_main()
@@ -176,6 +183,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             # 4b. Update: the critic alone during warm-up, then both. A rollout with a non-finite
             # score, reward or advantage is skipped whole.
             models.actor.train()
+            if engine is not None:
+                release_memory(engine)  # on a GPU the engine sleeps through the update
             started_update = time.perf_counter()
             train_policy = iteration >= models.critic.warmup_iterations
             stats: dict[str, float] = {}
@@ -193,6 +202,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                     iteration + 1,
                 )
             timings["time/update_s"] = time.perf_counter() - started_update
+            if engine is not None:
+                timings["time/weight_sync_s"] = sync_weights(engine, models.actor)
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
             if rollout_ok:

@@ -19,7 +19,13 @@ from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
-from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings, stopped
+from proxrl.rollout.generation import (
+    CachedSampler,
+    HFSampler,
+    Sampler,
+    SamplingSettings,
+    stopped,
+)
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
 
@@ -38,12 +44,48 @@ def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[
     return order
 
 
-def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | CachedSampler:
-    """``generate`` when asked for or when stop strings need its text matching, else the lean
-    loop."""
-    if cfg.sampler == "hf" or cfg.stop_strings:
-        return HFSampler(model, tokenizer)
-    return CachedSampler(model, tokenizer, compile_step=cfg.compile_sampler)
+def engine_options(cfg: OnlineConfig) -> Any:
+    from proxrl.rollout.vllm_sampler import EngineOptions
+
+    return EngineOptions(
+        model=cfg.model,
+        dtype="auto" if cfg.dtype == "auto" else cfg.dtype,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_length=cfg.vllm_max_model_length,
+        tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        enforce_eager=cfg.vllm_enforce_eager,
+        enable_prefix_caching=cfg.vllm_enable_prefix_caching,
+        seed=cfg.seed,
+    )
+
+
+def rollout_engine(cfg: OnlineConfig) -> Any:
+    """The run's inference engine when the sampler keeps its own copy of the weights (vllm),
+    started here once; None for the samplers that read the policy itself."""
+    if cfg.sampler != "vllm":
+        return None
+    from proxrl.rollout.vllm_sampler import start_engine
+
+    return start_engine(engine_options(cfg))
+
+
+def _vllm(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
+    from proxrl.rollout.vllm_sampler import VLLMSampler
+
+    return VLLMSampler(rollout_engine(cfg), tokenizer)
+
+
+SAMPLERS: dict[str, Any] = {
+    "cached": lambda cfg, model, tok: CachedSampler(model, tok, compile_step=cfg.compile_sampler),
+    "hf": lambda cfg, model, tok: HFSampler(model, tok),
+    "vllm": _vllm,
+}
+
+
+def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
+    """The sampler ``cfg.sampler`` names; ``generate`` whenever stop strings need its text
+    matching."""
+    return SAMPLERS["hf" if cfg.stop_strings else cfg.sampler](cfg, model, tokenizer)
 
 
 @torch.no_grad()
@@ -131,7 +173,11 @@ def collect_rollout(
         hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
-            entropy.append(samples.entropy[rows])  # type: ignore[index]
+            entropy.append(  # NaN when the sampler cannot give it (vllm): logged, never used
+                samples.entropy[rows]
+                if samples.entropy is not None
+                else torch.full_like(logprobs[-1], float("nan"))
+            )
         else:
             out = policy_forward(
                 actor,
