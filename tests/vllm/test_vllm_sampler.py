@@ -30,7 +30,7 @@ PROMPTS = ["say: abc ->", "copy: de =", "say: x ->", "abc"]
 def setup(tiny_lm):
     from transformers import AutoModelForCausalLM
 
-    engine = start_engine(EngineOptions(tiny_lm, gpu_memory_utilization=0.3, seed=0))
+    engine = start_engine(EngineOptions(tiny_lm, gpu_memory_utilization=0.02))
     tokenizer = load_tokenizer(tiny_lm)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32)
     sync_weights(engine, model)  # the module's other tests may have changed the engine's

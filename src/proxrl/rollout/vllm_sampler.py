@@ -17,6 +17,7 @@ the one tested here.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -50,7 +51,6 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
-    seed: int = 0
 
 
 _ENGINES: dict[EngineOptions, Any] = {}
@@ -92,9 +92,14 @@ def check_engine_options(options: EngineOptions, on_cpu: bool) -> None:
 
 
 def start_engine(options: EngineOptions) -> Any:
-    """The ``vllm.LLM`` for ``options``, started on first use (its start-up logged) and kept."""
+    """The ``vllm.LLM`` for ``options``, started on first use (its start-up logged) and kept.
+    One engine per process: starting another releases the previous one first (on a CPU the
+    memory share counts this whole process, a second engine's cache included)."""
     if options in _ENGINES:
         return _ENGINES[options]
+    if _ENGINES:
+        _ENGINES.clear()
+        gc.collect()
     if not vllm_available():
         raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
     # The engine core and its worker in this process: weights pass by reference.
@@ -102,6 +107,14 @@ def start_engine(options: EngineOptions) -> Any:
     check_engine_options(options, on_cpu=not torch.cuda.is_available())
     from vllm import LLM
 
+    cpu_cache: dict[str, int] = {}
+    if not torch.cuda.is_available():
+        # On a CPU vLLM reads the share as "this whole process's RAM", which in-process counts the
+        # trainer too; the share goes to the KV cache alone instead.
+        import psutil
+
+        share = options.gpu_memory_utilization
+        cpu_cache["kv_cache_memory_bytes"] = int(psutil.virtual_memory().total * share)
     started = time.perf_counter()
     try:
         engine = LLM(
@@ -114,8 +127,9 @@ def start_engine(options: EngineOptions) -> Any:
             enforce_eager=options.enforce_eager,
             enable_prefix_caching=options.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
-            seed=options.seed,
+            seed=0,  # unused: every request carries its own seed
             enable_sleep_mode=sleep_supported(),
+            **cpu_cache,
         )
     except ValueError as error:
         message = str(error)

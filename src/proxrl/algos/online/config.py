@@ -103,8 +103,8 @@ class OnlineConfig(ModelRunConfig):
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings); vllm: a vLLM engine in this process (pip install -e .[vllm])."""
     vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.3
-    """sampler vllm: share of the accelerator's memory (on a CPU: of the RAM, this process's
-    own use included) the engine may take for weights and KV cache."""
+    """sampler vllm: share of the GPU's memory the engine takes for weights and KV cache (on a
+    CPU: share of the RAM for its KV cache)."""
     vllm_max_model_length: Annotated[int | None, Range(ge=1)] = None
     """sampler vllm: longest prompt + response the engine holds, in tokens (None: the model's)."""
     vllm_tensor_parallel_size: Annotated[int, Range(ge=1)] = 1

@@ -55,7 +55,6 @@ def engine_options(cfg: OnlineConfig) -> Any:
         tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         enforce_eager=cfg.vllm_enforce_eager,
         enable_prefix_caching=cfg.vllm_enable_prefix_caching,
-        seed=cfg.seed,
     )
 
 
