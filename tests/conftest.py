@@ -4,4 +4,6 @@ skipped."""
 
 import importlib.util
 
-collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
+# tests/ is on sys.path, so tests/vllm itself is found as a namespace package (no origin).
+_spec = importlib.util.find_spec("vllm")
+collect_ignore = [] if _spec is not None and _spec.origin is not None else ["vllm"]

@@ -58,9 +58,12 @@ _ASLEEP: set[int] = set()  # id() of the engines put to sleep
 
 
 def vllm_available() -> bool:
+    """The vllm package is installed (a directory named vllm on the path, as the test suite's
+    tests/vllm, is a namespace package without an origin: not it)."""
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
 
 
 def _model_config(model: str) -> dict[str, Any]:
