@@ -195,3 +195,11 @@ def test_unsupported_head_dim_and_length_are_one_line_errors(tmp_path, tiny_lm):
         match=r"vllm_max_model_length: 999 is beyond the model's max_position_embeddings 256",
     ):
         start_engine(EngineOptions(tiny_lm, max_model_length=999))
+
+
+def test_a_policy_with_another_vocabulary_is_a_one_line_error(setup):
+    engine, _, model = setup
+    bigger = copy.deepcopy(model)
+    bigger.resize_token_embeddings(model.config.vocab_size + 1)
+    with pytest.raises(ProxrlError, match=r"policy's vocabulary \(\d+\) differs"):
+        sync_weights(engine, bigger)

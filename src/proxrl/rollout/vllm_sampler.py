@@ -173,6 +173,14 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
 def sync_weights(engine: Any, model: nn.Module) -> float:
     """Load ``model``'s current weights into ``engine`` in place; returns the seconds it took.
     The prefix cache is dropped: its keys and values came from the old weights."""
+    engine_vocab = engine.llm_engine.model_config.get_vocab_size()
+    policy_vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
+    if policy_vocab != engine_vocab:
+        raise ProxrlError(
+            f"sampler: vllm: the policy's vocabulary ({policy_vocab}) differs from the saved "
+            f"model's ({engine_vocab}): the tokenizer added tokens; save the resized model and "
+            "start from it"
+        )
     started = time.perf_counter()
     if id(engine) in _ASLEEP:
         engine.wake_up()
