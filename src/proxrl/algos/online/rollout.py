@@ -28,6 +28,7 @@ from proxrl.rollout.generation import (
 )
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
 
 
 def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[int]:
@@ -64,6 +65,9 @@ def rollout_engine(cfg: OnlineConfig) -> Any:
     if cfg.sampler != "vllm":
         return None
     from proxrl.rollout.vllm_sampler import start_engine
+
+    if dist.world_size() > 1:
+        raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
 
     return start_engine(engine_options(cfg))
 
