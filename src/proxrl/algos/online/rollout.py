@@ -50,7 +50,7 @@ def engine_options(cfg: OnlineConfig) -> Any:
 
     return EngineOptions(
         model=cfg.model,
-        dtype="auto" if cfg.dtype == "auto" else cfg.dtype,
+        dtype=cfg.dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         max_model_length=cfg.vllm_max_model_length,
         tensor_parallel_size=cfg.vllm_tensor_parallel_size,
@@ -68,7 +68,6 @@ def rollout_engine(cfg: OnlineConfig) -> Any:
 
     if dist.world_size() > 1:
         raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
-
     return start_engine(engine_options(cfg))
 
 
