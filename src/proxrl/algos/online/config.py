@@ -146,9 +146,20 @@ class OnlineConfig(ModelRunConfig):
     sample_every: Annotated[int, Range(ge=0)] = 10
     """Write sampled prompts, completions and scores to samples.jsonl every N iterations (0:
     never)."""
-    sampler: Literal["cached", "hf"] = "cached"
+    sampler: Literal["cached", "hf", "vllm"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
-    with stop_strings)."""
+    with stop_strings); vllm: a vLLM engine in this process (pip install -e .[vllm])."""
+    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.3
+    """sampler vllm: share of the GPU's memory the engine takes for weights and KV cache (on a
+    CPU: share of the RAM for its KV cache)."""
+    vllm_max_model_length: Annotated[int | None, Range(ge=1)] = None
+    """sampler vllm: longest prompt + response the engine holds, in tokens (None: the model's)."""
+    vllm_tensor_parallel_size: Annotated[int, Range(ge=1)] = 1
+    """sampler vllm: GPUs the engine shards the model over (1 on a CPU)."""
+    vllm_enforce_eager: bool = True
+    """sampler vllm: skip CUDA graphs / torch.compile (a faster start, slower steps on a GPU)."""
+    vllm_enable_prefix_caching: bool = True
+    """sampler vllm: reuse the KV cache of a shared prompt (a GRPO group's) across requests."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
@@ -227,7 +238,14 @@ class OnlineConfig(ModelRunConfig):
                 f"grad_accum: {self.grad_accum} does not divide "
                 f"mini_batch_size {self.mini_batch_size}"
             )
-        if self.compile_sampler and (self.sampler == "hf" or self.stop_strings):
+        if self.sampler == "vllm":
+            from proxrl.rollout.vllm_sampler import INSTALL, vllm_available
+
+            if not vllm_available():
+                raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
+            if self.stop_strings:
+                raise ProxrlError("stop_strings: sampler vllm sees token ids only; use sampler hf")
+        if self.compile_sampler and (self.sampler != "cached" or self.stop_strings):
             raise ProxrlError(
                 "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"
             )

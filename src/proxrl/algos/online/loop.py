@@ -24,6 +24,7 @@ from proxrl.algos.online.rollout import (
     DynamicBatch,
     collect_rollout,
     prompt_order,
+    rollout_engine,
     without_truncated,
 )
 from proxrl.algos.online.update import NAMESPACES, update
@@ -32,6 +33,7 @@ from proxrl.data.formats import PromptExample
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.rewards import WeightedRewards
+from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
@@ -143,6 +145,12 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             truncate_samples(output_dir, start)
         log.info("resumed from %s at iteration %d", restored.path, start)
 
+    # An engine with its own copy of the weights (sampler: vllm) starts once, outside the
+    # iterations, and gets the policy's weights now (a resumed run's differ from the model's).
+    engine = rollout_engine(cfg)
+    if engine is not None:
+        sync_weights(engine, models.actor)
+
     # 4. Iterate.
     last: dict[str, float] = {}
     bar_on = cfg.progress and dist.is_main()
@@ -211,6 +219,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             # 4b. Update: the critic alone during warm-up, then both. A rollout with a non-finite
             # score, reward or advantage is skipped whole.
             models.actor.train()
+            if engine is not None:
+                release_memory(engine)  # on a GPU the engine sleeps through the update
             started_update = time.perf_counter()
             train_policy = iteration >= models.critic.warmup_iterations
             stats: dict[str, float] = {}
@@ -228,6 +238,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                     iteration + 1,
                 )
             timings["time/update_s"] = time.perf_counter() - started_update
+            if engine is not None:
+                timings["time/weight_sync_s"] = sync_weights(engine, models.actor)
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
             if rollout_ok:

@@ -31,9 +31,16 @@ from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
-from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings, stopped
+from proxrl.rollout.generation import (
+    CachedSampler,
+    HFSampler,
+    Sampler,
+    SamplingSettings,
+    stopped,
+)
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
 
 
 def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[int]:
@@ -66,12 +73,49 @@ CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torc
 """``rollout_correction`` → (log π_old − log π_sampler, mask, config) → (B, T) weights."""
 
 
-def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> HFSampler | CachedSampler:
-    """``generate`` when asked for or when stop strings need its text matching, else the lean
-    loop."""
-    if cfg.sampler == "hf" or cfg.stop_strings:
-        return HFSampler(model, tokenizer)
-    return CachedSampler(model, tokenizer, compile_step=cfg.compile_sampler)
+def engine_options(cfg: OnlineConfig) -> Any:
+    from proxrl.rollout.vllm_sampler import EngineOptions
+
+    return EngineOptions(
+        model=cfg.model,
+        dtype=cfg.dtype,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_length=cfg.vllm_max_model_length,
+        tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+        enforce_eager=cfg.vllm_enforce_eager,
+        enable_prefix_caching=cfg.vllm_enable_prefix_caching,
+    )
+
+
+def rollout_engine(cfg: OnlineConfig) -> Any:
+    """The run's inference engine when the sampler keeps its own copy of the weights (vllm),
+    started here once; None for the samplers that read the policy itself."""
+    if cfg.sampler != "vllm":
+        return None
+    from proxrl.rollout.vllm_sampler import start_engine
+
+    if dist.world_size() > 1:
+        raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
+    return start_engine(engine_options(cfg))
+
+
+def _vllm(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
+    from proxrl.rollout.vllm_sampler import VLLMSampler
+
+    return VLLMSampler(rollout_engine(cfg), tokenizer)
+
+
+SAMPLERS: dict[str, Any] = {
+    "cached": lambda cfg, model, tok: CachedSampler(model, tok, compile_step=cfg.compile_sampler),
+    "hf": lambda cfg, model, tok: HFSampler(model, tok),
+    "vllm": _vllm,
+}
+
+
+def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
+    """The sampler ``cfg.sampler`` names; ``generate`` whenever stop strings need its text
+    matching."""
+    return SAMPLERS["hf" if cfg.stop_strings else cfg.sampler](cfg, model, tokenizer)
 
 
 @torch.no_grad()
@@ -172,7 +216,11 @@ def collect_rollout(
         hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
-            entropy.append(samples.entropy[rows])  # type: ignore[index]
+            entropy.append(  # NaN when the sampler cannot give it (vllm): logged, never used
+                samples.entropy[rows]
+                if samples.entropy is not None
+                else torch.full_like(logprobs[-1], float("nan"))
+            )
         else:
             out = policy_forward(
                 actor,
