@@ -14,8 +14,9 @@ from dapo_rewards import WORDS, replay_dynamic_sampling
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout, prompt_order, without_truncated
+from proxrl.algos.online.rollout import collect_rollout, prompt_order
 from proxrl.algos.online.update import _minibatch_loss
 from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped

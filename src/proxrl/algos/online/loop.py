@@ -19,20 +19,13 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
-from proxrl.algos.online.rollout import (
-    DynamicBatch,
-    collect_rollout,
-    prompt_order,
-    rollout_engine,
-    without_truncated,
-)
+from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_engine
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample
-from proxrl.rollout.experience import Experience
 from proxrl.rollout.generation import CachedSampler, static_cache
-from proxrl.rollout.rewards import WeightedRewards
 from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
@@ -296,64 +289,6 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     dist.barrier()
     logger.close()
     return last
-
-
-def dynamic_rollout(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    rewards: WeightedRewards,
-    prompts: list[PromptExample],
-    prompt_ids: list[list[int]],
-    kl_coef: float,
-    timings: dict[str, float],
-    draw: int,
-) -> tuple[Experience, list[str], list[int], dict[str, float]]:
-    """DAPO's dynamic sampling: rounds of ``rollout_batch_size`` prompts (the ``draw``-th batch
-    of the data order, then the next ones) until ``rollout_batch_size`` groups with unequal
-    scores are kept, or ``max_sampling_rounds`` rounds ran. Returns the batch (advantages
-    estimated over it), its completions, each row's prompt index, and the metrics: those of
-    the rollouts averaged over the rounds, plus ``sampling/rounds``, ``sampling/dropped_groups``
-    and ``sampling/filled_groups``.
-
-    Several processes: each round is gathered before the filter, so every rank drops the same
-    groups (a group is whole on the rank that sampled it) and runs the same number of rounds."""
-    world = dist.world_size()
-    found = DynamicBatch(cfg.group_size, cfg.rollout_batch_size)
-    completions: list[str] = []
-    labels: list[int] = []  # the prompt index of every row sampled this iteration
-    round_rows: list[dict[str, float]] = []
-    while not found.full and found.rounds < cfg.max_sampling_rounds:
-        order = prompt_order(len(prompts), cfg.rollout_batch_size, draw + found.rounds, cfg.seed)
-        local = dist.shard(order)
-        order = [i for r in range(world) for i in order[r::world] for _ in range(cfg.group_size)]
-        round_timings: dict[str, float] = {}
-        with cfg.autocast():
-            experience, texts, metrics = collect_rollout(
-                cfg,
-                algo,
-                models,
-                rewards,
-                [prompts[i] for i in local],
-                [prompt_ids[i] for i in local],
-                kl_coef,
-                round_timings,
-            )
-        for key, value in round_timings.items():
-            timings[key] = timings.get(key, 0.0) + value
-        found.add(experience, list(range(len(labels), len(labels) + len(order))))
-        completions += texts
-        labels += order
-        round_rows.append(metrics)
-    experience, rows, filled = found.batch(models.tokenizer.pad_token_id)
-    experience.rewards, experience.advantages, experience.returns = algo.estimate(
-        experience, kl_coef
-    )
-    row = {key: sum(r[key] for r in round_rows) / len(round_rows) for key in round_rows[0]}
-    row["sampling/rounds"] = float(found.rounds)
-    row["sampling/dropped_groups"] = float(found.dropped_groups)
-    row["sampling/filled_groups"] = float(filled)
-    return experience, [completions[i] for i in rows], [labels[i] for i in rows], row
 
 
 def truncate_samples(output_dir: Path, iteration: int) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +17,6 @@ from proxrl.algos.online.roles import Models
 from proxrl.core import (
     correction_stats,
     icepop_weights,
-    informative_groups,
     masked_mean,
     mis_weights,
     overlong_penalty,
@@ -322,7 +321,7 @@ def collect_rollout(
     return experience, completions, metrics
 
 
-def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+def pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
     extra = width - x.shape[1]
     if extra == 0:
         return x
@@ -362,12 +361,12 @@ def gather_rollout(
         for p in parts:
             x = p["experience"][name]
             if name in ("prompt_ids", "prompt_mask"):
-                x = _pad_to(x, P, pad_id if name == "prompt_ids" else 0, left=True)
+                x = pad_to(x, P, pad_id if name == "prompt_ids" else 0, left=True)
             elif x.dim() == 2:
-                x = _pad_to(x, T, pad_id if name == "response_ids" else 0, left=False)
+                x = pad_to(x, T, pad_id if name == "response_ids" else 0, left=False)
             rows.append(x)
         columns[name] = torch.cat(rows).to(device)
-    entropy_all = torch.cat([_pad_to(p["entropy"], T, 0.0, left=False) for p in parts]).to(device)
+    entropy_all = torch.cat([pad_to(p["entropy"], T, 0.0, left=False) for p in parts]).to(device)
     return (
         replace(experience, **columns),
         torch.cat([p["raw_scores"] for p in parts]),
@@ -375,104 +374,3 @@ def gather_rollout(
         entropy_all,
         [c for p in parts for c in p["completions"]],
     )
-
-
-# ---------------------------------------------------------------- DAPO: dynamic sampling and
-# truncated responses. Rollouts of several sampling rounds are joined, their constant groups
-# dropped and the batch cut to rollout_batch_size groups; advantages are then estimated again
-# over the batch that is trained on (whitening and batch baselines see only that batch).
-
-
-def concat_rollouts(parts: list[Experience], pad_id: int) -> Experience:
-    """The rows of ``parts`` one after the other, prompts re-padded on the left and responses on
-    the right to the widest part's (B, P) and (B, T)."""
-    if len(parts) == 1:
-        return parts[0]
-    P = max(e.prompt_ids.shape[1] for e in parts)
-    T = max(e.response_ids.shape[1] for e in parts)
-    columns: dict[str, Any] = {}
-    for name, first in parts[0].tensors().items():
-        if first is None:
-            columns[name] = None
-            continue
-        rows = []
-        for e in parts:
-            x = getattr(e, name)
-            if name in ("prompt_ids", "prompt_mask"):
-                x = _pad_to(x, P, pad_id if name == "prompt_ids" else 0, left=True)
-            elif x.dim() == 2:
-                x = _pad_to(x, T, pad_id if name == "response_ids" else 0, left=False)
-            rows.append(x)
-        columns[name] = torch.cat(rows)
-    return replace(parts[0], **columns)
-
-
-@dataclass
-class DynamicBatch:
-    """The groups a dynamic-sampling iteration keeps, as they arrive round by round."""
-
-    group_size: int
-    groups_wanted: int
-    kept: list[Experience] = field(default_factory=list)
-    kept_rows: list[list[int]] = field(default_factory=list)
-    dropped: list[Experience] = field(default_factory=list)
-    dropped_rows: list[list[int]] = field(default_factory=list)
-    rounds: int = 0
-    dropped_groups: int = 0
-
-    @property
-    def groups_kept(self) -> int:
-        return sum(len(e) for e in self.kept) // self.group_size
-
-    @property
-    def full(self) -> bool:
-        return self.groups_kept >= self.groups_wanted
-
-    def add(self, experience: Experience, rows: list[int]) -> None:
-        """One round's rollout; ``rows[i]`` labels row i (the caller's prompt index)."""
-        self.rounds += 1
-        useful = informative_groups(experience.scores, self.group_size)
-        self.dropped_groups += int((~useful).sum())
-        keep = useful.repeat_interleave(self.group_size).cpu()
-        for flag, into, labels in (
-            (keep, self.kept, self.kept_rows),
-            (~keep, self.dropped, self.dropped_rows),
-        ):
-            index = flag.nonzero().squeeze(1)
-            if len(index):
-                into.append(_rows(experience, index))
-                labels.append([rows[i] for i in index.tolist()])
-
-    def batch(self, pad_id: int) -> tuple[Experience, list[int], int]:
-        """rollout_batch_size groups: the first informative ones, then (after the last round)
-        dropped ones to fill what is missing. Returns the batch, its row labels and how many
-        groups were filled in."""
-        want = self.groups_wanted * self.group_size
-        parts, labels = list(self.kept), [r for rows in self.kept_rows for r in rows]
-        filled = max(0, want - len(labels)) // self.group_size
-        if filled:
-            parts += self.dropped
-            labels += [r for rows in self.dropped_rows for r in rows]
-        joined = concat_rollouts(parts, pad_id)
-        return _rows(joined, torch.arange(want)), labels[:want], filled
-
-
-def _rows(experience: Experience, index: torch.Tensor) -> Experience:
-    """Rows ``index`` of every field, untrimmed (``Experience.select`` trims for the update)."""
-    return replace(
-        experience,
-        **{
-            name: None if x is None else x[index.to(x.device)]
-            for name, x in experience.tensors().items()
-        },
-    )
-
-
-def without_truncated(experience: Experience) -> Experience:
-    """``mask_truncated``: the responses that hit max_new_tokens lose their response mask, so
-    every loss term (and every average in it) leaves them out. Call after the advantages are
-    estimated: the estimators read the score at a response's last token."""
-    if experience.truncated is None:
-        raise ValueError("mask_truncated: the rollout did not record which responses were cut")
-    keep = (~experience.truncated).to(experience.response_mask.dtype).unsqueeze(1)
-    return replace(experience, response_mask=experience.response_mask * keep)
