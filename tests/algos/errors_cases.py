@@ -957,6 +957,10 @@ def render() -> str:
         "heads) | `proxrl ppo: error: sampler: vllm's CPU attention does not support head_dim 16 "
         "(hidden_size 64 / 4 heads); it supports 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, "
         "512: use another head count or sampler: cached` |",
+        "| `demo --sampler vllm` at the demo's default 4 heads (checked before any stage) | "
+        "`proxrl demo: error: sampler: vllm's CPU attention does not support head_dim 16 "
+        "(hidden_size 64 / num_heads 4); it supports 32, 64, 80, 96, 112, 128, 160, 192, 224, "
+        "256, 512: pick num_heads to match (--num-heads 2 at hidden_size 64) or sampler cached` |",
         "| `--vllm-max-model-length 999` beyond the model's 256 positions | `proxrl ppo: error: "
         "vllm_max_model_length: 999 is beyond the model's max_position_embeddings 256` |",
         "| `--vllm-gpu-memory-utilization 1.0` on a machine without that much free | `proxrl ppo: "

@@ -243,6 +243,10 @@ def test_demo_hidden_size_must_split_into_its_attention_heads():
         "hidden_size: expected a multiple of 8 (4 attention heads of an even width), got 12"
     )
     Config(hidden_size=16).validate()
+    assert _refused(Config(hidden_size=64, num_heads=3)) == (
+        "hidden_size: expected a multiple of 6 (3 attention heads of an even width), got 64"
+    )
+    Config(hidden_size=64, num_heads=2).validate()
 
 
 def test_configs_outside_runconfig_check_their_ranges_in_validate():

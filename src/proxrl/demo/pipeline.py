@@ -41,7 +41,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -107,8 +107,11 @@ class Config:
     """Held-out prompts every policy is evaluated on."""
     eval_samples: Annotated[int, Range(ge=1)] = 4
     """Responses sampled per held-out prompt."""
-    hidden_size: Annotated[int, Range(ge=8)] = 64
-    """Width of the tiny Llama."""
+    hidden_size: Annotated[int, Range(ge=2)] = 64
+    """Width of the tiny Llama (a multiple of 2 × num_heads)."""
+    num_heads: Annotated[int, Range(ge=1)] = 4
+    """Attention heads of the tiny Llama (sampler vllm on a CPU needs a head width its attention
+    supports, 32, 64, 80, ...: 2 heads at hidden_size 64)."""
     num_layers: Annotated[int, Range(ge=1)] = 2
     """Transformer blocks of the tiny Llama."""
     sft_epochs: Annotated[int, Range(ge=1)] = 3
@@ -144,6 +147,8 @@ class Config:
     """Longest response in tokens (a correct one is 1 token + EOS)."""
     temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature of rollouts and evaluation."""
+    sampler: Literal["cached", "hf", "vllm"] = "cached"
+    """Sampler of the three RL runs' rollouts (as ppo's and grpo's sampler)."""
     threads: Annotated[int, Range(ge=0)] = 1
     """torch CPU threads (0: torch's default; one is fastest for a model this small)."""
     progress: bool = True
@@ -151,10 +156,27 @@ class Config:
 
     def validate(self) -> None:
         check_ranges(self)
-        if self.hidden_size % 8:
+        if self.hidden_size % (2 * self.num_heads):
             raise ProxrlError(
-                f"hidden_size: expected a multiple of 8 (4 attention heads of an even width), "
-                f"got {self.hidden_size}"
+                f"hidden_size: expected a multiple of {2 * self.num_heads} ({self.num_heads} "
+                f"attention heads of an even width), got {self.hidden_size}"
+            )
+        if self.sampler == "vllm":
+            self.check_vllm()
+
+    def check_vllm(self) -> None:
+        """What the RL stages' engine would refuse, before any stage trains."""
+        from proxrl.rollout.vllm_sampler import CPU_HEAD_DIMS, INSTALL, vllm_available
+
+        if not vllm_available():
+            raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
+        head_dim = self.hidden_size // self.num_heads
+        if not torch.cuda.is_available() and head_dim not in CPU_HEAD_DIMS:
+            raise ProxrlError(
+                f"sampler: vllm's CPU attention does not support head_dim {head_dim} "
+                f"(hidden_size {self.hidden_size} / num_heads {self.num_heads}); it supports "
+                f"{', '.join(map(str, CPU_HEAD_DIMS))}: pick num_heads to match "
+                f"(--num-heads 2 at hidden_size 64) or sampler cached"
             )
 
 
@@ -265,6 +287,7 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
         learning_rate=cfg.rl_learning_rate,
         ppo_epochs=cfg.ppo_epochs,
         seed=cfg.seed,
+        sampler=cfg.sampler,
         sample_every=max(1, cfg.rl_iterations // 4),
         progress=cfg.progress,
         save_every=max(1, cfg.rl_iterations // 4),  # a killed stage resumes from the last quarter
@@ -308,6 +331,7 @@ def train(cfg: Config) -> dict[str, Any]:
             task.tokenizer_corpus(),
             hidden_size=cfg.hidden_size,
             num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
             vocab_size=300,
             max_positions=64,
             seed=cfg.seed,
