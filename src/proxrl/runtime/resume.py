@@ -41,9 +41,7 @@ RESUME_FREE = frozenset(
         "overwrite",
         "resume_with_changes",  # how this invocation treats the directory
         "output_dir",  # a run directory may be moved or copied and resumed there
-        "progress",
-        "debug",
-        "quiet",  # what is shown
+        "progress",  # what is shown (--debug and --quiet are the CLI's, not a config's)
         "stop_at_step",  # classic: where this session stops, not what a step does
         "save_every",
         "keep_checkpoints",
