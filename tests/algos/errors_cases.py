@@ -106,6 +106,8 @@ FILES: dict[str, str | bytes] = {
     "configs/lr_list.yaml": "learning_rate: [1, 2]\n",
     "configs/lr_exponent.yaml": "learning_rate: -1e-5\n",
     "models/empty/README": "no config here\n",
+    "models/orphan_adapter/adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": '
+    '"models/gone"}\n',
     "runs/done/metrics.jsonl": '{"step": 1, "train/loss": 1.0}\n',
     "runs/done/.proxrl-run": "",
     "runs/no_ckpt/.proxrl-run": "",
@@ -303,6 +305,12 @@ CASES: list[Case] = [
         "dpo: missing ref_model",
         (*PAIRS_DPO, "--ref-model", "models/nope"),
         "proxrl dpo: error: ref_model: model path 'models/nope' does not exist (or is not a directory)",
+    ),
+    Case(
+        "a LoRA adapter whose base model is missing",
+        ("sft", "--model", "models/orphan_adapter", "--data", "sft.jsonl", "--output-dir", "r"),
+        "proxrl sft: error: model 'models/orphan_adapter' is a LoRA adapter on 'models/gone': "
+        "model path 'models/gone' does not exist (or is not a directory)",
     ),
     Case(
         "rm: negative center_coef",
