@@ -307,12 +307,6 @@ CASES: list[Case] = [
         "proxrl dpo: error: ref_model: model path 'models/nope' does not exist (or is not a directory)",
     ),
     Case(
-        "a LoRA adapter whose base model is missing",
-        ("sft", "--model", "models/orphan_adapter", "--data", "sft.jsonl", "--output-dir", "r"),
-        "proxrl sft: error: model 'models/orphan_adapter' is a LoRA adapter on 'models/gone': "
-        "model path 'models/gone' does not exist (or is not a directory)",
-    ),
-    Case(
         "rm: negative center_coef",
         (*PAIRS_RM, "--center-coef", "-1"),
         "proxrl rm: error: center_coef: expected >= 0, got -1.0",
@@ -918,6 +912,20 @@ CASES: list[Case] = [
         "ppo: critic_model directory with no critic",
         (*PPO, "--reward-fn", "os:getcwd", "--critic-model", "models/empty"),
         "proxrl ppo: error: critic_model: models/empty holds no critic (no critic/, no config.json)",
+    ),
+    Case(
+        "a LoRA adapter whose base model is missing",
+        (
+            "sft",
+            "--model",
+            "models/orphan_adapter",
+            "--data",
+            "sft.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl sft: error: model 'models/orphan_adapter' is a LoRA adapter on 'models/gone': "
+        "model path 'models/gone' does not exist (or is not a directory)",
     ),
 ]
 
