@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
@@ -119,9 +120,10 @@ def merged_weights(
     """The model's weights under the base model's checkpoint names; under LoRA each adapted
     weight is W + ΔW (peft's ``get_delta_weight``) and a head saved in full is its trained copy,
     computed into new tensors (moved to ``merged_to`` when given) so the trained model itself is
-    never merged and unmerged (which would round its weights)."""
+    never merged and unmerged (which would round its weights). Each ΔW is computed when its
+    weight is reached: at most one extra weight at a time on the model's device."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
-    deltas: dict[str, Tensor] = {}
+    adapted: dict[str, nn.Module] = {}  # "model.layers.0.self_attn.q_proj" → its LoRA layer
     copies: dict[str, str] = {}  # "score.modules_to_save.default." → "score."
     skipped: list[str] = []  # "score.original_module."
     for name, module in base.named_modules():
@@ -130,10 +132,7 @@ def merged_weights(
             copies[f"{name}.modules_to_save.{active}."] = f"{name}."
             skipped.append(f"{name}.")
         elif hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            for adapter in module.active_adapters:
-                if adapter in getattr(module, "lora_A", {}):
-                    delta = module.get_delta_weight(adapter)
-                    deltas[name] = deltas[name] + delta if name in deltas else delta
+            adapted[name] = module
     for name, tensor in base.state_dict().items():
         copy = next((prefix for prefix in copies if name.startswith(prefix)), None)
         if copy is not None:
@@ -143,8 +142,11 @@ def merged_weights(
             continue
         name = name.replace(".base_layer", "")
         owner = name.rsplit(".", 1)[0]
-        if name.endswith(".weight") and owner in deltas:
-            tensor = tensor + deltas[owner].to(tensor.dtype)
+        if name.endswith(".weight") and owner in adapted:
+            layer: Any = adapted[owner]
+            for adapter in layer.active_adapters:
+                if adapter in getattr(layer, "lora_A", {}):
+                    tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
             if merged_to is not None:
                 tensor = tensor.to(merged_to)
         yield name, tensor.detach()
