@@ -108,6 +108,8 @@ FILES: dict[str, str | bytes] = {
     "models/empty/README": "no config here\n",
     "models/orphan_adapter/adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": '
     '"models/gone"}\n',
+    "models/weightless_adapter/adapter_config.json": '{"peft_type": "LORA", '
+    '"base_model_name_or_path": "model"}\n',
     "runs/done/metrics.jsonl": '{"step": 1, "train/loss": 1.0}\n',
     "runs/done/.proxrl-run": "",
     "runs/no_ckpt/.proxrl-run": "",
@@ -926,6 +928,20 @@ CASES: list[Case] = [
         ),
         "proxrl sft: error: model 'models/orphan_adapter' is a LoRA adapter on 'models/gone': "
         "model path 'models/gone' does not exist (or is not a directory)",
+    ),
+    Case(
+        "a LoRA adapter directory without its weights",
+        (
+            "dpo",
+            "--model",
+            "models/weightless_adapter",
+            "--data",
+            "pairs.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl dpo: error: model 'models/weightless_adapter' holds adapter_config.json but no "
+        "adapter weights (adapter_model.safetensors or adapter_model.bin)",
     ),
 ]
 

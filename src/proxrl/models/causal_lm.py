@@ -54,10 +54,10 @@ def from_pretrained_kwargs(
 
 
 def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A local
-    directory that holds a LoRA adapter loads as its base with the adapter merged in
-    (``models.lora``); with ``output_loading_info`` the head the adapter saves in full is not
-    reported missing."""
+    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A
+    directory or hub repository that holds a LoRA adapter loads as its base with the adapter
+    merged in (``models.lora``); with ``output_loading_info`` the head the adapter saves in full
+    is not reported missing."""
     check_model_source(name_or_path)
     path = os.path.expanduser(name_or_path)
     base = adapter_base(path)
@@ -70,8 +70,11 @@ def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
         raise ProxrlError(f"cannot load a model from '{name_or_path}': {first_line}") from exc
 
 
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
 def load_adapted(auto_class: Any, name_or_path: str, base: str, **kwargs: Any) -> Any:
-    """The adapter in directory ``name_or_path`` merged into its ``base`` (loaded as
+    """The adapter in ``name_or_path`` merged into its ``base`` (loaded as
     ``load_pretrained`` loads any model)."""
     path = os.path.expanduser(name_or_path)
     if not base:
@@ -79,12 +82,23 @@ def load_adapted(auto_class: Any, name_or_path: str, base: str, **kwargs: Any) -
             f"model '{name_or_path}' holds a LoRA adapter that names no base model "
             "(base_model_name_or_path in adapter_config.json)"
         )
+    weights = [os.path.join(path, name) for name in ADAPTER_WEIGHTS]
+    if os.path.isdir(path) and not any(os.path.isfile(w) for w in weights):
+        raise ProxrlError(
+            f"model '{name_or_path}' holds adapter_config.json but no adapter weights "
+            f"({' or '.join(ADAPTER_WEIGHTS)})"
+        )
     try:
         loaded = load_pretrained(auto_class, base, **kwargs)
     except ProxrlError as exc:
         raise ProxrlError(f"model '{name_or_path}' is a LoRA adapter on '{base}': {exc}") from exc
     model, info = loaded if kwargs.get("output_loading_info") else (loaded, None)
-    model = merge_adapter(model, path)
+    try:
+        model = merge_adapter(model, path)
+    except (OSError, ValueError, RuntimeError) as exc:  # shapes of another base, a bad file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = f"cannot load the LoRA adapter in '{name_or_path}': {first_line}"
+        raise ProxrlError(message) from exc
     if info is None:
         return model
     heads = adapter_head_modules(path)

@@ -1,5 +1,5 @@
 """LoRA through ``peft``: wrap a model, read back only what trains, run the frozen base, load a
-model directory that holds an adapter, and save a LoRA-trained model.
+model directory (or hub repository) that holds an adapter, and save a LoRA-trained model.
 
 One layout for every LoRA run (sft, rm, dpo, ppo, grpo): the output directory holds the
 *merged* model (W + ΔW, a plain transformers model that ``from_pretrained(output_dir)`` loads
@@ -27,6 +27,7 @@ from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
 from transformers import PreTrainedModel
+from transformers.utils import find_adapter_config_file
 
 from proxrl.runtime.checkpointer import TrainableWeights
 
@@ -76,19 +77,37 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
 # Loading a directory that holds an adapter
 
 
-def adapter_base(path: str) -> str | None:
-    """The base model of the peft adapter in local directory ``path``
-    (``base_model_name_or_path``), or None when ``path`` holds no adapter."""
-    config = os.path.join(path, ADAPTER_CONFIG)
-    if not os.path.isfile(config):
+def adapter_config(name_or_path: str) -> dict[str, Any] | None:
+    """The ``adapter_config.json`` of a local directory or hub repository that holds a peft
+    adapter (found as transformers finds it), or None."""
+    if os.path.isdir(name_or_path):
+        local = os.path.join(name_or_path, ADAPTER_CONFIG)
+        found = local if os.path.isfile(local) else None
+    else:
+        try:
+            found = find_adapter_config_file(name_or_path)
+        except (OSError, ValueError):
+            found = None  # the model loader reports what is wrong with the id
+    if found is None:
         return None
-    base = json.loads(Path(config).read_text()).get("base_model_name_or_path")
+    config = json.loads(Path(found).read_text())
+    return config if isinstance(config, dict) else None
+
+
+def adapter_base(name_or_path: str) -> str | None:
+    """The base model of the peft adapter in ``name_or_path`` (``base_model_name_or_path``;
+    "" when it names none), or None when ``name_or_path`` holds no adapter."""
+    config = adapter_config(name_or_path)
+    if config is None:
+        return None
+    base = config.get("base_model_name_or_path")
     return str(base) if base else ""
 
 
 def merge_adapter(model: PreTrainedModel, path: str) -> PreTrainedModel:
-    """``model`` (the adapter's base) with the adapter in ``path`` merged into its weights:
-    a plain transformers model whose every weight trains again (peft froze them to load)."""
+    """``model`` (the adapter's base) with the adapter in ``path`` (a directory or hub id)
+    merged into its weights: a plain transformers model whose every weight trains again (peft
+    froze them to load)."""
     # peft's plain wrapper, whatever task the adapter was trained for: a causal-LM adapter
     # merges into a reward or value model's body as well (the task's wrappers would call
     # methods such a model lacks).
@@ -103,10 +122,10 @@ def merge_adapter(model: PreTrainedModel, path: str) -> PreTrainedModel:
     return merged
 
 
-def adapter_head_modules(path: str) -> list[str]:
-    """The modules the adapter in ``path`` saves in full (``modules_to_save``: a reward or value
-    head trained with the LoRA); they are not missing from the merged model."""
-    config = json.loads(Path(path, ADAPTER_CONFIG).read_text())
+def adapter_head_modules(name_or_path: str) -> list[str]:
+    """The modules the adapter in ``name_or_path`` saves in full (``modules_to_save``: a reward
+    or value head trained with the LoRA); they are not missing from the merged model."""
+    config = adapter_config(name_or_path) or {}
     return list(config.get("modules_to_save") or [])
 
 

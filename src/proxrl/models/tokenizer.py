@@ -132,7 +132,7 @@ def load_tokenizer(
     ``resize_for_tokenizer``."""
     check_model_source(name_or_path)
     path = os.path.expanduser(name_or_path)
-    base = adapter_base(path)
+    base = adapter_base(path) if os.path.isdir(path) else None
     if base and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         try:  # an adapter saved without its tokenizer uses its base's
             return load_tokenizer(base, trust_remote_code=trust_remote_code, revision=revision)
