@@ -119,3 +119,23 @@ def test_save_model_writes_the_merged_model_and_the_adapter_and_leaves_the_model
         torch.testing.assert_close(
             stacked(input_ids=IDS, attention_mask=MASK).logits, expected, rtol=0, atol=2e-5
         )
+
+
+def test_save_model_keeps_tied_embeddings_tied(tiny_lm, tmp_path):
+    """A model whose output head shares the input embedding saves under LoRA as one that still
+    shares it, and gives the trained model's outputs."""
+    tied = load_causal_lm(tiny_lm)
+    tied.config.tie_word_embeddings = True
+    tied.lm_head.weight = tied.model.embed_tokens.weight
+    tied.save_pretrained(tmp_path / "tied")
+    load_tokenizer(tiny_lm).save_pretrained(tmp_path / "tied")
+    adapted = _trained_lora(str(tmp_path / "tied"))
+    with torch.no_grad():
+        expected = adapted(IDS).logits
+
+    save_model(adapted, tmp_path / "out")
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert merged.lm_head.weight.data_ptr() == merged.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(IDS).logits, expected, rtol=0, atol=2e-5)

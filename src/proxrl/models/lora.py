@@ -133,14 +133,12 @@ def adapter_head_modules(name_or_path: str) -> list[str]:
 # Saving
 
 
-def merged_weights(
-    model: nn.Module, merged_to: torch.device | None = None
-) -> Iterator[tuple[str, Tensor]]:
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """The model's weights under the base model's checkpoint names; under LoRA each adapted
     weight is W + ΔW (peft's ``get_delta_weight``) and a head saved in full is its trained copy,
-    computed into new tensors (moved to ``merged_to`` when given) so the trained model itself is
-    never merged and unmerged (which would round its weights). Each ΔW is computed when its
-    weight is reached: at most one extra weight at a time on the model's device."""
+    computed into new tensors so the trained model itself is never merged and unmerged (which
+    would round its weights). Each ΔW is computed when its weight is reached: at most one extra
+    weight at a time on the model's device."""
     base = model.get_base_model() if isinstance(model, PeftModel) else model
     adapted: dict[str, nn.Module] = {}  # "model.layers.0.self_attn.q_proj" → its LoRA layer
     copies: dict[str, str] = {}  # "score.modules_to_save.default." → "score."
@@ -166,8 +164,6 @@ def merged_weights(
             for adapter in layer.active_adapters:
                 if adapter in getattr(layer, "lora_A", {}):
                     tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
-            if merged_to is not None:
-                tensor = tensor.to(merged_to)
         yield name, tensor.detach()
 
 
@@ -179,6 +175,6 @@ def save_model(model: nn.Module, output_dir: str | Path) -> None:
         model.save_pretrained(output_dir)
         return
     model.save_pretrained(output_dir / ADAPTER_SUBDIR)
-    with torch.no_grad():
-        state = dict(merged_weights(model, merged_to=torch.device("cpu")))
+    with torch.no_grad():  # each weight to the CPU as it is made: one extra on the accelerator
+        state = {name: tensor.cpu() for name, tensor in merged_weights(model)}
     model.get_base_model().save_pretrained(output_dir, state_dict=state)
