@@ -27,7 +27,7 @@ from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
 from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
 from transformers import PreTrainedModel
-from transformers.utils import find_adapter_config_file
+from transformers.utils.peft_utils import find_adapter_config_file
 
 from proxrl.runtime.checkpointer import TrainableWeights
 
@@ -174,7 +174,7 @@ def save_model(model: nn.Module, output_dir: str | Path) -> None:
     if not isinstance(model, PeftModel):
         model.save_pretrained(output_dir)
         return
-    model.save_pretrained(output_dir / ADAPTER_SUBDIR)
+    model.save_pretrained(str(output_dir / ADAPTER_SUBDIR))
     with torch.no_grad():  # each weight to the CPU as it is made: one extra on the accelerator
         state = {name: tensor.cpu() for name, tensor in merged_weights(model)}
     model.get_base_model().save_pretrained(output_dir, state_dict=state)
