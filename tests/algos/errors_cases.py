@@ -106,6 +106,10 @@ FILES: dict[str, str | bytes] = {
     "configs/lr_list.yaml": "learning_rate: [1, 2]\n",
     "configs/lr_exponent.yaml": "learning_rate: -1e-5\n",
     "models/empty/README": "no config here\n",
+    "models/orphan_adapter/adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": '
+    '"models/gone"}\n',
+    "models/weightless_adapter/adapter_config.json": '{"peft_type": "LORA", '
+    '"base_model_name_or_path": "model"}\n',
     "runs/done/metrics.jsonl": '{"step": 1, "train/loss": 1.0}\n',
     "runs/done/.proxrl-run": "",
     "runs/no_ckpt/.proxrl-run": "",
@@ -910,6 +914,34 @@ CASES: list[Case] = [
         "ppo: critic_model directory with no critic",
         (*PPO, "--reward-fn", "os:getcwd", "--critic-model", "models/empty"),
         "proxrl ppo: error: critic_model: models/empty holds no critic (no critic/, no config.json)",
+    ),
+    Case(
+        "a LoRA adapter whose base model is missing",
+        (
+            "sft",
+            "--model",
+            "models/orphan_adapter",
+            "--data",
+            "sft.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl sft: error: model 'models/orphan_adapter' is a LoRA adapter on 'models/gone': "
+        "model path 'models/gone' does not exist (or is not a directory)",
+    ),
+    Case(
+        "a LoRA adapter directory without its weights",
+        (
+            "dpo",
+            "--model",
+            "models/weightless_adapter",
+            "--data",
+            "pairs.jsonl",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl dpo: error: model 'models/weightless_adapter' holds adapter_config.json but no "
+        "adapter weights (adapter_model.safetensors or adapter_model.bin)",
     ),
 ]
 

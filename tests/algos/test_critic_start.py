@@ -122,3 +122,28 @@ def test_score_head_of_a_saved_critic_is_loaded_not_reset(tiny_lm, tmp_path):
         score_head(load_score_model(str(tmp_path / "c"), new_head="zero")).weight,
         torch.full_like(score_head(model).weight, 0.25),
     )
+
+
+def test_an_adapter_directory_as_critic_start_is_its_base_with_the_adapter_merged(
+    tiny_lm, prompts, tmp_path
+):
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.models.lora import apply_lora
+
+    adapted = apply_lora(load_causal_lm(tiny_lm), r=4)
+    with torch.no_grad():
+        for param in adapted.parameters():
+            if param.requires_grad:
+                param.add_(0.1)
+    adapted.save_pretrained(tmp_path / "adapter")
+    cfg = config(ppo, tiny_lm, prompts, tmp_path / "r", critic_model=str(tmp_path / "adapter"))
+    critic = load_models(cfg, ppo.build(cfg)).critic.module
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        expected = adapted.get_base_model().model(input_ids=ids).last_hidden_state
+        hidden = critic.model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=2e-5)
+    assert (
+        expected - load_causal_lm(tiny_lm).model(input_ids=ids).last_hidden_state
+    ).abs().max() > 0.01
+    assert torch.equal(critic.score.weight, torch.zeros_like(critic.score.weight))

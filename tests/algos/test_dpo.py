@@ -107,15 +107,18 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
 
 
 def test_lora_dpo_uses_the_disabled_adapter_as_reference_and_saves_the_adapter(tiny_lm, tmp_path):
+    """(The reference when the start is itself a LoRA model: tests/algos/test_lora_chain.py.)"""
     cfg = _config(tiny_lm, tmp_path, lora_r=8, learning_rate=1e-2)
     metrics = dpo.train(cfg)
     assert metrics["eval/rewards/accuracies"] > 0.9
     out = Path(cfg.output_dir)
-    assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").exists() and (
+        out / "adapter" / "adapter_model.safetensors"
+    ).exists()
     tokenizer, pairs = _pairs(tiny_lm, 4, seed=9)
     batch = collate_pairs(pairs, tokenizer.pad_token_id).sequences
     base = load_causal_lm(tiny_lm)
-    adapted = PeftModel.from_pretrained(load_causal_lm(tiny_lm), str(out))
+    adapted = PeftModel.from_pretrained(load_causal_lm(tiny_lm), str(out / "adapter"))
     with torch.no_grad():
         base_logps = dpo.response_logps(base, batch, average=False)
         with adapted.disable_adapter():

@@ -349,7 +349,8 @@ def test_ppo_variants_run_with_finite_metrics(overrides, tiny_lm, prompts, tmp_p
         assert all(r["objective/kl"] == 0.0 for r in rows)  # each rollout samples the new reference
         assert all(r["policy/early_stopped"] == 1.0 for r in rows)
     if "no_stop_penalty" in overrides:
-        assert (tmp_path / "adapter_config.json").exists()
+        assert (tmp_path / "adapter" / "adapter_config.json").exists()
+        assert (tmp_path / "model.safetensors").exists()
 
 
 def test_dataset_columns_reach_reward_functions(tiny_lm, prompts, tmp_path):

@@ -145,16 +145,20 @@ def test_grad_accumulation_1x8_equals_8x1(tiny_lm):
         torch.testing.assert_close(eight[name], one[name], rtol=1e-9, atol=1e-12)
 
 
-def test_lora_run_saves_an_adapter_peft_loads(tiny_lm, tmp_path):
+def test_lora_run_saves_the_merged_model_and_an_adapter_peft_loads(tiny_lm, tmp_path):
     cfg = _config(tiny_lm, tmp_path, lora_r=4, epochs=1, max_steps=12, learning_rate=1e-2)
     metrics = sft.train(cfg)
     out = Path(cfg.output_dir)
-    assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
-    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
+    assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 4
     base = load_causal_lm(tiny_lm)
     tokenizer = load_tokenizer(tiny_lm)
     base_loss = _eval_loss(base, tokenizer, cfg.eval_data)
-    adapted = PeftModel.from_pretrained(load_causal_lm(tiny_lm), str(out))
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert _eval_loss(merged, tokenizer, cfg.eval_data) == pytest.approx(
+        metrics["eval/loss"], rel=1e-6
+    )
+    adapted = PeftModel.from_pretrained(load_causal_lm(tiny_lm), str(out / "adapter"))
     loss = _eval_loss(adapted, tokenizer, cfg.eval_data)
     assert loss == pytest.approx(metrics["eval/loss"], rel=1e-6)
     assert loss < base_loss - 0.1  # the adapter changed the model
@@ -177,7 +181,7 @@ def test_resumed_run_equals_uninterrupted_run(tiny_lm, tmp_path, lora_r):
             tiny_lm, tmp_path / "b", max_steps=5, resume=True, resume_with_changes=True, **common
         )
     )
-    weights = "adapter_model.safetensors" if lora_r else "model.safetensors"
+    weights = "adapter/adapter_model.safetensors" if lora_r else "model.safetensors"
     a = load_file(str(Path(straight.output_dir) / weights))
     b = load_file(str(Path(first.output_dir) / weights))
     assert a.keys() == b.keys() and a

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from proxrl.models.lora import adapter_base, adapter_head_modules, merge_adapter
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime.errors import ProxrlError
 
@@ -52,14 +53,59 @@ def from_pretrained_kwargs(
     return kwargs
 
 
-def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> PreTrainedModel:
-    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id."""
+def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A
+    directory or hub repository that holds a LoRA adapter loads as its base with the adapter
+    merged in (``models.lora``); with ``output_loading_info`` the head the adapter saves in full
+    is not reported missing."""
     check_model_source(name_or_path)
+    path = os.path.expanduser(name_or_path)
+    base = adapter_base(path)
+    if base is not None:
+        return load_adapted(auto_class, name_or_path, base, **kwargs)
     try:
-        return auto_class.from_pretrained(os.path.expanduser(name_or_path), **kwargs)
+        return auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ProxrlError(f"cannot load a model from '{name_or_path}': {first_line}") from exc
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def load_adapted(auto_class: Any, name_or_path: str, base: str, **kwargs: Any) -> Any:
+    """The adapter in ``name_or_path`` merged into its ``base`` (loaded as
+    ``load_pretrained`` loads any model)."""
+    path = os.path.expanduser(name_or_path)
+    if not base:
+        raise ProxrlError(
+            f"model '{name_or_path}' holds a LoRA adapter that names no base model "
+            "(base_model_name_or_path in adapter_config.json)"
+        )
+    weights = [os.path.join(path, name) for name in ADAPTER_WEIGHTS]
+    if os.path.isdir(path) and not any(os.path.isfile(w) for w in weights):
+        raise ProxrlError(
+            f"model '{name_or_path}' holds adapter_config.json but no adapter weights "
+            f"({' or '.join(ADAPTER_WEIGHTS)})"
+        )
+    try:
+        loaded = load_pretrained(auto_class, base, **kwargs)
+    except ProxrlError as exc:
+        raise ProxrlError(f"model '{name_or_path}' is a LoRA adapter on '{base}': {exc}") from exc
+    model, info = loaded if kwargs.get("output_loading_info") else (loaded, None)
+    try:
+        model = merge_adapter(model, path)
+    except (OSError, ValueError, RuntimeError) as exc:  # shapes of another base, a bad file
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = f"cannot load the LoRA adapter in '{name_or_path}': {first_line}"
+        raise ProxrlError(message) from exc
+    if info is None:
+        return model
+    heads = adapter_head_modules(path)
+    info["missing_keys"] = [
+        key for key in info["missing_keys"] if not any(key.startswith(f"{h}.") for h in heads)
+    ]
+    return model, info
 
 
 def load_causal_lm(

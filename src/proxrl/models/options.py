@@ -27,8 +27,8 @@ class ModelRunConfig(RunConfig):
     max_grad_norm: Annotated[float, Range(ge=0)] = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
     lora_r: Annotated[int, Range(ge=0)] = 0
-    """LoRA rank (0: train every weight; with LoRA a reference model is the adapter-disabled
-    base)."""
+    """LoRA rank (0: train every weight); saves the merged model plus adapter/; the reference is
+    the adapter-disabled starting model."""
     lora_alpha: Annotated[float, Range(ge=0)] = 0.0
     """LoRA scale numerator (0: 2 × lora_r)."""
     dtype: str = "float32"

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from proxrl.models.lora import adapter_base
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ def looks_like_local_path(name_or_path: str) -> bool:
     )
 
 
-MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json", "tokenizer.json")
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+MODEL_FILES = ("config.json", "adapter_config.json", *TOKENIZER_FILES)
 
 
 def check_model_source(name_or_path: str) -> None:
@@ -129,9 +131,17 @@ def load_tokenizer(
     it round-trips text. Embeddings of a model used with it must then be resized with
     ``resize_for_tokenizer``."""
     check_model_source(name_or_path)
+    path = os.path.expanduser(name_or_path)
+    base = adapter_base(path) if os.path.isdir(path) else None
+    if base and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        try:  # an adapter saved without its tokenizer uses its base's
+            return load_tokenizer(base, trust_remote_code=trust_remote_code, revision=revision)
+        except ProxrlError as exc:
+            message = f"model '{name_or_path}' is a LoRA adapter on '{base}': {exc}"
+            raise ProxrlError(message) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            os.path.expanduser(name_or_path),
+            path,
             trust_remote_code=trust_remote_code,
             revision=revision,
         )

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from proxrl.models.lora import merged_weights
 from proxrl.rollout.generation import Samples, SamplingSettings, response_mask_after_stop
 from proxrl.runtime.errors import ProxrlError
 
@@ -145,28 +145,6 @@ def start_engine(options: EngineOptions) -> Any:
     log.info("vLLM engine started in %.1f s", time.perf_counter() - started)
     _ENGINES[options] = engine
     return engine
-
-
-def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """The policy's weights under the base model's checkpoint names; under LoRA each adapted
-    weight is W + ΔW (peft's ``get_delta_weight``), computed into a new tensor so the trained
-    model itself is never merged and unmerged (which would round its weights)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    deltas: dict[str, Tensor] = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            for adapter in module.active_adapters:
-                if adapter in getattr(module, "lora_A", {}):
-                    delta = module.get_delta_weight(adapter)
-                    deltas[name] = deltas[name] + delta if name in deltas else delta
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        name = name.replace(".base_layer", "")
-        owner = name.rsplit(".", 1)[0]
-        if name.endswith(".weight") and owner in deltas:
-            tensor = tensor + deltas[owner].to(tensor.dtype)
-        yield name, tensor.detach()
 
 
 @torch.no_grad()

@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
+from proxrl.models.lora import save_model
 from proxrl.models.options import ModelRunConfig
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
@@ -295,11 +296,12 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
 
 
 def save_final(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path) -> None:
-    """``save_pretrained`` (safetensors) of the model, or of the LoRA adapter, plus the tokenizer,
-    so ``AutoModelFor….from_pretrained(output_dir)`` (or peft) loads it without proxrl. Refuses
+    """``save_pretrained`` (safetensors) of the model (under LoRA merged, the adapter in
+    ``adapter/``: ``models.lora.save_model``) plus the tokenizer, so
+    ``AutoModelFor….from_pretrained(output_dir)`` loads it without proxrl. Refuses
     (``ProxrlError``, nothing written) weights that hold a NaN or Inf."""
     assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
     if dist.is_main():  # several processes: rank 0 writes, the others wait for it
-        model.save_pretrained(output_dir)  # transformers 5 and peft write safetensors only
+        save_model(model, output_dir)  # transformers 5 and peft write safetensors only
         tokenizer.save_pretrained(output_dir)
     dist.barrier()

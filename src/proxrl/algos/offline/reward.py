@@ -203,9 +203,6 @@ def train(cfg: Config) -> dict[str, float]:
     metrics = fit(cfg, model, task, output_dir)
 
     # 5. Normalise: record the training-score mean/std; scores become centred on 0.
-    if cfg.lora_r:
-        model.save_pretrained(output_dir / "adapter")
-        model = model.merge_and_unload()
     if cfg.normalize:
         with cfg.autocast():  # the statistics of the scores the run's precision gives
             mean, std = score_statistics(model, train_items, cfg.batch_size, pad_id)

@@ -207,7 +207,8 @@ def critic_start(source: str | None, cfg: OnlineConfig) -> str:
     - None: the reward model (InstructGPT; its head is kept), else the policy;
     - ``policy``: the policy (``model``), with a zero head, even when there is a reward model;
     - an earlier run's directory: its ``critic/`` (warm start from the critic proxrl saved);
-    - any other model directory or hub id: that model (its head kept if it has one, else zero).
+    - any other model directory (a peft adapter's too: merged into its base) or hub id: that
+      model (its head kept if it has one, else zero).
 
     A ppo/grpo run directory without ``critic/`` (critic-free, or ``critic: head``) and a
     directory with no model in it are one-line errors."""
@@ -226,7 +227,7 @@ def critic_start(source: str | None, cfg: OnlineConfig) -> str:
             "(critic-free, or critic: head); give a run trained with critic: separate, "
             "a model, or policy"
         )
-    if not (path / "config.json").is_file():
+    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise ProxrlError(f"critic_model: {source} holds no critic (no critic/, no config.json)")
     return source
 

@@ -25,6 +25,7 @@ from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_e
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample
+from proxrl.models.lora import save_model
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
@@ -339,9 +340,9 @@ def write_samples(
 
 
 def save_policy(models: Models, output_dir: Path) -> None:
-    """The policy via ``save_pretrained`` (safetensors; a peft adapter under LoRA) plus the
-    tokenizer, and the critic as it saves itself (a separate one under ``critic/``, a value head
-    in ``value_head.safetensors``)."""
-    models.actor.save_pretrained(output_dir)
+    """The policy via ``save_pretrained`` (safetensors; under LoRA the merged model, the adapter
+    in ``adapter/``: ``models.lora.save_model``) plus the tokenizer, and the critic as it saves
+    itself (a separate one under ``critic/``, a value head in ``value_head.safetensors``)."""
+    save_model(models.actor, output_dir)
     models.tokenizer.save_pretrained(output_dir)
     models.critic.save_pretrained(output_dir)

@@ -4,6 +4,7 @@ critic forward passes and estimate advantages."""
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from proxrl.core import (
 )
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
-from proxrl.models.lora import adapter_disabled
+from proxrl.models.lora import adapter_base, adapter_disabled
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import (
@@ -76,7 +77,8 @@ def engine_options(cfg: OnlineConfig) -> Any:
     from proxrl.rollout.vllm_sampler import EngineOptions
 
     return EngineOptions(
-        model=cfg.model,
+        # an adapter directory: the engine starts from its base; the first sync brings the rest
+        model=adapter_base(os.path.expanduser(cfg.model)) or cfg.model,
         dtype=cfg.dtype,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         max_model_length=cfg.vllm_max_model_length,
