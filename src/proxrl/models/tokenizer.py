@@ -80,35 +80,53 @@ def check_hub_model_reachable(repo_id: str) -> None:
     """When the hub's host does not even resolve (an air-gapped machine), every download would
     retry for ~50 s before giving up: a hub id in the local cache is then loaded from it alone
     (Hugging Face's offline mode, for this process), and one that is not fails now, in one line."""
-    from urllib.parse import urlparse
+    from huggingface_hub import try_to_load_from_cache
 
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if constants.HF_HUB_OFFLINE:
-        return  # transformers reads the cache only, and fails at once without it
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
-        return  # behind a proxy the hub's name need not resolve here: let the download try
-    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
-    if host_resolves(host):
+    host = unreachable_hub_host()
+    if host is None:
         return
     try:
         cached = any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in MODEL_FILES)
     except ValueError:  # not a valid repo id: transformers' own message says why
         return
     if cached:
-        log.warning(
-            "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
-            host,
-            repo_id,
-        )
-        constants.HF_HUB_OFFLINE = True
-        os.environ["HF_HUB_OFFLINE"] = "1"  # and for the processes this one starts
+        use_hub_cache_only(host, repo_id)
         return
     raise ProxrlError(
         f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, "
         f"and {host} cannot be reached from here; download it on a connected machine "
         "(huggingface-cli download) or pass a local directory"
     )
+
+
+def unreachable_hub_host() -> str | None:
+    """The hub's host name when it does not resolve from here (so a download would only retry
+    until it times out), else None: also None in offline mode (the libraries then read the cache
+    only and fail at once) and behind a proxy (which may resolve what this machine cannot)."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    return None if host_resolves(host) else host
+
+
+def use_hub_cache_only(host: str, name: str) -> None:
+    """Switch this process (and those it starts) to Hugging Face's offline mode, so ``name`` is
+    read from the local cache without a request."""
+    from huggingface_hub import constants
+
+    log.warning(
+        "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
+        host,
+        name,
+    )
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def host_resolves(host: str) -> bool:
