@@ -404,7 +404,7 @@ CASES: list[Case] = [
     Case(
         "completion that is a number",
         sft_data("data/completion_int.jsonl"),
-        "proxrl sft: error: data/completion_int.jsonl:3: field 'completion': expected a string, got int",
+        "proxrl sft: error: data/completion_int.jsonl:3: field 'completion': expected a string or a list of messages, got int",
     ),
     Case(
         "blank completion",

@@ -5,9 +5,11 @@
   "last non-pad token" both confuse the real end of a response with padding.
 - Padding side is a choice made where padding happens: right for training (this module leaves
   the tokenizer on the right), left for batched generation (``padding_side("left")``).
-- Every loaded tokenizer must round-trip a sample text. transformers 5.x can load a tokenizer
-  that encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type
-  config); training on empty sequences would then "work" and learn nothing.
+- A tokenizer is judged on the run's own data (``check_round_trip`` on the first rows' texts,
+  called by ``data.encoding``), not on a fixed English sentence that a domain- or
+  language-specific tokenizer need not cover. transformers 5.x can load a tokenizer that
+  encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type config);
+  training on empty sequences would then "work" and learn nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -25,7 +27,6 @@ from proxrl.runtime.errors import ProxrlError
 log = logging.getLogger(__name__)
 
 PAD_TOKEN = "<|pad|>"
-ROUND_TRIP_SAMPLE = "The quick brown fox jumps over the lazy dog. 0123456789"
 
 
 def looks_like_local_path(name_or_path: str) -> bool:
@@ -143,9 +144,9 @@ def load_tokenizer(
     trust_remote_code: bool = False,
     revision: str | None = None,
 ) -> PreTrainedTokenizerBase:
-    """Load a tokenizer, give it a pad token distinct from EOS, pad on the right, and check that
-    it round-trips text. Embeddings of a model used with it must then be resized with
-    ``resize_for_tokenizer``."""
+    """Load a tokenizer, give it a pad token distinct from EOS and pad on the right (the data's
+    encoding then checks it on the run's own texts: ``check_round_trip``). Embeddings of a model
+    used with it must then be resized with ``resize_for_tokenizer``."""
     check_model_source(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
@@ -161,7 +162,6 @@ def load_tokenizer(
         ) from exc
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "right"
-    check_round_trip(tokenizer, source=name_or_path)
     return tokenizer
 
 
@@ -179,24 +179,42 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def check_round_trip(
-    tokenizer: PreTrainedTokenizerBase, text: str = ROUND_TRIP_SAMPLE, source: str = "tokenizer"
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], source: str | None = None
 ) -> None:
-    """Raise if ``text`` encodes to no tokens or decodes to nothing; warn if it changes."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) == 0:
+    """Judge the tokenizer on ``texts``, the run's own (the first rows' prompts and responses):
+    raise if none of them encodes to a token, or if all decode to empty text; warn when some do
+    not come back exactly (tokens it does not know, normalised whitespace)."""
+    source = source or getattr(tokenizer, "name_or_path", "") or "tokenizer"
+    samples = [t for t in texts if t.strip()]
+    if not samples:
+        return
+    encoded = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in samples]
+    if not any(encoded):
         raise ProxrlError(
-            f"tokenizer from '{source}' encodes the sample text {text!r} to zero tokens; "
-            "it is broken (transformers may have loaded it with the wrong tokenizer class)"
+            f"tokenizer from '{source}' encodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to zero tokens; it is broken (transformers may have "
+            "loaded it with the wrong tokenizer class)"
         )
-    decoded = tokenizer.decode(ids, skip_special_tokens=True)
-    if not decoded.strip():
+    decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in encoded]
+    if not any(d.strip() for d in decoded):
         raise ProxrlError(
-            f"tokenizer from '{source}' decodes {len(ids)} sample tokens to empty text"
+            f"tokenizer from '{source}' decodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to empty text: it knows none of their tokens"
         )
-    if decoded.strip() != text.strip():
+    changed = [(t, d) for t, d in zip(samples, decoded, strict=True) if d.strip() != t.strip()]
+    if changed:
         log.warning(
-            "tokenizer from '%s' does not round-trip exactly: %r -> %r", source, text, decoded
+            "tokenizer from '%s' does not round-trip %d of the data's first %d texts exactly "
+            "(first: %r -> %r)",
+            source,
+            len(changed),
+            len(samples),
+            *changed[0],
         )
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 30 else repr(text[:27] + "...")
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -64,9 +64,9 @@ def check_launch() -> None:
     that does start several (torchrun, accelerate's multi-GPU path, mpirun) sets a world size."""
     launched_by_accelerate = "ACCELERATE_USE_CPU" in os.environ
     asked_for_several = "MASTER_PORT" in os.environ
-    if launched_by_accelerate and asked_for_several:
-        if not any(os.environ.get(name) for name in WORLD_SIZE_VARIABLES):
-            raise ProxrlError(SINGLE_PROCESS_LAUNCH)
+    got_several = any(os.environ.get(name) for name in WORLD_SIZE_VARIABLES)
+    if launched_by_accelerate and asked_for_several and not got_several:
+        raise ProxrlError(SINGLE_PROCESS_LAUNCH)
 
 
 @lru_cache(maxsize=1)

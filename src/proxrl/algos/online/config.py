@@ -31,7 +31,6 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
-
 DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
 
