@@ -41,7 +41,8 @@ class OnlineConfig(ModelRunConfig):
     model: str = ""
     """Policy to start from (usually an SFT model): hub id or local directory."""
     prompts: str = ""
-    """Prompt data ({"prompt"} or {"messages"} rows; other fields reach reward functions)."""
+    """Prompt data: any row with a prompt, standard or conversational (docs/datasets.md); other
+    fields reach reward functions."""
     reward_model: str | None = None
     """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
     reward_fn: tuple[str, ...] = ()
