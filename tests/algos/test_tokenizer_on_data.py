@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from proxrl.cli import main
 from proxrl.models.tokenizer import load_tokenizer
+from proxrl.runtime.errors import ProxrlError
 
 ROWS = [
     {"prompt": f"max {a} {b} =", "completion": f" {max(a, b)}"} for a in range(4) for b in (5, 2)
@@ -98,3 +99,20 @@ def test_preference_commands_judge_the_tokenizer_on_their_pairs(command, tmp_pat
     argv = [command, "--model", model, "--data", str(data), "--output-dir", str(tmp_path / "r")]
     assert main(argv) == 2
     assert "('max 1 5 =', ...) to zero tokens" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_reward_models_tokenizer_is_judged_on_the_first_prompts():
+    """ppo/grpo's reward model brings its own tokenizer: it is checked on the run's first
+    prompts, once, before it scores anything."""
+    from torch import nn
+
+    from proxrl.data.formats import PromptExample
+    from proxrl.rollout.rewards import RewardModelReward
+
+    source = RewardModelReward(nn.Linear(1, 1), empty_tokenizer())
+    prompts = [PromptExample("max 1 5 =", None, "p.jsonl:1")]
+    with pytest.raises(
+        ProxrlError, match=r"encodes the data's first 1 texts \('max 1 5 =', \.\.\.\)"
+    ):
+        source(prompts, [" 5"], {})
+    assert not source.checked

@@ -83,9 +83,7 @@ def _offline(command, tiny_lm, data, out, *extra):
     ],
     ids=["sft", "rm-pairs", "rm-unpaired", "dpo-pairs", "dpo-unpaired"],
 )
-def test_offline_commands_train_on_every_layout(
-    command, rows, logged, tiny_lm, tmp_path, caplog
-):
+def test_offline_commands_train_on_every_layout(command, rows, logged, tiny_lm, tmp_path, caplog):
     data = _write(tmp_path / "data.jsonl", rows)
     with caplog.at_level(logging.INFO):
         assert main(_offline(command, tiny_lm, data, tmp_path / "run")) == 0
@@ -120,3 +118,21 @@ def test_online_commands_take_prompts_from_every_layout(command, tiny_lm, tmp_pa
         assert main(argv) == 0
     assert "longer than max_prompt_length" not in caplog.text  # all 8 prompts were kept
     assert len(read_metrics(tmp_path / "run")) == 1
+
+
+def test_reward_functions_get_a_conversational_prompt_as_its_messages():
+    """As TRL passes them: a standard prompt as its string, a conversational one as its list of
+    messages (proxrl used to pass an empty string for the latter)."""
+    from proxrl.data.formats import PromptExample
+    from proxrl.rollout.rewards import FunctionReward
+
+    seen = []
+
+    def score(prompts, completions, **columns):
+        seen.extend(prompts)
+        return [1.0] * len(completions)
+
+    reward = FunctionReward("m:score", score)
+    prompts = [PromptExample("copy: abc =", None, "p:1"), PromptExample("", [USER], "p:2")]
+    assert reward(prompts, [" abc", "abc"], {}).tolist() == [1.0, 1.0]
+    assert seen == ["copy: abc =", [USER]]
