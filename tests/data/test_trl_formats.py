@@ -293,3 +293,14 @@ def test_an_unpaired_label_that_is_not_true_or_false_is_refused(tmp_path):
     with pytest.raises(ProxrlError) as info:
         load_preference_examples(path)
     assert str(info.value) == f"{path}:2: field 'label': expected true or false, got 1"
+
+
+def test_identical_conversations_are_no_prompt_that_ends_with_an_answer(tmp_path):
+    """Found by tests/data/test_properties.py: an implicit-prompt row whose two conversations
+    are the same has no shared beginning that stops before the assistant's reply."""
+    row = {"chosen": [USER, BLUE, SYSTEM], "rejected": [USER, BLUE, SYSTEM]}
+    with pytest.raises(ProxrlError, match=r":1: field 'chosen': a prompt must not end with"):
+        load_prompt_examples(_write(tmp_path / "p.jsonl", [row]))
+    lone = {"chosen": [SYSTEM], "rejected": [SYSTEM]}
+    with pytest.raises(ProxrlError, match=r":1: field 'chosen': chosen and rejected share no"):
+        load_prompt_examples(_write(tmp_path / "q.jsonl", [lone]))

@@ -383,9 +383,10 @@ def parse_prompt(row: Row) -> PromptExample:
         return PromptExample("", messages, row.where, columns)
     if not _present(row, "prompt") and _present(row, "chosen") and _present(row, "rejected"):
         shared = parse_preference(row).prompt  # an implicit prompt: the pair's shared beginning
-        if isinstance(shared, list):
+        if isinstance(shared, list) and shared:
+            _check_prompt_turns(row, "chosen", shared)  # identical conversations: their start
             return PromptExample("", shared, row.where, columns)
-        if not shared.strip():
+        if not (shared if isinstance(shared, list) else shared.strip()):
             raise ProxrlError(
                 f"{row.where}: field 'chosen': chosen and rejected share no beginning, so the "
                 "row holds no prompt"
