@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
 from proxrl.algos.offline import sft
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
@@ -117,6 +119,28 @@ FILES: dict[str, str | bytes] = {
     "notes/todo.txt": "my notes\n",
     "a_file": "x\n",
 }
+# issue 16 data: TRL's layouts, refused where a row cannot mean what it says
+USER = {"role": "user", "content": "copy: abc ="}
+ANSWER = {"role": "assistant", "content": " abc"}
+FILES |= {
+    "data/unpaired.jsonl": _jsonl([{"prompt": "a", "completion": " b", "label": True}]),
+    "data/mixed_forms.jsonl": _jsonl([{"prompt": [USER], "completion": " abc"}]),
+    "data/no_shared_prompt.jsonl": _jsonl(
+        [{"chosen": [USER, ANSWER], "rejected": [{"role": "user", "content": "b"}, ANSWER]}]
+    ),
+    "data/parting_at_user.jsonl": _jsonl(
+        [{"chosen": [USER, ANSWER, USER, ANSWER], "rejected": [USER, ANSWER, ANSWER]}]
+    ),
+    "data/replies_without_prompt.jsonl": _jsonl([{"chosen": [ANSWER], "rejected": [ANSWER]}]),
+    "data/unpaired_label.jsonl": _jsonl(
+        [
+            {"prompt": "a", "completion": " b", "label": True},
+            {"prompt": "a", "completion": " c", "label": 1},
+        ]
+    ),
+    "data/text_rows.jsonl": _jsonl([{"text": "copy: abc = abc"}]),
+    "data/prompt_with_reply.jsonl": _jsonl([{"prompt": [USER, ANSWER]}]),
+}
 
 
 def build_workspace(root: Path, tiny_lm: str) -> Path:
@@ -129,6 +153,15 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
         else:
             path.write_text(content)
     shutil.copytree(tiny_lm, root / "model")
+    # issue 16 data: the tiny model beside a tokenizer that encodes any text to nothing.
+    broken = root / "models" / "broken_tokenizer"
+    shutil.copytree(tiny_lm, broken)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (broken / name).unlink(missing_ok=True)
+    no_merges = Tokenizer(models.BPE(vocab={"<|pad|>": 0, "<|eos|>": 1}, merges=[]))
+    PreTrainedTokenizerFast(
+        tokenizer_object=no_merges, pad_token="<|pad|>", eos_token="<|eos|>"
+    ).save_pretrained(broken)
     # A run whose checkpoint holds another model's weights.
     other = prepare_output_dir(root / "runs" / "other", resume=False, overwrite=False)
     CheckpointManager(other).save(4, {"model": {"encoder.weight": torch.zeros(2)}}, {"step": 4})
@@ -147,6 +180,7 @@ class Case:
     argv: tuple[str, ...]  # proxrl's arguments
     message: str  # the exact last line on stderr
     xfail: str = ""  # why this case does not fully behave yet (another owner's code)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables the case runs under
 
 
 SFT = ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "runs/new")
@@ -408,7 +442,7 @@ CASES: list[Case] = [
     Case(
         "completion that is a number",
         sft_data("data/completion_int.jsonl"),
-        "proxrl sft: error: data/completion_int.jsonl:3: field 'completion': expected a string, got int",
+        "proxrl sft: error: data/completion_int.jsonl:3: field 'completion': expected a string or a list of messages, got int",
     ),
     Case(
         "blank completion",
@@ -943,6 +977,103 @@ CASES: list[Case] = [
         "proxrl dpo: error: model 'models/weightless_adapter' holds adapter_config.json but no "
         "adapter weights (adapter_model.safetensors or adapter_model.bin)",
     ),
+    # issue 16 data --------------------------------------------------------------------------
+    Case(
+        "sft: unpaired preference rows (prompt, completion, label)",
+        sft_data("data/unpaired.jsonl"),
+        "proxrl sft: error: data/unpaired.jsonl:1: field 'label': an unpaired preference row; "
+        "sft would imitate the completions labelled false too (keep the rows labelled true, "
+        "without 'label')",
+    ),
+    Case(
+        "sft: conversational prompt with a string completion",
+        sft_data("data/mixed_forms.jsonl"),
+        "proxrl sft: error: data/mixed_forms.jsonl:1: field 'completion': expected a list of "
+        "messages like 'prompt'",
+    ),
+    Case(
+        "rm: implicit-prompt conversations that share no leading message",
+        ("rm", "--model", "model", "--data", "data/no_shared_prompt.jsonl"),
+        "proxrl rm: error: data/no_shared_prompt.jsonl:1: field 'rejected': chosen and rejected "
+        "share no leading message (with no 'prompt', the prompt is the conversations' shared "
+        "beginning)",
+    ),
+    Case(
+        "dpo: implicit-prompt conversations that part at a user message",
+        ("dpo", "--model", "model", "--data", "data/parting_at_user.jsonl"),
+        "proxrl dpo: error: data/parting_at_user.jsonl:1: field 'chosen': chosen and rejected "
+        "part at message 2, whose role is 'user'; the implicit prompt must end where the "
+        "assistant's replies begin",
+    ),
+    Case(
+        "dpo: conversational replies without a prompt",
+        ("dpo", "--model", "model", "--data", "data/replies_without_prompt.jsonl"),
+        "proxrl dpo: error: data/replies_without_prompt.jsonl:1: missing field 'prompt' (chosen "
+        "and rejected start with the assistant's reply)",
+    ),
+    Case(
+        "rm: unpaired preference label that is not true or false",
+        ("rm", "--model", "model", "--data", "data/unpaired_label.jsonl"),
+        "proxrl rm: error: data/unpaired_label.jsonl:2: field 'label': expected true or false, "
+        "got 1",
+    ),
+    Case(
+        "ppo: language-modelling rows as prompts",
+        (
+            "ppo",
+            "--model",
+            "model",
+            "--prompts",
+            "data/text_rows.jsonl",
+            "--reward-fn",
+            "os:getcwd",
+        ),
+        "proxrl ppo: error: data/text_rows.jsonl:1: field 'text': a language-modelling row holds "
+        "no prompt to continue; expected 'prompt' (or 'messages')",
+    ),
+    Case(
+        "grpo: a prompt conversation that ends with the answer",
+        (*GRPO[:3], "--prompts", "data/prompt_with_reply.jsonl", "--reward-fn", "os:getcwd"),
+        "proxrl grpo: error: data/prompt_with_reply.jsonl:1: field 'prompt': a prompt must not "
+        "end with the assistant's message (the policy would see its answer)",
+    ),
+    Case(
+        "sft: a tokenizer that encodes the data to nothing",
+        ("sft", "--model", "models/broken_tokenizer", "--data", "sft.jsonl"),
+        "proxrl sft: error: tokenizer from 'models/broken_tokenizer' encodes the data's first 16 "
+        "texts ('copy: abc =', ...) to zero tokens; it is broken (transformers may have loaded "
+        "it with the wrong tokenizer class)",
+    ),
+    Case(
+        "sft: a mistyped local data path (no file suffix)",
+        sft_data("data/sft_data"),
+        "proxrl sft: error: data: data path 'data/sft_data' does not exist",
+    ),
+    Case(
+        "ppo: a mistyped local prompts path",
+        (*PPO[:3], "--prompts", "runs/my_prompts", "--reward-fn", "os:getcwd"),
+        "proxrl ppo: error: data path 'runs/my_prompts' does not exist",
+    ),
+    Case(
+        "ppo: the default mini_batch_size cannot follow a grad_accum that divides no share",
+        (*PPO, "--reward-fn", "os:getcwd", "--rollout-batch-size", "8", "--grad-accum", "3"),
+        "proxrl ppo: error: grad_accum: 3 does not divide mini_batch_size 8 (the default: give "
+        "mini_batch_size)",
+    ),
+    Case(
+        "accelerate launch --cpu --num_processes 2 that started one process (the variables it "
+        "sets, tests/distributed/test_single_process_launch.py launches it)",
+        SFT,
+        "proxrl sft: error: accelerate launch asked for several processes but started only this "
+        "one (its --cpu / MULTI_CPU mode needs MPI); on one machine run: accelerate launch "
+        "--multi_gpu --num_processes N -m proxrl ... (without GPUs proxrl runs the processes on "
+        "the CPU over gloo), or torchrun --nproc_per_node N -m proxrl ...",
+        env=(
+            ("ACCELERATE_USE_CPU", "True"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ),
+    ),
 ]
 
 
@@ -969,7 +1100,7 @@ def render() -> str:
     ]
     for i, case in enumerate(CASES, start=1):
         what = case.what + (f" *(xfail: {case.xfail})*" if case.xfail else "")
-        command = "proxrl " + " ".join(case.argv)
+        command = " ".join([*(f"{k}={v}" for k, v in case.env), "proxrl", *case.argv])
         lines.append(f"| {i} | {_cell(what)} | `{_cell(command)}` | `{_cell(case.message)}` |")
     lines += [
         "",
@@ -979,7 +1110,10 @@ def render() -> str:
         "torn or corrupt checkpoint (skipped with a warning on `--resume`,",
         "`tests/algos/test_kill_resume.py`), and any JSON value in any field of a data row or any",
         "YAML mapping / flag value (loads or gets a one-line error: `tests/data/test_properties.py`,",
-        "`tests/runtime/test_config_properties.py`).",
+        "`tests/runtime/test_config_properties.py`), and a data name that is neither a local path",
+        "nor reachable on the hub, nor in the datasets cache (`data 'NAME' is neither a local file or",
+        "directory nor a datasets hub name in the local cache, and huggingface.co cannot be reached",
+        "from here; ...`, at once: `tests/data/test_sources.py`).",
         "",
         "With the vllm package installed (`tests/vllm/`, run in `.venv-vllm` by `make test`):",
         "",

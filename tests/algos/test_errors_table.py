@@ -40,6 +40,8 @@ def test_bad_input_gets_its_documented_message(
     workspace = tmp_path / "ws"
     shutil.copytree(master_workspace, workspace)
     monkeypatch.chdir(workspace)
+    for name, value in case.env:
+        monkeypatch.setenv(name, value)
     before = _snapshot(workspace)
 
     code = main(list(case.argv))

@@ -85,7 +85,14 @@ def test_wrong_type_names_the_field(tiny_lm, tmp_path, capsys):
     code, err = _run(
         ["dpo", "--model", tiny_lm, "--data", data, "--output-dir", str(tmp_path / "run")], capsys
     )
-    _one_line_error(code, err, "dpo", f"{data}:2:", "field 'chosen'", "expected a string, got int")
+    _one_line_error(
+        code,
+        err,
+        "dpo",
+        f"{data}:2:",
+        "field 'chosen'",
+        "expected a string or a list of messages, got int",
+    )
 
 
 def test_chosen_equal_to_rejected_is_warned_and_dropped_with_a_count(

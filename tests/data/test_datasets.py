@@ -127,7 +127,7 @@ def test_malformed_json_line_and_non_object_rows(tmp_path):
         (
             load_preference_examples,
             {"prompt": 3, "chosen": "x", "rejected": "y"},
-            r":1: field 'prompt': expected a string, got int",
+            r":1: field 'prompt': expected a string or a list of messages, got int",
         ),
         (
             load_ranking_examples,

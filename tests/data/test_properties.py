@@ -42,6 +42,8 @@ FIELDS = [
     "ranking",
     "role",
     "content",
+    "text",
+    "label",
 ]
 
 json_scalars = (
@@ -76,6 +78,22 @@ nearly_valid = st.fixed_dictionaries(
         "ranking": json_values,
     },
 )
+# Conversational rows: every text field a list of messages of known roles (or not quite).
+conversations = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(ROLES), "content": st.text(max_size=6)}),
+    min_size=1,
+    max_size=4,
+)
+nearly_valid_chat = st.fixed_dictionaries(
+    {"chosen": conversations, "rejected": conversations},
+    optional={
+        "prompt": conversations | st.text(max_size=5),
+        "completion": conversations,
+        "messages": conversations,
+        "label": st.booleans() | st.sampled_from(["true", "False", "maybe"]),
+        "text": st.text(max_size=5),
+    },
+)
 
 PARSERS = {
     parse_sft: SFTExample,
@@ -96,7 +114,7 @@ def _loads_or_clean_error(fn, *args):
 
 @pytest.mark.parametrize("parse", list(PARSERS), ids=lambda f: f.__name__)
 @FAST
-@given(data=rows | nearly_valid)
+@given(data=rows | nearly_valid | nearly_valid_chat)
 def test_any_row_parses_or_gets_a_clean_error_naming_the_row(parse, data):
     row = Row(data, "train.jsonl:7")
     try:
@@ -111,7 +129,15 @@ def test_any_row_parses_or_gets_a_clean_error_naming_the_row(parse, data):
         RankingExample: lambda e: [e.prompt, *e.responses],
         PromptExample: lambda e: [e.prompt],
     }[type(example)](example)
-    assert all(isinstance(t, str) for t in texts)
+    # Each text is a string (standard) or a conversation of known roles (conversational).
+    assert all(
+        isinstance(t, str)
+        or (
+            isinstance(t, list)
+            and all(m["role"] in ROLES and isinstance(m["content"], str) for m in t)
+        )
+        for t in texts
+    )
     if isinstance(example, PreferenceExample) and example.margin is not None:
         assert math.isfinite(example.margin) and example.margin >= 0
     if isinstance(example, RankingExample):

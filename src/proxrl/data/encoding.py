@@ -3,8 +3,9 @@ over-length policy.
 
 Prompt and response are tokenised separately and concatenated, so the prompt's tokens are the
 same ones the policy is later conditioned on at generation time and the boundary is exact. The
-response ends with EOS (the model must learn to stop). A ``messages`` conversation is rendered
-with the tokenizer's chat template (without one: ``role: content`` lines).
+response ends with EOS (the model must learn to stop). A conversation is rendered with the
+tokenizer's chat template (without one: ``role: content`` lines): the prompt's messages with the
+generation prompt, the reply as what the whole conversation's rendering adds to it.
 
 Over-length policy (``overlong``): ``"truncate"`` keeps the first ``max_length`` tokens (the
 response loses its end, and its EOS); ``"drop"`` removes the example. An example whose prompt
@@ -14,8 +15,9 @@ alone leaves no room for a response token is dropped under both. Counts are logg
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
@@ -25,7 +27,9 @@ from proxrl.data.formats import (
     PromptExample,
     RankingExample,
     SFTExample,
+    Text,
 )
+from proxrl.models.tokenizer import check_round_trip
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,31 @@ def encode_response_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[
     return ids
 
 
+def encode_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Text) -> list[int]:
+    """Ids of a standard prompt (a string) or a conversational one (messages)."""
+    if isinstance(prompt, str):
+        return encode_prompt_text(tokenizer, prompt, None)
+    return encode_prompt_text(tokenizer, "", prompt)
+
+
+def encode_reply_ids(
+    tokenizer: PreTrainedTokenizerBase, prompt: Text, reply: Text, where: str
+) -> list[int]:
+    """Ids of what follows ``prompt``, ending with EOS: a string, or the assistant's messages
+    as the chat template renders them after the prompt's messages."""
+    if isinstance(reply, str):
+        return encode_response_text(tokenizer, reply)
+    assert isinstance(prompt, list)
+    prompt_text = render_conversation(tokenizer, prompt, add_generation_prompt=True)
+    full_text = render_conversation(tokenizer, prompt + reply, add_generation_prompt=False)
+    if not full_text.startswith(prompt_text):
+        raise ProxrlError(
+            f"{where}: the chat template does not render the conversation as prompt + assistant "
+            "reply, so the prompt cannot be masked"
+        )
+    return encode_response_text(tokenizer, full_text[len(prompt_text) :])
+
+
 def _join(
     prompt_ids: list[int], response_ids: list[int], max_length: int, overlong: Overlong
 ) -> tuple[EncodedSequence | None, bool]:
@@ -140,6 +169,14 @@ def _count(report: OverlongReport, kept: bool, truncated: bool, where: str) -> N
         report.truncated += 1
 
 
+ROUND_TRIP_ROWS = 8  # rows whose texts judge the tokenizer
+
+
+def check_tokenizer_on(tokenizer: PreTrainedTokenizerBase, examples: Sequence[Any]) -> None:
+    """``models.tokenizer.check_round_trip`` on the texts of the data's first rows."""
+    check_round_trip(tokenizer, [t for e in examples[:ROUND_TRIP_ROWS] for t in e.texts()])
+
+
 def _check_policy(overlong: str, max_length: int) -> None:
     if overlong not in ("truncate", "drop"):
         raise ProxrlError(f"overlong: expected 'truncate' or 'drop', got '{overlong}'")
@@ -162,26 +199,14 @@ def encode_sft(
     name: str = "sft data",
 ) -> list[EncodedSequence]:
     _check_policy(overlong, max_length)
+    check_tokenizer_on(tokenizer, examples)
     report = OverlongReport(total=len(examples))
     encoded = []
     for example in examples:
-        if example.messages is not None:
-            prompt_text = render_conversation(
-                tokenizer, example.messages[:-1], add_generation_prompt=True
-            )
-            full_text = render_conversation(
-                tokenizer, example.messages, add_generation_prompt=False
-            )
-            if not full_text.startswith(prompt_text):
-                raise ProxrlError(
-                    f"{example.where}: the chat template does not render the conversation as "
-                    "prompt + assistant reply, so the prompt cannot be masked"
-                )
-            prompt_ids = list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
-            response_ids = encode_response_text(tokenizer, full_text[len(prompt_text) :])
-        else:
-            prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
-            response_ids = encode_response_text(tokenizer, example.completion)
+        prompt_ids = encode_prompt_ids(tokenizer, example.prompt)
+        response_ids = encode_reply_ids(
+            tokenizer, example.prompt, example.completion, example.where
+        )
         sequence, truncated = _join(prompt_ids, response_ids, max_length, overlong)
         _count(report, sequence is not None, truncated, example.where)
         if sequence is not None:
@@ -198,15 +223,22 @@ def encode_preferences(
 ) -> list[EncodedPair]:
     """Each pair shares the prompt ids; a pair is dropped when either side must be."""
     _check_policy(overlong, max_length)
+    check_tokenizer_on(tokenizer, examples)
     report = OverlongReport(total=len(examples))
     encoded = []
     for example in examples:
-        prompt_ids = encode_prompt_text(tokenizer, example.prompt, None)
+        prompt_ids = encode_prompt_ids(tokenizer, example.prompt)
         chosen, chosen_cut = _join(
-            prompt_ids, encode_response_text(tokenizer, example.chosen), max_length, overlong
+            prompt_ids,
+            encode_reply_ids(tokenizer, example.prompt, example.chosen, example.where),
+            max_length,
+            overlong,
         )
         rejected, rejected_cut = _join(
-            prompt_ids, encode_response_text(tokenizer, example.rejected), max_length, overlong
+            prompt_ids,
+            encode_reply_ids(tokenizer, example.prompt, example.rejected, example.where),
+            max_length,
+            overlong,
         )
         kept = chosen is not None and rejected is not None
         _count(report, kept, chosen_cut or rejected_cut, example.where)
@@ -223,6 +255,7 @@ def encode_rankings(
     name: str = "ranking data",
 ) -> list[EncodedRanking]:
     _check_policy(overlong, max_length)
+    check_tokenizer_on(tokenizer, examples)
     report = OverlongReport(total=len(examples))
     encoded = []
     for example in examples:
@@ -249,6 +282,7 @@ def encode_prompts(
     """Prompt ids for generation. ``truncate`` keeps the last ``max_length`` tokens (the end
     of a prompt is what the response continues)."""
     _check_policy(overlong, max_length)
+    check_tokenizer_on(tokenizer, examples)
     report = OverlongReport(total=len(examples))
     encoded = []
     for example in examples:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from proxrl.models.tokenizer import looks_like_local_path, unreachable_hub_host, use_hub_cache_only
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -31,10 +32,48 @@ FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
 def check_data_source(source: str) -> None:
-    """Fail early (before a run starts) when ``source`` names a data file that is missing."""
+    """Fail early (before a run starts) when ``source`` names a local file or directory that is
+    missing: a data file by its suffix, a path by its look (``./x``, ``runs/x`` when ``runs/``
+    exists: ``models.tokenizer.looks_like_local_path``)."""
     path = os.path.expanduser(source)
-    if path.lower().endswith(FILE_SUFFIXES) and not os.path.isfile(path):
+    if os.path.exists(path):
+        return
+    if path.lower().endswith(FILE_SUFFIXES):
         raise ProxrlError(f"data file '{source}' does not exist")
+    if looks_like_local_path(source):
+        raise ProxrlError(f"data path '{source}' does not exist")
+
+
+def check_hub_dataset_reachable(source: str) -> None:
+    """The data side of ``models.tokenizer.check_hub_model_reachable``: when the hub's host does
+    not resolve, a datasets name that ``datasets`` has cached is read from the cache alone, and
+    any other name (a mistyped path, usually) fails now instead of after ~30 s of retries."""
+    host = unreachable_hub_host()
+    if host is None:
+        return
+    name = source.partition(":")[0]
+    if _in_datasets_cache(name):
+        import datasets
+
+        use_hub_cache_only(host, name)
+        datasets.config.HF_HUB_OFFLINE = True
+        return
+    raise ProxrlError(
+        f"data '{source}' is neither a local file or directory nor a datasets hub name in the "
+        f"local cache, and {host} cannot be reached from here; check the path, or load the "
+        "dataset once on a connected machine"
+    )
+
+
+def _in_datasets_cache(name: str) -> bool:
+    """Whether ``datasets`` holds a prepared copy of hub dataset ``name`` (where its offline
+    mode looks: ``<cache>/<namespace>___<snake_case name>``)."""
+    import datasets
+    from datasets.naming import camelcase_to_snakecase
+
+    parts = name.split("/")
+    parts[-1] = camelcase_to_snakecase(parts[-1])
+    return os.path.isdir(os.path.join(datasets.config.HF_DATASETS_CACHE, "___".join(parts)))
 
 
 def read_rows(source: str, split: str = "train") -> list[Row]:
@@ -57,6 +96,7 @@ def read_rows(source: str, split: str = "train") -> list[Row]:
             f"data file '{source}': unknown format; expected .jsonl, .json, .csv, .parquet or a "
             "saved datasets directory"
         )
+    check_hub_dataset_reachable(source)
     return _read_hub_dataset(source, split)
 
 

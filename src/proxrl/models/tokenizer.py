@@ -5,9 +5,11 @@
   "last non-pad token" both confuse the real end of a response with padding.
 - Padding side is a choice made where padding happens: right for training (this module leaves
   the tokenizer on the right), left for batched generation (``padding_side("left")``).
-- Every loaded tokenizer must round-trip a sample text. transformers 5.x can load a tokenizer
-  that encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type
-  config); training on empty sequences would then "work" and learn nothing.
+- A tokenizer is judged on the run's own data (``check_round_trip`` on the first rows' texts,
+  called by ``data.encoding``), not on a fixed English sentence that a domain- or
+  language-specific tokenizer need not cover. transformers 5.x can load a tokenizer that
+  encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type config);
+  training on empty sequences would then "work" and learn nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -26,7 +28,6 @@ from proxrl.runtime.errors import ProxrlError
 log = logging.getLogger(__name__)
 
 PAD_TOKEN = "<|pad|>"
-ROUND_TRIP_SAMPLE = "The quick brown fox jumps over the lazy dog. 0123456789"
 
 
 def looks_like_local_path(name_or_path: str) -> bool:
@@ -82,35 +83,53 @@ def check_hub_model_reachable(repo_id: str) -> None:
     """When the hub's host does not even resolve (an air-gapped machine), every download would
     retry for ~50 s before giving up: a hub id in the local cache is then loaded from it alone
     (Hugging Face's offline mode, for this process), and one that is not fails now, in one line."""
-    from urllib.parse import urlparse
+    from huggingface_hub import try_to_load_from_cache
 
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if constants.HF_HUB_OFFLINE:
-        return  # transformers reads the cache only, and fails at once without it
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
-        return  # behind a proxy the hub's name need not resolve here: let the download try
-    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
-    if host_resolves(host):
+    host = unreachable_hub_host()
+    if host is None:
         return
     try:
         cached = any(isinstance(try_to_load_from_cache(repo_id, f), str) for f in MODEL_FILES)
     except ValueError:  # not a valid repo id: transformers' own message says why
         return
     if cached:
-        log.warning(
-            "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
-            host,
-            repo_id,
-        )
-        constants.HF_HUB_OFFLINE = True
-        os.environ["HF_HUB_OFFLINE"] = "1"  # and for the processes this one starts
+        use_hub_cache_only(host, repo_id)
         return
     raise ProxrlError(
         f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, "
         f"and {host} cannot be reached from here; download it on a connected machine "
         "(huggingface-cli download) or pass a local directory"
     )
+
+
+def unreachable_hub_host() -> str | None:
+    """The hub's host name when it does not resolve from here (so a download would only retry
+    until it times out), else None: also None in offline mode (the libraries then read the cache
+    only and fail at once) and behind a proxy (which may resolve what this machine cannot)."""
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    return None if host_resolves(host) else host
+
+
+def use_hub_cache_only(host: str, name: str) -> None:
+    """Switch this process (and those it starts) to Hugging Face's offline mode, so ``name`` is
+    read from the local cache without a request."""
+    from huggingface_hub import constants
+
+    log.warning(
+        "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
+        host,
+        name,
+    )
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def host_resolves(host: str) -> bool:
@@ -127,9 +146,9 @@ def load_tokenizer(
     trust_remote_code: bool = False,
     revision: str | None = None,
 ) -> PreTrainedTokenizerBase:
-    """Load a tokenizer, give it a pad token distinct from EOS, pad on the right, and check that
-    it round-trips text. Embeddings of a model used with it must then be resized with
-    ``resize_for_tokenizer``."""
+    """Load a tokenizer, give it a pad token distinct from EOS and pad on the right (the data's
+    encoding then checks it on the run's own texts: ``check_round_trip``). Embeddings of a model
+    used with it must then be resized with ``resize_for_tokenizer``."""
     check_model_source(name_or_path)
     path = os.path.expanduser(name_or_path)
     base = adapter_base(path) if os.path.isdir(path) else None
@@ -153,7 +172,6 @@ def load_tokenizer(
         ) from exc
     ensure_pad_token(tokenizer)
     tokenizer.padding_side = "right"
-    check_round_trip(tokenizer, source=name_or_path)
     return tokenizer
 
 
@@ -171,24 +189,42 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def check_round_trip(
-    tokenizer: PreTrainedTokenizerBase, text: str = ROUND_TRIP_SAMPLE, source: str = "tokenizer"
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], source: str | None = None
 ) -> None:
-    """Raise if ``text`` encodes to no tokens or decodes to nothing; warn if it changes."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) == 0:
+    """Judge the tokenizer on ``texts``, the run's own (the first rows' prompts and responses):
+    raise if none of them encodes to a token, or if all decode to empty text; warn when some do
+    not come back exactly (tokens it does not know, normalised whitespace)."""
+    source = source or getattr(tokenizer, "name_or_path", "") or "tokenizer"
+    samples = [t for t in texts if t.strip()]
+    if not samples:
+        return
+    encoded = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in samples]
+    if not any(encoded):
         raise ProxrlError(
-            f"tokenizer from '{source}' encodes the sample text {text!r} to zero tokens; "
-            "it is broken (transformers may have loaded it with the wrong tokenizer class)"
+            f"tokenizer from '{source}' encodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to zero tokens; it is broken (transformers may have "
+            "loaded it with the wrong tokenizer class)"
         )
-    decoded = tokenizer.decode(ids, skip_special_tokens=True)
-    if not decoded.strip():
+    decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in encoded]
+    if not any(d.strip() for d in decoded):
         raise ProxrlError(
-            f"tokenizer from '{source}' decodes {len(ids)} sample tokens to empty text"
+            f"tokenizer from '{source}' decodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to empty text: it knows none of their tokens"
         )
-    if decoded.strip() != text.strip():
+    changed = [(t, d) for t, d in zip(samples, decoded, strict=True) if d.strip() != t.strip()]
+    if changed:
         log.warning(
-            "tokenizer from '%s' does not round-trip exactly: %r -> %r", source, text, decoded
+            "tokenizer from '%s' does not round-trip %d of the data's first %d texts exactly "
+            "(first: %r -> %r)",
+            source,
+            len(changed),
+            len(samples),
+            *changed[0],
         )
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 30 else repr(text[:27] + "...")
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

@@ -2,8 +2,10 @@
 a weighted sum of several.
 
 A reward function is named ``module:function`` and is imported only from there. It is called
-as ``fn(prompts, completions, **columns)`` — ``columns`` are the prompt file's other fields,
-one list entry per completion — and returns one finite float per completion. Anything else
+as ``fn(prompts, completions, **columns)`` — ``prompts`` as the data holds them (a string, or
+for a conversational row its list of messages, as TRL passes them), ``completions`` the
+generated strings, ``columns`` the prompt file's other fields, one list entry per completion —
+and returns one finite float per completion. Anything else
 stops the run with a message naming the function and the first bad prompt index.
 """
 
@@ -22,6 +24,7 @@ from proxrl.data.batching import pad_right
 from proxrl.data.encoding import encode_prompt_text, encode_response_text
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import sequence_scores
+from proxrl.models.tokenizer import check_round_trip
 from proxrl.runtime.errors import ProxrlError
 
 RewardFn = Callable[..., Sequence[float]]
@@ -56,7 +59,7 @@ class FunctionReward:
     def __call__(
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
     ) -> Tensor:
-        texts = [p.prompt for p in prompts]
+        texts = [p.prompt if p.messages is None else p.messages for p in prompts]
         try:
             values = list(self.fn(texts, completions, **columns))
         except Exception as exc:
@@ -87,6 +90,7 @@ class RewardModelReward:
     tokenizer: Any
     normalize: bool = True
     batch_size: int = 64
+    checked: bool = False  # its tokenizer judged on the run's first prompts
 
     name = "reward_model"
 
@@ -94,6 +98,9 @@ class RewardModelReward:
     def __call__(
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
     ) -> Tensor:
+        if not self.checked:
+            check_round_trip(self.tokenizer, [t for p in prompts[:8] for t in p.texts()])
+            self.checked = True
         device = next(self.model.parameters()).device
         rows = [
             encode_prompt_text(self.tokenizer, p.prompt, p.messages)

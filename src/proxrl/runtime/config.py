@@ -74,9 +74,12 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise ``ProxrlError`` for values no run can use."""
+        from proxrl.runtime.distributed import check_launch
+
         if self.resume and self.overwrite:
             raise ProxrlError("--resume and --overwrite exclude each other; pick one")
         check_ranges(self)
+        check_launch()  # a launch that asked for several processes and got one
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,6 +47,28 @@ def _env_world_size() -> int:
         return 1
 
 
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+SINGLE_PROCESS_LAUNCH = (
+    "accelerate launch asked for several processes but started only this one (its --cpu / "
+    "MULTI_CPU mode needs MPI); on one machine run: accelerate launch --multi_gpu "
+    "--num_processes N -m proxrl ... (without GPUs proxrl runs the processes on the CPU over "
+    "gloo), or torchrun --nproc_per_node N -m proxrl ..."
+)
+
+
+def check_launch() -> None:
+    """Refuse a launch that asked for several processes and got one. ``accelerate launch --cpu
+    --num_processes N`` (or a MULTI_CPU config) without an MPI hostfile runs the script once, as
+    a plain process, with no error: the run would silently be single-process. Its launcher sets
+    MASTER_ADDR/MASTER_PORT only when more than one process is asked for, while every launcher
+    that does start several (torchrun, accelerate's multi-GPU path, mpirun) sets a world size."""
+    launched_by_accelerate = "ACCELERATE_USE_CPU" in os.environ
+    asked_for_several = "MASTER_PORT" in os.environ
+    got_several = any(os.environ.get(name) for name in WORLD_SIZE_VARIABLES)
+    if launched_by_accelerate and asked_for_several and not got_several:
+        raise ProxrlError(SINGLE_PROCESS_LAUNCH)
+
+
 @lru_cache(maxsize=1)
 def _state() -> Any:
     """``accelerate.PartialState`` when launched on several processes, else ``None``."""

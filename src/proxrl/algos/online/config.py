@@ -31,6 +31,8 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
+DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
+
 
 @dataclass
 class OnlineConfig(ModelRunConfig):
@@ -39,11 +41,13 @@ class OnlineConfig(ModelRunConfig):
     model: str = ""
     """Policy to start from (usually an SFT model): hub id or local directory."""
     prompts: str = ""
-    """Prompt data ({"prompt"} or {"messages"} rows; other fields reach reward functions)."""
+    """Prompt data: any row with a prompt, standard or conversational (docs/datasets.md); other
+    fields reach reward functions."""
     reward_model: str | None = None
     """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
     reward_fn: tuple[str, ...] = ()
-    """Reward functions as module:function, called with (prompts, completions, **columns)."""
+    """Reward functions as module:function (one, or a list), called with (prompts, completions,
+    **columns)."""
     reward_weights: Annotated[tuple[float, ...], Range()] = ()
     """Weight of each reward source, reward model first (default: all 1)."""
     iterations: Annotated[int, Range(ge=1)] = 100
@@ -92,8 +96,9 @@ class OnlineConfig(ModelRunConfig):
     short after them is filled with dropped groups (counted in sampling/filled_groups)."""
     ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each rollout batch."""
-    mini_batch_size: Annotated[int, Range(ge=1)] = 16
-    """Responses per optimizer step."""
+    mini_batch_size: Annotated[int | None, Range(ge=1)] = None
+    """Responses per optimizer step (None: the largest divisor of an iteration's responses up to
+    16 that grad_accum divides)."""
     grad_accum: Annotated[int, Range(ge=1)] = 1
     """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
@@ -184,13 +189,31 @@ class OnlineConfig(ModelRunConfig):
     """Keep the reference and reward models on the CPU (their forward passes run there), freeing
     accelerator memory for the actor and critic."""
 
+    def __post_init__(self) -> None:
+        # One reward function alone, as TRL's reward_funcs takes it: "m:f" means ("m:f",).
+        if isinstance(self.reward_fn, str):
+            self.reward_fn = (self.reward_fn,)
+        if isinstance(self.reward_weights, (int, float)):
+            self.reward_weights = (float(self.reward_weights),)
+
     @property
     def responses_per_iteration(self) -> int:
         return self.rollout_batch_size * self.group_size
 
     @property
+    def responses_per_step(self) -> int:
+        """mini_batch_size, or by default one that follows the batch the user chose: the largest
+        divisor of responses_per_iteration up to 16 (16 itself for the default batch) that
+        grad_accum divides."""
+        if self.mini_batch_size is not None:
+            return self.mini_batch_size
+        n, cap = self.responses_per_iteration, max(DEFAULT_MINI_BATCH, self.grad_accum)
+        fits = [d for d in range(self.grad_accum, cap + 1, self.grad_accum) if n % d == 0]
+        return max(fits, default=n)
+
+    @property
     def micro_batch_size(self) -> int:
-        return self.mini_batch_size // self.grad_accum
+        return self.responses_per_step // self.grad_accum
 
     @property
     def aggregation(self) -> Aggregation:
@@ -227,16 +250,17 @@ class OnlineConfig(ModelRunConfig):
             raise ProxrlError(
                 "kl_coef: the proportional controller scales β, so it cannot start from 0"
             )
-        if self.responses_per_iteration % self.mini_batch_size:
+        step = self.responses_per_step
+        if self.responses_per_iteration % step:
             raise ProxrlError(
-                f"mini_batch_size: {self.mini_batch_size} does not divide the "
+                f"mini_batch_size: {step} does not divide the "
                 f"{self.responses_per_iteration} responses of an iteration "
                 f"(rollout_batch_size {self.rollout_batch_size} × group_size {self.group_size})"
             )
-        if self.mini_batch_size % self.grad_accum:
+        if step % self.grad_accum:
             raise ProxrlError(
-                f"grad_accum: {self.grad_accum} does not divide "
-                f"mini_batch_size {self.mini_batch_size}"
+                f"grad_accum: {self.grad_accum} does not divide mini_batch_size {step}"
+                + ("" if self.mini_batch_size else " (the default: give mini_batch_size)")
             )
         if self.sampler == "vllm":
             from proxrl.rollout.vllm_sampler import INSTALL, vllm_available

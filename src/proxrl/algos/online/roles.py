@@ -12,7 +12,7 @@ from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
-from proxrl.data.encoding import encode_prompt_text
+from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
@@ -77,6 +77,7 @@ def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
 
 def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:
     examples = load_prompt_examples(cfg.prompts)
+    check_tokenizer_on(tokenizer, examples)
     kept, ids = [], []
     for example in examples:
         encoded = encode_prompt_text(tokenizer, example.prompt, example.messages)

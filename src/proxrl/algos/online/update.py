@@ -64,7 +64,7 @@ def update(
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
         for minibatch in torch.randperm(len(experience), generator=generator).split(
-            cfg.mini_batch_size
+            cfg.responses_per_step
         ):
             # The normaliser of every loss term is counted on the whole minibatch before its
             # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
