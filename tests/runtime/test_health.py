@@ -3,6 +3,7 @@ hand where the series is noise-free) and stays silent on a healthy one."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -205,3 +206,24 @@ def test_monitor_warns_once_when_a_rule_first_fires(caplog):
     # a resumed run, seeded with the rows so far, does not warn again
     resumed = HealthMonitor(monitor.rows)
     assert resumed.observe(101, {"objective/kl": 60.0}) == []
+
+
+def test_report_has_a_health_section_in_reading_order(tmp_path):
+    from proxrl.report import write_report
+
+    proxy, gold = hacked_series(0)
+    sick = rows_of(
+        objective__kl=[0.5 * s for s in STEPS],
+        objective__scores=proxy,
+        reward__gold=gold,
+        reward__reward_model=proxy,
+    )
+    for name, rows in (("sick", sick), ("sft", [{"step": 1, "train/loss": 1.0}])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    report = write_report(tmp_path).read_text()
+    section = report.split("## Health")[1].split("\n## ")[0]
+    assert "sft" not in section  # no rule reads an SFT run's metrics
+    assert section.index("`kl_runaway` since iteration 23") < section.index("`reward_hacking`")

@@ -352,6 +352,8 @@ def render_markdown(runs: Mapping[str, Sequence[Row]]) -> list[str]:
         "",
     ]
     for name, rows in runs.items():
+        if not any(all(first_metric(rows, c) for c in rule.metrics) for rule in RULES):
+            continue  # a run none of the rules reads (SFT, a reward model)
         findings = diagnose(rows)
         if not findings:
             lines.append(f"- **{name}**: no rule fired.")

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
+from proxrl.algos.online.heldout import HeldOutFields
 from proxrl.core import (
     AdaptiveKL,
     Aggregation,
@@ -33,7 +34,7 @@ from proxrl.runtime.fields import Range, alias
 
 
 @dataclass
-class OnlineConfig(ModelRunConfig):
+class OnlineConfig(HeldOutFields, ModelRunConfig):
     """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
 
     model: str = ""
@@ -199,6 +200,7 @@ class OnlineConfig(ModelRunConfig):
 
     def validate(self) -> None:
         super().validate()
+        self.validate_held_out()
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
