@@ -41,12 +41,18 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     """Policy to start from (usually an SFT model): hub id or local directory."""
     prompts: str = ""
     """Prompt data ({"prompt"} or {"messages"} rows; other fields reach reward functions)."""
-    reward_model: str | None = None
-    """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
+    reward_model: tuple[str, ...] = ()
+    """Reward model (num_labels=1 sequence classifier): hub id or local directory; several form
+    an ensemble (one reward source: each standardised by its training scores, then combined)."""
     reward_fn: tuple[str, ...] = ()
     """Reward functions as module:function, called with (prompts, completions, **columns)."""
     reward_weights: Annotated[tuple[float, ...], Range()] = ()
-    """Weight of each reward source, reward model first (default: all 1)."""
+    """Weight of each reward source, reward model (or ensemble) first (default: all 1)."""
+    reward_ensemble: Literal["mean", "min", "mean_minus_std"] = "mean"
+    """How several reward models' standardised scores combine per response: mean, min, or
+    mean − reward_ensemble_std_coef × their std."""
+    reward_ensemble_std_coef: Annotated[float, Range(ge=0)] = 1.0
+    """k of reward_ensemble mean_minus_std: how much the members' disagreement costs."""
     iterations: Annotated[int, Range(ge=1)] = 100
     """Rollout-and-update iterations."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
@@ -198,6 +204,10 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
         """``loss_aggregation`` bound to Dr. GRPO's constant horizon, the generation budget."""
         return aggregation(self.loss_aggregation, self.max_new_tokens)
 
+    def __post_init__(self) -> None:
+        if self.reward_model is None or isinstance(self.reward_model, str):  # Python callers
+            self.reward_model = () if self.reward_model is None else (self.reward_model,)
+
     def validate(self) -> None:
         super().validate()
         self.validate_held_out()
@@ -205,11 +215,11 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
-        if self.reward_model is None and not self.reward_fn:
+        if not self.reward_model and not self.reward_fn:
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both"
             )
-        sources = (self.reward_model is not None) + len(self.reward_fn)
+        sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
                 f"reward_weights: expected {sources} weights (one per reward source), "
