@@ -8,7 +8,6 @@ import math
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 from test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
@@ -165,3 +164,72 @@ def test_resume_equals_the_whole_run_with_held_out_state(tiny_lm, prompts, tmp_p
     assert (resumed / "best" / "best.json").read_text() == (
         whole / "best" / "best.json"
     ).read_text()
+
+
+def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path):  # noqa: F811
+    """Killed with SIGKILL after its first checkpoint and resumed: the same rows (eval/ ones
+    too), the same best/ and bit-identical weights as the run left alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    def config(out: Path) -> Path:
+        fields = {
+            "model": tiny_lm,
+            "prompts": prompts,
+            "reward_fn": ["online_rewards:target_fraction"],
+            "output_dir": str(out),
+            "iterations": 6,
+            "rollout_batch_size": 8,
+            "group_size": 2,
+            "max_new_tokens": 8,
+            "mini_batch_size": 8,
+            "learning_rate": 3e-3,
+            "progress": False,
+            "seed": 5,
+            "save_every": 1,
+            "keep_checkpoints": 2,
+            "eval_data": prompts,
+            "eval_every": 1,
+            "eval_greedy": False,
+            "eval_reward_fn": "heldout_rewards:length",
+            "stop_on_reward_hacking": True,
+            "early_stopping_patience": 4,
+        }
+        path = out.with_suffix(".yaml")
+        path.write_text(yaml.safe_dump(fields))
+        return path
+
+    src = Path(__file__).resolve().parents[2] / "src"  # this checkout's proxrl
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parent)]),
+        "OMP_NUM_THREADS": "1",
+    }
+    run = [sys.executable, "-m", "proxrl", "ppo", "--config"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    subprocess.run([*run, str(config(whole))], env=env, check=True, capture_output=True)
+    process = subprocess.Popen(
+        [*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 300
+    while not any((killed / "checkpoints").glob("step_*/manifest.json")) and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
+    subprocess.run(
+        [*run, str(config(killed)), "--resume", "True"], env=env, check=True, capture_output=True
+    )
+
+    def comparable(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+    assert comparable(read_metrics(killed)) == comparable(read_metrics(whole))
+    for name in ("model.safetensors", "best/model.safetensors"):
+        a, b = load_file(whole / name), load_file(killed / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert (killed / "best" / "best.json").read_text() == (whole / "best" / "best.json").read_text()

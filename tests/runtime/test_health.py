@@ -89,6 +89,11 @@ def test_value_loss_diverging_and_explained_variance():
     loss = [1.0 if s <= 50 else 2.0 ** (s - 50) for s in STEPS]
     expected = 55
     assert value_loss_diverging(STEPS, loss) == expected
+    # measured from its lowest, not its start: 5 falling to 0.2 by 30, 0.1 to 40, then 2 (20×
+    # the low, 0.4× the start): the trailing mean passes 10 × 0.1 = 1 with three points of 2,
+    # (2 · 0.1 + 3 · 2)/5 = 1.24 at 43
+    dip = [5.0 - 0.16 * s if s <= 30 else (0.1 if s <= 40 else 2.0) for s in STEPS]
+    assert value_loss_diverging(STEPS, dip) == 43
     falling = [10.0 * math.exp(-s / 30) + 0.1 for s in STEPS]  # a critic that learns
     assert value_loss_diverging(STEPS, falling) is None
     # Explained variance starts at −1 (every critic does) and climbs to 0.8 by iteration 8:
