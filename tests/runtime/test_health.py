@@ -225,9 +225,7 @@ def test_report_has_a_health_section_in_reading_order(tmp_path):
     )
     for name, rows in (("sick", sick), ("sft", [{"step": 1, "train/loss": 1.0}])):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.jsonl").write_text(
-            "".join(json.dumps(r) + "\n" for r in rows)
-        )
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(tmp_path).read_text()
     section = report.split("## Health")[1].split("\n## ")[0]
     assert "sft" not in section  # no rule reads an SFT run's metrics
