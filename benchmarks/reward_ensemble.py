@@ -13,7 +13,7 @@ mean, the minimum or mean − 1·std of their standardised scores — with β = 
 training-score std of the members, so a unit of KL costs what it costs the demo's PPO) and
 with β = 0. Every policy is evaluated like the demo's (gold: exact accuracy; proxy: the demo's
 reward model, in its units; KL to SFT; 200 held-out prompts × 4 samples). Printed per row: gold
-and proxy per seed and their means; results also go to ``OUT/ensemble.json``.
+and proxy per seed and their means; results also go to ``OUT/ensemble_<seeds>.json``.
 """
 
 from __future__ import annotations
