@@ -301,7 +301,7 @@ RULES = (
         (EXPLAINED_VAR_METRICS,),
         explained_variance_negative,
         "the critic predicts the returns worse than their mean (explained variance < 0)",
-        "warm the critic up (critic_warmup), a higher critic_learning_rate or vf_coef",
+        "warm the critic up (critic_warmup_iterations), a higher critic_learning_rate or vf_coef",
     ),
     Rule(
         "length_balloon",
@@ -315,8 +315,8 @@ RULES = (
         (REWARD_METRICS, HELDOUT_METRICS),
         reward_hacking,
         "the trained reward rises while the held-out score falls",
-        "stop early (early_stop, keep best/), a larger kl_coef, a reward-model ensemble, "
-        "reset the reference (ref_reset_every)",
+        "stop early (eval_data with stop_on_reward_hacking; best/ keeps the best policy), a "
+        "larger kl_coef, a reward-model ensemble, reset the reference (ref_reset_every)",
     ),
 )
 
