@@ -8,6 +8,9 @@ KL coefficient, value loss, clip fraction, entropy, response length, training lo
 vs proxy for every run that logged both (``reward/gold`` and ``reward/reward_model`` by
 default: the demo logs the signal a run does not optimise at weight 0).
 
+Health: the rules of ``runtime.health`` (KL first, then the value loss, then the reward) applied
+to every run, in words, with the iteration each finding starts at.
+
 Samples: ``samples.jsonl`` (rows ``{iteration, prompt, completion, score}`` written by the
 online trainers) gives the first and last logged iteration of each run; a ``summary.json`` and
 an ``eval_samples.jsonl`` (rows ``{policy, prompt, completion, ...}``, written by the demo) add
@@ -28,6 +31,7 @@ import tyro
 from proxrl.runtime.checkpoint import RUN_MARKER
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, check_ranges
+from proxrl.runtime.health import render_markdown as health_section
 from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)
@@ -262,6 +266,7 @@ def write_report(
     lines = [f"# Report: {run_dir.name or run_dir}", "", f"Runs: {', '.join(runs)}.", ""]
     if summary is not None:
         lines += ["## Held-out evaluation", "", *summary_table(summary)]
+    lines += health_section(runs)
     if MAIN_PLOT in plots:
         lines += [
             "## Gold vs proxy during training",

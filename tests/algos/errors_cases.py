@@ -1074,6 +1074,35 @@ CASES: list[Case] = [
             ("MASTER_PORT", "29500"),
         ),
     ),
+    # issue 22
+    Case(
+        "ppo: early stop without held-out prompts",
+        (*PPO, "--reward-fn", "os:getcwd", "--early-stopping-patience", "3"),
+        "proxrl ppo: error: early_stopping_patience: needs eval_data (held-out prompts to score)",
+    ),
+    Case(
+        "grpo: final_model best without held-out prompts",
+        (*GRPO, "--reward-fn", "os:getcwd", "--final-model", "best"),
+        "proxrl grpo: error: final_model: needs eval_data (held-out prompts to score)",
+    ),
+    Case(
+        "ppo: eval_data file missing",
+        (*PPO, "--reward-fn", "os:getcwd", "--eval-data", "data/nope.jsonl"),
+        "proxrl ppo: error: eval_data: data file 'data/nope.jsonl' does not exist",
+    ),
+    Case(
+        "grpo: held-out metric that does not import",
+        (
+            *GRPO,
+            "--reward-fn",
+            "os:getcwd",
+            "--eval-data",
+            "prompts.jsonl",
+            "--eval-reward-fn",
+            "nope_mod:score",
+        ),
+        "proxrl grpo: error: eval_reward_fn: cannot import module 'nope_mod' (No module named 'nope_mod')",
+    ),
 ]
 
 

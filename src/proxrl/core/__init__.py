@@ -27,6 +27,14 @@ from proxrl.core.correction import (
     seq_tis_weights,
     tis_weights,
 )
+from proxrl.core.ensemble import (
+    ENSEMBLE_COMBINATIONS,
+    ensemble_mean,
+    ensemble_mean_minus_std,
+    ensemble_min,
+    ensemble_spread,
+    standardised_scores,
+)
 from proxrl.core.kl import (
     KL_ESTIMATORS,
     AdaptiveKL,
@@ -85,6 +93,12 @@ from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
     "AGGREGATIONS",
+    "ENSEMBLE_COMBINATIONS",
+    "ensemble_mean",
+    "ensemble_mean_minus_std",
+    "ensemble_min",
+    "ensemble_spread",
+    "standardised_scores",
     "REWARD_SCALES",
     "KL_ESTIMATORS",
     "AdaptiveKL",

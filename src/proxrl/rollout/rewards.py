@@ -133,5 +133,6 @@ class WeightedRewards:
         for source, weight in zip(self.sources, self.weights, strict=True):
             scores = source(prompts, completions, columns)
             parts[f"reward/{source.name}"] = scores.mean().item()
+            parts.update(getattr(source, "last_parts", {}))  # an ensemble's members and spread
             total = total + weight * scores
         return total, parts

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
+from proxrl.algos.online.heldout import HeldOutFields
 from proxrl.core import (
     AdaptiveKL,
     Aggregation,
@@ -35,7 +36,7 @@ DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
 
 @dataclass
-class OnlineConfig(ModelRunConfig):
+class OnlineConfig(HeldOutFields, ModelRunConfig):
     """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
 
     model: str = ""
@@ -43,13 +44,19 @@ class OnlineConfig(ModelRunConfig):
     prompts: str = ""
     """Prompt data: any row with a prompt, standard or conversational (docs/datasets.md); other
     fields reach reward functions."""
-    reward_model: str | None = None
-    """Reward model (num_labels=1 sequence classifier): hub id or local directory."""
+    reward_model: tuple[str, ...] = ()
+    """Reward model (num_labels=1 sequence classifier): hub id or local directory; several form
+    an ensemble (one reward source: each standardised by its training scores, then combined)."""
     reward_fn: tuple[str, ...] = ()
     """Reward functions as module:function (one, or a list), called with (prompts, completions,
     **columns)."""
     reward_weights: Annotated[tuple[float, ...], Range()] = ()
-    """Weight of each reward source, reward model first (default: all 1)."""
+    """Weight of each reward source, reward model (or ensemble) first (default: all 1)."""
+    reward_ensemble: Literal["mean", "min", "mean_minus_std"] = "mean"
+    """How several reward models' standardised scores combine per response: mean, min, or
+    mean − reward_ensemble_std_coef × their std."""
+    reward_ensemble_std_coef: Annotated[float, Range(ge=0)] = 1.0
+    """k of reward_ensemble mean_minus_std: how much the members' disagreement costs."""
     iterations: Annotated[int, Range(ge=1)] = 100
     """Rollout-and-update iterations."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
@@ -190,6 +197,8 @@ class OnlineConfig(ModelRunConfig):
     accelerator memory for the actor and critic."""
 
     def __post_init__(self) -> None:
+        if self.reward_model is None or isinstance(self.reward_model, str):  # Python callers
+            self.reward_model = () if self.reward_model is None else (self.reward_model,)
         # One reward function alone, as TRL's reward_funcs takes it: "m:f" means ("m:f",).
         if isinstance(self.reward_fn, str):
             self.reward_fn = (self.reward_fn,)
@@ -222,15 +231,16 @@ class OnlineConfig(ModelRunConfig):
 
     def validate(self) -> None:
         super().validate()
+        self.validate_held_out()
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
-        if self.reward_model is None and not self.reward_fn:
+        if not self.reward_model and not self.reward_fn:
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both"
             )
-        sources = (self.reward_model is not None) + len(self.reward_fn)
+        sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
                 f"reward_weights: expected {sources} weights (one per reward source), "

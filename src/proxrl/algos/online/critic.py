@@ -204,7 +204,8 @@ POLICY = "policy"
 def critic_start(source: str | None, cfg: OnlineConfig) -> str:
     """Where a separate critic starts, as veRL / OpenRLHF / NeMo RL allow:
 
-    - None: the reward model (InstructGPT; its head is kept), else the policy;
+    - None: the reward model (InstructGPT; its head is kept; an ensemble's first), else the
+      policy;
     - ``policy``: the policy (``model``), with a zero head, even when there is a reward model;
     - an earlier run's directory: its ``critic/`` (warm start from the critic proxrl saved);
     - any other model directory (a peft adapter's too: merged into its base) or hub id: that
@@ -213,7 +214,7 @@ def critic_start(source: str | None, cfg: OnlineConfig) -> str:
     A ppo/grpo run directory without ``critic/`` (critic-free, or ``critic: head``) and a
     directory with no model in it are one-line errors."""
     if source is None:
-        return cfg.reward_model or cfg.model
+        return cfg.reward_model[0] if cfg.reward_model else cfg.model
     if source == POLICY:
         return cfg.model
     path = Path(source)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
+from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
 from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_engine
 from proxrl.algos.online.update import NAMESPACES, update
@@ -33,8 +34,9 @@ from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import save_config_file
 from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.logs import rendered
-from proxrl.runtime.metrics import MetricsLogger, progress_bar
+from proxrl.runtime.metrics import MetricsLogger, progress_bar, read_metrics
 from proxrl.runtime.resume import check_resume
 from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
@@ -64,6 +66,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             models.actor, CachedSampler.CACHE_BUCKET
         )  # a model without one fails here, not mid-run
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
     world = dist.world_size()
     if world > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
         dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
@@ -120,6 +123,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         generator=generator,
         guard=guard,
     )
+    checkpointer.track(held_out=held_out)  # the early-stop history (None without eval_data)
 
     # Dynamic sampling draws extra batches of prompts: the data position is the iteration plus
     # the extra rounds so far, a counter of the checkpoint.
@@ -145,14 +149,16 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     if engine is not None:
         sync_weights(engine, models.actor)
 
-    # 4. Iterate.
+    # 4. Iterate. The health rules warn once each when they first fire (runtime.health).
+    health = HealthMonitor(read_metrics(output_dir) if start and dist.is_main() else ())
     last: dict[str, float] = {}
+    done, end = start, start if held_out is not None and held_out.stopped else cfg.iterations
     bar_on = cfg.progress and dist.is_main()
     with (
         progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=bar_on) as bar,
         GracefulStop() as stop,
     ):
-        for iteration in range(start, cfg.iterations):
+        for iteration in range(start, end):
             started = time.perf_counter()
             fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
             for opt, rate in zip(optimizers, base_rates, strict=True):
@@ -259,7 +265,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             row["perf/tokens_per_s"] = mask.sum().item() / elapsed
             row["time/iteration_s"] = elapsed
             row.update(timings)
+            stop_early = held_out is not None and held_out.step(iteration + 1, row, models)
             last = logger.log(iteration + 1, row)
+            if dist.is_main():
+                health.observe(iteration + 1, last)
             sample_now = cfg.sample_every and (
                 iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations
             )
@@ -279,14 +288,20 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 cfg.save_every
                 and (iteration + 1) % cfg.save_every == 0
                 and iteration + 1 < cfg.iterations
+                and not stop_early
             ):
                 save(iteration + 1)
+            done = iteration + 1
+            if stop_early:
+                break
 
     # 5. Final checkpoint and the policy (and critic) for transformers.
-    if cfg.iterations > start:
-        save(cfg.iterations)
+    if done > start:
+        save(done)
     if dist.is_main():
         save_policy(models, output_dir)
+        if held_out is not None:
+            held_out.finish(output_dir)
     dist.barrier()
     logger.close()
     return last

@@ -63,8 +63,9 @@ class Config(OnlineConfig):
     critic: Literal["separate", "head"] = "separate"
     """A separate value model, or a value head on the policy's backbone."""
     critic_model: str | None = None
-    """Where the separate critic starts: the reward model (default; else the policy), policy,
-    a model directory or hub id, or an earlier ppo run's directory (its critic/: warm start)."""
+    """Where the separate critic starts: the (first) reward model (default; else the policy),
+    policy, a model directory or hub id, or an earlier ppo run's directory (its critic/: warm
+    start)."""
     critic_learning_rate: Annotated[float, Range(gt=0)] = 1e-5
     """Critic learning rate (AdamW)."""
     vf_coef: Annotated[float, Range(ge=0)] = 0.1

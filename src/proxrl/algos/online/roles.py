@@ -18,6 +18,7 @@ from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.rollout.ensemble import EnsembleReward, training_score_std
 from proxrl.rollout.rewards import (
     FunctionReward,
     RewardModelReward,
@@ -62,17 +63,26 @@ def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
 
 def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
     sources: list[Any] = []
-    if cfg.reward_model is not None:
-        try:
-            # A checkpoint without a score head would get a random one: PPO would chase noise.
-            model = load_score_model(cfg.reward_model, new_head=None, **cfg.loader_kwargs())
-        except ProxrlError as exc:
-            raise ProxrlError(f"reward_model: {exc}") from exc
-        model.requires_grad_(False).eval()
-        rm_tokenizer = load_tokenizer(cfg.reward_model, trust_remote_code=cfg.trust_remote_code)
-        sources.append(RewardModelReward(model, rm_tokenizer))
+    members = [load_reward_model(cfg, path) for path in cfg.reward_model]
+    if len(members) == 1:
+        sources += members
+    elif members:  # an ensemble: one source (rollout.ensemble)
+        scales = [training_score_std(m, p) for m, p in zip(members, cfg.reward_model, strict=True)]
+        sources.append(
+            EnsembleReward(members, scales, cfg.reward_ensemble, cfg.reward_ensemble_std_coef)
+        )
     sources += [FunctionReward(spec, load_reward_function(spec)) for spec in cfg.reward_fn]
     return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
+
+
+def load_reward_model(cfg: OnlineConfig, path: str) -> RewardModelReward:
+    try:
+        # A checkpoint without a score head would get a random one: PPO would chase noise.
+        model = load_score_model(path, new_head=None, **cfg.loader_kwargs())
+    except ProxrlError as exc:
+        raise ProxrlError(f"reward_model: {exc}") from exc
+    model.requires_grad_(False).eval()
+    return RewardModelReward(model, load_tokenizer(path, trust_remote_code=cfg.trust_remote_code))
 
 
 def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:
@@ -114,5 +124,5 @@ def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) 
     if models.reference is not None:
         models.reference.to(frozen_device)
     for source in rewards.sources:
-        if hasattr(source, "model"):
-            source.model.to(frozen_device)
+        for model in getattr(source, "models", [source.model] if hasattr(source, "model") else []):
+            model.to(frozen_device)

@@ -1,0 +1,51 @@
+"""Reward-model ensembles: each member's scores put on one scale, then combined per response.
+
+Coste et al. 2023 ("Reward Model Ensembles Help Mitigate Overoptimization") compare the mean,
+the worst case (minimum) and an uncertainty-weighted mean that subtracts the members'
+disagreement; here the disagreement is their standard deviation, k · std (the paper subtracts
+λ · variance; the std keeps the penalty in the scores' units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+
+def standardised_scores(scores: Tensor, mean: float, std: float) -> Tensor:
+    """(B,) one member's scores → (B,) ``(scores − mean) / std``: in units of that member's
+    own spread, so members trained to different scales weigh the same in a combination."""
+    if not std > 0:
+        raise ValueError(f"std must be > 0, got {std}")
+    return (scores - mean) / std
+
+
+def ensemble_mean(scores: Tensor) -> Tensor:
+    """(K, B) members × responses → (B,) their mean."""
+    return scores.mean(0)
+
+
+def ensemble_min(scores: Tensor) -> Tensor:
+    """(K, B) → (B,) the lowest member's score (the worst case)."""
+    return scores.min(0).values
+
+
+def ensemble_spread(scores: Tensor) -> Tensor:
+    """(K, B) → (B,) the members' standard deviation (over K, population: divided by K), 0 for
+    a single member."""
+    return scores.std(0, correction=0)
+
+
+def ensemble_mean_minus_std(scores: Tensor, k: float = 1.0) -> Tensor:
+    """(K, B) → (B,) mean − k · std over the members: a score the members disagree on is
+    trusted less."""
+    return ensemble_mean(scores) - k * ensemble_spread(scores)
+
+
+ENSEMBLE_COMBINATIONS: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "mean": lambda scores, k: ensemble_mean(scores),
+    "min": lambda scores, k: ensemble_min(scores),
+    "mean_minus_std": ensemble_mean_minus_std,
+}
+"""``reward_ensemble`` → ((K, B) standardised member scores, k) → (B,) the ensemble's score."""

@@ -1,0 +1,126 @@
+"""A reward-model ensemble (``reward_model`` with several models) as one reward source: each
+member standardised by its own training-score std, combined as configured, its members and
+spread logged; how ``reward_weights`` count it and where a critic starts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from test_online import REWARD, prompts, small  # noqa: F401  (the module's prompt fixture)
+
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.critic import critic_start
+from proxrl.algos.online.roles import load_rewards
+from proxrl.data.formats import PromptExample
+from proxrl.models.scalar_head import load_score_model, store_score_normalization
+from proxrl.models.tokenizer import load_tokenizer
+from proxrl.rollout.ensemble import EnsembleReward
+from proxrl.rollout.rewards import RewardModelReward
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
+
+# (seed, training-score mean, training-score std) of each member
+MEMBERS = [(0, 0.3, 2.0), (1, -1.0, 0.5), (2, 0.0, 4.0)]
+
+
+@pytest.fixture(scope="module")
+def members(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    paths = []
+    for seed, mean, std in MEMBERS:
+        out = tmp_path_factory.mktemp("rm") / f"rm{seed}"
+        torch.manual_seed(seed)
+        model = load_score_model(tiny_lm, new_head="reward")
+        store_score_normalization(model, mean, std)
+        model.save_pretrained(out)
+        load_tokenizer(tiny_lm).save_pretrained(out)
+        paths.append(str(out))
+    return paths
+
+
+PROMPTS = [PromptExample("say: abc ->", None, "p:1"), PromptExample("say: def ->", None, "p:2")]
+COMPLETIONS = [" abc", " xyz qq"]
+
+
+def member_scores(paths: list[str]) -> torch.Tensor:
+    """(K, B) each member's own score (training mean subtracted) divided by its std."""
+    rows = []
+    for path, (_, _, std) in zip(paths, MEMBERS, strict=False):
+        source = RewardModelReward(load_score_model(path).eval(), load_tokenizer(path))
+        rows.append(source(PROMPTS, COMPLETIONS, {}) / std)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("combination", ["mean", "min", "mean_minus_std"])
+def test_the_ensemble_is_one_source_scoring_standardised_members(members, combination):
+    cfg = grpo.Config(
+        model="m",
+        prompts="p",
+        reward_model=tuple(members),
+        reward_ensemble=combination,
+        reward_ensemble_std_coef=0.5,
+    )
+    rewards = load_rewards(cfg)
+    (source,) = rewards.sources
+    assert isinstance(source, EnsembleReward)
+    total, parts = rewards(PROMPTS, COMPLETIONS, {})
+    z = member_scores(members)
+    mean, spread = z.mean(0), z.std(0, correction=0)
+    expected = {"mean": mean, "min": z.min(0).values, "mean_minus_std": mean - 0.5 * spread}
+    torch.testing.assert_close(total, expected[combination], rtol=1e-6, atol=1e-6)
+    assert parts["reward/reward_model"] == pytest.approx(expected[combination].mean().item())
+    for i in range(3):
+        assert parts[f"reward/reward_model_{i}"] == pytest.approx(z[i].mean().item(), abs=1e-6)
+    assert parts["reward/reward_model_spread"] == pytest.approx(spread.mean().item(), abs=1e-6)
+
+
+def test_one_reward_model_keeps_its_own_units(members):
+    (source,) = load_rewards(grpo.Config(model="m", prompts="p", reward_model=members[1])).sources
+    assert isinstance(source, RewardModelReward)  # no standardisation: the demo's numbers
+
+
+def test_reward_weights_count_the_ensemble_once(members):
+    fields = dict(model="m", prompts="p", reward_model=tuple(members), reward_fn=REWARD)
+    grpo.Config(**fields, reward_weights=(1.0, 0.5)).validate()
+    with pytest.raises(ProxrlError, match="expected 2 weights .one per reward source., got 4"):
+        grpo.Config(**fields, reward_weights=(1.0, 1.0, 1.0, 0.5)).validate()
+
+
+def test_a_critic_starts_from_the_first_member(members):
+    cfg = ppo.Config(model="policy", prompts="p", reward_model=tuple(members[::-1]))
+    assert critic_start(None, cfg) == members[2]
+
+
+def test_a_member_without_its_training_scale_is_refused(members, tiny_lm, tmp_path):
+    bare = tmp_path / "bare"
+    load_score_model(tiny_lm, new_head="reward").save_pretrained(bare)
+    load_tokenizer(tiny_lm).save_pretrained(bare)
+    cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], str(bare)))
+    with pytest.raises(ProxrlError, match=f"reward_model: {bare} has no reward_std in its config"):
+        load_rewards(cfg)
+
+
+def test_ppo_trains_on_an_ensemble_and_logs_members_and_spread(
+    members,
+    tiny_lm,
+    prompts,  # noqa: F811
+    tmp_path: Path,
+):
+    cfg = small(
+        ppo.Config,
+        tiny_lm,
+        prompts,
+        tmp_path / "run",
+        reward_fn=(),
+        reward_model=tuple(members[:2]),
+        reward_ensemble="mean_minus_std",
+        iterations=2,
+    )
+    ppo.train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    for key in ("reward/reward_model", "reward/reward_model_0", "reward/reward_model_1"):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert all(r["reward/reward_model_spread"] > 0 for r in rows)  # two random heads disagree
+    assert [r["objective/scores"] for r in rows] == [r["reward/reward_model"] for r in rows]

@@ -1,0 +1,58 @@
+"""Reward-model ensembles: each member standardised on its own scale, then mean, minimum or
+mean − k·std over the members, on hand-computed float64 cases."""
+
+import pytest
+from helpers import close, t
+
+from proxrl.core import (
+    ENSEMBLE_COMBINATIONS,
+    ensemble_mean,
+    ensemble_mean_minus_std,
+    ensemble_min,
+    ensemble_spread,
+    standardised_scores,
+)
+
+# Three members (rows) × two responses (columns).
+SCORES = t([[1.0, 4.0], [2.0, 0.0], [6.0, 2.0]])
+
+
+def test_standardised_scores_by_hand():
+    # a member whose training scores had mean 10, std 4: 14 → 1, 6 → −1, 10 → 0
+    close(standardised_scores(t([14.0, 6.0, 10.0]), 10.0, 4.0), [1.0, -1.0, 0.0])
+    # two members on different scales agree once standardised
+    a = standardised_scores(t([3.0, 5.0]), 4.0, 1.0)
+    b = standardised_scores(t([-20.0, 20.0]), 0.0, 20.0)
+    close(a, b)
+
+
+@pytest.mark.parametrize("std", [0.0, -1.0, float("nan")])
+def test_standardised_scores_refuse_a_scale_that_is_not_positive(std):
+    with pytest.raises(ValueError, match="std must be > 0"):
+        standardised_scores(t([1.0]), 0.0, std)
+
+
+def test_mean_min_and_spread_by_hand():
+    # response 0: 1, 2, 6 → mean 3, min 1, population variance ((−2)² + (−1)² + 3²)/3 = 14/3
+    # response 1: 4, 0, 2 → mean 2, min 0, variance (2² + (−2)² + 0²)/3 = 8/3
+    close(ensemble_mean(SCORES), [3.0, 2.0])
+    close(ensemble_min(SCORES), [1.0, 0.0])
+    close(ensemble_spread(SCORES), [(14 / 3) ** 0.5, (8 / 3) ** 0.5])
+    # mean − 0.5 · std: 3 − 0.5·2.16025 = 1.91987, 2 − 0.5·1.63299 = 1.18350
+    close(
+        ensemble_mean_minus_std(SCORES, 0.5), [3 - 0.5 * (14 / 3) ** 0.5, 2 - 0.5 * (8 / 3) ** 0.5]
+    )
+    close(ensemble_spread(t([[5.0, -1.0]])), [0.0, 0.0])  # one member: no disagreement
+
+
+def test_the_table_picks_each_combination():
+    close(ENSEMBLE_COMBINATIONS["mean"](SCORES, 9.0), [3.0, 2.0])  # k does not apply
+    close(ENSEMBLE_COMBINATIONS["min"](SCORES, 9.0), [1.0, 0.0])
+    close(ENSEMBLE_COMBINATIONS["mean_minus_std"](SCORES, 1.0), ensemble_mean_minus_std(SCORES))
+
+
+def test_inputs_are_not_mutated():
+    before = SCORES.clone()
+    for combine in ENSEMBLE_COMBINATIONS.values():
+        combine(SCORES, 1.0)
+    close(SCORES, before, rtol=0, atol=0)
