@@ -1,0 +1,17 @@
+"""proxrl: RLHF centred on PPO. ``proxrl.core`` is the pure math; the Python API
+(``proxrl.train``, ``proxrl.sft`` … ``proxrl.grpo``, ``proxrl.config``) is ``proxrl.api``,
+imported on first use so that ``import proxrl.core`` needs only torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Run", "classic", "config", "demo", "dpo", "grpo", "ppo", "rm", "sft", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from proxrl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'proxrl' has no attribute {name!r}")

@@ -19,6 +19,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from proxrl.models.tokenizer import check_model_source
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 DTYPES: dict[str, torch.dtype | str] = {
@@ -31,6 +32,10 @@ DTYPES: dict[str, torch.dtype | str] = {
     "float64": torch.float64,
     "auto": "auto",
 }
+
+
+NOTHING_MISSING: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": []}
+"""``output_loading_info`` of a model used as it is (nothing was loaded, nothing is missing)."""
 
 
 def resolve_dtype(name: str) -> torch.dtype | str:
@@ -53,7 +58,15 @@ def from_pretrained_kwargs(
 
 
 def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> PreTrainedModel:
-    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id."""
+    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A handle
+    of a model given to the Python API (``runtime.objects``) is that model when it is what
+    ``auto_class`` builds for its config; otherwise its saved copy is loaded as a directory."""
+    if objects.is_handle(name_or_path):
+        model = objects.lookup(name_or_path)
+        if isinstance(model, auto_class._model_mapping.get(type(model.config), ())):
+            model = objects.take_model(name_or_path)
+            return (model, NOTHING_MISSING) if kwargs.get("output_loading_info") else model
+        name_or_path = objects.saved_copy(name_or_path)
     check_model_source(name_or_path)
     try:
         return auto_class.from_pretrained(os.path.expanduser(name_or_path), **kwargs)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ def check_model_source(name_or_path: str) -> None:
     that holds no model (instead of a hub lookup or a loader's traceback)."""
     if not name_or_path:
         raise ProxrlError("model: expected a hub id or a local directory, got an empty string")
+    if objects.is_handle(name_or_path):
+        return
     path = os.path.expanduser(name_or_path)
     if os.path.isfile(path):
         raise ProxrlError(
@@ -127,10 +130,16 @@ def load_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """Load a tokenizer, give it a pad token distinct from EOS, pad on the right, and check that
     it round-trips text. Embeddings of a model used with it must then be resized with
-    ``resize_for_tokenizer``."""
+    ``resize_for_tokenizer``. For a model given to the Python API (a ``runtime.objects``
+    handle): a copy of the tokenizer given with it, else the one its ``name_or_path`` names."""
+    tokenizer = None
+    if objects.is_handle(name_or_path):
+        tokenizer = objects.tokenizer_of(name_or_path)
+        if tokenizer is None:
+            name_or_path = tokenizer_source(name_or_path)
     check_model_source(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(
             os.path.expanduser(name_or_path),
             trust_remote_code=trust_remote_code,
             revision=revision,
@@ -145,6 +154,18 @@ def load_tokenizer(
     tokenizer.padding_side = "right"
     check_round_trip(tokenizer, source=name_or_path)
     return tokenizer
+
+
+def tokenizer_source(handle: str) -> str:
+    """Where the tokenizer of a model given without one comes from: its ``name_or_path``."""
+    source = getattr(objects.lookup(handle), "name_or_path", "") or ""
+    field = handle.removeprefix(objects.PREFIX)
+    if not source:
+        raise ProxrlError(
+            f"{field}: a model passed as an object needs its tokenizer "
+            f"(pass tokenizer=..., or load the model from a directory or hub id)"
+        )
+    return str(source)
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
