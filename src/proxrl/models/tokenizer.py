@@ -225,3 +225,20 @@ def padding_side(
         yield tokenizer
     finally:
         tokenizer.padding_side = previous
+
+
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike[str], side: str
+) -> None:
+    """``save_pretrained`` with ``padding_side`` written as ``side`` (transformers writes only
+    the options the tokenizer was created with, so the side goes into those too), the
+    tokenizer itself left as it was."""
+    init_kwargs = tokenizer.init_kwargs
+    before = dict(init_kwargs)
+    init_kwargs["padding_side"] = side
+    try:
+        with padding_side(tokenizer, side):
+            tokenizer.save_pretrained(output_dir)
+    finally:
+        init_kwargs.clear()
+        init_kwargs.update(before)

@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
 from proxrl.models.options import ModelRunConfig
-from proxrl.models.tokenizer import padding_side
+from proxrl.models.tokenizer import save_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
@@ -311,6 +311,5 @@ def save_final(
     assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
     if dist.is_main():  # several processes: rank 0 writes, the others wait for it
         model.save_pretrained(output_dir)  # transformers 5 and peft write safetensors only
-        with padding_side(tokenizer, padding):
-            tokenizer.save_pretrained(output_dir)
+        save_tokenizer(tokenizer, output_dir, padding)
     dist.barrier()

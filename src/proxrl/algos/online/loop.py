@@ -25,7 +25,7 @@ from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_e
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample
-from proxrl.models.tokenizer import padding_side
+from proxrl.models.tokenizer import save_tokenizer
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
@@ -346,6 +346,5 @@ def save_policy(models: Models, output_dir: Path) -> None:
     tokenizer, and the critic as it saves itself (a separate one under ``critic/``, a value head
     in ``value_head.safetensors``)."""
     models.actor.save_pretrained(output_dir)
-    with padding_side(models.tokenizer, "left"):  # for a user's batched generate
-        models.tokenizer.save_pretrained(output_dir)
+    save_tokenizer(models.tokenizer, output_dir, "left")  # for a user's batched generate
     models.critic.save_pretrained(output_dir)
