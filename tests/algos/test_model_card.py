@@ -5,7 +5,6 @@ plain transformers as its card says, and push_to_hub up to the hub call."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
