@@ -206,3 +206,19 @@ def test_bad_api_call_gets_its_documented_message(case, error_workspace, tmp_pat
         eval(case.code, namespace)  # noqa: S307 (the cases are this repository's own)
     assert str(raised.value) == case.message
     assert {str(p): p.read_bytes() for p in workspace.rglob("*") if p.is_file()} == before
+
+
+def test_resume_sees_the_same_rows_as_unchanged_and_other_rows_as_a_change(tiny_lm, tmp_path):
+    from proxrl.runtime.resume import check_resume
+
+    out = tmp_path / "sft"
+    proxrl.sft(model=tiny_lm, data=SFT_ROWS, output_dir=out, **OFFLINE)
+    same = proxrl.config(
+        "sft", model=tiny_lm, data=list(SFT_ROWS), output_dir=out, resume=True, **OFFLINE
+    )
+    check_resume(same)  # the same rows (another list object): the same handle
+    other = proxrl.config(
+        "sft", model=tiny_lm, data=SFT_ROWS[:4], output_dir=out, resume=True, **OFFLINE
+    )
+    with pytest.raises(ProxrlError, match=r"--resume: data is 'python:data@"):
+        check_resume(other)
