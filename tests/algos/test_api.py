@@ -222,3 +222,20 @@ def test_resume_sees_the_same_rows_as_unchanged_and_other_rows_as_a_change(tiny_
     )
     with pytest.raises(ProxrlError, match=r"--resume: data is 'python:data@"):
         check_resume(other)
+
+
+def test_classic_from_python_reports_to_its_trackers(tmp_path):
+    run = proxrl.classic(
+        env="CartPole-v1",
+        num_envs=2,
+        num_steps=64,
+        mini_batch_size=32,
+        ppo_epochs=1,
+        total_steps=128,
+        output_dir=tmp_path / "cartpole",
+        progress=False,
+        report_to=["tensorboard"],
+    )
+    assert run.command == "classic" and [r["global_step"] for r in read_metrics(run.output_dir)]
+    assert (run.output_dir / "tensorboard").is_dir()
+    assert not (run.output_dir / "README.md").exists()  # no transformers model, no card

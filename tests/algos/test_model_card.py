@@ -215,3 +215,14 @@ def test_a_failed_push_says_where_the_model_is(tiny_lm, tmp_path, monkeypatch):
         "the model is saved there, push it later with `huggingface-cli upload`"
     )
     assert (tmp_path / "s" / "model.safetensors").is_file()
+
+
+def test_a_lora_adapter_gets_a_peft_card_and_loads_with_peft(tiny_lm, tmp_path):
+    from peft import PeftModel
+
+    run = proxrl.sft(
+        model=tiny_lm, data=SFT_ROWS, output_dir=tmp_path / "lora", lora_r=2, **OFFLINE
+    )
+    card = ModelCard.load(run.output_dir / "README.md")
+    assert card.data.library_name == "peft" and "AutoPeftModelForCausalLM" in card.text
+    assert isinstance(run.model, PeftModel)

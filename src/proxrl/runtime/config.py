@@ -73,8 +73,7 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar on a terminal."""
     report_to: tuple[TrackerName, ...] = ("tensorboard",)
-    """Experiment trackers that get every metric besides metrics.jsonl: tensorboard, wandb,
-    mlflow, trackio (several allowed), or none."""
+    """Trackers that also get every metric: tensorboard, wandb, mlflow, trackio (several), none."""
 
     def validate(self) -> None:
         """Raise ``ProxrlError`` for values no run can use."""
