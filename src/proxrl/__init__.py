@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Run", "classic", "config", "demo", "dpo", "grpo", "ppo", "rm", "sft", "train"]
+__all__ = ["Run", "config", "dpo", "grpo", "ppo", "rm", "sft", "train"]
 
 
 def __getattr__(name: str) -> Any:

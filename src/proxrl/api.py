@@ -90,7 +90,7 @@ def command_of(cfg: Any) -> str:
 # Configs from Python values
 
 
-def config(
+def make_config(
     command: str, config: str | os.PathLike[str] | Mapping[str, Any] | None = None, **options: Any
 ) -> Any:
     """The validated config of ``command``: its defaults, then ``config`` (a YAML file or a
@@ -106,8 +106,8 @@ def config(
     base = None
     if isinstance(config, (str, os.PathLike)):
         base = load_config_file(config_cls, config, validate=False, overridden=frozenset(options))
-    elif isinstance(config, Mapping):
-        base = config_from_mapping(config_cls, dict(config), where, validate=False)
+    elif isinstance(config, Mapping):  # its values may be Python objects too
+        options = {**{str(k): v for k, v in config.items()}, **options}
     elif config is not None:
         raise ProxrlError(
             f"{where}: config: expected a YAML path or a mapping, got {type(config).__name__}"
@@ -128,7 +128,7 @@ def config(
             "given as a loaded model"
         )
     cfg = config_from_mapping(config_cls, values, where, validate=False, base=base)
-    objects.attach(cfg, {**objects.attached(base), **entries} if base is not None else entries)
+    objects.attach(cfg, entries)
     with objects.registered(objects.attached(cfg)):
         validate = getattr(cfg, "validate", None)
         if callable(validate):
@@ -236,7 +236,7 @@ def train(
     ``Config``). Returns the ``Run``; bad input raises ``ProxrlError`` (one line), as the
     command line exits 2 with it."""
     if isinstance(command_or_config, str):
-        cfg = globals()["config"](command_or_config, config, **options)
+        cfg = make_config(command_or_config, config, **options)
     elif config is not None or options:
         raise ProxrlError("train(cfg) takes no further options; build the config with them")
     else:
@@ -251,6 +251,10 @@ def train(
             publish(command, cfg, metrics or {})
     output_dir = Path(getattr(cfg, "output_dir", getattr(cfg, "run_dir", ".")))
     return Run(command, output_dir, dict(metrics or {}), cfg)
+
+
+config = make_config
+"""``proxrl.config(command, config=None, **options)``: ``make_config``."""
 
 
 def _command(command: str) -> Callable[..., Run]:
@@ -270,5 +274,5 @@ rm = _command("rm")
 dpo = _command("dpo")
 ppo = _command("ppo")
 grpo = _command("grpo")
-classic = _command("classic")
-demo = _command("demo")
+# classic and demo are subpackages of proxrl (proxrl.classic, proxrl.demo): from Python they
+# run as proxrl.train("classic", ...) and proxrl.train("demo", ...).

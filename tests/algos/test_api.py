@@ -86,10 +86,13 @@ def test_rm_and_dpo_from_a_dataset(tiny_lm, tmp_path):
     rm = proxrl.train("rm", model=tiny_lm, data=pairs, output_dir=tmp_path / "rm", **OFFLINE)
     assert type(rm.model).__name__ == "LlamaForSequenceClassification"
     assert "train/accuracy" in rm.metrics
-    dpo = proxrl.dpo(
-        {"model": tiny_lm, "batch_size": 4}, data=PAIRS, output_dir=tmp_path / "dpo", **OFFLINE
+    dpo = proxrl.dpo(  # a mapping may hold Python objects too
+        {"model": tiny_lm, "data": PAIRS, "eval-fraction": 0.25},
+        output_dir=tmp_path / "dpo",
+        **OFFLINE,
     )
-    assert "train/loss" in dpo.metrics and (dpo.output_dir / "model.safetensors").is_file()
+    assert {"train/loss", "eval/loss"} <= dpo.metrics.keys()
+    assert (dpo.output_dir / "model.safetensors").is_file()
 
 
 def test_grpo_with_a_python_reward_function_and_prompt_columns(tiny_lm, tmp_path):
@@ -225,7 +228,8 @@ def test_resume_sees_the_same_rows_as_unchanged_and_other_rows_as_a_change(tiny_
 
 
 def test_classic_from_python_reports_to_its_trackers(tmp_path):
-    run = proxrl.classic(
+    run = proxrl.train(
+        "classic",
         env="CartPole-v1",
         num_envs=2,
         num_steps=64,
