@@ -132,14 +132,23 @@ def load_tokenizer(
     it round-trips text. Embeddings of a model used with it must then be resized with
     ``resize_for_tokenizer``. For a model given to the Python API (a ``runtime.objects``
     handle): a copy of the tokenizer given with it, else the one its ``name_or_path`` names."""
-    tokenizer = None
-    if objects.is_handle(name_or_path):
-        tokenizer = objects.tokenizer_of(name_or_path)
-        if tokenizer is None:
+    tokenizer = objects.tokenizer_of(name_or_path) if objects.is_handle(name_or_path) else None
+    if tokenizer is None:
+        if objects.is_handle(name_or_path):
             name_or_path = tokenizer_source(name_or_path)
+        tokenizer = _from_pretrained(name_or_path, trust_remote_code, revision)
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "right"
+    check_round_trip(tokenizer, source=name_or_path)
+    return tokenizer
+
+
+def _from_pretrained(
+    name_or_path: str, trust_remote_code: bool, revision: str | None
+) -> PreTrainedTokenizerBase:
     check_model_source(name_or_path)
     try:
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(
+        return AutoTokenizer.from_pretrained(
             os.path.expanduser(name_or_path),
             trust_remote_code=trust_remote_code,
             revision=revision,
@@ -150,10 +159,6 @@ def load_tokenizer(
             f"cannot load a tokenizer from '{name_or_path}' (not a local directory, and the hub "
             f"lookup failed): {first_line}"
         ) from exc
-    ensure_pad_token(tokenizer)
-    tokenizer.padding_side = "right"
-    check_round_trip(tokenizer, source=name_or_path)
-    return tokenizer
 
 
 def tokenizer_source(handle: str) -> str:
