@@ -107,7 +107,12 @@ def card_text(command: str, cfg: Any, metrics: dict[str, Any], output_dir: Path)
         "",
         "## Training configuration",
         "",
-        f"`proxrl {command} --config config.yaml` with:",
+        f"`proxrl {command} --config config.yaml` with the following"
+        + (
+            " (`python:…` values name objects passed from Python: models, rows, functions):"
+            if objects.PREFIX in yaml.safe_dump(config_to_dict(cfg))
+            else ":"
+        ),
         "",
         "```yaml",
         yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip(),
