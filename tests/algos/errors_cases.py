@@ -992,6 +992,11 @@ API_CASES: list[ApiCase] = [
         "proxrl.sft(): tokenizer is only for a model given as a loaded model",
     ),
     ApiCase(
+        "reward_tokenizer= with a reward model named by path",
+        'proxrl.ppo(model="model", prompts=rows, reward_model="model", reward_tokenizer=tokenizer)',
+        "proxrl.ppo(): reward_tokenizer is only for a reward_model given as a loaded model",
+    ),
+    ApiCase(
         "a loaded model without a tokenizer nor a name",
         'proxrl.sft(model=bare_model, data=rows, output_dir="runs/new")',
         "model: a model passed as an object needs its tokenizer (pass tokenizer=..., or load the "
