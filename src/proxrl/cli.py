@@ -1,6 +1,8 @@
 """``proxrl <command> [options]``: parse a config, run the command, turn user errors into one line.
 
-Each command names a module, imported only when that command runs (so ``proxrl classic`` never
+A thin layer over the Python API (``proxrl.api``): flags and a YAML file become the command's
+config, which ``proxrl.api.train`` runs exactly as a notebook's ``proxrl.train(cfg)`` does. Each
+command names a module, imported only when that command runs (so ``proxrl classic`` never
 imports transformers). A module exposes either ``Config`` (a dataclass) and ``train(cfg)``, or
 ``main(argv) -> int | None`` when it parses its own arguments.
 
@@ -14,26 +16,14 @@ SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
 import traceback
 
+from proxrl.api import COMMANDS, command_module, train
 from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.logs import configure_logging
-
-COMMANDS: dict[str, tuple[str, str]] = {
-    "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
-    "classic-eval": ("proxrl.classic.evaluate", "run a saved classic policy deterministically"),
-    "sft": ("proxrl.algos.offline.sft", "supervised fine-tuning"),
-    "rm": ("proxrl.algos.offline.reward", "train a Bradley-Terry reward model"),
-    "dpo": ("proxrl.algos.offline.dpo", "DPO / IPO / SimPO on preference pairs"),
-    "ppo": ("proxrl.algos.online.ppo", "RLHF PPO (actor, critic, reference, reward)"),
-    "grpo": ("proxrl.algos.online.grpo", "GRPO and the critic-free family"),
-    "demo": ("proxrl.demo", "the whole pipeline on a tiny model"),
-    "report": ("proxrl.report", "summarise runs"),
-}
 
 
 def _usage() -> str:
@@ -48,24 +38,13 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def _load(command: str):  # type: ignore[no-untyped-def]
-    module_path = COMMANDS[command][0]
-    try:
-        return importlib.import_module(module_path)
-    except ModuleNotFoundError as e:
-        if e.name is not None and module_path.startswith(e.name):
-            raise ProxrlError(f"command {command!r} is not available in this build") from None
-        raise
-
-
 def _run(command: str, argv: list[str]) -> int:
     from proxrl.runtime.config import parse_config
 
-    module = _load(command)
+    module = command_module(command)
     if hasattr(module, "main"):
         return int(module.main(argv) or 0)
-    cfg = parse_config(module.Config, argv, prog=f"proxrl {command}")
-    module.train(cfg)
+    train(parse_config(module.Config, argv, prog=f"proxrl {command}"), command=command)
     return 0
 
 

@@ -1103,6 +1103,97 @@ CASES: list[Case] = [
         ),
         "proxrl grpo: error: eval_reward_fn: cannot import module 'nope_mod' (No module named 'nope_mod')",
     ),
+    # -- issue 16 api: trackers ----------------------------------------------------------------
+    Case(
+        "report_to: none with a tracker",
+        (*SFT, "--report-to", "none", "tensorboard"),
+        "proxrl sft: error: report_to: none excludes the other trackers, got ['none', 'tensorboard']",
+    ),
+    Case(
+        "report_to: an unknown tracker",
+        (*SFT, "--report-to", "neptune"),
+        "proxrl sft: error: --report-to expects a list of one of tensorboard, wandb, mlflow, "
+        "trackio, none, found 'neptune'",
+    ),
+]
+
+
+# -- issue 16 api: the Python API --------------------------------------------------------------
+@dataclass(frozen=True)
+class ApiCase:
+    """A bad call of the Python API: ``code`` raises ``ProxrlError`` with exactly ``message``
+    (run by ``tests/algos/test_api.py`` in the same workspace, with ``model`` and ``tokenizer``
+    the tiny model loaded, ``peft_model`` it wrapped by peft, ``bare_model`` one built from a
+    config, so without a name, and ``rows`` the rows of sft.jsonl)."""
+
+    what: str
+    code: str
+    message: str
+
+
+API_CASES: list[ApiCase] = [
+    ApiCase(
+        "unknown command",
+        'proxrl.train("sfx")',
+        "unknown command 'sfx'; did you mean sft?",
+    ),
+    ApiCase(
+        "a command without a config",
+        'proxrl.train("classic-eval")',
+        "classic-eval: has no config; run it from the command line",
+    ),
+    ApiCase(
+        "unknown option",
+        'proxrl.sft(model="model", data=rows, learning_rat=0.1)',
+        "proxrl.sft(): unknown key learning_rat; did you mean learning_rate?",
+    ),
+    ApiCase(
+        "option value of the wrong type",
+        'proxrl.sft(model="model", data=rows, batch_size="eight")',
+        "proxrl.sft(): field batch_size expects int, found str 'eight'",
+    ),
+    ApiCase(
+        "config neither a YAML path nor a mapping",
+        "proxrl.sft(3)",
+        "proxrl.sft(): config: expected a YAML path or a mapping, got int",
+    ),
+    ApiCase(
+        "options given to train(cfg)",
+        'proxrl.train(proxrl.config("sft", model="model", data=rows), max_steps=1)',
+        "train(cfg) takes no further options; build the config with them",
+    ),
+    ApiCase(
+        "a data row that is not a dict",
+        'proxrl.sft(model="model", data=["copy: abc = abc"])',
+        "proxrl.sft(): data[row 0]: expected a dict, got str (rows are dicts, or a datasets.Dataset)",
+    ),
+    ApiCase(
+        "a bad row in Python rows (named like a file's line)",
+        'proxrl.sft(model="model", data=[*rows, {"prompt": "a"}], output_dir="runs/new")',
+        "data[row 8]: missing field 'completion'",
+    ),
+    ApiCase(
+        "a peft model",
+        "proxrl.sft(model=peft_model, data=rows)",
+        "proxrl.sft(): model: a peft model; pass model.merge_and_unload() (or the directory it was "
+        "saved to)",
+    ),
+    ApiCase(
+        "tokenizer= with a model named by path",
+        'proxrl.sft(model="model", tokenizer=tokenizer, data=rows)',
+        "proxrl.sft(): tokenizer is only for a model given as a loaded model",
+    ),
+    ApiCase(
+        "reward_tokenizer= with a reward model named by path",
+        'proxrl.ppo(model="model", prompts=rows, reward_model="model", reward_tokenizer=tokenizer)',
+        "proxrl.ppo(): reward_tokenizer is only for a reward_model given as a loaded model",
+    ),
+    ApiCase(
+        "a loaded model without a tokenizer nor a name",
+        'proxrl.sft(model=bare_model, data=rows, output_dir="runs/new")',
+        "model: a model passed as an object needs its tokenizer (pass tokenizer=..., or load the "
+        "model from a directory or hub id)",
+    ),
 ]
 
 
@@ -1133,16 +1224,33 @@ def render() -> str:
         lines.append(f"| {i} | {_cell(what)} | `{_cell(command)}` | `{_cell(case.message)}` |")
     lines += [
         "",
+        "From Python (`proxrl.api`, run by `tests/algos/test_api.py` in the same workspace): each",
+        "call raises `ProxrlError` with this one-line message and leaves the workspace as it was.",
+        "",
+        "| # | bad input | call | message (`ProxrlError`) |",
+        "|---|---|---|---|",
+    ]
+    for i, api_case in enumerate(API_CASES, start=1):
+        lines.append(
+            f"| {i} | {_cell(api_case.what)} | `{_cell(api_case.code)}` | "
+            f"`{_cell(api_case.message)}` |"
+        )
+    lines += [
+        "",
         "Also covered elsewhere: a NaN/Inf loss or gradient (skipped, then `stopped at step N: ...;",
         "the last good checkpoint in DIR is intact`, `tests/algos/test_offline_reliability.py`,",
         "`tests/classic/test_reliability.py`), a",
         "torn or corrupt checkpoint (skipped with a warning on `--resume`,",
         "`tests/algos/test_kill_resume.py`), and any JSON value in any field of a data row or any",
         "YAML mapping / flag value (loads or gets a one-line error: `tests/data/test_properties.py`,",
-        "`tests/runtime/test_config_properties.py`), and a data name that is neither a local path",
+        "`tests/runtime/test_config_properties.py`), a data name that is neither a local path",
         "nor reachable on the hub, nor in the datasets cache (`data 'NAME' is neither a local file or",
         "directory nor a datasets hub name in the local cache, and huggingface.co cannot be reached",
-        "from here; ...`, at once: `tests/data/test_sources.py`).",
+        "from here; ...`, at once: `tests/data/test_sources.py`). A tracker whose library is not",
+        "installed (`report_to: wandb needs the wandb package (pip install wandb)`,",
+        "`tests/runtime/test_trackers.py`) and a failed `push_to_hub` upload (`push_to_hub: uploading",
+        "DIR to REPO failed (...); the model is saved there, push it later with huggingface-cli",
+        "upload`, `tests/algos/test_model_card.py`) are one line too.",
         "",
         "With the vllm package installed (`tests/vllm/`, run in `.venv-vllm` by `make test`):",
         "",

@@ -108,6 +108,7 @@ def test_every_artefact_was_written(toy_demo: Path) -> None:
         assert (toy_demo / model / "model.safetensors").exists(), model
     for run in ("sft", "rm", "ppo", "ppo_no_kl", "grpo"):
         assert (toy_demo / run / "metrics.jsonl").stat().st_size > 0, run
+        assert (toy_demo / run / "README.md").read_text().startswith("---\n"), run  # model card
     for run in ("ppo", "ppo_no_kl", "grpo"):
         rows = [
             json.loads(line) for line in (toy_demo / run / "metrics.jsonl").read_text().splitlines()

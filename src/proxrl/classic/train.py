@@ -48,7 +48,7 @@ from proxrl.classic.trpo import trpo_update
 from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
 from proxrl.runtime.checkpoint import prepare_output_dir
 from proxrl.runtime.checkpointer import Accessors, Checkpointer, GlobalRNG
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
@@ -108,7 +108,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         cfg.gamma,
         cfg.seed,
     )
-    metrics = MetricsLogger(out)
+    metrics = MetricsLogger(out, report_to=cfg.report_to, config=config_to_dict(cfg))
     checkpointer = Checkpointer(out, keep=cfg.keep_checkpoints)
     guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpointer.root)
     recent: deque[float] = deque(maxlen=100)

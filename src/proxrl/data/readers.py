@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxrl.models.tokenizer import looks_like_local_path, unreachable_hub_host, use_hub_cache_only
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -35,6 +36,8 @@ def check_data_source(source: str) -> None:
     """Fail early (before a run starts) when ``source`` names a local file or directory that is
     missing: a data file by its suffix, a path by its look (``./x``, ``runs/x`` when ``runs/``
     exists: ``models.tokenizer.looks_like_local_path``)."""
+    if objects.is_handle(source):
+        return
     path = os.path.expanduser(source)
     if os.path.exists(path):
         return
@@ -78,6 +81,8 @@ def _in_datasets_cache(name: str) -> bool:
 
 def read_rows(source: str, split: str = "train") -> list[Row]:
     """Every row of ``source`` (see the module docstring for what a source may be)."""
+    if objects.is_handle(source):
+        return _read_python_rows(source, split)
     path = os.path.expanduser(source)
     if os.path.isdir(path):
         return _read_saved_dataset(path, split)
@@ -214,3 +219,18 @@ def _read_hub_dataset(source: str, split: str) -> list[Row]:
             f"failed: {first}"
         ) from None
     return [Row(dict(record), f"{name}[{split} row {i}]") for i, record in enumerate(loaded)]
+
+
+def _read_python_rows(handle: str, split: str) -> list[Row]:
+    """Rows of a list of dicts or a ``datasets.Dataset`` (a ``DatasetDict``: its ``split``)
+    given to the Python API; a row is named ``data[row 3]`` after the argument it came in."""
+    rows = objects.lookup(handle)
+    name = handle.removeprefix(objects.PREFIX).partition("@")[0]
+    if isinstance(rows, dict):  # a DatasetDict: its split
+        if split not in rows:
+            raise ProxrlError(f"{name}: no split '{split}' (has {sorted(rows)})")
+        rows = rows[split]
+    return [
+        Row(_as_object(record, f"{name}[row {i}]"), f"{name}[row {i}]")
+        for i, record in enumerate(rows)
+    ]

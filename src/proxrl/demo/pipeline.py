@@ -51,6 +51,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.data.formats import load_prompt_examples
 from proxrl.demo import task
 from proxrl.demo.evaluate import PolicyScores, evaluate_policy
+from proxrl.model_card import publish
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tiny import build_tiny_lm
@@ -262,8 +263,17 @@ class StageRunner:
                 resume_with_changes=self.resume_with_changes,
             )
         )
+        publish(STAGE_COMMANDS[type(config)], config, metrics)  # the stage's model card
         (stage_dir / STAGE_DONE).write_text("", encoding="utf-8")
         return metrics
+
+
+STAGE_COMMANDS: dict[type, str] = {
+    sft.Config: "sft",
+    reward.Config: "rm",
+    ppo.Config: "ppo",
+    grpo.Config: "grpo",
+}
 
 
 def last_metrics(run_dir: Path) -> dict[str, float]:

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from proxrl.models.lora import adapter_base, adapter_head_modules, merge_adapter
 from proxrl.models.tokenizer import check_model_source
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 DTYPES: dict[str, torch.dtype | str] = {
@@ -32,6 +33,10 @@ DTYPES: dict[str, torch.dtype | str] = {
     "float64": torch.float64,
     "auto": "auto",
 }
+
+
+NOTHING_MISSING: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": []}
+"""``output_loading_info`` of a model used as it is (nothing was loaded, nothing is missing)."""
 
 
 def resolve_dtype(name: str) -> torch.dtype | str:
@@ -54,10 +59,18 @@ def from_pretrained_kwargs(
 
 
 def load_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A
+    """``auto_class.from_pretrained`` with a one-line error for a bad path or hub id. A handle
+    of a model given to the Python API (``runtime.objects``) is that model when it is what
+    ``auto_class`` builds for its config; otherwise its saved copy is loaded as a directory. A
     directory or hub repository that holds a LoRA adapter loads as its base with the adapter
     merged in (``models.lora``); with ``output_loading_info`` the head the adapter saves in full
     is not reported missing."""
+    if objects.is_handle(name_or_path):
+        model = objects.lookup(name_or_path)
+        if isinstance(model, auto_class._model_mapping.get(type(model.config), ())):
+            model = objects.take_model(name_or_path)
+            return (model, NOTHING_MISSING) if kwargs.get("output_loading_info") else model
+        name_or_path = objects.saved_copy(name_or_path)
     check_model_source(name_or_path)
     path = os.path.expanduser(name_or_path)
     base = adapter_base(path)

@@ -42,6 +42,12 @@ class ModelRunConfig(RunConfig):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Run model code shipped with a hub repository (off unless you trust it)."""
+    push_to_hub: bool = False
+    """After training, upload the saved model, tokenizer and model card to the Hugging Face hub."""
+    hub_model_id: str | None = None
+    """Hub repository of push_to_hub, org/name (None: the output directory's name)."""
+    hub_private: bool = False
+    """Create the push_to_hub repository as private."""
 
     def validate(self) -> None:
         super().validate()

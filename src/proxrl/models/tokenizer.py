@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from proxrl.models.lora import adapter_base
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def check_model_source(name_or_path: str) -> None:
     that holds no model (instead of a hub lookup or a loader's traceback)."""
     if not name_or_path:
         raise ProxrlError("model: expected a hub id or a local directory, got an empty string")
+    if objects.is_handle(name_or_path):
+        return
     path = os.path.expanduser(name_or_path)
     if os.path.isfile(path):
         raise ProxrlError(
@@ -148,7 +151,22 @@ def load_tokenizer(
 ) -> PreTrainedTokenizerBase:
     """Load a tokenizer, give it a pad token distinct from EOS and pad on the right (the data's
     encoding then checks it on the run's own texts: ``check_round_trip``). Embeddings of a model
-    used with it must then be resized with ``resize_for_tokenizer``."""
+    used with it must then be resized with ``resize_for_tokenizer``. For a model given to the
+    Python API (a ``runtime.objects`` handle): a copy of the tokenizer given with it, else the
+    one its ``name_or_path`` names."""
+    tokenizer = objects.tokenizer_of(name_or_path) if objects.is_handle(name_or_path) else None
+    if tokenizer is None:
+        if objects.is_handle(name_or_path):
+            name_or_path = tokenizer_source(name_or_path)
+        tokenizer = _from_pretrained(name_or_path, trust_remote_code, revision)
+    ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def _from_pretrained(
+    name_or_path: str, trust_remote_code: bool, revision: str | None
+) -> PreTrainedTokenizerBase:
     check_model_source(name_or_path)
     path = os.path.expanduser(name_or_path)
     base = adapter_base(path) if os.path.isdir(path) else None
@@ -159,7 +177,7 @@ def load_tokenizer(
             message = f"model '{name_or_path}' is a LoRA adapter on '{base}': {exc}"
             raise ProxrlError(message) from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        return AutoTokenizer.from_pretrained(
             path,
             trust_remote_code=trust_remote_code,
             revision=revision,
@@ -170,9 +188,18 @@ def load_tokenizer(
             f"cannot load a tokenizer from '{name_or_path}' (not a local directory, and the hub "
             f"lookup failed): {first_line}"
         ) from exc
-    ensure_pad_token(tokenizer)
-    tokenizer.padding_side = "right"
-    return tokenizer
+
+
+def tokenizer_source(handle: str) -> str:
+    """Where the tokenizer of a model given without one comes from: its ``name_or_path``."""
+    source = getattr(objects.lookup(handle), "name_or_path", "") or ""
+    field = handle.removeprefix(objects.PREFIX)
+    if not source:
+        raise ProxrlError(
+            f"{field}: a model passed as an object needs its tokenizer "
+            f"(pass tokenizer=..., or load the model from a directory or hub id)"
+        )
+    return str(source)
 
 
 def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -250,3 +277,20 @@ def padding_side(
         yield tokenizer
     finally:
         tokenizer.padding_side = previous
+
+
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike[str], side: str
+) -> None:
+    """``save_pretrained`` with ``padding_side`` written as ``side`` (transformers writes only
+    the options the tokenizer was created with, so the side goes into those too), the
+    tokenizer itself left as it was."""
+    init_kwargs = tokenizer.init_kwargs
+    before = dict(init_kwargs)
+    init_kwargs["padding_side"] = side
+    try:
+        with padding_side(tokenizer, side):
+            tokenizer.save_pretrained(output_dir)
+    finally:
+        init_kwargs.clear()
+        init_kwargs.update(before)

@@ -25,13 +25,17 @@ from proxrl.data.encoding import encode_prompt_text, encode_response_text
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.models.tokenizer import check_round_trip
+from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
 RewardFn = Callable[..., Sequence[float]]
 
 
 def load_reward_function(spec: str) -> RewardFn:
-    """``"package.module:function"`` → the function; a one-line error when it is not there."""
+    """``"package.module:function"`` → the function; a one-line error when it is not there. A
+    handle of a function given to the Python API (``runtime.objects``) is that function."""
+    if objects.is_handle(spec):
+        return objects.lookup(spec)  # type: ignore[no-any-return]
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ProxrlError(f"reward_fn: expected 'module:function', got '{spec}'")

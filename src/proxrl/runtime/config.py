@@ -38,6 +38,7 @@ from proxrl.runtime.fields import (
     spellings,
     type_name,
 )
+from proxrl.runtime.trackers import TrackerName, check_report_to
 
 T = TypeVar("T")
 
@@ -71,6 +72,8 @@ class RunConfig:
     """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
     progress: bool = True
     """Show a progress bar on a terminal."""
+    report_to: tuple[TrackerName, ...] = ("tensorboard",)
+    """Trackers that also get every metric: tensorboard, wandb, mlflow, trackio (several), none."""
 
     def validate(self) -> None:
         """Raise ``ProxrlError`` for values no run can use."""
@@ -80,6 +83,7 @@ class RunConfig:
             raise ProxrlError("--resume and --overwrite exclude each other; pick one")
         check_ranges(self)
         check_launch()  # a launch that asked for several processes and got one
+        check_report_to(self.report_to)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,9 +199,25 @@ def load_config_file(
     read: a flag replaces them, so a bad one there is no error.
     """
     path = Path(path)
+    return config_from_mapping(
+        config_cls, _read_yaml(path), f"config file {path}", validate, overridden
+    )
+
+
+def config_from_mapping(
+    config_cls: type[T],
+    mapping: dict[Any, Any],
+    where: str,
+    validate: bool = True,
+    overridden: frozenset[str] = frozenset(),
+    base: T | None = None,
+) -> T:
+    """``config_cls`` (or ``base`` with these fields replaced) from a mapping of field → value,
+    with the checks of a YAML file: aliases and dashes accepted, unknown keys and values of
+    the wrong type refused in one line starting with ``where``."""
     fields, names = field_table(config_cls), spellings(config_cls)  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    for key, value in _read_yaml(path).items():
+    for key, value in mapping.items():
         name = names.get(str(key).replace("-", "_"))
         try:
             if name is None:
@@ -206,8 +226,8 @@ def load_config_file(
                 continue
             values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
-            raise ProxrlError(f"config file {path}: {e}") from None
-    cfg = config_cls(**values)
+            raise ProxrlError(f"{where}: {e}") from None
+    cfg = config_cls(**values) if base is None else dataclasses.replace(base, **values)  # type: ignore[type-var]
     if validate:
         _validate(cfg)
     return cfg

@@ -1,5 +1,6 @@
-"""Metrics: one JSON line per logged step in ``OUTPUT_DIR/metrics.jsonl``, the same scalars as
-TensorBoard events in ``OUTPUT_DIR/tensorboard/``, and a rich progress bar for the terminal.
+"""Metrics: one JSON line per logged step in ``OUTPUT_DIR/metrics.jsonl``, the same scalars in
+every tracker of ``report_to`` (TensorBoard events in ``OUTPUT_DIR/tensorboard/`` by default;
+wandb, mlflow, trackio: ``runtime.trackers``), and a rich progress bar for the terminal.
 
 ``metrics.jsonl`` is the source of truth (tests and benchmarks read it); each line is
 ``{"step": <int>, "<namespace>/<name>": <float>, ...}`` and is flushed as soon as it is written,
@@ -11,14 +12,14 @@ reads as one uninterrupted run.
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from proxrl.runtime.trackers import Tracker, open_trackers
+
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 
 
 def _scalar(value: Any) -> float:
@@ -40,45 +41,45 @@ def _parse_line(line: str) -> dict[str, Any] | None:
 
 
 class MetricsLogger:
-    """Append-only scalar log (JSON lines + TensorBoard).
+    """Append-only scalar log (JSON lines + the trackers of ``report_to``).
 
     Args:
         output_dir: the run directory; created if missing.
         enabled: ``False`` makes every method a no-op (e.g. on non-zero ranks).
-        tensorboard: also write TensorBoard event files.
+        tensorboard: with ``report_to`` None, whether TensorBoard is the tracker.
+        report_to: tracker names (``runtime.trackers.TRACKERS``; ``none``: only the file).
+        config: the run's options, sent to each tracker once as its parameters.
     """
 
-    def __init__(self, output_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        report_to: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ):
         self.enabled = enabled
         self.path = Path(output_dir) / METRICS_FILE
-        self._tb_dir = Path(output_dir) / TENSORBOARD_DIR
-        self._use_tb = tensorboard
-        self._writer: Any = None
         self._file: Any = None
+        self._trackers: list[Tracker] = []
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a", encoding="utf-8")
-
-    def _tb(self, purge_step: int | None = None) -> Any:
-        if self._writer is None and self._use_tb:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(self._tb_dir), purge_step=purge_step)
-        return self._writer
+            names = report_to if report_to is not None else ["tensorboard"] * tensorboard
+            self._trackers = open_trackers(names, Path(output_dir), config or {})
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
-        """Append ``{"step": step, **metrics}`` (values made floats) and flush; return the row."""
+        """Append ``{"step": step, **metrics}`` (values made floats) and flush, send the row to
+        every tracker; return the row."""
         row = {name: _scalar(v) for name, v in metrics.items()}
         if not self.enabled:
             return row
         line = json.dumps({"step": int(step), **row})
         self._file.write(line + "\n")
         self._file.flush()
-        writer = self._tb()
-        if writer is not None:
-            for name, value in row.items():
-                if math.isfinite(value):
-                    writer.add_scalar(name, value, int(step))
+        for tracker in self._trackers:
+            tracker.log(int(step), row)
         return row
 
     def truncate_after(self, step: int) -> None:
@@ -95,19 +96,16 @@ class MetricsLogger:
         tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
         tmp.replace(self.path)
         self._file = self.path.open("a", encoding="utf-8")
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._use_tb:  # TensorBoard hides events after purge_step from the earlier run
-            self._tb(purge_step=step + 1)
+        for tracker in self._trackers:
+            tracker.resume_at(step)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        for tracker in self._trackers:
+            tracker.close()
+        self._trackers = []
 
     def __enter__(self) -> MetricsLogger:
         return self

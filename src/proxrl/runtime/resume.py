@@ -46,6 +46,10 @@ RESUME_FREE = frozenset(
         "save_every",
         "keep_checkpoints",
         "max_consecutive_skips",  # how the run is saved and guarded
+        "report_to",
+        "push_to_hub",
+        "hub_model_id",
+        "hub_private",  # where the metrics and the model are sent
     }
 )
 

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -36,10 +36,11 @@ from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
 from proxrl.models.lora import save_model
 from proxrl.models.options import ModelRunConfig
+from proxrl.models.tokenizer import save_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
@@ -161,7 +162,9 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     if cfg.resume:
         restored = checkpointer.restore()
         step = int(restored.counters["step"])
-    logger = MetricsLogger(output_dir, enabled=dist.is_main())
+    logger = MetricsLogger(
+        output_dir, dist.is_main(), report_to=cfg.report_to, config=config_to_dict(cfg)
+    )
     if dist.is_main():
         save_config_file(cfg, output_dir / "config.yaml")
     if cfg.resume:
@@ -295,13 +298,20 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     return last
 
 
-def save_final(model: nn.Module, tokenizer: PreTrainedTokenizerBase, output_dir: Path) -> None:
+def save_final(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    output_dir: Path,
+    padding: Literal["left", "right"] = "left",
+) -> None:
     """``save_pretrained`` (safetensors) of the model (under LoRA merged, the adapter in
     ``adapter/``: ``models.lora.save_model``) plus the tokenizer, so
     ``AutoModelFor….from_pretrained(output_dir)`` loads it without proxrl. Refuses
-    (``ProxrlError``, nothing written) weights that hold a NaN or Inf."""
+    (``ProxrlError``, nothing written) weights that hold a NaN or Inf. The tokenizer is saved
+    padding on ``padding``'s side: left for a policy (what a batched ``generate`` needs; proxrl
+    sets its own side when it loads one), right for a reward model."""
     assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
     if dist.is_main():  # several processes: rank 0 writes, the others wait for it
         save_model(model, output_dir)  # transformers 5 and peft write safetensors only
-        tokenizer.save_pretrained(output_dir)
+        save_tokenizer(tokenizer, output_dir, padding)
     dist.barrier()

@@ -210,5 +210,5 @@ def train(cfg: Config) -> dict[str, float]:
         log.info("rm: training scores mean %.4f std %.4f (stored in the model config)", mean, std)
 
     # 6. Save a plain AutoModelForSequenceClassification and the tokenizer.
-    save_final(model, tokenizer, output_dir)
+    save_final(model, tokenizer, output_dir, padding="right")
     return metrics

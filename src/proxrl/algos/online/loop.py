@@ -27,12 +27,13 @@ from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import save_model
+from proxrl.models.tokenizer import save_tokenizer
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.logs import rendered
@@ -104,7 +105,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
     )
     guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpointer.root)
-    logger = MetricsLogger(output_dir, enabled=dist.is_main())
+    logger = MetricsLogger(
+        output_dir, dist.is_main(), report_to=cfg.report_to, config=config_to_dict(cfg)
+    )
     if world > 1:
         seed_everything(dist.sampler_seed(cfg.seed))
 
@@ -359,5 +362,5 @@ def save_policy(models: Models, output_dir: Path) -> None:
     in ``adapter/``: ``models.lora.save_model``) plus the tokenizer, and the critic as it saves
     itself (a separate one under ``critic/``, a value head in ``value_head.safetensors``)."""
     save_model(models.actor, output_dir)
-    models.tokenizer.save_pretrained(output_dir)
+    save_tokenizer(models.tokenizer, output_dir, "left")  # for a user's batched generate
     models.critic.save_pretrained(output_dir)
