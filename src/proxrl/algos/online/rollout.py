@@ -216,7 +216,7 @@ def collect_rollout(
         hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
-            entropy.append(  # NaN when the sampler cannot give it (vllm): logged, never used
+            entropy.append(  # NaN for a sampler that gives none: logged, never used
                 samples.entropy[rows]
                 if samples.entropy is not None
                 else torch.full_like(logprobs[-1], float("nan"))
