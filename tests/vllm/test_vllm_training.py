@@ -100,9 +100,7 @@ def test_a_run_keeps_the_engine_on_the_policy(command, tiny_lm, prompts, tmp_pat
     assert _engine_matches_saved_policy(cfg, tmp_path) < 1e-4
 
 
-def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(
-    tiny_lm, prompts, tmp_path
-):
+def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(tiny_lm, prompts, tmp_path):
     """Without the trainer's pass the entropy is the engine's sampled-token estimate: finite,
     and between 0 and log V (a uniform over the vocabulary; T 1, nothing truncated)."""
     import math
