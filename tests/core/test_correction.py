@@ -3,6 +3,7 @@ import math
 from helpers import close, t
 
 from proxrl.core import (
+    combine_correction_stats,
     correction_stats,
     icepop_weights,
     mis_weights,
@@ -66,3 +67,40 @@ def test_correction_stats_by_hand():
     stats = correction_stats(trainer, sampler, mis_weights(LOG_RATIO, MASK, 2.0), MASK, 2.0)
     close(stats["masked_share"], t(0.4))
     close(stats["truncated_share"], t(0.0))
+
+
+def test_combine_correction_stats_by_hand():
+    """Two ranks: rank 0 holds row 0 (ρ 0.4, 1, 3: 3 tokens), rank 1 row 1 (ρ 1.5, 2.5: 2 tokens),
+    a third rank none. The whole rollout's ratio mean is (0.4+1+3+1.5+2.5)/5 = 1.68, not the mean
+    of the ranks' means (1.4667+2)/2 = 1.7333; its min 0.4 and max 3.0, not the ranks' mean min
+    (0.4+1.5)/2 = 0.95 and max (3+2.5)/2 = 2.75; the empty rank's zeros count nowhere."""
+    parts = [
+        {"is_ratio_mean": 4.4 / 3, "is_ratio_min": 0.4, "is_ratio_max": 3.0},
+        {"is_ratio_mean": 2.0, "is_ratio_min": 1.5, "is_ratio_max": 2.5},
+        {"is_ratio_mean": 0.0, "is_ratio_min": 0.0, "is_ratio_max": 0.0},
+    ]
+    combined = combine_correction_stats(parts, [3.0, 2.0, 0.0])
+    assert math.isclose(combined["is_ratio_mean"], 1.68, rel_tol=1e-12)
+    assert combined["is_ratio_min"] == 0.4
+    assert combined["is_ratio_max"] == 3.0
+    assert combine_correction_stats(parts[2:], [0.0]) == parts[2]
+
+
+def test_combined_shards_equal_the_whole_rollout():
+    """Every stat of the two rows computed apart and combined equals the stat of both rows."""
+    sampler = t([[math.log(0.5)] * 3] * 2)
+    trainer = sampler + LOG_RATIO
+    weights = mis_weights(LOG_RATIO, MASK, 2.0)
+    whole = correction_stats(trainer, sampler, weights, MASK, 2.0)
+    rows = [slice(0, 1), slice(1, 2)]
+    parts = [
+        {
+            k: float(v)
+            for k, v in correction_stats(trainer[r], sampler[r], weights[r], MASK[r], 2.0).items()
+        }
+        for r in rows
+    ]
+    combined = combine_correction_stats(parts, [float(MASK[r].sum()) for r in rows])
+    assert combined.keys() == whole.keys()
+    for key, value in whole.items():
+        assert math.isclose(combined[key], float(value), rel_tol=1e-12, abs_tol=1e-15), key

@@ -100,11 +100,19 @@ def test_a_run_keeps_the_engine_on_the_policy(command, tiny_lm, prompts, tmp_pat
     assert _engine_matches_saved_policy(cfg, tmp_path) < 1e-4
 
 
-def test_sampler_logprobs_take_the_engines_and_log_no_entropy(tiny_lm, prompts, tmp_path):
+def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(tiny_lm, prompts, tmp_path):
+    """Without the trainer's pass the entropy is the engine's sampled-token estimate: finite,
+    and between 0 and log V (a uniform over the vocabulary; T 1, nothing truncated)."""
+    import math
+
+    from proxrl.models.tokenizer import load_tokenizer
+
     cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, sampler_logprobs=True)
     grpo.train(cfg)
     rows = read_metrics(tmp_path)
-    assert len(rows) == 2 and all(r["objective/entropy"] != r["objective/entropy"] for r in rows)
+    vocab = len(load_tokenizer(tiny_lm))
+    assert len(rows) == 2
+    assert all(0 < r["objective/entropy"] < math.log(vocab) for r in rows), rows
 
 
 def test_resume_two_plus_one_equals_three(tiny_lm, prompts, tmp_path):

@@ -20,6 +20,7 @@ from proxrl.core.advantages import (
     rloo_advantages,
 )
 from proxrl.core.correction import (
+    combine_correction_stats,
     correction_stats,
     icepop_weights,
     mis_weights,
@@ -109,6 +110,7 @@ __all__ = [
     "aggregation",
     "batch_scaled_advantages",
     "bradley_terry_loss",
+    "combine_correction_stats",
     "correction_stats",
     "cispo_loss",
     "discounted_returns",

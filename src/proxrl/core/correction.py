@@ -93,3 +93,27 @@ def correction_stats(
         "masked_share": zero if empty else (kept == 0).to(ratio.dtype).mean(),
         "truncated_share": zero if empty else ((kept == cap) & (kept > 0)).to(ratio.dtype).mean(),
     }
+
+
+EXTREMES = {"is_ratio_min": min, "is_ratio_max": max}
+"""The ``correction_stats`` that are extremes over tokens; every other one is a token mean."""
+
+
+def combine_correction_stats(
+    parts: list[dict[str, float]], tokens: list[float]
+) -> dict[str, float]:
+    """``correction_stats`` of several shards of a rollout (the ranks' own tokens) → those of
+    the whole rollout: each token mean weighted by its shard's valid-token count ``tokens``,
+    ``is_ratio_min`` the least of the shards' and ``is_ratio_max`` the greatest (a mean of the
+    ranks' minima would be no token's ratio). Shards without tokens are left out; all empty:
+    every stat 0, as ``correction_stats`` of an empty rollout."""
+    kept = [(part, n) for part, n in zip(parts, tokens, strict=True) if n > 0]
+    if not kept:
+        return {key: 0.0 for key in parts[0]}
+    total = sum(n for _, n in kept)
+    return {
+        key: EXTREMES[key](part[key] for part, _ in kept)
+        if key in EXTREMES
+        else sum(part[key] * n for part, n in kept) / total
+        for key in parts[0]
+    }

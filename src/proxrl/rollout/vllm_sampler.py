@@ -189,8 +189,12 @@ class VLLMSampler:
 
     Request seeds are drawn from torch's global generator (which the run seeds from its seed and
     restores on resume), one per response, so a run on one machine is reproducible and a
-    response does not depend on how vLLM batches it. ``Samples.entropy`` is None: vLLM returns
-    log-probs of a few tokens per step, not the whole distribution an entropy needs.
+    response does not depend on how vLLM batches it.
+
+    vLLM returns the log-probs of a few tokens per step, not the distribution an exact entropy
+    needs; with log-probs ``Samples.entropy`` is the sampled-token estimate −log π̃(a_t|s_t),
+    whose expectation over the draw a_t ~ π̃(·|s_t) is the entropy H(π̃(·|s_t)) of the processed
+    distribution (what the built-in samplers report exactly): unbiased, noisier per token.
     """
 
     def __init__(self, engine: Any, tokenizer: Any) -> None:
@@ -251,4 +255,5 @@ class VLLMSampler:
         samples = Samples(response_ids.to(device), mask.to(device))
         if with_logprobs:
             samples.logprobs = (logprobs * mask).to(device)
+            samples.entropy = -samples.logprobs  # E_{a~π̃}[−log π̃(a)] = H(π̃); 0 at padding
         return samples

@@ -76,7 +76,7 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     min_p: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """Min-p sampling: keep tokens at least min_p times as likely as the likeliest (0: off).
     temperature, top_k, top_p, min_p apply in that order, to the sampler's draws and the
-    trainer's log-probs alike."""
+    trainer's log-probs alike (sampler vllm: not with top_p < 1, as it applies min-p first)."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a response besides EOS."""
     no_stop_penalty: Annotated[float | None, Range()] = None
@@ -271,6 +271,12 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
             raise ProxrlError(
                 f"grad_accum: {self.grad_accum} does not divide mini_batch_size {step}"
                 + ("" if self.mini_batch_size else " (the default: give mini_batch_size)")
+            )
+        if self.sampler == "vllm" and self.min_p > 0 and self.top_p < 1:
+            raise ProxrlError(  # the trainer replays generate's order (core.truncate_logits)
+                f"min_p: sampler vllm applies min-p before top-p, the trainer after it (as "
+                f"generate), so with top_p {self.top_p} they would score different "
+                "distributions; set min_p 0 or top_p 1, or use sampler cached"
             )
         if self.sampler == "vllm":
             from proxrl.rollout.vllm_sampler import INSTALL, vllm_available

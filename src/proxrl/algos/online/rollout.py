@@ -16,6 +16,7 @@ import torch
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models
 from proxrl.core import (
+    combine_correction_stats,
     correction_stats,
     icepop_weights,
     masked_mean,
@@ -217,7 +218,7 @@ def collect_rollout(
         hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
-            entropy.append(  # NaN when the sampler cannot give it (vllm): logged, never used
+            entropy.append(  # NaN for a sampler that gives none: logged, never used
                 samples.entropy[rows]
                 if samples.entropy is not None
                 else torch.full_like(logprobs[-1], float("nan"))
@@ -275,6 +276,7 @@ def collect_rollout(
         truncated=~ended.to(device),
     )
     correction_metrics: dict[str, float] = {}
+    correction_tokens = 0.0
     if correct:
         mask = response_mask.float()
         log_ratio = experience.logprobs - samples.logprobs.float()  # type: ignore[union-attr]
@@ -286,7 +288,8 @@ def collect_rollout(
             mask,
             cfg.rollout_correction_cap,
         )
-        correction_metrics = {f"rollout/{k}": float(v) for k, v in stats.items()}
+        correction_metrics = {k: float(v) for k, v in stats.items()}
+        correction_tokens = float(mask.sum())
     timings["time/forward_s"] = time.perf_counter() - started
 
     # Several processes: each sampled its own prompts (whole groups); gather the rollout so that
@@ -298,8 +301,8 @@ def collect_rollout(
         )
         scores, mask = experience.scores, experience.response_mask.float()
         parts = dist.all_reduce_mean(dict(parts))
-        if correction_metrics:  # (the ratio's min and max become the ranks' mean min and max)
-            correction_metrics = dist.all_reduce_mean(correction_metrics)
+        if correction_metrics:
+            correction_metrics = gathered_correction_stats(correction_metrics, correction_tokens)
 
     # Advantages.
     experience.rewards, experience.advantages, experience.returns = algo.estimate(
@@ -316,11 +319,19 @@ def collect_rollout(
         "response/eos_rate": ended.float().mean().item(),
         "policy/kl_coef": kl_coef,
         **parts,
-        **correction_metrics,
+        **{f"rollout/{k}": v for k, v in correction_metrics.items()},
     }
     if models.tracks_kl:
         metrics["objective/kl"] = seq_kl.mean().item()
     return experience, completions, metrics
+
+
+def gathered_correction_stats(stats: dict[str, float], tokens: float) -> dict[str, float]:
+    """This rank's ``correction_stats`` over its ``tokens`` valid tokens → the whole rollout's,
+    on every rank: token means weighted by each rank's tokens, the ratio's min and max as the
+    least and greatest over ranks (``core.combine_correction_stats``)."""
+    shards = dist.all_gather_objects((stats, tokens))
+    return combine_correction_stats([part for part, _ in shards], [n for _, n in shards])
 
 
 def pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
