@@ -20,7 +20,7 @@ import os
 import sys
 import traceback
 
-from proxrl.runtime.errors import Interrupted, ProxrlError
+from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.logs import configure_logging
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(command, rest)
+    except RunFinished as e:  # --resume of a complete run: nothing to do
+        print(f"proxrl {command}: {e}")
+        return e.exit_code
     except Interrupted as e:  # SIGINT/SIGTERM after the trainer saved a checkpoint
         print(f"proxrl {command}: stopped: {e}", file=sys.stderr)
         return e.exit_code
