@@ -9,7 +9,8 @@ A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and ex
 ``--quiet`` to see warnings and errors only. Logging is configured here, once
 (``runtime.logs``); the rest of the library only logs. A trainer stopped by
 SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where>``, exit code
-130 / 143 (``runtime.signals``).
+130 / 143 (``runtime.signals``). ``--resume`` of a run that is already complete prints
+``proxrl <command>: the run in DIR is already finished ...`` on stdout, exit code 0.
 """
 
 from __future__ import annotations

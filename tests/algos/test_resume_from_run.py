@@ -13,7 +13,7 @@ import pytest
 from lm_tasks import preference_rows, sft_rows, write_jsonl
 
 from proxrl.cli import main
-from proxrl.runtime.checkpoint import RUN_MARKER, CheckpointManager
+from proxrl.runtime.checkpoint import RUN_MARKER, CheckpointManager, planned_steps
 from proxrl.runtime.metrics import read_metrics
 
 PROMPTS = [{"prompt": f"say: {w} ->"} for w in ["abc", "def", "ghi", "jkl"]]
@@ -39,6 +39,7 @@ def test_resume_with_only_the_output_dir_continues_with_the_runs_options(tiny_lm
     assert main([*argv, "--save-every", "1", "--keep-checkpoints", "10"]) == 0
     uninterrupted = _losses(run)
     assert len(uninterrupted) == 4
+    assert planned_steps(run) == 4  # what `proxrl report` compares the last step with
     for step in (3, 4):
         shutil.rmtree(run / "checkpoints" / f"step_{step:09d}")
     capsys.readouterr()
@@ -93,6 +94,7 @@ def test_resuming_a_finished_run_says_it_is_finished(command, tiny_lm, tmp_path,
         argv = [command, "--model", tiny_lm, "--data", pairs, "--batch-size", "8"]
         unit, longer = "step 1 of 1", "--epochs"
     assert main([*argv, "--output-dir", str(run), "--no-progress"]) == 0
+    assert planned_steps(run) == 1
     before = _snapshot(run)
     capsys.readouterr()
     assert main([command, "--output-dir", str(run), "--resume"]) == 0
