@@ -11,7 +11,8 @@ A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and ex
 ``--quiet`` to see warnings and errors only. Logging is configured here, once
 (``runtime.logs``); the rest of the library only logs. A trainer stopped by
 SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where>``, exit code
-130 / 143 (``runtime.signals``).
+130 / 143 (``runtime.signals``). ``--resume`` of a run that is already complete prints
+``proxrl <command>: the run in DIR is already finished ...`` on stdout, exit code 0.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 import traceback
 
 from proxrl.api import COMMANDS, command_module, train
-from proxrl.runtime.errors import Interrupted, ProxrlError
+from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.logs import configure_logging
 
 
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _run(command, rest)
+    except RunFinished as e:  # --resume of a complete run: nothing to do
+        print(f"proxrl {command}: {e}")
+        return e.exit_code
     except Interrupted as e:  # SIGINT/SIGTERM after the trainer saved a checkpoint
         print(f"proxrl {command}: stopped: {e}", file=sys.stderr)
         return e.exit_code

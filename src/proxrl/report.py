@@ -11,6 +11,10 @@ default: the demo logs the signal a run does not optimise at weight 0).
 Health: the rules of ``runtime.health`` (KL first, then the value loss, then the reward) applied
 to every run, in words, with the iteration each finding starts at.
 
+A ``classic`` run gets the panels of its own metrics (episode return, value loss, clip
+fraction, entropy) and its summary.json as a table; a run whose last logged step falls short of
+the steps it was configured for (noted in its run marker) is marked incomplete.
+
 Samples: ``samples.jsonl`` (rows ``{iteration, prompt, completion, score}`` written by the
 online trainers) gives the first and last logged iteration of each run; a ``summary.json`` and
 an ``eval_samples.jsonl`` (rows ``{policy, prompt, completion, ...}``, written by the demo) add
@@ -28,7 +32,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from proxrl.runtime.checkpoint import RUN_MARKER
+from proxrl.runtime.checkpoint import RUN_MARKER, planned_steps
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.health import render_markdown as health_section
@@ -38,10 +42,14 @@ from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "score": ("score (objective/scores)", ("objective/scores",)),
     "kl": ("KL to the reference (objective/kl, per sequence)", ("objective/kl",)),
+    "episodic_return": ("episode return (charts/episodic_return)", ("charts/episodic_return",)),
     "kl_coef": ("KL coefficient β (policy/kl_coef)", ("policy/kl_coef",)),
-    "value_loss": ("value loss (value/loss)", ("value/loss",)),
-    "clip_fraction": ("clip fraction (policy/clipfrac)", ("policy/clipfrac",)),
-    "entropy": ("entropy per token (objective/entropy)", ("objective/entropy", "policy/entropy")),
+    "value_loss": ("value loss (value/loss)", ("value/loss", "losses/value_loss")),
+    "clip_fraction": ("clip fraction (policy/clipfrac)", ("policy/clipfrac", "losses/clipfrac")),
+    "entropy": (
+        "entropy per token (objective/entropy)",
+        ("objective/entropy", "policy/entropy", "losses/entropy"),
+    ),
     "response_length": (
         "response length in tokens (response/length_mean)",
         ("response/length_mean",),
@@ -117,7 +125,7 @@ def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict
         for name, steps, values in lines:
             _plot_line(ax, steps, values, name, colors[name])
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step (iterations for RL runs)")
+        ax.set_xlabel("step (iterations for LM RL runs, env steps for classic)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -227,7 +235,23 @@ def eval_samples_table(path: Path, n_prompts: int) -> list[str]:
     return lines + [""]
 
 
+def is_demo_summary(summary: dict[str, Any]) -> bool:
+    """Whether a summary.json is the demo's (reward-model accuracy and per-policy scores)."""
+    return isinstance(summary.get("reward_model"), dict) and isinstance(
+        summary.get("policies"), dict
+    )
+
+
 def summary_table(summary: dict[str, Any]) -> list[str]:
+    """Markdown of a summary.json: the demo's held-out table, or any other run's (``classic``)
+    numbers and words as a two-column table."""
+    if not is_demo_summary(summary):
+        rows = [
+            f"| {key} | {_value(value)} |"
+            for key, value in summary.items()
+            if isinstance(value, (int, float, str, bool)) or value is None
+        ]
+        return ["| summary.json | value |", "|---|---|", *rows, ""]
     lines = [
         f"Reward model accuracy on held-out preference pairs: "
         f"**{summary['reward_model']['heldout_accuracy']:.3f}**",
@@ -249,6 +273,24 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _value(value: Any) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4g}"
+    return _cell(value)
+
+
+def unfinished(run_dir: Path, runs: dict[str, list[dict[str, float]]]) -> dict[str, str]:
+    """Run name → "stopped at step X of Y" for each run whose last logged step falls short of
+    the steps it was configured for (noted in its run marker; runs without one are not judged)."""
+    out = {}
+    for name, rows in runs.items():
+        planned = planned_steps(run_dir / name if (run_dir / name).is_dir() else run_dir)
+        last = max((int(r["step"]) for r in rows), default=0)
+        if planned is not None and last < planned:
+            out[name] = f"stopped at step {last} of {planned}"
+    return out
+
+
 def write_report(
     run_dir: str | Path, summary: dict[str, Any] | None = None, samples: int = 4
 ) -> Path:
@@ -262,10 +304,13 @@ def write_report(
     plots = plot_panels(runs, plot_dir)
     if summary is None and (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    stopped = unfinished(run_dir, runs)
+    names = [f"{n} (**incomplete**: {stopped[n]})" if n in stopped else n for n in runs]
 
-    lines = [f"# Report: {run_dir.name or run_dir}", "", f"Runs: {', '.join(runs)}.", ""]
-    if summary is not None:
-        lines += ["## Held-out evaluation", "", *summary_table(summary)]
+    lines = [f"# Report: {run_dir.name or run_dir}", "", f"Runs: {', '.join(names)}.", ""]
+    if isinstance(summary, dict):
+        heading = "## Held-out evaluation" if is_demo_summary(summary) else "## Summary"
+        lines += [heading, "", *summary_table(summary)]
     lines += health_section(runs)
     if MAIN_PLOT in plots:
         lines += [

@@ -107,6 +107,7 @@ FILES: dict[str, str | bytes] = {
     "configs/batch_words.yaml": "batch_size: eight\n",
     "configs/lr_list.yaml": "learning_rate: [1, 2]\n",
     "configs/lr_exponent.yaml": "learning_rate: -1e-5\n",
+    "configs/trl_names.yaml": "num_train_epochs: 3\n",
     "models/empty/README": "no config here\n",
     "models/orphan_adapter/adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": '
     '"models/gone"}\n',
@@ -116,6 +117,8 @@ FILES: dict[str, str | bytes] = {
     "runs/done/.proxrl-run": "",
     "runs/no_ckpt/.proxrl-run": "",
     "runs/no_ckpt/metrics.jsonl": '{"step": 1, "train/loss": 1.0}\n',
+    "runs/failed_start/.proxrl-run": "",
+    "runs/failed_start/metrics.jsonl": "",
     "notes/todo.txt": "my notes\n",
     "a_file": "x\n",
 }
@@ -178,7 +181,7 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
 class Case:
     what: str  # the bad input, in words
     argv: tuple[str, ...]  # proxrl's arguments
-    message: str  # the exact last line on stderr
+    message: str  # the exact last line on stderr (``<cwd>``: the working directory's path)
     xfail: str = ""  # why this case does not fully behave yet (another owner's code)
     env: tuple[tuple[str, str], ...] = ()  # environment variables the case runs under
 
@@ -668,7 +671,7 @@ CASES: list[Case] = [
             "runs/no_ckpt",
             "--resume",
         ),
-        "proxrl sft: error: --resume: no complete checkpoint in runs/no_ckpt/checkpoints",
+        "proxrl sft: error: --resume: no complete checkpoint in runs/no_ckpt/checkpoints; pass --overwrite to start it afresh",
     ),
     Case(
         "--resume of a run with bad data (the run is left as it was)",
@@ -695,6 +698,8 @@ CASES: list[Case] = [
             "--output-dir",
             "runs/other",
             "--resume",
+            "--epochs",
+            "5",  # 5 steps: the checkpoint at step 4 is not the end of the run
         ),
         "proxrl sft: error: checkpoint runs/other/checkpoints/step_000000004 does not match this run's model (another model or lora_r?): found 1 unknown tensors such as 'encoder.weight'",
     ),
@@ -768,7 +773,7 @@ CASES: list[Case] = [
     Case(
         "grpo: reward_fn module missing",
         (*GRPO, "--reward-fn", "no_such_module:score"),
-        "proxrl grpo: error: reward_fn: cannot import module 'no_such_module' (No module named 'no_such_module')",
+        "proxrl grpo: error: reward_fn: no module named 'no_such_module' on the import path (the working directory <cwd>, PYTHONPATH, the installed packages)",
     ),
     Case(
         "grpo: reward_fn function missing",
@@ -1121,6 +1126,22 @@ CASES: list[Case] = [
         "proxrl sft: error: --report-to expects a list of one of tensorboard, wandb, mlflow, "
         "trackio, none, found 'neptune'",
     ),
+    # issue 23 seams
+    Case(
+        "another library's name for an option",
+        (*SFT, "--lr", "0.1"),
+        "proxrl sft: error: unknown option --lr; did you mean --learning-rate?",
+    ),
+    Case(
+        "another library's name for a config key",
+        ("sft", "--config", "configs/trl_names.yaml"),
+        "proxrl sft: error: config file configs/trl_names.yaml: unknown key num_train_epochs; did you mean epochs?",
+    ),
+    Case(
+        "--resume of a run that stopped before its first step",
+        (*SFT[:-1], "runs/failed_start", "--resume"),
+        "proxrl sft: error: --resume: no complete checkpoint in runs/failed_start/checkpoints; it stopped before its first step: run without --resume to start it afresh",
+    ),
 ]
 
 
@@ -1214,7 +1235,8 @@ def render() -> str:
         "",
         "Every row is a test: `tests/algos/test_errors_table.py` runs the command line with",
         "`proxrl.cli.main` in a fresh workspace (the files of `tests/algos/errors_cases.py`, the tiny",
-        "test model as `model/`) and checks exit code 2, this exact last line on stderr, no",
+        "test model as `model/`) and checks exit code 2, this exact last line on stderr (`<cwd>`: the",
+        "working directory), no",
         "traceback (`--debug` shows one), and that no file in the workspace was created, changed or",
         "removed: a bad input never leaves a half-made run behind or touches an existing one.",
         "Regenerate this file with `python tests/algos/errors_cases.py > docs/errors.md`.",

@@ -48,7 +48,7 @@ def test_bad_input_gets_its_documented_message(
 
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip().splitlines()[-1] == case.message
+    assert err.strip().splitlines()[-1] == case.message.replace("<cwd>", str(workspace))
     assert "Traceback" not in err
     assert _snapshot(workspace) == before, "the workspace changed"
 

@@ -170,3 +170,27 @@ def test_batch_size_zero(tiny_lm, tmp_path, capsys):
     )
     _one_line_error(code, err, "sft", "batch_size: expected >= 1, got 0")
     assert not Path(tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "figures"),
+    [
+        ("sft", ("train/loss", "eval/loss", "eval/perplexity")),
+        ("rm", ("train/loss", "eval/loss", "eval/accuracy")),
+        ("dpo", ("train/loss", "eval/loss", "eval/rewards/accuracies")),
+    ],
+)
+def test_a_finished_run_ends_with_a_summary_line(command, figures, tiny_lm, tmp_path, caplog):
+    """With --no-progress (or piped output) nothing else says how the run ended: the last INFO
+    line names the model's directory and the final loss and eval figures, as the metrics hold."""
+    rows = sft_rows(16, seed=0) if command == "sft" else preference_rows(16, seed=0)
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    out = tmp_path / "run"
+    argv = [command, "--model", tiny_lm, "--data", data, "--output-dir", str(out)]
+    with caplog.at_level(logging.INFO, logger="proxrl"):
+        assert main([*argv, "--batch-size", "4", "--eval-fraction", "0.25", "--no-progress"]) == 0
+    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    expected = f"{command}: finished; model saved in {out}" + "".join(
+        f"; {key} {last[key]:.4g}" for key in figures
+    )
+    assert caplog.records[-1].getMessage() == expected

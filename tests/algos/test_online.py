@@ -400,7 +400,7 @@ def test_response_mask_after_stop_by_hand():
         (
             "ppo",
             ["--reward_fn", "no_such_module:fn"],
-            "reward_fn: cannot import module 'no_such_module'",
+            "reward_fn: no module named 'no_such_module' on the import path (the working",
         ),
         ("ppo", ["--reward_fn", "online_rewards:missing"], "has no function 'missing'"),
         ("ppo", ["--reward_fn", "online_rewards:raises"], "raised RuntimeError: boom"),

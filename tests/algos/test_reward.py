@@ -176,3 +176,24 @@ def test_lora_reward_model_is_saved_merged_with_its_adapter_beside_it(tiny_lm, t
     accuracy = (scores[:n] > scores[n:]).float().mean().item()
     assert accuracy == pytest.approx(metrics["eval/accuracy"], abs=1e-9)
     assert accuracy >= 0.9
+
+
+def test_an_accuracy_of_one_is_logged_as_exactly_one():
+    """Unit-weighted means of ten one-unit batches: summing the fractions 1/10 gives
+    0.9999999999999999 (three thirds of a different split give 1.0000000000000002); the loop
+    divides the weighted sum once, so a perfect accuracy reads 1.0 (eval and train)."""
+    from proxrl.algos.offline.loop import evaluate_batches
+
+    model = torch.nn.Linear(1, 1)
+
+    def loss_fn(m, batch):
+        loss = m.weight.sum() * 0 + 0.5
+        return loss, {"accuracy": torch.tensor(1.0), "pairs": torch.tensor(1.0)}
+
+    batches = list(range(10))
+    assert sum([0.1] * 10) != 1.0  # the rounding the old accumulation showed
+    evaluated = evaluate_batches(model, batches, loss_fn, lambda b: 1)
+    trained = accumulate_gradients(model, batches, loss_fn, lambda b: 1)
+    for stats in (evaluated, trained):
+        assert stats["accuracy"] == 1.0 and stats["pairs"] == 10.0
+        assert stats["loss"] == 0.5

@@ -78,3 +78,37 @@ def test_where_training_starts_a_missing_head_is_still_built(tiny_lm):
     reward = score_head(load_score_model(tiny_lm, new_head="reward")).weight
     assert reward.abs().sum() > 0
     assert score_head(load_score_model(tiny_lm, new_head="zero")).weight.abs().sum() == 0
+
+
+def test_a_local_module_loads_under_the_console_script_and_a_missing_one_names_the_path(
+    tmp_path, monkeypatch
+):
+    """The ``proxrl`` console script puts its bin directory, not the working directory, first on
+    sys.path (``python -m proxrl`` puts the working directory): ``--reward-fn myreward:score``
+    from the directory holding myreward.py must load under both."""
+    import sys
+
+    from proxrl.rollout.rewards import load_reward_function
+
+    (tmp_path / "myreward_i23.py").write_text(
+        "def score(prompts, completions, **columns):\n    return [1.5] * len(completions)\n"
+    )
+    (tmp_path / "broken_i23.py").write_text("import not_installed_i23\n")
+    monkeypatch.chdir(tmp_path)
+    console_path = [p for p in sys.path if p not in ("", str(tmp_path))]
+    monkeypatch.setattr(sys, "path", console_path)
+    for name in ("myreward_i23", "broken_i23"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    assert load_reward_function("myreward_i23:score")(["p"], ["a", "b"]) == [1.5, 1.5]
+    with pytest.raises(ProxrlError) as missing:
+        load_reward_function("no_such_i23:score")
+    assert str(missing.value) == (
+        "reward_fn: no module named 'no_such_i23' on the import path (the working directory "
+        f"{tmp_path}, PYTHONPATH, the installed packages)"
+    )
+    with pytest.raises(ProxrlError) as broken:  # found, but its own import fails: said so
+        load_reward_function("broken_i23:score")
+    assert str(broken.value) == (
+        "reward_fn: cannot import module 'broken_i23' (No module named 'not_installed_i23')"
+    )

@@ -60,3 +60,20 @@ def test_an_unchanged_resume_continues(tmp_path):
     assert cli.main([*argv, "--stop-at-step", "128"]) == 0
     assert cli.main([*argv, "--resume"]) == 0  # stop_at_step changed: always free
     assert CheckpointManager.step_of(CheckpointManager(run).latest()) == 256
+
+
+def test_resume_from_the_run_alone_then_finished(tmp_path, capsys):
+    """``--output-dir D --resume`` alone continues with the run's options (stop_at_step, an
+    option of the session, is not taken from them), and once complete says so, exit 0."""
+    run = tmp_path / "run"
+    argv = ["classic", "--output-dir", str(run), *TINY, "--total-steps", "256", "--gamma", "0.9"]
+    assert cli.main([*argv, "--stop-at-step", "128"]) == 0
+    assert cli.main(["classic", "--output-dir", str(run), "--resume", "--no-progress"]) == 0
+    assert CheckpointManager.step_of(CheckpointManager(run).latest()) == 256
+    assert yaml.safe_load((run / "config.yaml").read_text())["gamma"] == 0.9
+    capsys.readouterr()
+    assert cli.main(["classic", "--output-dir", str(run), "--resume"]) == 0
+    assert capsys.readouterr().out == (
+        f"proxrl classic: the run in {run} is already finished (step 256 of 256); nothing to do "
+        "(to train longer: --resume-with-changes --total-steps N)\n"
+    )

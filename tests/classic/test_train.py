@@ -164,6 +164,41 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
     assert not out.exists()  # nothing was created for a run that never started
 
 
+BOX2D_MISSING = (
+    "Box2D is not installed, you can install it by run `pip install swig` followed by "
+    '`pip install "gymnasium[box2d]"`'
+)
+
+
+def test_an_environment_whose_extra_is_missing_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """gymnasium raises DependencyNotInstalled naming the extra (Box2D for LunarLander): that
+    line, exit 2, instead of a 30-line traceback; nothing is created."""
+    import gymnasium as gym
+
+    def make(env_id, *args, **kwargs):
+        raise gym.error.DependencyNotInstalled(BOX2D_MISSING)
+
+    monkeypatch.setattr(gym, "make", make)
+    out = tmp_path / "run"
+    assert cli.main(["classic", "--env", "LunarLander-v3", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"proxrl classic: error: --env LunarLander-v3: {BOX2D_MISSING}\n"
+    )
+    assert not out.exists()
+
+
+def test_lunar_lander_without_box2d_names_the_extra(tmp_path, capsys):
+    try:
+        import Box2D  # noqa: F401
+
+        pytest.skip("Box2D is installed here")
+    except ImportError:
+        pass
+    assert cli.main(["classic", "--env", "LunarLander-v3", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gymnasium[box2d]" in err and "Traceback" not in err
+
+
 def test_existing_run_needs_resume_or_overwrite(tmp_path, capsys):
     cfg = _cfg(tmp_path)
     train(cfg)

@@ -212,6 +212,23 @@ def test_sft_encoding_masks_the_prompt_and_ends_with_eos(tokenizer, tmp_path):
     )
 
 
+def test_a_row_dropped_under_truncate_says_its_prompt_fills_max_length(tokenizer, tmp_path, caplog):
+    """Truncation cuts the response; a prompt that alone reaches max_length leaves nothing to
+    cut, so the row is dropped even under ``truncate``: the warning says so and where."""
+    long = "abc " * 40
+    path = _write(
+        tmp_path / "s.jsonl",
+        [{"prompt": "q", "completion": long}, {"prompt": long, "completion": "ab"}],
+    )
+    with caplog.at_level(logging.WARNING):
+        kept = encode_sft(load_sft_examples(path), tokenizer, max_length=20, overlong="truncate")
+    assert len(kept) == 1
+    assert caplog.messages == [
+        "sft data: 2 of 2 examples exceed max_length=20: 1 truncated, 1 dropped (1 because the "
+        f"prompt alone has 20 tokens or more, leaving no room for a response; first {path}:2)"
+    ]
+
+
 def test_overlong_policy_truncates_or_drops_and_counts(tokenizer, tmp_path, caplog):
     long = "abc " * 40
     path = _write(

@@ -246,6 +246,21 @@ def test_resume_refuses_other_options(toy_demo: Path, capsys: pytest.CaptureFixt
     assert "--resume: rl_iterations is 3 but the demo in" in capsys.readouterr().err
 
 
+def test_resuming_the_finished_demo_from_its_directory_alone_says_it_is_finished(
+    toy_demo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--resume`` starts from demo_config.yaml (the toy options need not be given again) and a
+    finished demo is left untouched: one line, exit 0."""
+    before = {p: p.read_bytes() for p in sorted(toy_demo.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert cli.main(["demo", "--output-dir", str(toy_demo), "--resume"]) == 0
+    assert capsys.readouterr().out == (
+        f"proxrl demo: the demo in {toy_demo} is already finished (its summary.json is written); "
+        "nothing to do\n"
+    )
+    assert {p: p.read_bytes() for p in sorted(toy_demo.rglob("*")) if p.is_file()} == before
+
+
 def test_resume_with_changes_keeps_finished_stages_and_runs_with_the_new_options(
     toy_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

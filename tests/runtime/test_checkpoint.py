@@ -4,13 +4,16 @@ output-directory guard."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from proxrl.runtime.checkpoint import (
+    RUN_MARKER,
     CheckpointManager,
     CorruptCheckpointWarning,
+    check_output_dir,
     prepare_output_dir,
 )
 from proxrl.runtime.errors import ProxrlError
@@ -129,3 +132,33 @@ def test_check_output_dir_raises_what_prepare_would_and_touches_nothing(tmp_path
     with pytest.raises(ProxrlError, match="holds no run to resume"):
         check_output_dir(tmp_path / "fresh", resume=True, overwrite=False)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_run_that_stopped_before_its_first_step_holds_no_work(tmp_path):
+    """Marker, config, an empty metrics file, TensorBoard's empty events and a save's leftovers
+    are what a first iteration that failed leaves: a new start may replace them. A checkpoint,
+    a logged row or any other file is work, and the directory stays protected."""
+    from proxrl.runtime.checkpoint import holds_work
+
+    run = prepare_output_dir(tmp_path / "run", resume=False, overwrite=False)
+    (run / "config.yaml").write_text("seed: 1\n")
+    (run / "metrics.jsonl").write_text("\n")
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\0")
+    (run / "checkpoints" / ".tmp-step_000000001-1").mkdir(parents=True)
+    assert not holds_work(run)
+    check_output_dir(run, resume=False, overwrite=False)  # no error
+    assert prepare_output_dir(run, resume=False, overwrite=False) == run
+    assert sorted(p.name for p in run.iterdir()) == [RUN_MARKER]
+
+    for work in ("metrics.jsonl", "model.safetensors", "sub/notes.txt"):
+        shutil.rmtree(run)
+        prepare_output_dir(run, resume=False, overwrite=False)
+        (run / work).parent.mkdir(parents=True, exist_ok=True)
+        (run / work).write_text('{"step": 1, "loss": 0.5}\n')
+        assert holds_work(run), work
+        with pytest.raises(ProxrlError, match="already holds a run"):
+            check_output_dir(run, resume=False, overwrite=False)
+    shutil.rmtree(run)
+    CheckpointManager(prepare_output_dir(run, False, False)).save(1, {}, {"step": 1})
+    assert holds_work(run)

@@ -93,6 +93,17 @@ def test_help_of_registered_commands(argv, capsys):
     assert "--output-dir" in capsys.readouterr().out or argv[0] == "classic-eval"
 
 
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_help_shows_no_raw_markup(command, capsys):
+    """--help prints docstrings as text: no reST ``literal`` or rich [markup] left in them."""
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: proxrl {command}")
+    assert "``" not in out and "[bold" not in out and "[/" not in out
+
+
 def _plain_process_logging(monkeypatch):
     """The logging set-up of a plain ``proxrl`` process: pytest's capture handlers taken off the
     root logger (``configure_logging`` leaves an already configured root alone)."""
@@ -122,16 +133,15 @@ CLASSIC_TINY = [
 
 def test_resume_message_reaches_the_users_stderr(tmp_path, capsys, monkeypatch):
     _plain_process_logging(monkeypatch)
-    run = tmp_path / "r"
-    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY]) == 0
-    capsys.readouterr()
-    assert cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume"]) == 0
-    err = capsys.readouterr().err
-    assert (
-        f"resumed {run / 'checkpoints' / 'step_000000064'} at step 64; "
-        "the run is already complete\n" in err
-    )
-    assert (
-        cli.main(["classic", "--output-dir", str(run), *CLASSIC_TINY, "--resume", "--quiet"]) == 0
-    )
-    assert "resumed" not in capsys.readouterr().err
+    for run, quiet in ((tmp_path / "r", []), (tmp_path / "q", ["--quiet"])):
+        argv = ["classic", "--output-dir", str(run), *CLASSIC_TINY]
+        assert cli.main([*argv, "--stop-at-step", "32"]) == 0
+        capsys.readouterr()
+        assert cli.main([*argv, "--resume", *quiet]) == 0
+        err = capsys.readouterr().err
+        resumed = f"resumed {run / 'checkpoints' / 'step_000000032'} at step 32\n"
+        assert (resumed in err) is not bool(quiet), err
+    # a complete run: one line on stdout, no traceback, exit 0
+    assert cli.main(["classic", "--output-dir", str(tmp_path / "r"), "--resume"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("proxrl classic: the run in") and out.out.count("\n") == 1

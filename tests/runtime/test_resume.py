@@ -80,3 +80,63 @@ def test_only_options_in_both_are_compared():
     assert changed_options(saved, now) == {}
     assert changed_options(saved, {"a": 2}) == {"a": (1, 2)}
     assert changed_options(saved, {"a": 2}, free={"a"}) == {}
+
+
+# -- the saved config as the starting point of a resumed run (runtime.config.parse_config) ----
+
+
+def test_a_resumed_run_starts_from_its_saved_config(tmp_path):
+    """Saved options fill what the command line leaves out; a --config file and flags come on
+    top (the policy then judges them); options of the session (overwrite, progress...) and
+    keys this version does not know are never taken from the saved file."""
+    from proxrl.runtime.config import parse_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = Config(output_dir="elsewhere", learning_rate=0.25, schedule="cosine", seed=9)
+    save_config_file(
+        dataclasses.replace(saved, overwrite=True, progress=False), run / "config.yaml"
+    )
+    with (run / "config.yaml").open("a") as f:
+        f.write("an_option_since_renamed: 3\n")
+    (tmp_path / "layers.yaml").write_text("layers: [2]\nseed: 4\n")
+
+    cfg = parse_config(Config, ["--output-dir", str(run), "--resume"], prog="t")
+    assert (cfg.learning_rate, cfg.schedule, cfg.seed) == (0.25, "cosine", 9)
+    assert (cfg.output_dir, cfg.resume, cfg.overwrite, cfg.progress) == (
+        str(run),
+        True,
+        False,
+        True,
+    )
+
+    argv = ["--config", str(tmp_path / "layers.yaml"), "--output-dir", str(run), "--resume=true"]
+    cfg = parse_config(Config, [*argv, "--seed", "5"], prog="t")
+    assert (cfg.learning_rate, cfg.layers, cfg.seed) == (0.25, (2,), 5)
+
+    # not resuming, or nothing saved: the defaults as before
+    assert parse_config(Config, ["--output-dir", str(run)], prog="t").learning_rate == 1e-3
+    fresh = parse_config(Config, ["--output-dir", str(tmp_path / "new"), "--resume"], prog="t")
+    assert fresh.learning_rate == 1e-3
+    assert (
+        parse_config(Config, ["--output-dir", str(run), "--resume", "--no-resume"], prog="t").seed
+        == 1
+    )
+
+
+def test_a_bad_value_in_the_saved_config_names_the_file(tmp_path):
+    from proxrl.runtime.config import parse_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("learning_rate: fast\n")
+    with pytest.raises(ProxrlError) as info:
+        parse_config(Config, ["--output-dir", str(run), "--resume"], prog="t")
+    assert str(info.value) == (
+        f"config file {run / 'config.yaml'}: field learning_rate expects float, found str 'fast'"
+    )
+    # a flag that replaces it: the saved value is not read
+    cfg = parse_config(
+        Config, ["--output-dir", str(run), "--resume", "--learning-rate", "2"], prog="t"
+    )
+    assert cfg.learning_rate == 2.0

@@ -46,7 +46,10 @@ def make_vec_env(env_id: str, num_envs: int) -> gym.vector.SyncVectorEnv:
         return gym.make(env_id)
 
     fns: list[Callable[[], gym.Env[Any, Any]]] = [thunk] * num_envs
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except gym.error.DependencyNotInstalled as exc:  # Box2D, MuJoCo...: gymnasium names the extra
+        raise ProxrlError(f"--env {env_id}: {str(exc).strip().splitlines()[0]}") from None
 
 
 class RunningMeanStd:

@@ -29,7 +29,7 @@ from proxrl.runtime.fields import Range, check_ranges
 
 @dataclasses.dataclass
 class EvalConfig:
-    """Evaluate a policy trained by ``proxrl classic``."""
+    """proxrl classic-eval: run a policy trained by proxrl classic, deterministically."""
 
     run_dir: str = "runs/classic"
     """The output_dir of the training run."""

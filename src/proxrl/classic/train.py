@@ -46,13 +46,13 @@ from proxrl.classic.ppo import ppo_update
 from proxrl.classic.rollout import Collector
 from proxrl.classic.trpo import trpo_update
 from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
-from proxrl.runtime.checkpoint import prepare_output_dir
+from proxrl.runtime.checkpoint import prepare_output_dir, record_planned_steps
 from proxrl.runtime.checkpointer import Accessors, Checkpointer, GlobalRNG
 from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.resume import check_not_finished, check_resume
 from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
 
@@ -84,8 +84,10 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
 
     # 2. Output directory (with the resolved config), one torch thread, seeds.
     check_resume(cfg)  # compared with the resolved options the run wrote
+    check_not_finished(cfg, cfg.num_iterations * cfg.batch_size, "step", "--total-steps")
     out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     save_config_file(cfg, out / "config.yaml")
+    record_planned_steps(out, cfg.num_iterations * cfg.batch_size)
     torch.set_num_threads(cfg.torch_threads)
     torch.distributions.Distribution.set_default_validate_args(False)
     seed_everything(cfg.seed)
@@ -138,8 +140,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         episodes_done, elapsed_before = counters["episodes"], counters["elapsed_s"]
         recent.extend(counters["recent_returns"])
         metrics.truncate_after(global_step)
-        done = "; the run is already complete" if iteration >= cfg.num_iterations else ""
-        log.info("resumed %s at step %d%s", restored.path, global_step, done)
+        log.info("resumed %s at step %d", restored.path, global_step)
 
     def save() -> Path:
         return checkpointer.save(

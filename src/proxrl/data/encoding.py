@@ -74,17 +74,26 @@ class OverlongReport:
     truncated: int = 0
     dropped: int = 0
     where_dropped: list[str] = field(default_factory=list)
+    where_prompt_fills: list[str] = field(default_factory=list)  # dropped: no room for a response
 
     def log(self, name: str, max_length: int) -> None:
         if self.truncated or self.dropped:
+            why = ""
+            if self.where_prompt_fills:  # dropped even under truncate: say why, and where
+                why = (
+                    f" ({len(self.where_prompt_fills)} because the prompt alone has "
+                    f"{max_length} tokens or more, leaving no room for a response; first "
+                    f"{self.where_prompt_fills[0]})"
+                )
             log.warning(
-                "%s: %d of %d examples exceed max_length=%d: %d truncated, %d dropped",
+                "%s: %d of %d examples exceed max_length=%d: %d truncated, %d dropped%s",
                 name,
                 self.truncated + self.dropped,
                 self.total,
                 max_length,
                 self.truncated,
                 self.dropped,
+                why,
             )
 
 
@@ -161,10 +170,15 @@ def _join(
     return sequence, truncated
 
 
-def _count(report: OverlongReport, kept: bool, truncated: bool, where: str) -> None:
+def _count(
+    report: OverlongReport, kept: bool, truncated: bool, where: str, prompt_fills: bool = False
+) -> None:
+    """Count one example; ``prompt_fills``: its prompt alone reaches max_length."""
     if not kept:
         report.dropped += 1
         report.where_dropped.append(where)
+        if prompt_fills:
+            report.where_prompt_fills.append(where)
     elif truncated:
         report.truncated += 1
 
@@ -208,7 +222,8 @@ def encode_sft(
             tokenizer, example.prompt, example.completion, example.where
         )
         sequence, truncated = _join(prompt_ids, response_ids, max_length, overlong)
-        _count(report, sequence is not None, truncated, example.where)
+        fills = len(prompt_ids) >= max_length
+        _count(report, sequence is not None, truncated, example.where, fills)
         if sequence is not None:
             encoded.append(sequence)
     return _finish(encoded, report, name, max_length)
@@ -241,7 +256,8 @@ def encode_preferences(
             overlong,
         )
         kept = chosen is not None and rejected is not None
-        _count(report, kept, chosen_cut or rejected_cut, example.where)
+        fills = len(prompt_ids) >= max_length
+        _count(report, kept, chosen_cut or rejected_cut, example.where, fills)
         if chosen is not None and rejected is not None:
             encoded.append(EncodedPair(chosen, rejected, example.margin))
     return _finish(encoded, report, name, max_length)
@@ -266,7 +282,8 @@ def encode_rankings(
         ]
         responses = [sequence for sequence, _ in joined if sequence is not None]
         kept = len(responses) == len(joined)
-        _count(report, kept, any(cut for _, cut in joined), example.where)
+        fills = len(prompt_ids) >= max_length
+        _count(report, kept, any(cut for _, cut in joined), example.where, fills)
         if kept:
             encoded.append(EncodedRanking(responses, example.ranking))
     return _finish(encoded, report, name, max_length)

@@ -41,7 +41,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from transformers.utils import logging as hf_logging
@@ -59,7 +59,7 @@ from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import save_config_file
-from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.errors import ProxrlError, RunFinished
 from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import read_metrics
 from proxrl.runtime.resume import check_resume
@@ -75,6 +75,8 @@ POLICIES = ("sft", "ppo", "ppo_no_kl", "grpo")
 class Config:
     """proxrl demo: SFT → reward model → PPO (with and without KL) and GRPO on a tiny model, on
     CPU."""
+
+    saved_config_file: ClassVar[str] = "demo_config.yaml"  # what --resume starts from
 
     output_dir: str = "runs/demo"
     """Directory for the data, every stage's run, summary.json and report.md."""
@@ -227,7 +229,7 @@ class Stopwatch:
 
 # Written into a stage's run directory once its trainer has returned: ``--resume`` skips it.
 STAGE_DONE = "demo_stage_done"
-DEMO_CONFIG = "demo_config.yaml"
+DEMO_CONFIG = Config.saved_config_file
 RESUME_ALSO_FREE = {
     "threads"
 }  # the demo's own option that may change on resume (runtime.resume has the rest)
@@ -239,6 +241,11 @@ def check_same_demo(cfg: Config) -> None:
     if not (Path(cfg.output_dir) / DEMO_CONFIG).is_file():
         raise ProxrlError(f"--resume: {cfg.output_dir} holds no demo to resume (no {DEMO_CONFIG})")
     check_resume(cfg, config_file=DEMO_CONFIG, what="demo", also_free=RESUME_ALSO_FREE)
+    if (Path(cfg.output_dir) / "summary.json").is_file() and not cfg.resume_with_changes:
+        raise RunFinished(
+            f"the demo in {cfg.output_dir} is already finished (its summary.json is written); "
+            "nothing to do"
+        )
 
 
 class StageRunner:
@@ -282,6 +289,30 @@ def last_metrics(run_dir: Path) -> dict[str, float]:
     for row in read_metrics(run_dir):
         merged.update(row)
     return merged
+
+
+def offline_fields(cfg: Config, out: Path) -> dict[str, Any]:
+    """What the SFT and reward-model stages share."""
+    return dict(
+        model=str(out / "base"),
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        progress=cfg.progress,
+        lr_schedule="linear",
+        warmup_steps=10,
+        max_length=32,
+    )
+
+
+def sft_config(cfg: Config, out: Path, data: Path) -> sft.Config:
+    """The SFT stage (configs/examples/sft.yaml repeats its settings; a test checks they agree)."""
+    return sft.Config(
+        **offline_fields(cfg, out),
+        output_dir=str(out / "sft"),
+        data=str(data),
+        epochs=cfg.sft_epochs,
+        learning_rate=cfg.sft_learning_rate,
+    )
 
 
 def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
@@ -347,26 +378,9 @@ def train(cfg: Config) -> dict[str, Any]:
             seed=cfg.seed,
         )
 
-    offline = dict(
-        model=str(out / "base"),
-        batch_size=cfg.batch_size,
-        seed=cfg.seed,
-        progress=cfg.progress,
-        lr_schedule="linear",
-        warmup_steps=10,
-        max_length=32,
-    )
+    offline = offline_fields(cfg, out)
     with watch.stage("sft"):
-        run(
-            sft.train,
-            sft.Config(
-                **offline,
-                output_dir=str(out / "sft"),
-                data=str(data["sft"]),
-                epochs=cfg.sft_epochs,
-                learning_rate=cfg.sft_learning_rate,
-            ),
-        )
+        run(sft.train, sft_config(cfg, out, data["sft"]))
 
     with watch.stage("reward_model"):
         rm_metrics = run(

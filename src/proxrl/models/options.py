@@ -35,7 +35,7 @@ class ModelRunConfig(RunConfig):
     """Weights dtype: float32, bfloat16, float16, float64 or auto."""
     mixed_precision: str = "no"
     """Compute precision: no (as the weights), or bf16 (matrix products in bfloat16 under autocast,
-    weights, optimizer and losses in float32: TRL's ``bf16=True``)."""
+    weights, optimizer and losses in float32: TRL's bf16=True)."""
     attn_implementation: str | None = None
     """Attention kernel: eager, sdpa, flash_attention_2 (default: transformers chooses)."""
     gradient_checkpointing: bool = False

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,14 +35,28 @@ RewardFn = Callable[..., Sequence[float]]
 
 def load_reward_function(spec: str) -> RewardFn:
     """``"package.module:function"`` → the function; a one-line error when it is not there. A
-    handle of a function given to the Python API (``runtime.objects``) is that function."""
+    handle of a function given to the Python API (``runtime.objects``) is that function.
+
+    The module is looked up on the import path and then in the working directory, so a local
+    ``myreward.py`` loads under the ``proxrl`` console script as under ``python -m proxrl`` (the
+    working directory is appended, not put first: it never shadows an installed package)."""
     if objects.is_handle(spec):
         return objects.lookup(spec)  # type: ignore[no-any-return]
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ProxrlError(f"reward_fn: expected 'module:function', got '{spec}'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and f"{module_name}.".startswith(f"{exc.name}."):
+            raise ProxrlError(
+                f"reward_fn: no module named '{exc.name}' on the import path (the working "
+                f"directory {cwd}, PYTHONPATH, the installed packages)"
+            ) from None
+        raise ProxrlError(f"reward_fn: cannot import module '{module_name}' ({exc})") from exc
     except ImportError as exc:
         raise ProxrlError(f"reward_fn: cannot import module '{module_name}' ({exc})") from exc
     fn = getattr(module, attribute, None)

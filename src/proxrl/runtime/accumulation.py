@@ -35,15 +35,14 @@ def accumulate_gradients(
     total = sum(units) if total_units is None else total_units
     if total == 0:
         raise ValueError("an optimizer step with no unit to learn from (empty loss masks)")
-    stats: dict[str, float] = defaultdict(float)
+    sums: dict[str, float] = defaultdict(float)  # unit-weighted sums, divided once at the end
     for batch, n in zip(micro_batches, units, strict=True):
         if n == 0:
             continue
         loss, batch_stats = loss_fn(model, batch)
-        weight = n / total
-        (loss * weight).backward()
-        stats["loss"] += float(loss.detach()) * weight
+        (loss * (n / total)).backward()
+        sums["loss"] += float(loss.detach()) * n
         for key, value in batch_stats.items():
             if key != "loss":  # taken from the loss itself above
-                stats[key] += float(value) * (1.0 if key in COUNT_STATS else weight)
-    return dict(stats)
+                sums[key] += float(value) * (1.0 if key in COUNT_STATS else n)
+    return {key: value if key in COUNT_STATS else value / total for key, value in sums.items()}

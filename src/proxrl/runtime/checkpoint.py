@@ -37,6 +37,8 @@ from torch import Tensor
 from proxrl.runtime import distributed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import assert_finite_weights
+from proxrl.runtime.metrics import METRICS_FILE
+from proxrl.runtime.trackers import TRACKER_DIRS
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -259,10 +261,51 @@ class CheckpointManager:
 # --------------------------------------------------------------------------------------------
 
 
+def record_planned_steps(output_dir: str | Path, total: int) -> None:
+    """Note in the run marker how many steps (metrics.jsonl's ``step``) the run is configured
+    for, so that a report tells a complete run from one stopped early (``planned_steps``)."""
+    (Path(output_dir) / RUN_MARKER).write_text(json.dumps({"planned_steps": int(total)}) + "\n")
+
+
+def planned_steps(run_dir: str | Path) -> int | None:
+    """The steps ``record_planned_steps`` noted for the run in ``run_dir``; None if none."""
+    try:
+        noted = json.loads((Path(run_dir) / RUN_MARKER).read_text(encoding="utf-8"))
+        return int(noted["planned_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def holds_run(output_dir: str | Path) -> bool:
     """Whether ``output_dir`` holds a proxrl run (a marker, metrics or checkpoints)."""
     d = Path(output_dir)
-    return any((d / name).exists() for name in (RUN_MARKER, "metrics.jsonl", CHECKPOINT_DIR))
+    return any((d / name).exists() for name in (RUN_MARKER, METRICS_FILE, CHECKPOINT_DIR))
+
+
+# What a run writes before it finishes its first step. A run directory holding nothing else (its
+# first iteration failed) has no work to lose: a new run may replace it without --overwrite.
+_BEFORE_FIRST_STEP = frozenset({RUN_MARKER, "config.yaml", "demo_config.yaml"})
+
+
+def holds_work(output_dir: str | Path) -> bool:
+    """Whether the run in ``output_dir`` holds anything a new start would lose: a checkpoint, a
+    non-blank metrics file, or any file other than the run marker, its config, an empty metrics
+    file, the trackers' files (TensorBoard's, wandb's, mlflow's: empty of rows while none was
+    logged) and a save's leftovers."""
+    d = Path(output_dir)
+    if not d.is_dir():
+        return False
+    if CheckpointManager(d).checkpoints():
+        return True
+    metrics = d / METRICS_FILE
+    if metrics.is_file() and metrics.read_bytes().strip():
+        return True
+    for path in d.iterdir():
+        if (path.name == CHECKPOINT_DIR or path.name in TRACKER_DIRS) and path.is_dir():
+            continue  # no step_* checkpoint (above); events without a metrics row
+        if path.name not in _BEFORE_FIRST_STEP | {METRICS_FILE} or not path.is_file():
+            return True
+    return False
 
 
 def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
@@ -277,7 +320,7 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> N
     if d.exists() and not d.is_dir():
         raise ProxrlError(f"output directory {d} is a file")
     if holds_run(d):
-        if not resume and not overwrite:
+        if not resume and not overwrite and holds_work(d):
             raise ProxrlError(
                 f"output directory {d} already holds a run; pass --resume to continue it or "
                 "--overwrite to replace it"
@@ -295,7 +338,8 @@ def prepare_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) ->
 
     - a fresh or empty directory is created and marked as a run;
     - a directory holding a run is refused unless ``resume`` (keep it and continue) or
-      ``overwrite`` (delete the old run first);
+      ``overwrite`` (delete the old run first); one whose run stopped before its first step
+      (``holds_work`` is false) is replaced as a fresh start;
     - ``resume`` with nothing to resume is refused too, rather than silently starting over;
     - a non-empty directory that is not a run is never deleted.
     """

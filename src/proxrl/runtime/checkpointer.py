@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.checkpoint import CheckpointManager, holds_work
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 
@@ -192,7 +192,12 @@ class Checkpointer:
         when there is none or when it does not fit this run's model."""
         path = self.manager.latest()
         if path is None:
-            raise ProxrlError(f"--resume: no complete checkpoint in {self.root}")
+            afresh = (
+                "pass --overwrite to start it afresh"
+                if holds_work(self.root.parent)
+                else "it stopped before its first step: run without --resume to start it afresh"
+            )
+            raise ProxrlError(f"--resume: no complete checkpoint in {self.root}; {afresh}")
         tensors, state = self.manager.load(path)
         mismatch = f"checkpoint {path} does not match this run's model (another model or lora_r?)"
         try:  # weights first: a foreign checkpoint is reported by its tensors' names

@@ -147,11 +147,32 @@ def _raise(message: str, value: Any, tp: Any) -> Any:
     raise ProxrlError(message)
 
 
+# Other libraries' names for fields of ours (transformers/TRL, CleanRL), suggested before any
+# close spelling: the closest spelling can be another field (``lr`` is nearer ``lora_r`` than
+# ``learning_rate``). Only suggested where the command has the field.
+KNOWN_SPELLINGS = {
+    "lr": "learning_rate",
+    "num_train_epochs": "epochs",
+    "per_device_train_batch_size": "batch_size",
+    "gradient_accumulation_steps": "grad_accum",
+    "max_seq_length": "max_length",
+    "gae_lambda": "lam",
+    "ent_coef": "entropy_coef",
+    "minibatch_size": "mini_batch_size",
+    "target_kl": "early_stop_kl",
+    "norm_adv": "whiten_advantages",
+}
+
+
 def _unknown(kind: str, name: str, valid: list[str], flag: bool) -> ProxrlError:
     prefix = "--" if flag else ""
     shown = name.replace("_", "-") if flag else name
     pool = [v.replace("_", "-") for v in valid] if flag else valid
-    close = difflib.get_close_matches(shown, pool, n=1, cutoff=0.5)
+    known = KNOWN_SPELLINGS.get(name.replace("-", "_"))
+    if known in valid:
+        close = [known.replace("_", "-") if flag else known]
+    else:
+        close = difflib.get_close_matches(shown, pool, n=1, cutoff=0.5)
     hint = f"; did you mean {prefix}{close[0]}?" if close else ""
     if not shown.isprintable() or not shown or shown != shown.strip():
         shown = repr(shown)  # keep the message on one line and the name visible
@@ -215,11 +236,39 @@ def config_from_mapping(
     """``config_cls`` (or ``base`` with these fields replaced) from a mapping of field → value,
     with the checks of a YAML file: aliases and dashes accepted, unknown keys and values of
     the wrong type refused in one line starting with ``where``."""
-    fields, names = field_table(config_cls), spellings(config_cls)  # type: ignore[arg-type]
+    values = _mapping_values(config_cls, mapping, where, overridden)
+    cfg = config_cls(**values) if base is None else dataclasses.replace(base, **values)  # type: ignore[type-var]
+    if validate:
+        _validate(cfg)
+    return cfg
+
+
+def _file_values(
+    config_cls: type, path: Path, overridden: frozenset[str], skip_unknown: bool = False
+) -> dict[str, Any]:
+    """Field → checked value of the YAML file at ``path`` (``_mapping_values``)."""
+    return _mapping_values(
+        config_cls, _read_yaml(path), f"config file {path}", overridden, skip_unknown
+    )
+
+
+def _mapping_values(
+    config_cls: type,
+    mapping: dict[Any, Any],
+    where: str,
+    overridden: frozenset[str],
+    skip_unknown: bool = False,
+) -> dict[str, Any]:
+    """Field → checked value of ``mapping``, ``overridden`` fields left out. ``skip_unknown``: a
+    key that is no field is passed over instead of refused (a run's saved config may hold an
+    option that a newer proxrl renamed or removed)."""
+    fields, names = field_table(config_cls), spellings(config_cls)
     values: dict[str, Any] = {}
     for key, value in mapping.items():
         name = names.get(str(key).replace("-", "_"))
         try:
+            if name is None and skip_unknown:
+                continue
             if name is None:
                 raise _unknown("key", str(key), list(names), flag=False)
             if name in overridden:
@@ -227,10 +276,7 @@ def config_from_mapping(
             values[name] = _check_value(name, fields[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"{where}: {e}") from None
-    cfg = config_cls(**values) if base is None else dataclasses.replace(base, **values)  # type: ignore[type-var]
-    if validate:
-        _validate(cfg)
-    return cfg
+    return values
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -372,6 +418,46 @@ def _translate(config_cls: type, argv: list[str]) -> Any:
     return hook
 
 
+def _given(config_cls: type, args: list[str], field: str) -> Any:
+    """What ``args`` (in ``_tyro_spellings``' form) last give ``field``: True / False for a
+    switch, the text after a value flag; None when they do not name it."""
+    names, switch = spellings(config_cls), field_table(config_cls)[field].switch
+    found: Any = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        key = name.replace("-", "_")
+        if names.get(key) == field:
+            found = True if switch else inline if eq else next(iter(args[i + 1 : i + 2]), None)
+        elif switch and key.startswith("no_") and names.get(key[3:]) == field:
+            found = False
+    return found
+
+
+def _resumed_run_values(
+    config_cls: type, args: list[str], file_values: dict[str, Any], flagged: frozenset[str]
+) -> dict[str, Any]:
+    """With ``--resume``: the options the run in ``output_dir`` saved (its config.yaml, or the
+    file ``config_cls.saved_config_file`` names), the starting point that ``--config`` and flags
+    then change (``runtime.resume`` decides which changes are allowed). Options that describe
+    this invocation rather than the run (``runtime.resume.SESSION_OPTIONS``) and flagged ones
+    are left out; nothing when not resuming or the directory saved no config."""
+    from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
+    if "resume" not in defaults or "output_dir" not in defaults:
+        return {}
+    resume = _given(config_cls, args, "resume")
+    if resume is None:
+        resume = file_values.get("resume", defaults["resume"])
+    output_dir = _given(config_cls, args, "output_dir")
+    if output_dir is None:
+        output_dir = file_values.get("output_dir", defaults["output_dir"])
+    path = Path(str(output_dir)) / getattr(config_cls, "saved_config_file", CONFIG_FILE)
+    if not resume or not path.is_file():
+        return {}
+    return _file_values(config_cls, path, flagged | SESSION_OPTIONS, skip_unknown=True)
+
+
 def _validate(cfg: Any) -> None:
     validate = getattr(cfg, "validate", None)
     if callable(validate):
@@ -387,16 +473,18 @@ def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
     from tyro import _errors as events
 
     config_path, rest = _split_config_flag(list(argv or []))
+    flagged = _flagged_fields(config_cls, rest)
+    values = _file_values(config_cls, Path(config_path), flagged) if config_path else {}
+    args = _tyro_spellings(config_cls, rest)
+    saved = _resumed_run_values(config_cls, args, values, flagged)
     default: Any = tyro.MISSING_NONPROP
-    if config_path:
-        flagged = _flagged_fields(config_cls, rest)
-        default = load_config_file(config_cls, config_path, validate=False, overridden=flagged)
+    if config_path or saved:
+        default = config_cls(**(saved | values))
     elif all(
         f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         for f in dataclasses.fields(config_cls)
     ):  # type: ignore[arg-type]
         default = config_cls()
-    args = _tyro_spellings(config_cls, rest)
     with events.on_parse_error(_translate(config_cls, args)):
         cfg: T = tyro.cli(config_cls, args=args, default=default, prog=prog)
     _validate(cfg)

@@ -5,6 +5,9 @@ output directory that already holds a run). ``proxrl`` prints it as one line,
 ``proxrl <command>: error: <message>``, and exits with code 2; ``--debug`` shows the traceback.
 Programming errors (shape mismatches, bugs) stay ordinary exceptions.
 
+``RunFinished``: ``--resume`` of a run that already took all its steps; ``proxrl`` prints
+``proxrl <command>: <message>`` on stdout and exits 0 (nothing was left to do).
+
 ``Interrupted`` is how a trainer that caught SIGINT/SIGTERM (``runtime.signals``) and saved a
 checkpoint leaves: ``proxrl <command>: stopped: <message>``, exit code 128 + the signal number
 (130 for SIGINT, 143 for SIGTERM), as a shell reports a process the signal killed.
@@ -26,3 +29,9 @@ class Interrupted(ProxrlError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class RunFinished(ProxrlError):
+    """``--resume`` of a run that is already complete: nothing to do, exit code 0."""
+
+    exit_code = 0

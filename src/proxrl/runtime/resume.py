@@ -1,6 +1,12 @@
 """What ``--resume`` does with options that changed since the run started: one policy for every
 command (the LM trainers, ``classic`` and ``demo``).
 
+The starting point of a resumed run is its own saved config: ``proxrl ppo --output-dir runs/x
+--resume`` needs no other option (``runtime.config.parse_config`` reads ``runs/x/config.yaml``
+under ``--config`` and the flags; ``SESSION_OPTIONS`` below are never taken from it). Resuming a
+run that already took every step it was configured for raises ``RunFinished`` (``proxrl``
+prints one line and exits 0): there is nothing to do, and a retried job should not fail on it.
+
 A resumed run is compared with the options it was started with, read from its saved config
 (``config.yaml``; the demo's ``demo_config.yaml``). If any differs, the resume is refused
 (``ProxrlError``, exit 2) with one line naming each changed option with its new and old value,
@@ -28,14 +34,16 @@ from typing import Any
 import yaml
 
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.checkpoint import MANIFEST, CheckpointManager
 from proxrl.runtime.config import config_to_dict
-from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.errors import ProxrlError, RunFinished
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 
-RESUME_FREE = frozenset(
+# What describes this invocation rather than the run: never taken from the saved config.
+SESSION_OPTIONS = frozenset(
     {
         "resume",
         "overwrite",
@@ -43,6 +51,11 @@ RESUME_FREE = frozenset(
         "output_dir",  # a run directory may be moved or copied and resumed there
         "progress",  # what is shown (--debug and --quiet are the CLI's, not a config's)
         "stop_at_step",  # classic: where this session stops, not what a step does
+    }
+)
+
+RESUME_FREE = SESSION_OPTIONS | frozenset(
+    {
         "save_every",
         "keep_checkpoints",
         "max_consecutive_skips",  # how the run is saved and guarded
@@ -102,3 +115,23 @@ def check_resume(
         for key, (old, new) in changes.items():
             log.warning("--resume-with-changes: %s changed from %r to %r", key, old, new)
     return changes
+
+
+def check_not_finished(cfg: Any, total: int, unit: str, longer: str) -> None:
+    """With ``cfg.resume``: raise ``RunFinished`` when the newest checkpoint in ``cfg.output_dir``
+    is already at step ``total`` (the run's length under ``cfg``). ``unit`` names a step
+    ("iteration"), ``longer`` the option that extends the run ("--iterations"). Reads manifests
+    only (the checkpoint is verified when it is the one that decides)."""
+    if not cfg.resume:
+        return
+    manager = CheckpointManager(cfg.output_dir)
+    saved = [p for p in manager.checkpoints() if (p / MANIFEST).is_file()]
+    if not saved or CheckpointManager.step_of(saved[-1]) < total:
+        return
+    latest = manager.latest()
+    if latest is None or CheckpointManager.step_of(latest) < total:
+        return
+    raise RunFinished(
+        f"the run in {cfg.output_dir} is already finished ({unit} {total} of {total}); nothing "
+        f"to do (to train longer: --resume-with-changes {longer} N)"
+    )

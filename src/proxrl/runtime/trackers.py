@@ -36,6 +36,9 @@ TrackerName = Literal["tensorboard", "wandb", "mlflow", "trackio", "none"]
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
+WANDB_DIR = "wandb"
+# What the trackers write inside a run directory: logs of the metrics, never work of their own.
+TRACKER_DIRS = frozenset({TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR})
 
 
 class Tracker(Protocol):

@@ -31,7 +31,7 @@ from proxrl.algos.offline.config import (
     maybe_lora,
     split_eval,
 )
-from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, log_summary, save_final
 from proxrl.core.logprobs import logprobs_from_logits
 from proxrl.core.losses import dpo_loss, ipo_loss, simpo_loss
 from proxrl.core.masked import masked_mean, masked_sum
@@ -239,4 +239,5 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 6. Save the policy (or its LoRA adapter) and the tokenizer.
     save_final(policy, tokenizer, output_dir)
+    log_summary(task.name, output_dir, metrics)
     return metrics

@@ -39,11 +39,13 @@ from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import save_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
+from proxrl.runtime.checkpoint import record_planned_steps
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.metrics import MetricsLogger, progress_bar
+from proxrl.runtime.resume import check_not_finished
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -66,22 +68,24 @@ def under_autocast(loss_fn: LossFn, cfg: ModelRunConfig) -> LossFn:
 def evaluate_batches(
     model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, units_fn: UnitsFn
 ) -> dict[str, float]:
-    """Unit-weighted mean of the loss and stats over ``batches``, no gradient."""
+    """Unit-weighted mean of the loss and stats over ``batches``, no gradient. The weighted sums
+    are divided once, at the end, so a mean of counts is exact (an accuracy of 1 is 1.0, not
+    the 1.0000000000000002 of a sum of fractions)."""
     was_training = model.training
     model.eval()
-    stats: dict[str, float] = defaultdict(float)
+    sums: dict[str, float] = defaultdict(float)
     total = sum(units_fn(b) for b in batches)
     for batch in batches:
         n = units_fn(batch)
         if n == 0:
             continue
         loss, batch_stats = loss_fn(model, batch)
-        stats["loss"] += float(loss) * n / total
+        sums["loss"] += float(loss) * n
         for key, value in batch_stats.items():
             if key != "loss":
-                stats[key] += float(value) * (1.0 if key in COUNT_STATS else n / total)
+                sums[key] += float(value) * (1.0 if key in COUNT_STATS else n)
     model.train(was_training)
-    return dict(stats)
+    return {key: value if key in COUNT_STATS else value / total for key, value in sums.items()}
 
 
 def learning_rate_at(step: int, total_steps: int, cfg: OfflineConfig) -> float:
@@ -127,6 +131,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
+    check_not_finished(cfg, total_steps, "step", "--epochs")
 
     log.info(
         "%s: %d items, %d per optimizer step (batch_size %d × grad_accum %d), %d steps",
@@ -167,6 +172,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     )
     if dist.is_main():
         save_config_file(cfg, output_dir / "config.yaml")
+        record_planned_steps(output_dir, total_steps)
     if cfg.resume:
         logger.truncate_after(step)
         log.info("resumed from %s at step %d of %d", restored.path, step, total_steps)
@@ -290,12 +296,18 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     # 5. Final checkpoint (the last step was evaluated and logged above).
     if done > step:
         save(done)
-    else:
-        log.warning(
-            "nothing to train: the checkpoint in %s is already at step %d", output_dir, step
-        )
     logger.close()
     return last
+
+
+def log_summary(name: str, output_dir: Path, metrics: dict[str, float]) -> None:
+    """The line a finished trainer ends with, also when no progress bar showed anything (piped
+    output, --no-progress): where the model is, the last training loss and the evaluation's
+    loss, perplexity and accuracy."""
+    headline = ("train/loss", "eval/loss", "eval/perplexity", "eval/accuracy")
+    shown = {k: v for k, v in metrics.items() if k in headline or k == "eval/rewards/accuracies"}
+    figures = "".join(f"; {key} {value:.4g}" for key, value in shown.items())
+    log.info("%s: finished; model saved in %s%s", name, output_dir, figures)
 
 
 def save_final(

@@ -36,7 +36,7 @@ from proxrl.algos.offline.config import (
     maybe_lora,
     split_eval,
 )
-from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, log_summary, save_final
 from proxrl.core.losses import bradley_terry_loss, ranking_loss
 from proxrl.data.batching import (
     PairBatch,
@@ -211,4 +211,5 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 6. Save a plain AutoModelForSequenceClassification and the tokenizer.
     save_final(model, tokenizer, output_dir, padding="right")
+    log_summary("rm", output_dir, metrics)
     return metrics

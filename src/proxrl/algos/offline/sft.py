@@ -27,7 +27,7 @@ from proxrl.algos.offline.config import (
     maybe_lora,
     split_eval,
 )
-from proxrl.algos.offline.loop import Task, evaluate_batches, fit, save_final
+from proxrl.algos.offline.loop import Task, evaluate_batches, fit, log_summary, save_final
 from proxrl.core.losses import sft_loss
 from proxrl.data.batching import Batch, bucket_batches, collate, collate_packed, pack_sequences
 from proxrl.data.encoding import EncodedSequence, encode_sft
@@ -141,4 +141,5 @@ def train(cfg: Config) -> dict[str, float]:
 
     # 5. Save: a plain transformers model (or peft adapter) plus tokenizer.
     save_final(model, tokenizer, Path(output_dir))
+    log_summary("sft", Path(output_dir), metrics)
     return metrics

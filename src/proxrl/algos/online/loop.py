@@ -31,14 +31,18 @@ from proxrl.models.tokenizer import save_tokenizer
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.vllm_sampler import release_memory, sync_weights
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
+from proxrl.runtime.checkpoint import (
+    check_output_dir,
+    prepare_output_dir,
+    record_planned_steps,
+)
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import config_to_dict, save_config_file
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.logs import rendered
 from proxrl.runtime.metrics import MetricsLogger, progress_bar, read_metrics
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.resume import check_not_finished, check_resume
 from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.signals import GracefulStop
 
@@ -59,6 +63,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # Everything the user handed us is checked before the output directory is touched.
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     check_resume(cfg)
+    check_not_finished(cfg, cfg.iterations, "iteration", "--iterations")
     seed_everything(cfg.seed)
     rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
     models = load_models(cfg, algo)
@@ -74,6 +79,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     if dist.is_main():
         save_config_file(cfg, output_dir / "config.yaml")
+        record_planned_steps(output_dir, cfg.iterations)
 
     # 2. Optimizers: the policy at learning_rate, the critic at its own rate. Several
     #    processes: data parallel (DDP) keeps the plain modules, the update summing gradients
