@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vs_trl import PROXRL_PYTHON, Run, build_models, worker_proxrl  # noqa: E402
+from vs_trl import ROOT, Run, build_models, worker_proxrl  # noqa: E402
 
 VARIANTS = {
     "pass": {"sampler_logprobs": False, "skip_old_logprobs_pass": False},
@@ -35,7 +35,7 @@ VARIANTS = {
 
 def run(variant: str, paths: dict, args: argparse.Namespace, out: Path) -> Run:
     command = [
-        str(PROXRL_PYTHON),
+        sys.executable,
         __file__,
         "--worker",
         variant,
@@ -51,7 +51,7 @@ def run(variant: str, paths: dict, args: argparse.Namespace, out: Path) -> Run:
     env = os.environ | {
         "OMP_NUM_THREADS": str(args.threads),
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(Path(__file__).parent),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(Path(__file__).parent)]),
     }
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
