@@ -180,6 +180,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         mixed_precision="bf16" if args.precision == "bf16" else "no",
         compile_sampler=args.compile_sampler,
     )
+    common |= getattr(args, "overrides", {})  # benchmarks/old_logprobs.py's variants
     if args.trainer == "ppo":
         cfg = ppo.Config(
             **common,

@@ -56,6 +56,7 @@ def config(module, tiny_lm, prompts, out, **overrides):
         mini_batch_size=8,
         learning_rate=3e-3,
         loss_aggregation="token-mean",
+        skip_old_logprobs_pass=False,  # these tests read the rollout's π_old
         progress=False,
         seed=3,
     )

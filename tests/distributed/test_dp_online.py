@@ -105,6 +105,27 @@ def test_update_on_ragged_responses_is_invariant_to_processes_and_micro_batches(
         assert diff <= SPLIT_TOL
 
 
+def test_update_without_old_logprobs_on_two_processes_matches_one(tiny_lm, prompts, tmp_path):
+    """One step per rollout (ppo_epochs 1, one mini-batch of 16): the rollout runs no π_old pass,
+    each rank's forwards give π_old for its rows, and the π_old metrics summed over ranks and
+    the weights equal one process's."""
+    args = [str(a) for a in ("grpo", tiny_lm, prompts, tmp_path)]
+    one_step = ["ppo_epochs=1", "mini_batch_size=16"]
+    _python([str(SCRIPT), "make", *args, *one_step])
+    _python([str(SCRIPT), "update", *args, *one_step])
+    check(torchrun([str(SCRIPT), "update", *args, *one_step]))
+    tag = "_ppo_epochs=1_mini_batch_size=16"
+    one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
+    two = load_file(str(tmp_path / f"world2{tag}.safetensors"))
+    stats1 = json.loads((tmp_path / f"world1{tag}.json").read_text())
+    stats2 = json.loads((tmp_path / f"world2{tag}.json").read_text())
+    assert stats1["steps"] == 1.0 and stats1["approx_kl"] == 0.0
+    assert {"objective/kl", "objective/entropy", "objective/rlhf_reward"} <= stats1.keys()
+    assert stats1.keys() == stats2.keys()
+    assert max(float((one[k] - two[k]).abs().max()) for k in one) <= WEIGHT_TOL
+    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
+
+
 def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(

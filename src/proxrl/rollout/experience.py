@@ -18,9 +18,11 @@ class Experience:
     prompt_mask: Tensor  # (B, P) 1 at real prompt tokens
     response_ids: Tensor  # (B, T) sampled tokens, pad after the stop
     response_mask: Tensor  # (B, T) 1 at response tokens up to and including the stop token
-    logprobs: Tensor  # (B, T) log π_old(a_t|s_t) of the processed sampling distribution
-    # (temperature, top-k, top-p, min-p; ``core.processed_logprobs``)
-    ref_logprobs: Tensor  # (B, T) log π_ref(a_t|s_t), processed the same way
+    logprobs: Tensor | None  # (B, T) log π_old(a_t|s_t) of the processed sampling distribution
+    # (temperature, top-k, top-p, min-p; ``core.processed_logprobs``); None where π_old is π at
+    # the update's only step and its forward gives them (``online.rollout.old_logprobs_pass``)
+    ref_logprobs: Tensor | None  # (B, T) log π_ref(a_t|s_t), processed the same way; None
+    # only with logprobs None and no KL tracked (nothing reads it then)
     values: Tensor  # (B, T) V_old(s_t) of the critic; zeros without one
     scores: Tensor  # (B,) score of each response, after the no-stop penalty and clipping
     rewards: Tensor  # (B, T) per-token rewards the advantages are computed from

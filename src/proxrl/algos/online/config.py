@@ -184,6 +184,10 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     fewer per iteration, but π_old then differs from the trainer's own numbers by float
     rounding (KV-cache vs full pass), so the first ratio is not exactly 1. With a
     rollout_correction, π_old is the trainer's and the sampler's log-probs give the weights."""
+    skip_old_logprobs_pass: bool = True
+    """Skip the rollout's forward pass for log π_old where π_old is π at the update's only
+    optimizer step (rollout.old_logprobs_pass lists when): the update's own forward gives it and
+    the ratio is exactly 1. False: always run the pass."""
     rollout_correction: Literal["none", "tis", "seq_tis", "mis", "seq_mis", "icepop"] = "none"
     """With sampler_logprobs: weigh each token's policy loss by ρ = π_old/π_sampler (one extra
     forward pass for the trainer's π_old). tis / seq_tis: min(ρ, cap) per token / per response;

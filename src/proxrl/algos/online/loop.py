@@ -247,6 +247,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                     iteration + 1,
                 )
             timings["time/update_s"] = time.perf_counter() - started_update
+            # (before the controllers: without a π_old pass objective/kl comes from the update)
+            for key, value in stats.items():
+                row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
             if engine is not None:
                 timings["time/weight_sync_s"] = sync_weights(engine, models.actor)
 
@@ -267,8 +270,6 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             mask = experience.response_mask.float()
             if rollout_ok:
                 row.update(models.critic.rollout_metrics(experience))
-            for key, value in stats.items():
-                row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
             row.update(guard.metrics())
             elapsed = time.perf_counter() - started
             row["perf/tokens_per_s"] = mask.sum().item() / elapsed

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.roles import Models
 from proxrl.core import (
     combine_correction_stats,
@@ -120,6 +121,66 @@ def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
     return SAMPLERS["hf" if cfg.stop_strings else cfg.sampler](cfg, model, tokenizer)
 
 
+def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
+    """Whether the rollout runs a forward pass of its own for log π_old. Without it the update
+    takes π_old = π from its forward (detached: the ratio is exactly 1, approx-KL and clip
+    fractions 0), which is the same update and the same logged numbers to round-off only where:
+
+    - the rollout batch gets one optimizer step (ppo_epochs 1, one mini-batch), so π has not
+      moved since the rollout when that step's forward runs;
+    - π_old is the trainer's own (sampler_logprobs false, hence no rollout_correction): the
+      sampler's log-probs differ from the trainer's by the engine's rounding;
+    - nothing before the update reads π_old: the KL is paid in the loss (``Algorithm.kl_loss``,
+      grpo), not in the reward (ppo, rloo, remax, reinforce, reinforce_pp*, whose advantages are
+      KL-shaped), and no value head reads the pass's hidden state for V_old;
+    - every rollout row reaches the update's forward, where the rollout metrics that read π_old
+      (objective/kl, objective/entropy, objective/rlhf_reward) are then computed: not
+      dynamic_sampling (those metrics cover the dropped groups too) nor mask_truncated (a
+      micro-batch of truncated rows runs no forward).
+
+    The two forwards compute the same function of the weights: dropout is off in every model
+    the loop loads (``models.causal_lm.disable_dropout``, LoRA dropout 0), so train() and eval()
+    agree, and both run under the same ``cfg.autocast()`` (under bf16 they agree to its
+    rounding, as the pass itself would)."""
+    one_step = cfg.ppo_epochs == 1 and cfg.mini_batch_size == cfg.responses_per_iteration
+    return not (
+        cfg.skip_old_logprobs_pass
+        and one_step
+        and not cfg.sampler_logprobs
+        and algo.kl_loss is not None
+        and not critic.needs_hidden
+        and not cfg.dynamic_sampling
+        and not cfg.mask_truncated
+    )
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision log-probs in float32; float64 ones (a float64 model's) kept, so that
+    π_old and π_ref carry the precision the update's own forward has."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def old_policy_metrics(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    tracks_kl: bool,
+) -> dict[str, float]:
+    """The rollout metrics that read π_old ((B, T) log-probs and entropy, (B,) scores): the
+    rollout computes them after its pass, the update from its forward when there was none."""
+    seq_kl = sequence_kl(logprobs, ref_logprobs, mask)
+    metrics = {
+        "objective/rlhf_reward": (scores.to(seq_kl.device) - kl_coef * seq_kl).mean().item(),
+        "objective/entropy": masked_mean(entropy, mask).item(),
+    }
+    if tracks_kl:
+        metrics["objective/kl"] = seq_kl.mean().item()
+    return metrics
+
+
 @torch.no_grad()
 def collect_rollout(
     cfg: OnlineConfig,
@@ -157,6 +218,7 @@ def collect_rollout(
     use_sampler_logprobs = (
         cfg.sampler_logprobs and not critic.needs_hidden and not correct
     )  # a value head needs the forward pass
+    old_pass = old_logprobs_pass(cfg, algo, critic)  # False: the update's forward gives π_old
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
         samples = make_sampler(cfg, whole, tokenizer).sample(
             prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs or correct
@@ -223,7 +285,7 @@ def collect_rollout(
                 if samples.entropy is not None
                 else torch.full_like(logprobs[-1], float("nan"))
             )
-        else:
+        elif old_pass:
             out = policy_forward(
                 actor,
                 input_ids[rows],
@@ -234,11 +296,12 @@ def collect_rollout(
                 with_hidden=critic.needs_hidden,
                 **settings.truncation,
             )
-            logprobs.append(out.logprobs.float())
-            entropy.append(out.entropy.float())  # type: ignore[union-attr]
+            logprobs.append(at_least_float32(out.logprobs))
+            entropy.append(at_least_float32(out.entropy))  # type: ignore[arg-type]
             hidden = out.hidden
         if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
-            ref_logprobs.append(logprobs[-1])
+            if logprobs:  # (without the pass π_ref stays empty too: nothing reads it)
+                ref_logprobs.append(logprobs[-1])
         else:
             with (
                 adapter_disabled(actor)
@@ -247,16 +310,16 @@ def collect_rollout(
             ):
                 ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
                 ref_logprobs.append(
-                    policy_forward(
-                        ref,
-                        input_ids[rows].to(ref_device),
-                        attention_mask[rows].to(ref_device),
-                        P,
-                        cfg.temperature,
-                        **settings.truncation,
-                    )
-                    .logprobs.float()
-                    .to(device)
+                    at_least_float32(
+                        policy_forward(
+                            ref,
+                            input_ids[rows].to(ref_device),
+                            attention_mask[rows].to(ref_device),
+                            P,
+                            cfg.temperature,
+                            **settings.truncation,
+                        ).logprobs
+                    ).to(device)
                 )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
     mask = response_mask.float()
@@ -265,8 +328,8 @@ def collect_rollout(
         prompt_mask=prompt_mask,
         response_ids=response_ids,
         response_mask=response_mask,
-        logprobs=torch.cat(logprobs),
-        ref_logprobs=torch.cat(ref_logprobs),
+        logprobs=torch.cat(logprobs) if logprobs else None,
+        ref_logprobs=torch.cat(ref_logprobs) if ref_logprobs else None,
         values=torch.cat(values) * mask,
         scores=scores.to(device),
         rewards=torch.zeros_like(mask),
@@ -295,7 +358,7 @@ def collect_rollout(
     # Several processes: each sampled its own prompts (whole groups); gather the rollout so that
     # advantages, whitening, group baselines, the KL measurement and metrics are global.
     if dist.world_size() > 1:
-        entropy = [torch.cat(entropy)]
+        entropy = [torch.cat(entropy) if entropy else torch.zeros_like(mask)]
         experience, raw_scores, ended, entropy[0], completions = gather_rollout(
             experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id
         )
@@ -308,21 +371,28 @@ def collect_rollout(
     experience.rewards, experience.advantages, experience.returns = algo.estimate(
         experience, kl_coef
     )
-    seq_kl = sequence_kl(experience.logprobs, experience.ref_logprobs, mask)
     lengths = mask.sum(-1)
     metrics = {
         "objective/scores": raw_scores.mean().item(),
         "objective/scores_after_penalty": scores.mean().item(),
-        "objective/rlhf_reward": (scores.to(device) - kl_coef * seq_kl).mean().item(),
-        "objective/entropy": masked_mean(torch.cat(entropy), mask).item(),
         "response/length_mean": lengths.mean().item(),
         "response/eos_rate": ended.float().mean().item(),
         "policy/kl_coef": kl_coef,
+        # 1: the trainer ran a forward pass for π_old (0: the sampler's or the update's)
+        "perf/old_logprobs_pass": float(old_pass and not use_sampler_logprobs),
         **parts,
         **{f"rollout/{k}": v for k, v in correction_metrics.items()},
     }
-    if models.tracks_kl:
-        metrics["objective/kl"] = seq_kl.mean().item()
+    if experience.logprobs is not None:  # else the update logs them (update.OnPolicyRecord)
+        metrics |= old_policy_metrics(
+            experience.logprobs,
+            experience.ref_logprobs,
+            torch.cat(entropy),
+            scores,
+            mask,
+            kl_coef,
+            models.tracks_kl,
+        )
     return experience, completions, metrics
 
 

@@ -16,9 +16,10 @@ from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models
+from proxrl.algos.online.rollout import old_policy_metrics
 from proxrl.core import entropy_bonus
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import policy_forward
+from proxrl.rollout.forward import PolicyOutput, policy_forward
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.errors import ProxrlError
@@ -45,8 +46,19 @@ def update(
 
     Several processes: every rank holds the whole (gathered) rollout and draws the same
     minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
-    are summed over ranks before the step, so the update equals the single-process one."""
+    are summed over ranks before the step, so the update equals the single-process one.
+
+    A rollout without log π_old (``experience.logprobs`` None: ``rollout.old_logprobs_pass``)
+    gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
+    computed from that forward and returned with the stats."""
     actor, critic = models.actor, models.critic
+    record = None
+    if experience.logprobs is None:
+        if cfg.ppo_epochs > 1 or cfg.mini_batch_size < len(experience):
+            raise ValueError(
+                "a rollout without log π_old takes exactly one optimizer step (π moves after it)"
+            )
+        record = OnPolicyRecord(experience)
     world, rank = dist.world_size(), dist.rank()
     sharded = dist.is_sharded()
     if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
@@ -83,9 +95,19 @@ def update(
                 step_stats.update(
                     accumulate_gradients(
                         actor,
-                        [experience.select(rows) for rows in micro_batches[rank::world]],
-                        partial(_minibatch_loss, cfg, algo, models, P, kl_coef, train_policy),
-                        lambda mb: float(cfg.aggregation.units(mb.response_mask)),
+                        micro_batches[rank::world],
+                        partial(
+                            _rows_loss,
+                            cfg,
+                            algo,
+                            models,
+                            P,
+                            kl_coef,
+                            train_policy,
+                            experience,
+                            record,
+                        ),
+                        lambda rows: float(cfg.aggregation.units(experience.response_mask[rows])),
                         float(total_units) / world if sharded else float(total_units),
                     )
                 )
@@ -124,7 +146,39 @@ def update(
     stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
     stats_out["steps"] = float(steps)
+    if record is not None:
+        stats_out |= record.metrics(experience, kl_coef, models.tracks_kl)
     return stats_out
+
+
+class OnPolicyRecord:
+    """log π and its entropy at every rollout row as the update's forward computes them: π_old
+    of a rollout that ran no pass for it, from which its π_old metrics are computed."""
+
+    def __init__(self, experience: Experience) -> None:
+        mask = experience.response_mask
+        self.logprobs = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
+        self.entropy = torch.zeros_like(self.logprobs)
+        self.seen = torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device)
+
+    def add(self, rows: Tensor, out: PolicyOutput) -> None:
+        width = out.logprobs.shape[1]  # (a micro-batch is trimmed of all-pad columns)
+        self.logprobs[rows, :width] = out.logprobs.detach().double()
+        self.entropy[rows, :width] = out.entropy.double()  # type: ignore[union-attr]
+        self.seen[rows] += 1
+
+    def metrics(self, experience: Experience, kl_coef: float, tracks_kl: bool) -> dict[str, float]:
+        """``rollout.old_policy_metrics`` over every row (each rank ran some: summed over them)."""
+        logprobs, entropy, seen = (
+            dist.all_reduce_sum(x) for x in (self.logprobs, self.entropy, self.seen)
+        )
+        if not bool((seen == 1).all()):
+            raise ValueError("every rollout row must reach the update's forward exactly once")
+        reference = logprobs if experience.ref_logprobs is None else experience.ref_logprobs
+        mask = experience.response_mask.double()
+        return old_policy_metrics(
+            logprobs, reference, entropy, experience.scores, mask, kl_coef, tracks_kl
+        )
 
 
 def _minibatch_loss(
@@ -141,7 +195,31 @@ def _minibatch_loss(
     micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units.
     ``model`` is ``models.actor`` (the accumulation helper's signature)."""
     with cfg.autocast():  # the forward passes and losses; the backward runs outside
-        return _terms(cfg, algo, models, P, kl_coef, train_policy, mb)
+        loss, stats, _ = _terms(cfg, algo, models, P, kl_coef, train_policy, mb)
+    return loss, stats
+
+
+def _rows_loss(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    P: int,
+    kl_coef: float,
+    train_policy: bool,
+    experience: Experience,
+    record: OnPolicyRecord | None,
+    model: torch.nn.Module,
+    rows: Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``_minibatch_loss`` on the rows ``rows`` of ``experience``, π at them kept in
+    ``record`` (when the rollout ran no pass for π_old)."""
+    with cfg.autocast():
+        loss, stats, out = _terms(
+            cfg, algo, models, P, kl_coef, train_policy, experience.select(rows)
+        )
+    if record is not None:
+        record.add(rows, out)
+    return loss, stats
 
 
 def _terms(
@@ -152,7 +230,7 @@ def _terms(
     kl_coef: float,
     train_policy: bool,
     mb: Experience,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor], PolicyOutput]:
     actor, critic = models.actor, models.critic
     agg = cfg.aggregation
     mask = mb.response_mask.float()
@@ -162,12 +240,14 @@ def _terms(
         mb.attention_mask,
         P,
         cfg.temperature,
-        with_entropy=cfg.entropy_coef > 0,
+        with_entropy=cfg.entropy_coef > 0 or mb.logprobs is None,
         with_hidden=critic.needs_hidden,
         top_k=cfg.top_k,  # π_θ on the distribution that was sampled from, as π_old
         top_p=cfg.top_p,
         min_p=cfg.min_p,
     )
+    if mb.logprobs is None:  # π_old is π at this step (the rollout ran no pass for it)
+        mb = replace(mb, logprobs=out.logprobs.detach())
     loss = torch.zeros((), device=mask.device)
     stats: dict[str, Tensor] = {}
     if train_policy:
@@ -183,7 +263,7 @@ def _terms(
     v_loss, v_stats = critic.loss(mb, out.hidden, agg)  # 0 and {} without a critic
     loss = loss + v_loss
     stats.update(v_stats)
-    return loss, stats
+    return loss, stats, out
 
 
 def corrected(mb: Experience) -> Experience:
