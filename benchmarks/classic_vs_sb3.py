@@ -45,6 +45,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -123,7 +124,9 @@ def sb3_trpo_kwargs(total_steps: int) -> dict[str, Any]:
     )
 
 
-def sb3_worker(impl: str, env_id: str, seed: int, total_steps: int, run_dir: Path) -> None:
+def sb3_worker(
+    impl: str, env_id: str, seed: int, total_steps: int, run_dir: Path, evaluate: bool = True
+) -> None:
     """Train with SB3 / sb3-contrib, evaluate, write ``run_dir/summary.json`` and ``eval.json``
     and a ``metrics.jsonl`` that ``plot_curves.py`` reads."""
     import gymnasium as gym
@@ -187,6 +190,8 @@ def sb3_worker(impl: str, env_id: str, seed: int, total_steps: int, run_dir: Pat
         "wall_time_s": wall,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not evaluate:
+        return
 
     returns, lengths = [], []
     env = gym.make(env_id)
@@ -225,7 +230,9 @@ def _load_path(run_dir: Path) -> Path:
     return run_dir.parent / f"{run_dir.name}.load.jsonl"  # beside: proxrl wants its dir clean
 
 
-def _train(impl: str, env_id: str, seed: int, total_steps: int, run_dir: Path) -> None:
+def _train(
+    impl: str, env_id: str, seed: int, total_steps: int, run_dir: Path, evaluate: bool = True
+) -> None:
     if impl.startswith("proxrl"):
         summary = run_dir / "summary.json"
         if summary.is_file() and json.loads(summary.read_text()).get("complete"):
@@ -238,6 +245,7 @@ def _train(impl: str, env_id: str, seed: int, total_steps: int, run_dir: Path) -
     else:
         cmd = [sys.executable, __file__, "--worker", impl, "--envs", env_id]
         cmd += ["--seeds", str(seed), "--total-steps", str(total_steps), "--run-dir", str(run_dir)]
+        cmd += [] if evaluate else ["--no-eval"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -315,6 +323,71 @@ def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path
     return result_path
 
 
+def speed(env_id: str, args: argparse.Namespace) -> Path:
+    """Steps/s only: ``--speed`` pairs of short fresh runs (``--speed-steps`` each), A B, B A, …
+    back to back, so both sides of a pair meet the same load; the ratio is per pair."""
+    impls = [i for i in args.impls if i.endswith("-ppo")] or args.impls
+    rows: list[dict[str, Any]] = []
+    for pair in range(args.speed):
+        for impl in impls if pair % 2 == 0 else impls[::-1]:
+            run_dir = args.runs_dir / "speed" / env_id / f"{impl}-p{pair}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            _load_path(run_dir).unlink(missing_ok=True)
+            _train(impl, env_id, 1, args.speed_steps, run_dir, evaluate=False)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            loads = [json.loads(x)["load1"] for x in _load_path(run_dir).read_text().splitlines()]
+            rows.append(
+                {
+                    "pair": pair,
+                    "impl": impl,
+                    "sps": summary["global_step"] / summary["wall_time_s"],
+                    "load1_mean": float(np.mean(loads)),
+                }
+            )
+            print(f"  {env_id} pair {pair} {impl}: {rows[-1]['sps']:.0f} steps/s", flush=True)
+    ours, theirs = impls[0], impls[-1]
+    ratios = [
+        next(r["sps"] for r in rows if r["pair"] == p and r["impl"] == ours)
+        / next(r["sps"] for r in rows if r["pair"] == p and r["impl"] == theirs)
+        for p in range(args.speed)
+    ]
+    result = {
+        "env": env_id,
+        "steps_per_run": args.speed_steps // NUM_STEPS * NUM_STEPS,
+        "ratio": f"{ours} / {theirs}",
+        "ratios": ratios,
+        "median_ratio": float(np.median(ratios)),
+        "runs": rows,
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": _versions(),
+    }
+    path = args.results_dir / "speed" / f"{env_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def speed_report(results_dir: Path) -> str:
+    lines = [
+        "| env | steps per run | steps/s per pair (load) | ratio per pair | median ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for p in sorted((results_dir / "speed").glob("*.json")):
+        r = json.loads(p.read_text())
+        pairs = sorted({x["pair"] for x in r["runs"]})
+        cells = [
+            " / ".join(
+                f"{x['sps']:.0f} ({x['load1_mean']:.1f})" for x in r["runs"] if x["pair"] == q
+            )
+            for q in pairs
+        ]
+        lines.append(
+            f"| {r['env']} | {r['steps_per_run']} | {'; '.join(cells)} | "
+            f"{', '.join(f'{x:.2f}' for x in r['ratios'])} | **{r['median_ratio']:.2f}** |"
+        )
+    return "\n".join(lines)
+
+
 def _mean_std(xs: list[float]) -> str:
     if not xs:
         return "—"
@@ -376,11 +449,21 @@ def main(argv: list[str] | None = None) -> int:
         "--results-dir", type=Path, default=ROOT / "benchmarks" / "results" / "classic_vs_sb3"
     )
     parser.add_argument("--report", action="store_true", help="only print the table")
+    parser.add_argument("--speed", type=int, default=0, help="only time this many pairs")
+    parser.add_argument("--speed-steps", type=int, default=40_960, help="steps per timed run")
+    parser.add_argument("--no-eval", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=["sb3-ppo", "sb3-trpo"], help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        sb3_worker(args.worker, args.envs[0], args.seeds[0], args.total_steps, args.run_dir)
+        sb3_worker(
+            args.worker,
+            args.envs[0],
+            args.seeds[0],
+            args.total_steps,
+            args.run_dir,
+            evaluate=not args.no_eval,
+        )
         return 0
     missing = [
         m for m in ("stable_baselines3", "sb3_contrib") if importlib.util.find_spec(m) is None
@@ -388,14 +471,20 @@ def main(argv: list[str] | None = None) -> int:
     if missing and not args.report and any(i.startswith("sb3") for i in args.impls):
         print(f"classic_vs_sb3: {', '.join(missing)} not installed: pip install -e '.[bench]'")
         return 2
+    if args.speed and not args.report:
+        for env_id in args.envs:
+            speed(env_id, args)
+        print(speed_report(args.results_dir))
+        return 0
     if not args.report:
         for seed in args.seeds:
             for env_id in args.envs:
                 impls = args.impls if seed % 2 else args.impls[::-1]
                 for impl in impls:
                     run_one(impl, env_id, seed, args)
-    table = report(args.results_dir)
-    print(table)
+    print(report(args.results_dir))
+    if (args.results_dir / "speed").is_dir():
+        print(speed_report(args.results_dir))
     return 0
 
 
