@@ -396,6 +396,25 @@ def _mean_std(xs: list[float]) -> str:
     return f"{np.mean(xs):.0f} ± {np.std(xs):.0f} (n={len(xs)})"
 
 
+def runs_table(results_dir: Path) -> str:
+    """One row per finished run."""
+    lines = [
+        "| env | impl | seed | last-100 return (± std over the episodes) | deterministic eval "
+        "(mean length) | steps/s | load 1-min mean (min–max) | wall | finished (UTC) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in sorted(results_dir.glob("*.json")):
+        r = json.loads(p.read_text())
+        lines.append(
+            f"| {r['env']} | {r['impl']} | {r['seed']} | {r['mean_return_last_100']:.0f} ± "
+            f"{r['std_return_last_100']:.0f} | {r['eval_mean_return']:.0f} ± "
+            f"{r['eval_std_return']:.0f} ({r['eval_mean_length']:.0f}) | {r['sps']:.0f} | "
+            f"{r['load1_mean']:.1f} ({r['load1_min']:.1f}–{r['load1_max']:.1f}) | "
+            f"{r['wall_time_s'] / 60:.0f} min | {r['finished_utc'][11:16]} |"
+        )
+    return "\n".join(lines)
+
+
 def report(results_dir: Path) -> str:
     """A markdown table of every finished run, per environment: proxrl beside its SB3 peer."""
     rows = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
@@ -482,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 impls = args.impls if seed % 2 else args.impls[::-1]
                 for impl in impls:
                     run_one(impl, env_id, seed, args)
-    print(report(args.results_dir))
+    print(runs_table(args.results_dir) + "\n\n" + report(args.results_dir))
     if (args.results_dir / "speed").is_dir():
         print(speed_report(args.results_dir))
     return 0
