@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_one(impl, env_id, seed, args)
     print(runs_table(args.results_dir) + "\n\n" + report(args.results_dir))
     if (args.results_dir / "speed").is_dir():
-        print(speed_report(args.results_dir))
+        print("\n" + speed_report(args.results_dir))
     return 0
 
 
