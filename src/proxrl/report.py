@@ -36,6 +36,7 @@ from proxrl.runtime.checkpoint import RUN_MARKER, planned_steps
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.health import render_markdown as health_section
+from proxrl.runtime.health import trailing_mean
 from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)
@@ -84,22 +85,11 @@ def series(rows: list[dict[str, float]], metric: str) -> tuple[list[float], list
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average over ``window`` points (the first points average what exists)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def _plot_line(ax: Any, steps: list[float], values: list[float], label: str, color: Any) -> None:
     window = max(1, len(values) // 15)
     if window > 1:
         ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
-    ax.plot(steps, smooth(values, window), color=color, linewidth=1.6, label=label)
+    ax.plot(steps, trailing_mean(values, window), color=color, linewidth=1.6, label=label)
 
 
 def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict[str, Path]:
