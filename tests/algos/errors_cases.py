@@ -1112,7 +1112,7 @@ CASES: list[Case] = [
             "--eval-reward-fn",
             "nope_mod:score",
         ),
-        "proxrl grpo: error: eval_reward_fn: cannot import module 'nope_mod' (No module named 'nope_mod')",
+        "proxrl grpo: error: eval_reward_fn: no module named 'nope_mod' on the import path (the working directory <cwd>, PYTHONPATH, the installed packages)",
     ),
     # -- issue 16 api: trackers ----------------------------------------------------------------
     Case(

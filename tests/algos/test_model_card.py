@@ -217,12 +217,16 @@ def test_a_failed_push_says_where_the_model_is(tiny_lm, tmp_path, monkeypatch):
     assert (tmp_path / "s" / "model.safetensors").is_file()
 
 
-def test_a_lora_adapter_gets_a_peft_card_and_loads_with_peft(tiny_lm, tmp_path):
+def test_a_lora_run_card_names_the_merged_model_and_its_adapter(tiny_lm, tmp_path):
+    """A LoRA run saves the merged model at the top (plain transformers) and the adapter in
+    adapter/ (peft): the card says both, and each loads as it says."""
     from peft import PeftModel
 
     run = proxrl.sft(
         model=tiny_lm, data=SFT_ROWS, output_dir=tmp_path / "lora", lora_r=2, **OFFLINE
     )
     card = ModelCard.load(run.output_dir / "README.md")
-    assert card.data.library_name == "peft" and "AutoPeftModelForCausalLM" in card.text
-    assert isinstance(run.model, PeftModel)
+    assert card.data.library_name == "transformers" and "`adapter/`" in card.text
+    assert not isinstance(run.model, PeftModel)
+    base = AutoModelForCausalLM.from_pretrained(tiny_lm)
+    assert isinstance(PeftModel.from_pretrained(base, run.output_dir / "adapter"), PeftModel)

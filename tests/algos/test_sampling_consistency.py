@@ -181,8 +181,9 @@ def grpo_config(tiny_lm, prompts, out, **overrides):
 def test_rollout_pi_old_and_reference_score_the_truncated_distribution(tiny_lm, prompts, tmp_path):
     """The rollout's π_old (trainer forward, not the sampler's) and π_ref of every sampled token
     are the truncated-and-renormalised hand values; the reference goes through the same function,
-    so before any update its KL to the policy is exactly 0."""
-    cfg = grpo_config(tiny_lm, prompts, tmp_path, kl_coef=0.05)
+    so before any update its KL to the policy is exactly 0. The π_old pass is kept on: with it
+    skipped the update scores π_old itself (covered by the next test's first-iteration KL)."""
+    cfg = grpo_config(tiny_lm, prompts, tmp_path, kl_coef=0.05, skip_old_logprobs_pass=False)
     algo = grpo.build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
