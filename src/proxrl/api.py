@@ -93,19 +93,20 @@ def command_of(cfg: Any) -> str:
 def make_config(
     command: str, config: str | os.PathLike[str] | Mapping[str, Any] | None = None, **options: Any
 ) -> Any:
-    """The validated config of ``command``: its defaults, then ``config`` (a YAML file or a
+    """The validated config of ``command``: its defaults, then with ``resume=True`` the run's
+    own saved config (as ``--resume`` on the command line), then ``config`` (a YAML file or a
     mapping of field → value), then ``options``. Python objects among the values (models,
     rows, datasets, reward functions) are registered with the config (``runtime.objects``)."""
     module = command_module(command)
     config_cls = getattr(module, "Config", None)
     if config_cls is None:
         raise ProxrlError(f"{command}: has no config; run it from the command line")
-    from proxrl.runtime.config import config_from_mapping, load_config_file
+    from proxrl.runtime.config import config_from_mapping, file_values
 
     where = f"proxrl.{command.replace('-', '_')}()"
-    base = None
+    from_file: dict[str, Any] = {}
     if isinstance(config, (str, os.PathLike)):
-        base = load_config_file(config_cls, config, validate=False, overridden=frozenset(options))
+        from_file = file_values(config_cls, config, frozenset(options))
     elif isinstance(config, Mapping):  # its values may be Python objects too
         options = {**{str(k): v for k, v in config.items()}, **options}
     elif config is not None:
@@ -127,6 +128,8 @@ def make_config(
             f"{where}: {unused[0]} is only for a {TOKENIZER_OPTIONS[unused[0]]} "
             "given as a loaded model"
         )
+    saved = _saved_run(config_cls, from_file, options, where)
+    base = config_cls(**(saved | from_file)) if saved or from_file else None
     cfg = config_from_mapping(config_cls, values, where, validate=False, base=base)
     objects.attach(cfg, entries)
     with objects.registered(objects.attached(cfg)):
@@ -134,6 +137,34 @@ def make_config(
         if callable(validate):
             validate()
     return cfg
+
+
+def _saved_run(
+    config_cls: type, from_file: dict[str, Any], options: dict[str, Any], where: str
+) -> dict[str, Any]:
+    """With ``resume=True``: what the run in ``output_dir`` saved, less the options given now.
+    A Python object the run was given is saved as its handle only, so it must be given again."""
+    import dataclasses
+
+    from proxrl.runtime.config import saved_run_values
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    if "resume" not in defaults or "output_dir" not in defaults:
+        return {}
+
+    def setting(name: str) -> Any:
+        return options.get(name, from_file.get(name, defaults[name]))
+
+    given = frozenset(options) | frozenset(from_file)
+    saved = saved_run_values(config_cls, bool(setting("resume")), setting("output_dir"), given)
+    for name, value in saved.items():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str) and item.startswith(objects.PREFIX):
+                raise ProxrlError(
+                    f"{where}: resume: {name} of the run in {setting('output_dir')} was a "
+                    f"Python object ({item}); pass it again as {name}=..."
+                )
+    return saved
 
 
 def _as_config_value(

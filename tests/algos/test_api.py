@@ -243,3 +243,39 @@ def test_classic_from_python_reports_to_its_trackers(tmp_path):
     assert run.command == "classic" and [r["global_step"] for r in read_metrics(run.output_dir)]
     assert (run.output_dir / "tensorboard").is_dir()
     assert not (run.output_dir / "README.md").exists()  # no transformers model, no card
+
+
+def test_resume_from_python_starts_from_the_runs_saved_config(tiny_lm, tmp_path):
+    """``resume=True`` from Python reads the run's config.yaml as ``--resume`` does: a run of
+    4 steps with non-default options, cut back to its checkpoint at step 2, resumes from
+    ``output_dir`` and ``resume`` alone and ends where the uninterrupted run ended."""
+    import shutil
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in SFT_ROWS * 2))
+    out = tmp_path / "sft"
+    options = dict(batch_size=4, learning_rate=0.01, seed=5, progress=False, report_to=["none"])
+    proxrl.sft(model=tiny_lm, data=str(data), output_dir=out, save_every=1, **options)
+    uninterrupted = [row["train/loss"] for row in read_metrics(out)]
+    assert len(uninterrupted) == 4
+    for step in (3, 4):
+        shutil.rmtree(out / "checkpoints" / f"step_{step:09d}")
+
+    run = proxrl.sft(output_dir=out, resume=True, progress=False)
+
+    assert [row["train/loss"] for row in read_metrics(out)] == uninterrupted
+    assert run.config.learning_rate == 0.01 and run.config.seed == 5
+
+
+def test_resume_from_python_asks_again_for_the_objects_the_run_was_given(tiny_lm, tmp_path):
+    out = tmp_path / "sft"
+    proxrl.sft(model=tiny_lm, data=SFT_ROWS, output_dir=out, **OFFLINE)
+    handle = yaml.safe_load((out / "config.yaml").read_text())["data"]
+    with pytest.raises(ProxrlError) as raised:
+        proxrl.config("sft", output_dir=out, resume=True)
+    assert str(raised.value) == (
+        f"proxrl.sft(): resume: data of the run in {out} was a Python object ({handle}); "
+        "pass it again as data=..."
+    )
+    again = proxrl.config("sft", data=SFT_ROWS, output_dir=out, resume=True)
+    assert again.model == tiny_lm and again.max_steps == OFFLINE["max_steps"]

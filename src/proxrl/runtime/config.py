@@ -436,13 +436,8 @@ def _given(config_cls: type, args: list[str], field: str) -> Any:
 def _resumed_run_values(
     config_cls: type, args: list[str], file_values: dict[str, Any], flagged: frozenset[str]
 ) -> dict[str, Any]:
-    """With ``--resume``: the options the run in ``output_dir`` saved (its config.yaml, or the
-    file ``config_cls.saved_config_file`` names), the starting point that ``--config`` and flags
-    then change (``runtime.resume`` decides which changes are allowed). Options that describe
-    this invocation rather than the run (``runtime.resume.SESSION_OPTIONS``) and flagged ones
-    are left out; nothing when not resuming or the directory saved no config."""
-    from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
-
+    """With ``--resume``: ``saved_run_values`` of the run in the ``--output-dir`` that ``args``
+    (or the ``--config`` file, or the default) name, flagged options left out."""
     defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
     if "resume" not in defaults or "output_dir" not in defaults:
         return {}
@@ -452,10 +447,30 @@ def _resumed_run_values(
     output_dir = _given(config_cls, args, "output_dir")
     if output_dir is None:
         output_dir = file_values.get("output_dir", defaults["output_dir"])
+    return saved_run_values(config_cls, bool(resume), output_dir, flagged)
+
+
+def saved_run_values(
+    config_cls: type, resume: bool, output_dir: Any, given: frozenset[str]
+) -> dict[str, Any]:
+    """When resuming: the options the run in ``output_dir`` saved (its config.yaml, or the file
+    ``config_cls.saved_config_file`` names), the starting point that a config file, flags or
+    the Python API's options then change (``runtime.resume`` decides which changes are
+    allowed). Options that describe this invocation rather than the run
+    (``runtime.resume.SESSION_OPTIONS``) and the ``given`` ones are left out; nothing when not
+    resuming or the directory saved no config."""
+    from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
+
     path = Path(str(output_dir)) / getattr(config_cls, "saved_config_file", CONFIG_FILE)
     if not resume or not path.is_file():
         return {}
-    return _file_values(config_cls, path, flagged | SESSION_OPTIONS, skip_unknown=True)
+    return _file_values(config_cls, path, given | SESSION_OPTIONS, skip_unknown=True)
+
+
+def file_values(config_cls: type, path: str | Path, given: frozenset[str]) -> dict[str, Any]:
+    """Field → checked value of the YAML config file at ``path``, the ``given`` fields (set
+    elsewhere, so a bad value there is no error) left out."""
+    return _file_values(config_cls, Path(path), given)
 
 
 def _validate(cfg: Any) -> None:
