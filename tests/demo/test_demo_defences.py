@@ -30,16 +30,7 @@ def demo_sft_and_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     cfg = pipeline.Config(eval_prompts=100)
     out = tmp_path_factory.mktemp("demo")
-    sizes = task.TaskSizes(
-        sft=cfg.sft_examples,
-        preference=cfg.preference_pairs,
-        preference_eval=cfg.preference_eval_pairs,
-        rl=cfg.rl_prompts,
-        eval=cfg.eval_prompts,
-        demo_accuracy=cfg.demo_accuracy,
-        off_list_rejects=cfg.off_list_rejects,
-    )
-    data = task.generate(out / "data", sizes, cfg.seed)
+    data = task.generate(out / "data", cfg.task_sizes, cfg.seed)
     build_tiny_lm(
         out / "base",
         task.tokenizer_corpus(),

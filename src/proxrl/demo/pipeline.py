@@ -157,6 +157,19 @@ class Config:
     progress: bool = True
     """Show progress bars."""
 
+    @property
+    def task_sizes(self) -> task.TaskSizes:
+        """How many rows of each split the task generates, from these options."""
+        return task.TaskSizes(
+            sft=self.sft_examples,
+            preference=self.preference_pairs,
+            preference_eval=self.preference_eval_pairs,
+            rl=self.rl_prompts,
+            eval=self.eval_prompts,
+            demo_accuracy=self.demo_accuracy,
+            off_list_rejects=self.off_list_rejects,
+        )
+
     def validate(self) -> None:
         check_ranges(self)
         if self.hidden_size % (2 * self.num_heads):
@@ -355,16 +368,7 @@ def train(cfg: Config) -> dict[str, Any]:
     seed_everything(cfg.seed)
 
     with watch.stage("data"):
-        sizes = task.TaskSizes(
-            sft=cfg.sft_examples,
-            preference=cfg.preference_pairs,
-            preference_eval=cfg.preference_eval_pairs,
-            rl=cfg.rl_prompts,
-            eval=cfg.eval_prompts,
-            demo_accuracy=cfg.demo_accuracy,
-            off_list_rejects=cfg.off_list_rejects,
-        )
-        data = task.generate(out / "data", sizes, cfg.seed)
+        data = task.generate(out / "data", cfg.task_sizes, cfg.seed)
 
     with watch.stage("base_model"):
         build_tiny_lm(
