@@ -253,7 +253,8 @@ def _poisoned(mb, where):
         logprobs=torch.where(w, mb.logprobs + 3.0, mb.logprobs),
         ref_logprobs=torch.where(w, mb.ref_logprobs - 2.0, mb.ref_logprobs),
         advantages=torch.where(w, 50.0, mb.advantages),
-        values=torch.where(w, 7.0, mb.values),
+        values=torch.where(w, mb.values + 0.05, mb.values),  # inside value_clip: V's gradient
+        # flows through the clipped term too
         returns=torch.where(w, -9.0, mb.returns),
     )
 
