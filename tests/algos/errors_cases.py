@@ -1142,6 +1142,27 @@ CASES: list[Case] = [
         (*SFT[:-1], "runs/failed_start", "--resume"),
         "proxrl sft: error: --resume: no complete checkpoint in runs/failed_start/checkpoints; it stopped before its first step: run without --resume to start it afresh",
     ),
+    # issue 18
+    Case(
+        "ppo: environment module missing",
+        (*PPO, "--environment", "no_such_module:make"),
+        "proxrl ppo: error: environment: no module named 'no_such_module' on the import path (the working directory <cwd>, PYTHONPATH, the installed packages)",
+    ),
+    Case(
+        "grpo: environment factory that makes no Environment",
+        (*GRPO, "--environment", "os:getcwd"),
+        "proxrl grpo: error: environment: the factory returned str, not an Environment (tools, reset(row), step(completion) -> Turn)",
+    ),
+    Case(
+        "ppo: unknown tool_call_format",
+        (*PPO, "--environment", "os:getcwd", "--tool-call-format", "json"),
+        "proxrl ppo: error: tool_call_format: expected one of hermes, got 'json'",
+    ),
+    Case(
+        "ppo: max_turns 0",
+        (*PPO, "--reward-fn", "os:getcwd", "--max-turns", "0"),
+        "proxrl ppo: error: max_turns: expected >= 1, got 0",
+    ),
 ]
 
 
