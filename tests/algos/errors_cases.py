@@ -39,6 +39,8 @@ def _jsonl(rows: list[object]) -> str:
 
 
 FILES: dict[str, str | bytes] = {
+    "toy_env.py": "class Env:\n    tools = []\n    def reset(self, row): pass\n"
+    "    def step(self, completion): pass\n",
     "sft.jsonl": _jsonl(GOOD_SFT),
     "pairs.jsonl": _jsonl(GOOD_PAIRS),
     "prompts.jsonl": _jsonl(GOOD_PROMPTS),
@@ -1157,6 +1159,11 @@ CASES: list[Case] = [
         "ppo: unknown tool_call_format",
         (*PPO, "--environment", "os:getcwd", "--tool-call-format", "json"),
         "proxrl ppo: error: tool_call_format: expected one of hermes, got 'json'",
+    ),
+    Case(
+        "grpo: overlong_buffer with an environment",
+        (*GRPO, "--environment", "toy_env:Env", "--overlong-buffer", "4"),
+        "proxrl grpo: error: overlong_buffer: measures one response against max_new_tokens, not an episode; set it 0 with environment",
     ),
     Case(
         "ppo: max_turns 0",

@@ -347,3 +347,24 @@ def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
     update(cfg, algo, models, exp, [recorder], 0.1, True, torch.Generator().manual_seed(0),
            NonFiniteGuard(), 1)  # fmt: skip
     torch.testing.assert_close(recorder.gradient, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_python_api_takes_an_environment_class(tiny_lm, tmp_path):
+    """``proxrl.grpo(environment=TwoTurns)``: the class is the factory, behind a handle."""
+    import proxrl
+
+    run = proxrl.grpo(
+        model=tiny_lm,
+        prompts=[{"messages": [{"role": "user", "content": f"say: {w} ->"}]} for w in WORDS],
+        environment=TwoTurns,
+        group_size=2,
+        iterations=1,
+        rollout_batch_size=2,
+        mini_batch_size=4,
+        max_new_tokens=4,
+        progress=False,
+        report_to="none",
+        output_dir=tmp_path / "grpo",
+    )
+    assert run.metrics["episode/turns_mean"] == 2.0
+    assert "environment: python:TwoTurns" in (run.output_dir / "config.yaml").read_text()

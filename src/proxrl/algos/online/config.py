@@ -269,6 +269,11 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
 
             tool_call_parser(self.tool_call_format)
             new_environment(load_environment_factory(self.environment), self.tool_call_format)
+            if self.overlong_buffer:
+                raise ProxrlError(
+                    "overlong_buffer: measures one response against max_new_tokens, not an "
+                    "episode; set it 0 with environment"
+                )
         sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
