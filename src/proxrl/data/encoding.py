@@ -107,7 +107,10 @@ def render_conversation(
     (``role: content`` lines without a template)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,  # type: ignore[arg-type]
         )
         return str(text)
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
