@@ -98,12 +98,19 @@ class OverlongReport:
 
 
 def render_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], add_generation_prompt: bool
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    add_generation_prompt: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The chat template applied to ``messages`` (``role: content`` lines without one)."""
+    """The chat template applied to ``messages``, offering ``tools`` (JSON schemas) when given
+    (``role: content`` lines without a template)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,  # type: ignore[arg-type]
         )
         return str(text)
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
@@ -111,12 +118,16 @@ def render_conversation(
 
 
 def encode_prompt_text(
-    tokenizer: PreTrainedTokenizerBase, prompt: str, messages: list[Message] | None
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    messages: list[Message] | None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Prompt ids: a chat-templated conversation (the template writes its own special tokens)
-    or a plain string (with the tokenizer's BOS if it adds one)."""
+    """Prompt ids: a chat-templated conversation (the template writes its own special tokens;
+    ``tools``: the JSON schemas it offers) or a plain string (with the tokenizer's BOS if it
+    adds one)."""
     if messages is not None:
-        text = render_conversation(tokenizer, messages, add_generation_prompt=True)
+        text = render_conversation(tokenizer, messages, add_generation_prompt=True, tools=tools)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
