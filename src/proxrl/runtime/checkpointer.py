@@ -180,7 +180,9 @@ class Checkpointer:
         )
         saved = ""
         if dist.is_main() or dist.is_sharded():  # FSDP: every rank joins each gather
-            tensors = dist.full_state({name: obj.state_dict() for name, obj in self._weights.items()})
+            tensors = dist.full_state(
+                {name: obj.state_dict() for name, obj in self._weights.items()}
+            )
             state: dict[str, Any] = dist.full_state(
                 {name: _state_of(obj) for name, obj in self._states.items()}
             )
@@ -236,7 +238,10 @@ def _load(
     if name not in saved:
         log.warning("checkpoint %s holds no %r; it keeps its fresh state", path, name)
         return
-    for e, s in zip(*((entry, saved[name]) if isinstance(entry, list) else ([entry], [saved[name]])), strict=True):
+    for e, s in zip(
+        *((entry, saved[name]) if isinstance(entry, list) else ([entry], [saved[name]])),
+        strict=True,
+    ):
         if isinstance(e, torch.optim.Optimizer):  # FSDP: each rank keeps its shard of the state
             s = fsdp.shard_optimizer_state(e, s)
         e.load_state_dict(s)
