@@ -61,3 +61,56 @@ def test_generation_from_sharded_weights_gives_the_unsharded_tokens(tiny_lm, tmp
             assert report[sampler]["same_tokens"]
             assert report[sampler]["logprob_diff"] <= 1e-10
     assert [r["cached"]["length"] for r in ranks] == [6, 11]  # unequal numbers of steps
+
+
+def test_ppo_run_sharded_saves_whole_weights_that_resume_on_one_process(
+    tiny_lm,
+    prompts,  # noqa: F811
+    tmp_path,
+):
+    """``accelerate launch`` with the FSDP config runs PPO end to end (rollouts from gathered
+    weights, sharded updates, checkpoints, the final save): the final actor and critic hold
+    the full tensors, equal to the last checkpoint's, and the checkpoint resumes on 1 process."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from proxrl.algos.online import ppo
+    from proxrl.runtime.checkpoint import CheckpointManager
+    from proxrl.runtime.config import parse_config
+
+    fields = {
+        "model": tiny_lm,
+        "prompts": prompts,
+        "reward_fn": ["online_rewards:target_fraction"],
+        "iterations": 2,
+        "rollout_batch_size": 4,
+        "group_size": 2,
+        "max_new_tokens": 6,
+        "mini_batch_size": 8,
+        "grad_accum": 2,
+        "ppo_epochs": 1,
+        "learning_rate": 3e-3,
+        "dtype": "float64",
+        "progress": False,
+        "seed": 3,
+        "save_every": 1,
+    }
+    cfg = tmp_path / "ppo.yaml"
+    cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in fields.items()))
+    out = tmp_path / "run"
+    args = ["-m", "proxrl", "ppo", "--config", str(cfg), "--output-dir", str(out)]
+    check(accelerate_launch(args, config=FSDP_CONFIG, timeout=240))
+    manager = CheckpointManager(out)
+    tensors, _ = manager.load(manager.latest())
+    actor = AutoModelForCausalLM.from_pretrained(out, dtype="float64").state_dict()
+    critic = AutoModelForSequenceClassification.from_pretrained(out / "critic", dtype="float64")
+    assert tensors["actor"].keys() <= actor.keys()
+    assert max(float((actor[k] - v).abs().max()) for k, v in tensors["actor"].items()) == 0.0
+    critic_state = critic.state_dict()
+    assert max(float((critic_state[k] - v).abs().max()) for k, v in tensors["critic"].items()) == 0
+    base = load_file(str(Path(tiny_lm) / "model.safetensors"))
+    assert max(float((actor[k] - base[k].double()).abs().max()) for k in base) > 1e-4  # trained
+    resumed = fields | {"iterations": 3}
+    cfg.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in resumed.items()))
+    argv = ["--config", str(cfg), "--output-dir", str(out), "--resume", "--resume-with-changes"]
+    ppo.train(parse_config(ppo.Config, argv, prog="proxrl"))
+    assert CheckpointManager.step_of(manager.latest()) == 3
