@@ -8,6 +8,7 @@ accelerate 1.x, which needs an MPI install and a hostfile.)"""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def accelerate_launch(
         str(free_port()),
         *args,
     ]
-    return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return _run(cmd, _env(), cwd, timeout)
 
 
 def torchrun(
@@ -71,9 +72,28 @@ def torchrun(
         f"--master_port={free_port()}",
         *args,
     ]
-    return subprocess.run(
-        cmd, env=_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    return _run(cmd, _env(env), cwd, timeout)
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path | None, timeout: int):
+    """``subprocess.run`` in a session of its own: on a timeout the launcher and every rank it
+    started are killed (a hung collective must not leave ranks behind)."""
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
 
 def check(result: subprocess.CompletedProcess) -> None:

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -95,7 +95,8 @@ def _layer_classes(model: nn.Module) -> set[str]:
 def _entry_modules(model: nn.Module) -> list[nn.Module]:
     """The modules proxrl's code calls: the score head and the backbone of a sequence
     classifier (called one after the other, past its ``forward``), else the model."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base = getattr(model, "get_base_model", None)  # a peft wrapper
+    inner = get_base() if callable(get_base) else model
     head = next(
         (
             getattr(inner, name)
@@ -167,17 +168,20 @@ def shard_like(full: Tensor, like: Tensor) -> Tensor:
     communication: every rank holds ``full``), else ``full`` itself."""
     if not is_dtensor(like) or is_dtensor(full):
         return full
-    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
+    layout = cast(DTensor, like)
     return distribute_tensor(
         full.to(device=like.device, dtype=like.dtype),
-        like.device_mesh,
-        like.placements,
+        layout.device_mesh,
+        layout.placements,
         src_data_rank=None,
     )
 
 
-def shard_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict:
+def shard_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> dict[str, Any]:
     """An optimizer ``state_dict`` of full tensors (as a sharded run saves it, or one process
     wrote it) with each tensor of a sharded parameter's shape cut to this rank's shard."""
     params = [p for group in optimizer.param_groups for p in group["params"]]

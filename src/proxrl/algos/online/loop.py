@@ -309,9 +309,8 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     if done > start:
         save(done)
     save_policy(models, output_dir)  # every rank: FSDP gathers the weights first
-    if dist.is_main():
-        if held_out is not None:
-            held_out.finish(output_dir)
+    if dist.is_main() and held_out is not None:
+        held_out.finish(output_dir)
     dist.barrier()
     logger.close()
     return last
