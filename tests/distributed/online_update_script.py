@@ -144,6 +144,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
             ("actor", list(models.actor.parameters())),
             ("critic", list(models.critic.parameters())),
         )
+        if params  # grpo: no critic
     }
     actor, critic = (dist.full_state(m.state_dict()) for m in (models.actor, models.critic))
     if dist.is_main():

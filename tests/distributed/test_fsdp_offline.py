@@ -21,8 +21,8 @@ from test_dp_offline import LOSS_TOL, WEIGHT_TOL, _compare, _run_one_process, _w
 from proxrl.runtime.checkpoint import CheckpointManager
 
 
-def _sharded(command: str, cfg: str, output_dir: Path) -> None:
-    args = ["-m", "proxrl", command, "--config", cfg, "--output-dir", str(output_dir)]
+def _sharded(command: str, cfg: str, output_dir: Path, *extra: str) -> None:
+    args = ["-m", "proxrl", command, "--config", cfg, "--output-dir", str(output_dir), *extra]
     result = accelerate_launch(args, config=FSDP_CONFIG)
     check(result)
     assert "FSDP2: 2 LlamaDecoderLayer blocks and 1 entry modules sharded over 2 ranks" in (
@@ -45,24 +45,28 @@ def _max_diff(a: object, b: object) -> float:
 
 
 def test_sft_sharded_matches_one_process_and_its_checkpoint_is_whole(tiny_lm, tmp_path):
+    """The sharded run stops after step 2 and is resumed sharded to step 4 (the full
+    checkpoint cut back into shards, Adam's moments too): it still equals 4 steps on 1
+    process (constant learning rate, so max_steps does not change the schedule)."""
     from proxrl.algos.offline import sft
 
-    cfg = _write_config(
-        tmp_path / "sft.yaml",
-        {
-            "model": tiny_lm,
-            "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(32, seed=0)),
-            "batch_size": 8,
-            "grad_accum": 1,
-            "epochs": 1,
-            "learning_rate": 3e-3,
-            "dtype": "float64",
-            "progress": False,
-            "save_every": 2,
-        },
-    )
+    fields = {
+        "model": tiny_lm,
+        "data": write_jsonl(tmp_path / "train.jsonl", sft_rows(32, seed=0)),
+        "batch_size": 8,
+        "grad_accum": 1,
+        "epochs": 1,
+        "learning_rate": 3e-3,
+        "lr_schedule": "constant",
+        "dtype": "float64",
+        "progress": False,
+        "save_every": 2,
+    }
+    cfg = _write_config(tmp_path / "sft.yaml", fields | {"max_steps": 4})  # = 1 epoch
     _run_one_process(sft, cfg, tmp_path / "one")
-    _sharded("sft", cfg, tmp_path / "two")
+    first_half = _write_config(tmp_path / "two_steps.yaml", fields | {"max_steps": 2})
+    _sharded("sft", first_half, tmp_path / "two")
+    _sharded("sft", cfg, tmp_path / "two", "--resume", "--resume-with-changes")
     loss_diff, weight_diff, moved = _compare(tmp_path / "one", tmp_path / "two", tiny_lm)
     managers = [CheckpointManager(tmp_path / run) for run in ("one", "two")]
     assert [CheckpointManager.step_of(m.latest()) for m in managers] == [4, 4]

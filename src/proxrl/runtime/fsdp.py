@@ -127,16 +127,15 @@ def shard_model(model: nn.Module, device: torch.device, world: int) -> nn.Module
     mesh = init_device_mesh(device.type, (world,))
     reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").strip().lower() != "false"
     layers = _layer_classes(model)
-    for module in list(model.modules()):
-        if type(module).__name__ in layers:
-            fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
-    for module in _entry_modules(model):
+    blocks = [m for m in model.modules() if type(m).__name__ in layers]
+    entries = _entry_modules(model)
+    for module in [*blocks, *entries]:  # blocks first: a group takes what no inner one holds
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
     log.info(
         "FSDP2: %d %s blocks and %d entry modules sharded over %d ranks",
-        sum(type(m).__name__ in layers for m in model.modules()),
+        len(blocks),
         "/".join(sorted(layers)) or "no",
-        len(_entry_modules(model)),
+        len(entries),
         world,
     )
     unsharded = [name for name, p in model.named_parameters() if not is_dtensor(p)]
