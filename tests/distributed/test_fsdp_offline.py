@@ -5,9 +5,9 @@ turns FSDP off without a GPU, proxrl shards the model itself (``runtime.fsdp``).
 The sharded run equals the 1-process run with the same global config (float64 weights, so the
 only differences are summation order): per-step losses within 1e-10 and final weights within
 1e-9 while each weight moved ~1e-2 (FSDP averages gradients over ranks: a loss not weighed by
-world / global units halves every step's gradient and logged loss, |Δloss| 0.35 for dpo). A checkpoint
-written by the sharded run holds the full tensors (weights and Adam moments, gathered from the
-shards), equal to the 1-process run's checkpoint: it loads in one process."""
+world / global units halves every step's gradient and logged loss, |Δloss| 0.35 for dpo). A
+checkpoint written by the sharded run holds the full tensors (weights and Adam moments, gathered
+from the shards), equal to the 1-process run's checkpoint: it loads in one process."""
 
 from __future__ import annotations
 
