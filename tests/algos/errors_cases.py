@@ -1087,6 +1087,34 @@ CASES: list[Case] = [
             ("MASTER_PORT", "29500"),
         ),
     ),
+    # issue 17: the sharded path is FSDP2 only (runtime/fsdp.py)
+    Case(
+        "a DeepSpeed accelerate config (distributed_type: DEEPSPEED)",
+        SFT,
+        "proxrl sft: error: DeepSpeed is not supported by proxrl (its engine owns backward, step "
+        "and checkpoints, and it cannot be tested here); launch with "
+        "configs/accelerate/fsdp.yaml: FSDP2 full shard partitions weights, gradients and Adam "
+        "states as ZeRO-3 does",
+        env=(("ACCELERATE_USE_DEEPSPEED", "true"),),
+    ),
+    Case(
+        "an FSDP accelerate config without fsdp_version: 2",
+        PPO,
+        "proxrl ppo: error: fsdp_version: the accelerate config asks for FSDP 1; proxrl shards "
+        "with FSDP2 (fully_shard) only: set fsdp_version: 2",
+        env=(("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "1")),
+    ),
+    Case(
+        "an FSDP accelerate config with fsdp_offload_params: true",
+        SFT,
+        "proxrl sft: error: fsdp_offload_params: proxrl's FSDP2 path does not offload parameters "
+        "to the CPU; set it to false (offload_frozen_roles moves the reference and reward model)",
+        env=(
+            ("ACCELERATE_USE_FSDP", "true"),
+            ("FSDP_VERSION", "2"),
+            ("FSDP_OFFLOAD_PARAMS", "true"),
+        ),
+    ),
     # issue 22
     Case(
         "ppo: early stop without held-out prompts",

@@ -8,6 +8,7 @@ accelerate 1.x, which needs an MPI install and a hostfile.)"""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ALGOS_TESTS = REPO / "tests" / "algos"
 GLOO_CONFIG = REPO / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"
+FSDP_CONFIG = REPO / "configs" / "accelerate" / "cpu_fsdp_2proc.yaml"
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}  # what accelerate launch exports
 
 
 def free_port() -> int:
@@ -25,8 +28,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ) | (extra or {})
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(ALGOS_TESTS), env.get("PYTHONPATH", "")])
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -34,22 +37,34 @@ def _env() -> dict[str, str]:
     return env
 
 
-def accelerate_launch(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
+def accelerate_launch(
+    args: list[str],
+    nproc: int = 2,
+    cwd: Path | None = None,
+    timeout: int = 120,
+    config: Path = GLOO_CONFIG,
+):
     cmd = [
         str(BIN / "accelerate"),
         "launch",
         "--config_file",
-        str(GLOO_CONFIG),
+        str(config),
         "--num_processes",
         str(nproc),
         "--main_process_port",
         str(free_port()),
         *args,
     ]
-    return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return _run(cmd, _env(), cwd, timeout)
 
 
-def torchrun(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: int = 120):
+def torchrun(
+    args: list[str],
+    nproc: int = 2,
+    cwd: Path | None = None,
+    timeout: int = 120,
+    env: dict[str, str] | None = None,
+):
     cmd = [
         str(BIN / "torchrun"),
         "--standalone",
@@ -57,7 +72,28 @@ def torchrun(args: list[str], nproc: int = 2, cwd: Path | None = None, timeout: 
         f"--master_port={free_port()}",
         *args,
     ]
-    return subprocess.run(cmd, env=_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return _run(cmd, _env(env), cwd, timeout)
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path | None, timeout: int):
+    """``subprocess.run`` in a session of its own: on a timeout the launcher and every rank it
+    started are killed (a hung collective must not leave ranks behind)."""
+    with subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
 
 def check(result: subprocess.CompletedProcess) -> None:

@@ -6,8 +6,9 @@
                          # make, ragged=1 cuts the responses to very unequal lengths
 
 ``update`` builds the models and optimizers as ``train_online`` does (seeded; on several
-processes the update sums gradients over ranks), loads the same rollout on every rank, runs
-``online_update.update`` and has rank 0 save the actor and critic weights and the stats."""
+processes the update sums gradients over ranks; under FSDP the models are sharded first),
+loads the same rollout on every rank, runs ``online_update.update`` and has rank 0 save the
+actor and critic weights (gathered whole) and the stats, as ``world{N}[_fsdp].safetensors``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
+from proxrl.runtime import fsdp
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import seed_everything
 
@@ -108,6 +110,13 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         )
         return
     experience = Experience(**torch.load(Path(out) / "experience.pt", weights_only=True))
+    train_models = models
+    if dist.is_sharded():  # as train_online: shard first (in place), then build the optimizers
+        train_models = replace(
+            models,
+            actor=dist.wrap_model(models.actor),
+            critic=models.critic.wrapped(dist.wrap_model),
+        )
     optimizers = [
         torch.optim.AdamW(
             [p for p in models.actor.parameters() if p.requires_grad],
@@ -116,13 +125,6 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         ),
         *models.critic.optimizers(),
     ]
-    train_models = models
-    if dist.is_sharded():  # as train_online: DDP keeps plain modules and sums gradients itself
-        train_models = replace(
-            models,
-            actor=dist.wrap_model(models.actor),
-            critic=models.critic.wrapped(dist.wrap_model),
-        )
     stats = update(
         cfg,
         algo,
@@ -135,12 +137,24 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         NonFiniteGuard(),
         1,
     )
+    held = {  # the share of each model's weights this rank holds: 1/world under FSDP
+        name: sum(p.to_local().numel() if fsdp.is_dtensor(p) else p.numel() for p in params)
+        / sum(p.numel() for p in params)
+        for name, params in (
+            ("actor", list(models.actor.parameters())),
+            ("critic", list(models.critic.parameters())),
+        )
+        if params  # grpo: no critic
+    }
+    actor, critic = (dist.full_state(m.state_dict()) for m in (models.actor, models.critic))
     if dist.is_main():
         tag = f"world{dist.world_size()}" + "".join(f"_{item}" for item in extra)
-        weights = {f"actor.{k}": v.contiguous() for k, v in models.actor.state_dict().items()}
-        weights |= {f"critic.{k}": v.contiguous() for k, v in models.critic.state_dict().items()}
+        tag += "_fsdp" if dist.is_sharded() else ""
+        weights = {f"actor.{k}": v.contiguous() for k, v in actor.items()}
+        weights |= {f"critic.{k}": v.contiguous() for k, v in critic.items()}
         save_file(weights, str(Path(out) / f"{tag}.safetensors"))
         (Path(out) / f"{tag}.json").write_text(json.dumps(stats))
+        (Path(out) / f"{tag}_held.json").write_text(json.dumps(held))
     dist.barrier()
 
 

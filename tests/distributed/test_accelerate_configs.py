@@ -1,6 +1,7 @@
 """The shipped accelerate configs (configs/accelerate/*.yaml) load with accelerate's own config
 class (which rejects unknown top-level keys), every FSDP / DeepSpeed option is one
-``accelerate launch`` knows, and each says the strategy its name promises."""
+``accelerate launch`` knows, and each says the strategy its name promises. No DeepSpeed config
+ships: proxrl refuses DeepSpeed in one line (docs/errors.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ EXPECTED = {
     "single_gpu.yaml": (DistributedType.NO, 1),
     "multi_gpu_ddp.yaml": (DistributedType.MULTI_GPU, 8),
     "fsdp.yaml": (DistributedType.FSDP, 8),
-    "zero3.yaml": (DistributedType.DEEPSPEED, 8),
     "cpu_gloo_2proc.yaml": (DistributedType.MULTI_GPU, 2),  # see its header: torchrun + gloo
+    "cpu_fsdp_2proc.yaml": (DistributedType.FSDP, 2),  # proxrl applies fully_shard on the CPU
 }
 
 
@@ -41,11 +42,11 @@ def test_config_loads_and_names_its_strategy(name):
     assert config.num_processes == processes
     assert config.num_machines == 1 and config.machine_rank == 0
     options = _launch_options()
-    for key in list(config.fsdp_config) + list(config.deepspeed_config):
+    assert not config.deepspeed_config
+    for key in config.fsdp_config:
         assert key in options, f"{name}: {key} is not an accelerate launch option"
     if kind == DistributedType.FSDP:
         assert config.fsdp_config["fsdp_version"] == 2
         assert config.fsdp_config["fsdp_reshard_after_forward"] is True  # fully sharded
-    if kind == DistributedType.DEEPSPEED:
-        assert config.deepspeed_config["zero_stage"] == 3
-        assert config.mixed_precision == "bf16"
+        assert config.fsdp_config["fsdp_offload_params"] is False  # refused: docs/errors.md
+        assert config.fsdp_config["fsdp_cpu_ram_efficient_loading"] is False  # see fsdp.yaml

@@ -167,12 +167,16 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield name, tensor.detach()
 
 
-def save_model(model: nn.Module, output_dir: str | Path) -> None:
+def save_model(
+    model: nn.Module, output_dir: str | Path, state_dict: dict[str, Tensor] | None = None
+) -> None:
     """``save_pretrained`` (safetensors) of ``model`` into ``output_dir``; under LoRA the merged
-    model there and the adapter alone in ``output_dir/adapter`` (the layout of every LoRA run)."""
+    model there and the adapter alone in ``output_dir/adapter`` (the layout of every LoRA run).
+    ``state_dict``: the weights to write instead of the model's own (an FSDP run's gathered
+    ones, ``runtime.distributed.full_state``)."""
     output_dir = Path(output_dir)
     if not isinstance(model, PeftModel):
-        model.save_pretrained(output_dir)
+        model.save_pretrained(output_dir, state_dict=state_dict)
         return
     model.save_pretrained(str(output_dir / ADAPTER_SUBDIR))
     with torch.no_grad():  # each weight to the CPU as it is made: one extra on the accelerator

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.runtime import distributed as dist
+from proxrl.runtime import fsdp
 from proxrl.runtime.checkpoint import CheckpointManager, holds_work
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
@@ -93,6 +94,8 @@ class TrainableWeights:
         }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        current = dict(self.module.named_parameters())  # FSDP: each rank keeps its shard
+        state = {k: fsdp.shard_like(v, current[k]) if k in current else v for k, v in state.items()}
         _, unexpected = self.module.load_state_dict(state, strict=False)
         if unexpected:
             raise ValueError(f"found {len(unexpected)} unknown tensors such as {unexpected[0]!r}")
@@ -176,9 +179,14 @@ class Checkpointer:
             dist.all_gather_objects(capture_rng_state()) if self.rank_rng and world > 1 else None
         )
         saved = ""
+        if dist.is_main() or dist.is_sharded():  # FSDP: every rank joins each gather
+            tensors = dist.full_state(
+                {name: obj.state_dict() for name, obj in self._weights.items()}
+            )
+            state: dict[str, Any] = dist.full_state(
+                {name: _state_of(obj) for name, obj in self._states.items()}
+            )
         if dist.is_main():
-            tensors = {name: obj.state_dict() for name, obj in self._weights.items()}
-            state: dict[str, Any] = {name: _state_of(obj) for name, obj in self._states.items()}
             state.update(counters)
             if rng_ranks is not None:
                 state[RANK_RNG] = rng_ranks
@@ -230,8 +238,10 @@ def _load(
     if name not in saved:
         log.warning("checkpoint %s holds no %r; it keeps its fresh state", path, name)
         return
-    if isinstance(entry, list):
-        for e, s in zip(entry, saved[name], strict=True):
-            e.load_state_dict(s)
-    else:
-        entry.load_state_dict(saved[name])  # type: ignore[union-attr]
+    for e, s in zip(
+        *((entry, saved[name]) if isinstance(entry, list) else ([entry], [saved[name]])),
+        strict=True,
+    ):
+        if isinstance(e, torch.optim.Optimizer):  # FSDP: each rank keeps its shard of the state
+            s = fsdp.shard_optimizer_state(e, s)
+        e.load_state_dict(s)

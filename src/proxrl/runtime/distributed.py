@@ -2,9 +2,10 @@
 
 Under ``accelerate launch`` or ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the first
 call builds ``accelerate.PartialState`` (which starts the process group: NCCL on GPUs, gloo on
-CPUs) and, when a model is wrapped, an ``Accelerator`` that reads the strategy (DDP, FSDP2,
-DeepSpeed ZeRO) from the accelerate config file. Otherwise every function here is a no-op on a
-world of one process, and accelerate is never imported: the single-process path is unchanged.
+CPUs). An accelerate config with ``distributed_type: FSDP`` makes the run sharded: proxrl
+applies FSDP2 (``fully_shard``) itself, on GPUs and CPUs alike (``runtime.fsdp`` says why).
+Otherwise every function here is a no-op on a world of one process, and accelerate is never
+imported: the single-process path is unchanged.
 
 What each function guarantees:
 - ``shard(items)``: rank r takes ``items[r::world]``, a deterministic split that needs no
@@ -13,13 +14,14 @@ What each function guarantees:
   are unioned across ranks; a missing key counts as 0). Dicts and floats travel in float64.
 - ``split_global(value, field)``: a global batch size divided by the world size, or a
   ``ProxrlError`` naming the config field.
-- ``wrap_model``: ``accelerator.prepare(model)`` for FSDP (chosen by the launch config); the
-  model itself on one process and for plain data parallelism (see its docstring).
+- ``wrap_model``: ``fully_shard`` for FSDP (chosen by the launch config); the model itself on
+  one process and for plain data parallelism (see its docstring).
 - ``all_reduce_gradients``: sum of every gradient over ranks (the DDP path accumulates locally
   under ``no_sync`` and reduces once per optimizer step, so ranks may hold different numbers of
   micro-batches, even none).
-- ``gathered_for_generation(model)``: full weights during generation under FSDP
-  (untested here: no GPU).
+- ``gathered_for_generation(model)``: full weights during generation under FSDP, gathered
+  once, so ranks may sample different numbers of steps.
+- ``full_state(obj)``: sharded tensors gathered whole, on every rank (checkpoints, saves).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as torch_dist
 from torch import Tensor, nn
 
+from proxrl.runtime import fsdp
 from proxrl.runtime.errors import ProxrlError
 
 T = TypeVar("T")
@@ -62,6 +65,7 @@ def check_launch() -> None:
     a plain process, with no error: the run would silently be single-process. Its launcher sets
     MASTER_ADDR/MASTER_PORT only when more than one process is asked for, while every launcher
     that does start several (torchrun, accelerate's multi-GPU path, mpirun) sets a world size."""
+    fsdp.check_request()
     launched_by_accelerate = "ACCELERATE_USE_CPU" in os.environ
     asked_for_several = "MASTER_PORT" in os.environ
     got_several = any(os.environ.get(name) for name in WORLD_SIZE_VARIABLES)
@@ -238,46 +242,49 @@ def sampler_seed(seed: int) -> int:
 
 
 def distributed_type() -> str:
-    """``"NO"`` on one process, else accelerate's ``DistributedType`` name (``MULTI_CPU``,
-    ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``, ...)."""
+    """``"NO"`` on one process, ``"FSDP"`` when the launch asked for it (on a CPU too, where
+    accelerate itself reports ``MULTI_CPU``), else accelerate's ``DistributedType`` name
+    (``MULTI_CPU``, ``MULTI_GPU``, ...)."""
     state = _state()
-    return "NO" if state is None else str(state.distributed_type.value)
+    if state is None:
+        return "NO"
+    return "FSDP" if fsdp.requested() else str(state.distributed_type.value)
 
 
 def is_sharded() -> bool:
-    """FSDP or DeepSpeed: the engine owns gradient reduction and (ZeRO-3/FSDP) the weights."""
-    return distributed_type() in ("FSDP", "DEEPSPEED")
+    """FSDP2: the engine owns gradient reduction (an average over ranks) and the weights."""
+    return distributed_type() == "FSDP"
 
 
-def wrap_model(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
-    """``accelerator.prepare`` the model for a sharded engine (FSDP2 as the launch config
-    says). Returns the model, or ``(model, optimizer)`` when an optimizer is given.
+def wrap_model(model: nn.Module) -> nn.Module:
+    """Shard ``model`` with FSDP2 in place (``runtime.fsdp.shard_model``) when the launch asked
+    for FSDP, and return it; call it before building the model's optimizer.
 
     On one process, and for plain data parallelism (DDP, ``MULTI_GPU`` / ``MULTI_CPU``), the
-    inputs come back unchanged: the trainers accumulate a step locally and sum the gradients
+    model comes back unchanged: the trainers accumulate a step locally and sum the gradients
     once with ``all_reduce_gradients`` — what DDP's ``no_sync`` + final sync computes —
     without a wrapper that hides the model's attributes from code that calls its submodules
     (the reward model's and critic's backbone + head). DDP's start-up broadcast is not needed:
     every rank loads the same weights with the same seed."""
     if world_size() == 1 or not is_sharded():
-        return model if optimizer is None else (model, optimizer)
-    if distributed_type() == "DEEPSPEED":
-        raise ProxrlError(
-            "DeepSpeed is not wired into proxrl's optimizer step yet (it needs engine.backward and "
-            "engine.step); use configs/accelerate/fsdp.yaml: FSDP2 shards like ZeRO-3"
-        )
-    acc = accelerator()
-    if optimizer is None:
-        return acc.prepare(model)
-    return acc.prepare(model, optimizer)
+        return model
+    return fsdp.shard_model(model, device(), world_size())
 
 
 def unwrap_parallel(model: nn.Module) -> nn.Module:
-    """The plain module inside a data-parallel wrapper (DDP / FSDP); a peft wrapper stays
-    (``models.scalar_head.unwrap_peft`` removes that one)."""
-    if world_size() == 1:
+    """The plain module inside a data-parallel wrapper (DDP); an FSDP2 module is its own (its
+    class is swapped in place); a peft wrapper stays (``models.scalar_head.unwrap_peft``)."""
+    if world_size() == 1 or is_sharded():
         return model
     return accelerator().unwrap_model(model)  # type: ignore[no-any-return]
+
+
+def full_state(obj: T) -> T:
+    """``obj`` with every FSDP-sharded tensor gathered whole (``runtime.fsdp.full_state``): on
+    every rank, which must all call it. Without sharding, ``obj`` itself."""
+    if not is_sharded():
+        return obj
+    return fsdp.full_state(obj)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager
@@ -316,28 +323,12 @@ def gathered_for_generation(model: nn.Module) -> Iterator[nn.Module]:
     """Yield a module whose full weights are present on this rank, for ``generate``.
 
     - one process / DDP: the plain module (weights are already whole);
-    - FSDP (v1): ``FullyShardedDataParallel.summon_full_params(model, writeback=False)``;
-      FSDP2 (``fully_shard``): ``model.unshard()`` before and ``model.reshard()`` after.
-    Every rank must enter it (the gather is a collective). DeepSpeed never gets here:
-    ``wrap_model`` refuses it first. The samplers do not synchronise decoding steps across
-    ranks (sharded generation comes back with the Ray/FSDP2 issue). Untested here (no GPU);
-    the DDP/CPU path is tested.
+    - FSDP2: every group gathered once and kept whole until the block ends
+      (``runtime.fsdp.unsharded``), so sampling runs no collective and ranks may stop at
+      different steps. Every rank must enter it (the gather is a collective).
     """
     if world_size() == 1 or not is_sharded():
         yield unwrap_parallel(model)
         return
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if isinstance(model, FullyShardedDataParallel):
-        with FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True):
-            yield model.module
-        return
-    unshard = getattr(model, "unshard", None)  # FSDP2 FSDPModule
-    if unshard is not None:
-        unshard()
-        try:
-            yield model
-        finally:
-            model.reshard()  # type: ignore[operator]
-        return
-    yield unwrap_parallel(model)
+    with fsdp.unsharded(model) as whole:
+        yield whole

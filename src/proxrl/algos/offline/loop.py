@@ -144,8 +144,8 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
     )
 
     # 2. Optimizer over what trains (LoRA: adapters and head only). Several processes: each
-    #    takes a 1/world share of every micro-batch (batch_size is global), the model is wrapped
-    #    (DDP/FSDP/DeepSpeed by the launch config) and only rank 0 writes.
+    #    takes a 1/world share of every micro-batch (batch_size is global), the model is
+    #    sharded under FSDP (the launch config) and only rank 0 writes.
     world = dist.world_size()
     if world > 1:
         dist.split_global(cfg.batch_size, "batch_size")
@@ -214,14 +214,14 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> d
                     )
                     if sharded and len(batches) < len(
                         group
-                    ):  # FSDP / ZeRO: every rank must run every forward
+                    ):  # FSDP: every rank must run every forward
                         raise ProxrlError(
-                            "batch_size: under FSDP/DeepSpeed every micro-batch needs "
+                            "batch_size: under FSDP every micro-batch needs "
                             f">= {world} examples; step {done} has fewer (use a data size "
                             f"whose remainder by batch_size is 0 or >= {world})"
                         )
                     with dist.no_sync(train_model):
-                        # FSDP / DeepSpeed average gradients over ranks: weigh by world / units.
+                        # FSDP averages gradients over ranks: weigh by world / units.
                         stats = accumulate_gradients(
                             train_model,
                             batches,
@@ -322,8 +322,9 @@ def save_final(
     (``ProxrlError``, nothing written) weights that hold a NaN or Inf. The tokenizer is saved
     padding on ``padding``'s side: left for a policy (what a batched ``generate`` needs; proxrl
     sets its own side when it loads one), right for a reward model."""
-    assert_finite_weights(model.state_dict(), f"the final model in {output_dir}")
+    gathered = dist.full_state(model.state_dict()) if dist.is_sharded() else None  # FSDP
+    assert_finite_weights(gathered or model.state_dict(), f"the final model in {output_dir}")
     if dist.is_main():  # several processes: rank 0 writes, the others wait for it
-        save_model(model, output_dir)  # transformers 5 and peft write safetensors only
+        save_model(model, output_dir, gathered)  # transformers 5 and peft write safetensors only
         save_tokenizer(tokenizer, output_dir, padding)
     dist.barrier()

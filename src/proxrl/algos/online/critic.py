@@ -87,8 +87,11 @@ class Critic(ABC):
         """The same critic around ``wrap(module)`` (a sharded engine's wrapper)."""
 
     @abstractmethod
-    def save_pretrained(self, output_dir: Path) -> None:
-        """Save the critic beside the policy, in a layout transformers (or safetensors) reads."""
+    def save_pretrained(
+        self, output_dir: Path, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
+        """Save the critic beside the policy, in a layout transformers (or safetensors) reads;
+        ``state_dict``: the weights to write instead of the module's (FSDP's gathered ones)."""
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """The parameters that train."""
@@ -143,7 +146,9 @@ class NoCritic(Critic):
     def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
         return self
 
-    def save_pretrained(self, output_dir: Path) -> None:
+    def save_pretrained(
+        self, output_dir: Path, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
         pass
 
     def checkpoint_weights(self) -> None:
@@ -269,9 +274,11 @@ class SeparateCritic(_TrainedCritic):
     ) -> Tensor:
         return critic_forward(self.module, input_ids, attention_mask, prompt_length)
 
-    def save_pretrained(self, output_dir: Path) -> None:
+    def save_pretrained(
+        self, output_dir: Path, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
         """Under ``critic/``, a sequence classifier transformers loads."""
-        self.module.save_pretrained(output_dir / "critic")
+        self.module.save_pretrained(output_dir / "critic", state_dict=state_dict)
 
 
 class ValueHeadCritic(_TrainedCritic):
@@ -299,12 +306,14 @@ class ValueHeadCritic(_TrainedCritic):
         values: Tensor = self.module(hidden)
         return values
 
-    def save_pretrained(self, output_dir: Path) -> None:
+    def save_pretrained(
+        self, output_dir: Path, state_dict: dict[str, Tensor] | None = None
+    ) -> None:
         """``value_head.safetensors`` beside the policy."""
         from safetensors.torch import save_file
 
         save_file(
-            {k: v.contiguous() for k, v in self.module.state_dict().items()},
+            {k: v.contiguous() for k, v in (state_dict or self.module.state_dict()).items()},
             str(output_dir / "value_head.safetensors"),
         )
 

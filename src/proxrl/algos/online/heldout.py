@@ -267,8 +267,9 @@ class HeldOut:
         state.rewards.append(row["objective/scores"])
         if metrics["eval/score"] > state.best_score:
             state.best_step, state.best_score = done, metrics["eval/score"]
+            gathered = dist.full_state(models.actor.state_dict()) if dist.is_sharded() else None
             if dist.is_main():
-                self.save_best(models, done, metrics["eval/score"])
+                self.save_best(models, done, metrics["eval/score"], gathered)
         reason = stop_reason(
             state, self.cfg.early_stopping_patience, self.cfg.stop_on_reward_hacking
         )
@@ -277,11 +278,14 @@ class HeldOut:
             log.warning("early stop after iteration %d: %s", done, reason)
         return bool(state.stopped_at)
 
-    def save_best(self, models: Any, done: int, score: float) -> None:
-        """``best/``: written beside, then swapped in, so a kill never leaves half a model."""
+    def save_best(
+        self, models: Any, done: int, score: float, state_dict: dict[str, Any] | None = None
+    ) -> None:
+        """``best/``: written beside, then swapped in, so a kill never leaves half a model
+        (``state_dict``: the actor's weights gathered by FSDP, else its own)."""
         staging = self.best_dir.with_name(BEST_DIR + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
-        models.actor.save_pretrained(staging)
+        models.actor.save_pretrained(staging, state_dict=state_dict)
         models.tokenizer.save_pretrained(staging)
         (staging / BEST_INFO).write_text(
             json.dumps({"iteration": done, "eval/score": score}) + "\n", encoding="utf-8"

@@ -84,7 +84,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 2. Optimizers: the policy at learning_rate, the critic at its own rate. Several
     #    processes: data parallel (DDP) keeps the plain modules, the update summing gradients
     #    over ranks itself once per optimizer step (critic_forward calls the backbone and head
-    #    directly, past any wrapper's forward); FSDP / DeepSpeed wrap the trained roles (launch
+    #    directly, past any wrapper's forward); FSDP shards the trained roles in place (launch
     #    config), the rollout gathering full weights to generate. Each rank samples with
     #    seed + rank.
     place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
@@ -264,7 +264,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 and (iteration + 1) % cfg.ref_reset_every == 0
                 and models.reference is not None
             ):
-                models.reference.load_state_dict(models.actor.state_dict())
+                models.reference.load_state_dict(dist.full_state(models.actor.state_dict()))
 
             # 4d. Metrics, samples, checkpoint.
             mask = experience.response_mask.float()
@@ -308,10 +308,9 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     # 5. Final checkpoint and the policy (and critic) for transformers.
     if done > start:
         save(done)
-    if dist.is_main():
-        save_policy(models, output_dir)
-        if held_out is not None:
-            held_out.finish(output_dir)
+    save_policy(models, output_dir)  # every rank: FSDP gathers the weights first
+    if dist.is_main() and held_out is not None:
+        held_out.finish(output_dir)
     dist.barrier()
     logger.close()
     return last
@@ -367,7 +366,13 @@ def write_samples(
 def save_policy(models: Models, output_dir: Path) -> None:
     """The policy via ``save_pretrained`` (safetensors; under LoRA the merged model, the adapter
     in ``adapter/``: ``models.lora.save_model``) plus the tokenizer, and the critic as it saves
-    itself (a separate one under ``critic/``, a value head in ``value_head.safetensors``)."""
-    save_model(models.actor, output_dir)
+    itself (a separate one under ``critic/``, a value head in ``value_head.safetensors``).
+    Every rank calls it (under FSDP each joins the gathers); rank 0 writes."""
+    sharded = dist.is_sharded()
+    actor = dist.full_state(models.actor.state_dict()) if sharded else None
+    critic = [dist.full_state(m.state_dict()) for m in models.critic.modules()] if sharded else []
+    if not dist.is_main():
+        return
+    save_model(models.actor, output_dir, actor)
     save_tokenizer(models.tokenizer, output_dir, "left")  # for a user's batched generate
-    models.critic.save_pretrained(output_dir)
+    models.critic.save_pretrained(output_dir, critic[0] if critic else None)
