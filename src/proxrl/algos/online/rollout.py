@@ -220,7 +220,7 @@ def collect_rollout(
     )  # a value head needs the forward pass
     old_pass = old_logprobs_pass(cfg, algo, critic)  # False: the update's forward gives π_old
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        samples = make_sampler(cfg, whole, tokenizer).sample(
+        samples = (models.engines or make_sampler(cfg, whole, tokenizer)).sample(
             prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs or correct
         )
     response_ids, response_mask = samples.response_ids, samples.response_mask
@@ -258,7 +258,7 @@ def collect_rollout(
     greedy_scores = None
     if algo.needs_greedy:
         with dist.gathered_for_generation(actor) as whole:
-            greedy = make_sampler(cfg, whole, tokenizer).sample(
+            greedy = (models.engines or make_sampler(cfg, whole, tokenizer)).sample(
                 pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
                 pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
                 SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
