@@ -4,6 +4,7 @@ step ahead within its staleness bound, and faults a run survives or stops from c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
+from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -46,30 +48,62 @@ def config(tiny_lm: str, prompts: str, out: Path, **overrides) -> ppo.Config:
 
 
 def losses(out: Path) -> list[dict[str, float]]:
-    return [
-        {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "rollout/"))}
-        for row in read_metrics(out)
-    ]
+    """Each row's metrics but timings, the placement's own and the reward's name."""
+    skip = ("time/", "perf/", "rollout/", "reward/")
+    return [{k: v for k, v in row.items() if not k.startswith(skip)} for row in read_metrics(out)]
 
 
-def test_synchronous_ray_run_equals_the_in_process_run(local_ray, tiny_lm, prompts, tmp_path):
-    """Trainer, reference, reward and engine actors: the same metrics (losses, KL, scores) to
-    round-off and the same final weights as the run in one process, on the same seed."""
-    ppo.train(config(tiny_lm, prompts, tmp_path / "local"))
-    ppo.train(config(tiny_lm, prompts, tmp_path / "ray", placement="ray"))
-    local, ray_rows = losses(tmp_path / "local"), losses(tmp_path / "ray")
-    assert [sorted(r) for r in local] == [sorted(r) for r in ray_rows]
-    for a, b in zip(local, ray_rows, strict=True):
+def assert_same_run(out: Path, expected: Path) -> None:
+    """The same metrics (losses, KL, scores, advantages) to round-off, the same final weights."""
+    rows, want = losses(out), losses(expected)
+    assert [sorted(r) for r in rows] == [sorted(r) for r in want]
+    for a, b in zip(want, rows, strict=True):
         for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
-    assert [r["rollout/staleness"] for r in read_metrics(tmp_path / "ray")] == [0.0] * 3
-    a = load_file(tmp_path / "local" / "model.safetensors")
-    b = load_file(tmp_path / "ray" / "model.safetensors")
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (a["step"], key)
+    a, b = load_file(expected / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_lm, prompts, tmp_path_factory) -> Path:
+    """The reference run: every role in this process."""
+    out = tmp_path_factory.mktemp("in_process") / "run"
+    ppo.train(config(tiny_lm, prompts, out))
     first = load_file(Path(tiny_lm) / "model.safetensors")
-    assert any(not torch.equal(first[k].double(), a[k]) for k in first), "nothing trained"
+    final = load_file(out / "model.safetensors")
+    assert any(not torch.equal(first[k].double(), final[k]) for k in first), "nothing trained"
+    return out
+
+
+def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart(
+    local_ray, tiny_lm, prompts, in_process, tmp_path
+):
+    """Trainer, reference, reward and engine actors give the same metrics to round-off and the
+    same final weights as the run in one process, on the same seed, even though engine 0 is
+    killed after the second batch is sampled: Ray restarts it, it loads the latest weights
+    before it samples again, and the third batch is the one the undisturbed engine would draw."""
+    reward = ("ray_rewards:kill_engine_at_second_call",)
+    ppo.train(config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward))
+    rows = read_metrics(tmp_path)
+    assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0]
+    assert [r["rollout/staleness"] for r in rows] == [0.0] * 3
+    assert_same_run(tmp_path, in_process)
+
+
+def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
+    local_ray, tiny_lm, prompts, in_process, tmp_path
+):
+    """The trainer actor is killed in the third iteration: one-line error, the checkpoint of
+    iteration 2 whole; --resume continues from it to the run an undisturbed one gives."""
+    reward = ("ray_rewards:kill_trainer_at_third_call",)
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward, save_every=1)
+    with pytest.raises(ProxrlError, match="the trainer actor died.*--resume continues"):
+        ppo.train(cfg)
+    assert not (tmp_path / "model.safetensors").exists()
+    ppo.train(replace(cfg, resume=True))
+    assert_same_run(tmp_path, in_process)
 
 
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:

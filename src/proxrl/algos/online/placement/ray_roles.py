@@ -12,6 +12,7 @@ the task draws the same batch.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +33,19 @@ from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.vllm_sampler import sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
+
+
+def answer(refs: Any) -> Any:
+    """``ray.get``, with a role's ``ProxrlError`` raised here as the same one line (Ray wraps
+    it in a traceback of the actor's)."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as error:
+        if isinstance(error.cause, ProxrlError):
+            raise ProxrlError(str(error.cause)) from None
+        raise
 
 
 def join_paths(paths: list[str]) -> None:
@@ -87,7 +101,7 @@ class RemoteRewards:
     def __call__(
         self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
     ) -> tuple[Tensor, dict[str, float]]:
-        return ray.get(self.handle.score.remote(prompts, completions, columns))
+        return answer(self.handle.score.remote(prompts, completions, columns))
 
 
 class ReferenceActor(RoleActor):
@@ -131,7 +145,7 @@ class RemoteReference:
         return iter([self.anchor])
 
     def __call__(self, **inputs: Any) -> Logits:
-        return Logits(ray.get(self.handle.logits.remote(**inputs)))
+        return Logits(answer(self.handle.logits.remote(**inputs)))
 
     def state_dict(self) -> dict[str, Tensor]:  # checkpointed when ref_reset_every moves it
         return ray.get(self.handle.state_dict.remote())
@@ -147,7 +161,7 @@ class EngineBatch:
     version: int  # the policy version (updates applied) of the weights that sampled
     started: float  # time.time() when sampling began
     ended: float
-    reloaded: bool  # the engine had to load the weights first (it was restarted)
+    pid: int  # the engine's process (another one after Ray restarted it)
 
 
 class EngineActor(RoleActor):
@@ -186,7 +200,6 @@ class EngineActor(RoleActor):
     ) -> EngineBatch:
         """Sample with policy ``version``'s weights from the RNG state ``rng`` (a seed for
         engines past the first)."""
-        reloaded = version != self.version
         self.load(weights, version)
         started = time.time()
         if isinstance(rng, int):
@@ -198,7 +211,7 @@ class EngineActor(RoleActor):
             prompt_ids.to(device), prompt_mask.to(device), settings, with_logprobs
         )
         cpu = Samples(*(None if x is None else x.cpu() for x in vars(samples).values()))
-        return EngineBatch(cpu, torch.get_rng_state(), version, started, time.time(), reloaded)
+        return EngineBatch(cpu, torch.get_rng_state(), version, started, time.time(), os.getpid())
 
 
 @dataclass
@@ -225,7 +238,8 @@ class EnginePool:
         self.version = -1
         self.pending: list[Pending] = []
         self.last: list[EngineBatch] = []
-        self.reloads = 0
+        self.pids: list[int | None] = [None] * len(handles)
+        self.restarts = 0
 
     def publish(self, actor: nn.Module, version: int) -> float:
         """Put ``actor``'s weights in the object store as policy ``version`` and send them to
@@ -291,12 +305,15 @@ class EnginePool:
         head = self.pending[0] if self.pending else None
         if head is not None and torch.equal(head.prompt_ids, prompt_ids.cpu()):
             self.pending.pop(0)
-            batches = ray.get(head.futures)
+            batches = self._wait(head.futures)
         else:
-            batches = ray.get(self._launch(prompt_ids, prompt_mask, settings, with_logprobs, True))
+            futures = self._launch(prompt_ids, prompt_mask, settings, with_logprobs, True)
+            batches = self._wait(futures)
             torch.set_rng_state(batches[0].rng_state)
         self.last = batches
-        self.reloads += sum(b.reloaded for b in batches)
+        for i, batch in enumerate(batches):
+            self.restarts += self.pids[i] not in (None, batch.pid)
+            self.pids[i] = batch.pid
         device = prompt_ids.device
         width = max(b.samples.response_ids.shape[1] for b in batches)
         fields = {}
@@ -311,14 +328,25 @@ class EnginePool:
             )
         return Samples(**fields)
 
+    def _wait(self, futures: list[Any]) -> list[EngineBatch]:
+        from ray.exceptions import RayActorError
+
+        try:
+            return answer(futures)
+        except RayActorError as error:  # Ray restarted it ray_engine_restarts times already
+            raise ProxrlError(
+                f"placement: a generation engine died and could not be restarted "
+                f"({type(error).__name__}); raise ray_engine_restarts or check its node"
+            ) from error
+
     def metrics(self, iteration: int) -> dict[str, float]:
         """The staleness and generation interval of the batch the rollout of ``iteration``
-        used, and the engines' reloads so far."""
+        used, and the engines' restarts so far."""
         if not self.last:
             return {}
         return {
             "rollout/staleness": float(max(iteration - b.version for b in self.last)),
-            "rollout/engine_reloads": float(self.reloads),
+            "rollout/engine_restarts": float(self.restarts),
             "time/generate_start": min(b.started for b in self.last),
             "time/generate_end": max(b.ended for b in self.last),
         }

@@ -153,7 +153,7 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 num_cpus=cfg.ray_trainer_cpus,
                 num_gpus=cfg.ray_trainer_gpus,
                 max_restarts=0,
-                name=f"proxrl-trainer-{os.getpid()}-{time.time_ns()}",
+                name=f"proxrl-{os.getpid()}-{time.time_ns()}-trainer",
                 namespace="proxrl",
             )
             .remote(list(sys.path))
@@ -235,19 +235,19 @@ class RayRoles:
             RemoteReference,
         )
 
-        prefix = ray.get_runtime_context().get_actor_name() or "proxrl"
+        run = (ray.get_runtime_context().get_actor_name() or "proxrl").removesuffix("-trainer")
         engines = [
             self._actor(
                 EngineActor,
                 "engine",
-                name=f"{prefix}-engine-{i}",
+                name=f"{run}-engine-{i}",
                 max_restarts=cfg.ray_engine_restarts,
                 max_task_retries=cfg.ray_engine_restarts,
             )
             for i in range(cfg.ray_engines)
         ]
         reference = (
-            self._actor(ReferenceActor, "reference", name=f"{prefix}-reference")
+            self._actor(ReferenceActor, "reference", name=f"{run}-reference")
             if has_reference(cfg)
             else None
         )
