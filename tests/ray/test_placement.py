@@ -4,6 +4,7 @@ step ahead within its staleness bound, and faults a run survives or stops from c
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
+from proxrl.cli import main
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
@@ -149,3 +151,17 @@ def test_async_rollout_overlaps_the_update_within_the_staleness_bound_and_learns
         assert overlaps(update, generation), (before["step"], update, generation)
     history = [r["objective/scores"] for r in rows]
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
+
+
+def test_placement_ray_without_the_ray_package_is_one_line(
+    tiny_lm, prompts, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    argv = ["ppo", "--model", tiny_lm, "--prompts", prompts, "--reward-fn", "os:getcwd"]
+    code = main([*argv, "--placement", "ray", "--output-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "proxrl ppo: error: placement: ray needs the ray package: "
+        "pip install 'proxrl[ray]' (or pip install ray)"
+    )
+    assert not (tmp_path / "run").exists()

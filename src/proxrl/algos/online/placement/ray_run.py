@@ -26,6 +26,7 @@ from proxrl.algos.online.placement.fields import RAY_INSTALL
 from proxrl.algos.online.roles import Models, load_models, measures_kl
 from proxrl.algos.online.rollout import prompt_order
 from proxrl.rollout.generation import SamplingSettings
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
         terms = [(n, getattr(cfg, f"{role}_{unit}"), f"{role}_{unit}") for role, n in roles]
         amount = sum(n * x for n, x, _ in terms)
         words = " + ".join(
-            f"{'ray_engines ' + str(n) + ' × ' if n > 1 else ''}{name} {x:g}"
+            f"{'ray_engines ' + str(n) + ' × ' if n > 1 else ''}{name} {x:.12g}"
             for n, x, name in terms
         )
         total[unit] = (amount, words)
@@ -86,6 +87,11 @@ def connect(cfg: OnlineConfig) -> bool:
     address = cfg.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address and address != "auto" and not address.startswith("ray://"):
         check_address(address)
+    if not address:  # a local Ray gets this machine's CPUs and GPUs: check before starting it
+        import torch
+
+        machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+        check_resources(cfg, machine, "this machine (for a local Ray)")
     try:
         ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
     except ConnectionError as error:
@@ -93,16 +99,14 @@ def connect(cfg: OnlineConfig) -> bool:
     return True
 
 
-def check_resources(cfg: OnlineConfig) -> None:
-    import ray
-
-    cluster = ray.cluster_resources()
+def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -> None:
+    """Every role's CPUs and GPUs together fit in ``capacity`` (Ray's resource names)."""
     for unit, key in (("cpus", "CPU"), ("gpus", "GPU")):
         amount, words = requested(cfg)[unit]
-        if amount > cluster.get(key, 0.0) + 1e-9:
+        if amount > capacity.get(key, 0.0) + 1e-9:
             raise ProxrlError(
-                f"placement: the roles ask for {amount:g} {unit.upper()[:-1]}s ({words}) and the "
-                f"Ray cluster has {cluster.get(key, 0.0):g}; lower the ray_*_{unit} fields"
+                f"placement: the roles ask for {amount:.12g} {key}s ({words}), more than {where} "
+                f"has; lower the ray_*_{unit} fields"
             )
 
 
@@ -143,10 +147,12 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     import ray
     from ray.exceptions import RayActorError
 
+    if dist.world_size() > 1:
+        raise ProxrlError("placement: ray starts the run's processes itself; launch it once")
     owns = connect(cfg)
     trainer = None
     try:
-        check_resources(cfg)
+        check_resources(cfg, ray.cluster_resources(), "the Ray cluster")
         trainer = (
             ray.remote(TrainerActor)
             .options(
