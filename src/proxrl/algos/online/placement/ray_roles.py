@@ -63,12 +63,13 @@ class RoleActor:
         return self.error
 
 
-def frozen_model(cfg: OnlineConfig) -> tuple[nn.Module, Any]:
+def frozen_model(cfg: OnlineConfig, on_cpu: bool = False) -> tuple[nn.Module, Any]:
     """``cfg.model`` loaded as the trainer loads its reference, on this actor's device."""
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     model = load_causal_lm(cfg.model, **cfg.loader_kwargs())
     resize_for_tokenizer(model, tokenizer)
-    return model.requires_grad_(False).eval().to(dist.device()), tokenizer
+    device = "cpu" if on_cpu else dist.device()
+    return model.requires_grad_(False).eval().to(device), tokenizer
 
 
 class RewardActor(RoleActor):
@@ -172,7 +173,8 @@ class EngineActor(RoleActor):
         join_paths(paths)
         self.version = -1
         try:
-            self.model, tokenizer = frozen_model(cfg)
+            # under vLLM the module only stages the weights vLLM reloads from: on the CPU
+            self.model, tokenizer = frozen_model(cfg, on_cpu=cfg.sampler == "vllm")
             self.sampler = make_sampler(cfg, self.model, tokenizer)
             self.vllm = rollout_engine(cfg)
         except ProxrlError as error:
