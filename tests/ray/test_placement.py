@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
+from proxrl.algos.online.placement.ray_run import sampling_settings
 from proxrl.cli import main
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
@@ -92,6 +93,41 @@ def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart
     assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0]
     assert [r["rollout/staleness"] for r in rows] == [0.0] * 3
     assert_same_run(tmp_path, in_process)
+
+
+def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """A sampling task that reaches a restarted engine (Ray's retry of a task the dead one was
+    given, or one sent while it restarted) loads the weights the request names from the object
+    store before sampling: the same tokens and log-probs as before the kill."""
+    from proxrl.algos.online.placement.ray_roles import EngineActor, EnginePool
+    from proxrl.models.causal_lm import load_causal_lm
+
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    engine = (
+        local_ray.remote(EngineActor)
+        .options(num_cpus=0.25, max_restarts=1, max_task_retries=1)
+        .remote(cfg, list(sys.path))
+    )
+    pool = EnginePool([engine], pad_id=0)
+    policy = load_causal_lm(tiny_lm, dtype="float64")
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(1.5)  # weights the engine cannot have read from disk
+    pool.publish(policy, version=7)
+    prompt_ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    prompt_mask = (prompt_ids != 0).long()
+    settings = sampling_settings(cfg)
+    torch.manual_seed(0)
+    before = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
+    local_ray.kill(engine, no_restart=False)
+    torch.manual_seed(0)
+    after = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
+    assert pool.restarts == 1
+    assert torch.equal(after.response_ids, before.response_ids)
+    torch.testing.assert_close(after.logprobs, before.logprobs, rtol=0, atol=0)
+    local_ray.kill(engine, no_restart=True)
 
 
 def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
