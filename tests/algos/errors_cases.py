@@ -1198,6 +1198,28 @@ CASES: list[Case] = [
         (*PPO, "--reward-fn", "os:getcwd", "--max-turns", "0"),
         "proxrl ppo: error: max_turns: expected >= 1, got 0",
     ),
+    # issue 17: placement ray
+    Case(
+        "ppo: placement ray asking for more CPUs than a local Ray gets",
+        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-cpus", "100000"),
+        "proxrl ppo: error: placement: the roles ask for 100000.75 CPUs (ray_trainer_cpus 100000 + ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
+    ),
+    Case(
+        "ppo: placement ray at an address where no Ray answers",
+        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray"),
+        "proxrl ppo: error: ray_address: no Ray cluster answers at 127.0.0.1:9 (Connection refused); start one with ray start --head, or leave ray_address empty for a local Ray",
+        env=(("RAY_ADDRESS", "127.0.0.1:9"),),
+    ),
+    Case(
+        "ppo: async_rollout without placement ray",
+        (*PPO, "--reward-fn", "os:getcwd", "--async-rollout"),
+        "proxrl ppo: error: async_rollout: needs placement ray (engines of their own)",
+    ),
+    Case(
+        "grpo: async_rollout without the engine's log-probs",
+        (*GRPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--async-rollout"),
+        "proxrl grpo: error: async_rollout: the behaviour log-probs must come from the engine that sampled: set sampler_logprobs true",
+    ),
 ]
 
 
@@ -1337,7 +1359,9 @@ def render() -> str:
         "upload`, `tests/algos/test_model_card.py`) are one line too, as is `resume=True` from",
         "Python without the Python objects the run was given (`proxrl.sft(): resume: data of the",
         "run in DIR was a Python object (python:data@...); pass it again as data=...`,",
-        "`tests/algos/test_api.py`).",
+        "`tests/algos/test_api.py`), and `placement: ray`",
+        "without the ray package (`placement: ray needs the ray package: pip install",
+        "'proxrl[ray]' (or pip install ray)`, `tests/ray/test_placement.py`).",
         "",
         "With the vllm package installed (`tests/vllm/`, run in `.venv-vllm` by `make test`):",
         "",

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
 from proxrl.algos.online.heldout import HeldOutFields
+from proxrl.algos.online.placement.fields import PlacementFields
 from proxrl.core import (
     AdaptiveKL,
     Aggregation,
@@ -36,7 +37,7 @@ DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
 
 @dataclass
-class OnlineConfig(HeldOutFields, ModelRunConfig):
+class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
 
     model: str = ""
@@ -252,6 +253,7 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     def validate(self) -> None:
         super().validate()
         self.validate_held_out()
+        self.validate_placement(self.sampler_logprobs, self.dynamic_sampling)
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:

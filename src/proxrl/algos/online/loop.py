@@ -21,7 +21,8 @@ from torch import Tensor
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.heldout import HeldOut
-from proxrl.algos.online.roles import Models, load_models, load_prompts, load_rewards, place_roles
+from proxrl.algos.online.placement.base import elsewhere, roles_for, train_elsewhere
+from proxrl.algos.online.roles import Models, load_prompts, place_roles
 from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_engine
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
@@ -64,9 +65,12 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
     check_resume(cfg)
     check_not_finished(cfg, cfg.iterations, "iteration", "--iterations")
+    if elsewhere(cfg):  # placement ray: this function runs again in a trainer actor
+        return train_elsewhere(cfg, algo)
+    roles = roles_for(cfg)  # where the roles live (algos.online.placement)
     seed_everything(cfg.seed)
-    rewards = load_rewards(cfg)  # first: a reward function that does not import fails fast
-    models = load_models(cfg, algo)
+    rewards = roles.rewards(cfg)  # first: a reward function that does not import fails fast
+    models = roles.models(cfg, algo)
     if cfg.compile_sampler:
         static_cache(
             models.actor, CachedSampler.CACHE_BUCKET
@@ -154,9 +158,10 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
 
     # An engine with its own copy of the weights (sampler: vllm) starts once, outside the
     # iterations, and gets the policy's weights now (a resumed run's differ from the model's).
-    engine = rollout_engine(cfg)
+    engine = rollout_engine(cfg) if models.engines is None else None  # (ray: in engine actors)
     if engine is not None:
         sync_weights(engine, models.actor)
+    roles.start(models.actor, start)
 
     # 4. Iterate. The health rules warn once each when they first fire (runtime.health).
     health = HealthMonitor(read_metrics(output_dir) if start and dist.is_main() else ())
@@ -230,6 +235,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             models.actor.train()
             if engine is not None:
                 release_memory(engine)  # on a GPU the engine sleeps through the update
+            roles.before_update(iteration, prompt_ids)
             started_update = time.perf_counter()
             train_policy = iteration >= models.critic.warmup_iterations
             stats: dict[str, float] = {}
@@ -252,6 +258,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
             if engine is not None:
                 timings["time/weight_sync_s"] = sync_weights(engine, models.actor)
+            timings |= roles.after_update(models.actor, iteration + 1)
 
             # 4c. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
             if rollout_ok:

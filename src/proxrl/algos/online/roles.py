@@ -39,27 +39,34 @@ class Models:
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
+    engines: Any = None  # a Sampler with weights of its own (placement ray); None: the policy's
 
 
-def load_models(cfg: OnlineConfig, algo: Algorithm) -> Models:
+def measures_kl(cfg: OnlineConfig) -> bool:
+    """Whether the run measures the KL to a reference (False: β is fixed at 0)."""
+    return (
+        cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
+    )
+
+
+def load_models(cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True) -> Models:
+    """The roles of ``cfg`` in this process; ``with_reference`` False leaves the reference model
+    unloaded (``Models.reference`` None) for a caller that places it elsewhere."""
     kwargs = cfg.loader_kwargs()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
     resize_for_tokenizer(actor, tokenizer)
     reference = None
-    tracks_kl = (
-        cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
-    )
     if cfg.lora_r:
         actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
-    elif tracks_kl:
+    elif measures_kl(cfg) and with_reference:
         reference = load_causal_lm(cfg.model, **kwargs)
         resize_for_tokenizer(reference, tokenizer)
         reference.requires_grad_(False).eval()
     critic = algo.critic(
         cfg, actor, tokenizer
     )  # after the reference: the same random stream as before
-    return Models(actor, reference, critic, tokenizer, tracks_kl)
+    return Models(actor, reference, critic, tokenizer, measures_kl(cfg))
 
 
 def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
@@ -123,8 +130,13 @@ def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) 
     for module in models.critic.modules():
         module.to(device)
     frozen_device = torch.device("cpu") if offload_frozen else device
-    if models.reference is not None:
+    if isinstance(models.reference, nn.Module):  # (not a stand-in for one placed elsewhere)
         models.reference.to(frozen_device)
+    place_rewards(rewards, frozen_device)
+
+
+def place_rewards(rewards: WeightedRewards, device: torch.device) -> None:
+    """Move every reward model of ``rewards`` (an ensemble's members too) to ``device``."""
     for source in rewards.sources:
         for model in getattr(source, "models", [source.model] if hasattr(source, "model") else []):
-            model.to(frozen_device)
+            model.to(device)

@@ -222,7 +222,7 @@ def collect_rollout(
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
         samples = sample_responses(  # (or whole episodes, with an environment)
             cfg,
-            make_sampler(cfg, whole, tokenizer),
+            models.engines or make_sampler(cfg, whole, tokenizer),
             tokenizer,
             batch_prompts,
             prompt_tensor,
@@ -267,7 +267,7 @@ def collect_rollout(
         with dist.gathered_for_generation(actor) as whole:
             greedy = sample_responses(
                 cfg,
-                make_sampler(cfg, whole, tokenizer),
+                models.engines or make_sampler(cfg, whole, tokenizer),
                 tokenizer,
                 prompts,
                 pad_left(prompt_ids, tokenizer.pad_token_id).to(device),

@@ -1,0 +1,67 @@
+"""The config fields of ``placement: ray`` (and its one-step-ahead rollouts), shared by ``ppo``
+and ``grpo``; docs/scaling.md ("Ray placement") shows them filled in for a 7B run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import Range
+
+RAY_INSTALL = "pip install 'proxrl[ray]' (or pip install ray)"
+
+
+@dataclass
+class PlacementFields:
+    """Where the roles of an online run live, and how far generation may run ahead."""
+
+    placement: Literal["local", "ray"] = "local"
+    """local: every role in this process (data parallel under accelerate); ray: the trainer, the
+    reference, the reward sources and the generation engines each a Ray actor."""
+    ray_address: str = ""
+    """placement ray: the cluster to join (host:port or auto; empty: $RAY_ADDRESS, else a local
+    Ray started for the run)."""
+    ray_engines: Annotated[int, Range(ge=1)] = 1
+    """placement ray: generation engines (actors), each sampling a share of every batch."""
+    ray_engine_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs per generation engine (fractions share one)."""
+    ray_engine_cpus: Annotated[float, Range(ge=0)] = 0.25
+    """placement ray: CPUs per generation engine (fractions share one)."""
+    ray_trainer_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs of the trainer actor (the policy, its optimizer and the critic)."""
+    ray_trainer_cpus: Annotated[float, Range(ge=0)] = 1.0
+    """placement ray: CPUs of the trainer actor."""
+    ray_reference_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs of the reference actor."""
+    ray_reference_cpus: Annotated[float, Range(ge=0)] = 0.25
+    """placement ray: CPUs of the reference actor."""
+    ray_reward_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs of the reward actor (every reward model and function)."""
+    ray_reward_cpus: Annotated[float, Range(ge=0)] = 0.25
+    """placement ray: CPUs of the reward actor."""
+    ray_engine_restarts: Annotated[int, Range(ge=0)] = 3
+    """placement ray: times Ray restarts a generation engine that died (its batch is retried)."""
+    async_rollout: bool = False
+    """placement ray: generate the next batches while this one trains (needs sampler_logprobs:
+    the engine's log-probs are the behaviour policy's; pair with a rollout_correction)."""
+    max_staleness: Annotated[int, Range(ge=1)] = 1
+    """async_rollout: batches generated ahead, so the most policy versions a sample may lag the
+    policy it trains (1: one-step-off)."""
+
+    def validate_placement(self, sampler_logprobs: bool, dynamic_sampling: bool) -> None:
+        if self.placement != "ray":
+            if self.async_rollout:
+                raise ProxrlError("async_rollout: needs placement ray (engines of their own)")
+            return
+        try:
+            import ray  # noqa: F401
+        except ImportError as error:
+            raise ProxrlError(f"placement: ray needs the ray package: {RAY_INSTALL}") from error
+        if self.async_rollout and not sampler_logprobs:
+            raise ProxrlError(
+                "async_rollout: the behaviour log-probs must come from the engine that sampled: "
+                "set sampler_logprobs true"
+            )
+        if self.async_rollout and dynamic_sampling:
+            raise ProxrlError("async_rollout: not with dynamic_sampling (it samples on demand)")

@@ -1,0 +1,354 @@
+"""The role actors of ``placement: ray`` and the stand-ins through which the trainer's loop calls
+them, each behind the interface the loop already uses: a reward source (``RemoteRewards``), a
+reference model (``RemoteReference``) and a sampler (``EnginePool``).
+
+Weights travel from the trainer to the engines through Ray's object store (one ``ray.put`` per
+update, every engine reading the same object); on GPUs a NCCL group between the trainer and the
+engines (``torch.distributed`` broadcast into each engine's tensors, as OpenRLHF and veRL do)
+would skip the host copy. An engine that was restarted (``ray_engine_restarts``) finds it holds
+other weights than the request names and reloads the latest before sampling, so Ray's retry of
+the task draws the same batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from torch import Tensor, nn
+
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.roles import load_rewards, place_rewards
+from proxrl.algos.online.rollout import make_sampler, pad_to, rollout_engine
+from proxrl.data.batching import pad_left
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.lora import merged_weights
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.rollout.generation import Samples, SamplingSettings
+from proxrl.rollout.vllm_sampler import sync_weights
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
+
+
+def answer(refs: Any) -> Any:
+    """``ray.get``, with a role's ``ProxrlError`` raised here as the same one line (Ray wraps
+    it in a traceback of the actor's)."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as error:
+        if isinstance(error.cause, ProxrlError):
+            raise ProxrlError(str(error.cause)) from None
+        raise
+
+
+def join_paths(paths: list[str]) -> None:
+    """The driver's import path (reward functions' modules) in this worker too."""
+    sys.path.extend(p for p in paths if p not in sys.path)
+
+
+class RoleActor:
+    """A role's process: what its constructor failed with is kept for ``ready`` to report as
+    one line (an actor whose ``__init__`` raised only reports a traceback)."""
+
+    error: str | None = None
+
+    def ready(self) -> str | None:
+        return self.error
+
+
+def frozen_model(cfg: OnlineConfig, on_cpu: bool = False) -> tuple[nn.Module, Any]:
+    """``cfg.model`` loaded as the trainer loads its reference, on this actor's device."""
+    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    model = load_causal_lm(cfg.model, **cfg.loader_kwargs())
+    resize_for_tokenizer(model, tokenizer)
+    device = "cpu" if on_cpu else dist.device()
+    return model.requires_grad_(False).eval().to(device), tokenizer
+
+
+class RewardActor(RoleActor):
+    """Every reward source of the run (reward models and functions), scoring where it lives."""
+
+    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+        join_paths(paths)
+        try:
+            self.rewards = load_rewards(cfg)
+            place_rewards(self.rewards, dist.device())
+        except ProxrlError as error:
+            self.error = str(error)
+
+    def score(
+        self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
+    ) -> tuple[Tensor, dict[str, float]]:
+        scores, parts = self.rewards(prompts, completions, columns)
+        return scores.cpu(), parts
+
+
+class RemoteRewards:
+    """The reward actor as the loop's ``WeightedRewards``: (prompts, completions, columns) →
+    ((B,) scores, the logged parts)."""
+
+    sources: tuple[()] = ()  # placed in their actor, not by the trainer
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __call__(
+        self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
+    ) -> tuple[Tensor, dict[str, float]]:
+        return answer(self.handle.score.remote(prompts, completions, columns))
+
+
+class ReferenceActor(RoleActor):
+    """The frozen reference policy, running its forward passes where it lives."""
+
+    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+        join_paths(paths)
+        try:
+            self.model, _ = frozen_model(cfg)
+        except ProxrlError as error:
+            self.error = str(error)
+
+    @torch.no_grad()
+    def logits(self, **inputs: Tensor) -> Tensor:
+        device = dist.device()
+        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+        return self.model(**moved).logits.cpu()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {k: v.cpu() for k, v in self.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+
+@dataclass
+class Logits:
+    logits: Tensor  # (B, P + T, V)
+
+
+class RemoteReference:
+    """The reference actor as the module ``rollout.collect_rollout`` runs ``policy_forward`` on:
+    called like a causal LM, it returns the (B, P + T, V) logits computed in the actor. That is
+    a vocabulary-wide transfer per micro-batch; at scale the actor would return log-probs."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.anchor = nn.Parameter(torch.zeros(0), requires_grad=False)  # its inputs' device
+
+    def parameters(self) -> Any:
+        return iter([self.anchor])
+
+    def __call__(self, **inputs: Any) -> Logits:
+        return Logits(answer(self.handle.logits.remote(**inputs)))
+
+    def state_dict(self) -> dict[str, Tensor]:  # checkpointed when ref_reset_every moves it
+        return ray.get(self.handle.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        ray.get(self.handle.load_state_dict.remote({k: v.cpu() for k, v in state.items()}))
+
+
+@dataclass
+class EngineBatch:
+    samples: Samples  # on the CPU
+    rng_state: Tensor  # the engine's torch RNG after sampling
+    version: int  # the policy version (updates applied) of the weights that sampled
+    started: float  # time.time() when sampling began
+    ended: float
+    pid: int  # the engine's process (another one after Ray restarted it)
+
+
+class EngineActor(RoleActor):
+    """A generation engine: a copy of the policy sampled by the run's sampler (the built-in
+    ones; vLLM's engine inside this actor with sampler vllm)."""
+
+    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+        join_paths(paths)
+        self.version = -1
+        try:
+            # under vLLM the module only stages the weights vLLM reloads from: on the CPU
+            self.model, tokenizer = frozen_model(cfg, on_cpu=cfg.sampler == "vllm")
+            self.sampler = make_sampler(cfg, self.model, tokenizer)
+            self.vllm = rollout_engine(cfg)
+        except ProxrlError as error:
+            self.error = str(error)
+
+    def load(self, weights: list[Any], version: int) -> None:
+        """The weights in the object store (``weights[0]``: a reference, passed inside a list so
+        that Ray hands it over unread) of policy ``version``; a no-op when already held."""
+        if version != self.version:
+            self.model.load_state_dict(ray.get(weights[0]))
+            if self.vllm is not None:
+                sync_weights(self.vllm, self.model)
+            self.version = version
+
+    @torch.no_grad()
+    def sample(
+        self,
+        weights: list[Any],
+        version: int,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        with_logprobs: bool,
+        rng: Tensor | int,
+    ) -> EngineBatch:
+        """Sample with policy ``version``'s weights from the RNG state ``rng`` (a seed for
+        engines past the first)."""
+        self.load(weights, version)
+        started = time.time()
+        if isinstance(rng, int):
+            torch.manual_seed(rng)
+        else:
+            torch.set_rng_state(rng)
+        device = dist.device()
+        samples = self.sampler.sample(
+            prompt_ids.to(device), prompt_mask.to(device), settings, with_logprobs
+        )
+        cpu = Samples(*(None if x is None else x.cpu() for x in vars(samples).values()))
+        return EngineBatch(cpu, torch.get_rng_state(), version, started, time.time(), os.getpid())
+
+
+@dataclass
+class Pending:
+    """A batch launched ahead of its iteration (async_rollout)."""
+
+    iteration: int
+    prompt_ids: Tensor  # (B, P) as the rollout will pad them
+    futures: list[Any]
+
+
+class EnginePool:
+    """N engine actors as one ``Sampler``: each samples a contiguous share of the batch.
+
+    Synchronous: the first engine draws from the trainer's own RNG state and hands it back, so
+    one engine samples exactly what the trainer's own sampler would (engines past the first get
+    seeds drawn from it). Ahead of time (``prefetch``): seeds drawn from the trainer's RNG when
+    the batch is launched, the batch used when the rollout asks for the same prompts."""
+
+    def __init__(self, handles: list[Any], pad_id: int) -> None:
+        self.handles = handles
+        self.pad_id = pad_id
+        self.weights: list[Any] = []
+        self.version = -1
+        self.pending: list[Pending] = []
+        self.last: list[EngineBatch] = []
+        self.pids: list[int | None] = [None] * len(handles)
+        self.restarts = 0
+
+    def publish(self, actor: nn.Module, version: int) -> float:
+        """Put ``actor``'s weights in the object store as policy ``version`` and send them to
+        every engine (their loads run in the background); returns the seconds it took here."""
+        started = time.perf_counter()
+        state = {name: tensor.cpu().clone() for name, tensor in merged_weights(actor)}
+        self.weights, self.version = [ray.put(state)], version
+        for handle in self.handles:
+            handle.load.remote(self.weights, version)
+        return time.perf_counter() - started
+
+    def _launch(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        logprobs: bool,
+        hand_over: bool,
+    ) -> list[Any]:
+        """One sampling task per engine; with ``hand_over`` the first engine draws from the
+        trainer's RNG state itself, the others (all of them without) from seeds drawn from it."""
+        shares = torch.arange(len(prompt_ids)).tensor_split(len(self.handles))
+        seeds: list[Tensor | int] = [
+            int(torch.randint(0, 2**62, ())) for _ in range(len(self.handles) - hand_over)
+        ]
+        rngs = [torch.get_rng_state(), *seeds] if hand_over else seeds
+        return [
+            handle.sample.remote(
+                self.weights,
+                self.version,
+                prompt_ids[rows].cpu(),
+                prompt_mask[rows].cpu(),
+                settings,
+                logprobs,
+                rng,
+            )
+            for handle, rows, rng in zip(self.handles, shares, rngs, strict=True)
+        ]
+
+    def prefetch(
+        self,
+        iteration: int,
+        prompt_ids: list[list[int]],
+        settings: SamplingSettings,
+        with_logprobs: bool,
+    ) -> None:
+        """Launch the batch of ``iteration`` (its prompts' ids, repeated per group) now."""
+        tensor = pad_left(prompt_ids, self.pad_id)
+        mask = pad_left([[1] * len(row) for row in prompt_ids], 0)
+        futures = self._launch(tensor, mask, settings, with_logprobs, hand_over=False)
+        self.pending.append(Pending(iteration, tensor, futures))
+
+    def launched(self) -> list[int]:
+        return [p.iteration for p in self.pending]
+
+    def sample(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        settings: SamplingSettings,
+        with_logprobs: bool = False,
+    ) -> Samples:
+        head = self.pending[0] if self.pending else None
+        if head is not None and torch.equal(head.prompt_ids, prompt_ids.cpu()):
+            self.pending.pop(0)
+            batches = self._wait(head.futures)
+        else:
+            futures = self._launch(prompt_ids, prompt_mask, settings, with_logprobs, True)
+            batches = self._wait(futures)
+            torch.set_rng_state(batches[0].rng_state)
+        self.last = batches
+        for i, batch in enumerate(batches):
+            self.restarts += self.pids[i] not in (None, batch.pid)
+            self.pids[i] = batch.pid
+        device = prompt_ids.device
+        width = max(b.samples.response_ids.shape[1] for b in batches)
+        fields = {}
+        for name in ("response_ids", "response_mask", "logprobs", "entropy"):
+            parts = [getattr(b.samples, name) for b in batches]
+            if any(x is None for x in parts):
+                fields[name] = None
+                continue
+            value = self.pad_id if name == "response_ids" else 0
+            fields[name] = torch.cat([pad_to(x, width, value, left=False) for x in parts]).to(
+                device
+            )
+        return Samples(**fields)
+
+    def _wait(self, futures: list[Any]) -> list[EngineBatch]:
+        from ray.exceptions import RayActorError
+
+        try:
+            return answer(futures)
+        except RayActorError as error:  # Ray restarted it ray_engine_restarts times already
+            raise ProxrlError(
+                f"placement: a generation engine died and could not be restarted "
+                f"({type(error).__name__}); raise ray_engine_restarts or check its node"
+            ) from error
+
+    def metrics(self, iteration: int) -> dict[str, float]:
+        """The staleness and generation interval of the batch the rollout of ``iteration``
+        used, and the engines' restarts so far."""
+        if not self.last:
+            return {}
+        return {
+            "rollout/staleness": float(max(iteration - b.version for b in self.last)),
+            "rollout/engine_restarts": float(self.restarts),
+            "time/generate_start": min(b.started for b in self.last),
+            "time/generate_end": max(b.ended for b in self.last),
+        }

@@ -1,0 +1,292 @@
+"""``placement: ray``: the driver and the trainer actor.
+
+The driver (the ``proxrl`` process) starts a local Ray or joins a cluster (``ray_address``,
+else ``$RAY_ADDRESS``), checks the cluster can give every role its resources, and runs
+``loop.train_online`` in a trainer actor, which holds the policy, its optimizer and the critic
+(one update steps them together). From there ``RayRoles`` starts the other roles as actors the
+trainer owns: the reward sources, the reference and ``ray_engines`` generation engines, all of
+which go when the trainer does. A trainer that dies ends the run with a one-line error; its
+checkpoints are written atomically, so the last one is whole and ``--resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from torch import nn
+
+from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.placement.fields import RAY_INSTALL
+from proxrl.algos.online.roles import Models, load_models, measures_kl
+from proxrl.algos.online.rollout import prompt_order
+from proxrl.rollout.generation import SamplingSettings
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
+
+log = logging.getLogger(__name__)
+
+_ROLES: RayRoles | None = None  # set in the trainer actor while it runs the loop
+
+
+def trainer_roles() -> RayRoles | None:
+    return _ROLES
+
+
+def has_reference(cfg: OnlineConfig) -> bool:
+    """A reference model of its own (under LoRA the adapter-disabled policy is the reference)."""
+    return measures_kl(cfg) and not cfg.lora_r
+
+
+def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
+    """CPUs and GPUs the run's actors ask for, each with the sum that makes it up."""
+    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
+    if has_reference(cfg):
+        roles.append(("ray_reference", 1))
+    total = {}
+    for unit in ("cpus", "gpus"):
+        terms = [(n, getattr(cfg, f"{role}_{unit}"), f"{role}_{unit}") for role, n in roles]
+        amount = sum(n * x for n, x, _ in terms)
+        words = " + ".join(
+            f"{'ray_engines ' + str(n) + ' × ' if n > 1 else ''}{name} {x:.12g}"
+            for n, x, name in terms
+        )
+        total[unit] = (amount, words)
+    return total
+
+
+def check_address(address: str) -> None:
+    """A host:port that does not answer fails here in seconds, not after Ray's minute of
+    retries."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ProxrlError(f"ray_address: expected host:port or auto, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as error:
+        raise ProxrlError(
+            f"ray_address: no Ray cluster answers at {address} ({error.strerror or error}); "
+            "start one with ray start --head, or leave ray_address empty for a local Ray"
+        ) from error
+
+
+def connect(cfg: OnlineConfig) -> bool:
+    """Join the cluster the config or $RAY_ADDRESS names, else start a local Ray; True when
+    this call started or joined it (and so should leave it at the end)."""
+    try:
+        import ray
+    except ImportError as error:
+        raise ProxrlError(f"placement: ray needs the ray package: {RAY_INSTALL}") from error
+    if ray.is_initialized():
+        return False
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS", "")
+    if address and address != "auto" and not address.startswith("ray://"):
+        check_address(address)
+    if not address:  # a local Ray gets this machine's CPUs and GPUs: check before starting it
+        import torch
+
+        machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+        check_resources(cfg, machine, "this machine (for a local Ray)")
+    try:
+        ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
+    except ConnectionError as error:
+        raise ProxrlError(f"ray_address: {str(error).splitlines()[0]}") from error
+    return True
+
+
+def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -> None:
+    """Every role's CPUs and GPUs together fit in ``capacity`` (Ray's resource names)."""
+    for unit, key in (("cpus", "CPU"), ("gpus", "GPU")):
+        amount, words = requested(cfg)[unit]
+        if amount > capacity.get(key, 0.0) + 1e-9:
+            raise ProxrlError(
+                f"placement: the roles ask for {amount:.12g} {key}s ({words}), more than {where} "
+                f"has; lower the ray_*_{unit} fields"
+            )
+
+
+class TrainerActor:
+    """The process that runs the loop with the policy and critic (``loop.train_online``)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        from proxrl.algos.online.placement.ray_roles import join_paths
+
+        join_paths(paths)
+
+    def train(self, cfg: OnlineConfig, algo: Algorithm) -> tuple[str, Any]:
+        """("ok", the last metrics row), or ("error", (class name, message, exit code)) for
+        an error the user can act on, re-raised by the driver as the same one line."""
+        global _ROLES
+        from proxrl.algos.online.loop import train_online
+
+        logging.basicConfig(level=logging.INFO)
+        _ROLES = RayRoles(cfg)
+        try:
+            return "ok", train_online(cfg, algo)
+        except ProxrlError as error:
+            return "error", (type(error).__name__, str(error), error.exit_code)
+        finally:
+            _ROLES = None
+
+
+def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
+    if name == "RunFinished":
+        return RunFinished(message)
+    if name == "Interrupted":
+        return Interrupted(message, exit_code - 128)
+    return ProxrlError(message)
+
+
+def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
+    """Run the loop in a trainer actor; the driver waits, and leaves the Ray it started."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    if dist.world_size() > 1:
+        raise ProxrlError("placement: ray starts the run's processes itself; launch it once")
+    owns = connect(cfg)
+    trainer = None
+    try:
+        check_resources(cfg, ray.cluster_resources(), "the Ray cluster")
+        trainer = (
+            ray.remote(TrainerActor)
+            .options(
+                num_cpus=cfg.ray_trainer_cpus,
+                num_gpus=cfg.ray_trainer_gpus,
+                max_restarts=0,
+                name=f"proxrl-{os.getpid()}-{time.time_ns()}-trainer",
+                namespace="proxrl",
+            )
+            .remote(list(sys.path))
+        )
+        try:
+            status, value = ray.get(trainer.train.remote(cfg, algo))
+        except RayActorError as error:
+            raise ProxrlError(
+                f"placement: the trainer actor died ({type(error).__name__}); the last "
+                f"checkpoint in {cfg.output_dir} is whole: --resume continues the run"
+            ) from error
+        if status == "error":
+            raise reraised(*value)
+        return value
+    finally:
+        if trainer is not None:
+            ray.kill(trainer)  # and with it every role actor it owns
+        if owns:
+            ray.shutdown()
+
+
+def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
+    return SamplingSettings(
+        cfg.max_new_tokens,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.top_p,
+        cfg.stop_strings,
+        min_p=cfg.min_p,
+    )
+
+
+class RayRoles:
+    """The trainer actor's roles: the reward sources, the reference and the engines in actors
+    of their own, started here (so owned by the trainer)."""
+
+    def __init__(self, cfg: OnlineConfig) -> None:
+        self.cfg = cfg
+        self.pool: Any = None
+        self.update_started = 0.0
+
+    def _actor(self, cls: type, role: str, **options: Any) -> Any:
+        import ray
+
+        handle = (
+            ray.remote(cls)
+            .options(
+                num_cpus=getattr(self.cfg, f"ray_{role}_cpus"),
+                num_gpus=getattr(self.cfg, f"ray_{role}_gpus"),
+                namespace="proxrl",
+                **options,
+            )
+            .remote(self.cfg, list(sys.path))
+        )
+        return handle
+
+    @staticmethod
+    def _ready(handles: list[Any]) -> None:
+        import ray
+
+        for error in ray.get([h.ready.remote() for h in handles]):
+            if error is not None:
+                raise ProxrlError(error)
+
+    def rewards(self, cfg: OnlineConfig) -> Any:
+        from proxrl.algos.online.placement.ray_roles import RemoteRewards, RewardActor
+
+        handle = self._actor(RewardActor, "reward")
+        self._ready([handle])
+        return RemoteRewards(handle)
+
+    def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
+        import ray
+
+        from proxrl.algos.online.placement.ray_roles import (
+            EngineActor,
+            EnginePool,
+            ReferenceActor,
+            RemoteReference,
+        )
+
+        run = (ray.get_runtime_context().get_actor_name() or "proxrl").removesuffix("-trainer")
+        engines = [
+            self._actor(
+                EngineActor,
+                "engine",
+                name=f"{run}-engine-{i}",
+                max_restarts=cfg.ray_engine_restarts,
+                max_task_retries=cfg.ray_engine_restarts,
+            )
+            for i in range(cfg.ray_engines)
+        ]
+        reference = (
+            self._actor(ReferenceActor, "reference", name=f"{run}-reference")
+            if has_reference(cfg)
+            else None
+        )
+        models = load_models(cfg, algo, with_reference=False)  # while the actors load
+        self._ready(engines + ([reference] if reference is not None else []))
+        self.pool = EnginePool(engines, models.tokenizer.pad_token_id)
+        return replace(
+            models,
+            reference=RemoteReference(reference) if reference is not None else models.reference,
+            engines=self.pool,
+        )
+
+    def start(self, actor: nn.Module, iteration: int) -> None:
+        self.pool.publish(actor, iteration)
+
+    def before_update(self, iteration: int, prompt_ids: list[list[int]]) -> None:
+        """Launch the batches up to ``max_staleness`` iterations ahead (async_rollout) with the
+        weights the engines hold now, then note when the update starts."""
+        cfg = self.cfg
+        if cfg.async_rollout:
+            self.pool.pending = [p for p in self.pool.pending if p.iteration > iteration]
+            ahead = range(iteration + 1, min(iteration + cfg.max_staleness, cfg.iterations - 1) + 1)
+            for later in ahead:
+                if later in self.pool.launched():
+                    continue
+                order = prompt_order(len(prompt_ids), cfg.rollout_batch_size, later, cfg.seed)
+                ids = [prompt_ids[i] for i in order for _ in range(cfg.group_size)]
+                self.pool.prefetch(later, ids, sampling_settings(cfg), with_logprobs=True)
+        self.update_started = time.time()
+
+    def after_update(self, actor: nn.Module, iteration: int) -> dict[str, float]:
+        ended = time.time()
+        metrics = self.pool.metrics(iteration - 1)
+        metrics["time/update_start"], metrics["time/update_end"] = self.update_started, ended
+        metrics["time/weight_sync_s"] = self.pool.publish(actor, iteration)
+        return metrics

@@ -1,0 +1,36 @@
+"""tests/ray: ``placement: ray`` on a local Ray of 2 CPUs, started once per module (Ray's start
+is seconds on a shared machine); without the ray package these tests are not collected."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ALGOS_TESTS = Path(__file__).resolve().parent.parent / "algos"
+sys.path.insert(0, str(ALGOS_TESTS))  # lm_tasks, online_rewards
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ray_rewards
+
+from lm_tasks import CORPUS  # noqa: E402
+
+from proxrl.models.tiny import build_tiny_lm  # noqa: E402
+
+collect_ignore_glob = [] if importlib.util.find_spec("ray") is not None else ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny Llama + byte-level BPE tokenizer, saved to a temp dir (as in tests/algos)."""
+    return str(build_tiny_lm(tmp_path_factory.mktemp("tiny") / "lm", CORPUS))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module's runs (a run joins a Ray already started, and leaves it)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,38 @@
+"""Reward functions of the Ray tests that also kill a role actor mid-run, as a crash would.
+
+They run in the reward actor, which counts its calls: the kill comes at a fixed point of the
+run (after the sampling of a given iteration), and a resumed run's fresh reward actor counts
+from zero again.
+"""
+
+from __future__ import annotations
+
+from online_rewards import target_fraction
+
+CALLS = {"n": 0}
+
+
+def _kill(suffix: str) -> None:
+    import ray
+
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "proxrl" and actor["name"].endswith(suffix):
+            ray.kill(ray.get_actor(actor["name"], namespace="proxrl"), no_restart=False)
+            return
+    raise RuntimeError(f"no actor named *{suffix}")
+
+
+def kill_engine_at_second_call(prompts: list[str], completions: list[str], **columns: list):
+    """target_fraction; at its second call, generation engine 0 is killed (Ray restarts it)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 2:
+        _kill("-engine-0")
+    return target_fraction(prompts, completions, **columns)
+
+
+def kill_trainer_at_third_call(prompts: list[str], completions: list[str], **columns: list):
+    """target_fraction; at its third call, the trainer actor is killed (the run stops)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        _kill("-trainer")
+    return target_fraction(prompts, completions, **columns)

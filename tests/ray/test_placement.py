@@ -1,0 +1,203 @@
+"""``placement: ray`` on a tiny float64 model: the same run as in one process, generation one
+step ahead within its staleness bound, and faults a run survives or stops from cleanly."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from proxrl.algos.online import ppo
+from proxrl.algos.online.placement.ray_run import sampling_settings
+from proxrl.cli import main
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
+
+WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in WORDS))
+    return str(path)
+
+
+def config(tiny_lm: str, prompts: str, out: Path, **overrides) -> ppo.Config:
+    fields = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("online_rewards:target_fraction",),
+        output_dir=str(out),
+        iterations=3,
+        rollout_batch_size=4,
+        group_size=2,
+        max_new_tokens=6,
+        temperature=1.0,
+        mini_batch_size=4,
+        ppo_epochs=2,
+        learning_rate=3e-3,
+        kl_coef=0.05,
+        dtype="float64",
+        progress=False,
+        seed=5,
+    )
+    return ppo.Config(**(fields | overrides))
+
+
+def losses(out: Path) -> list[dict[str, float]]:
+    """Each row's metrics but timings, the placement's own and the reward's name."""
+    skip = ("time/", "perf/", "rollout/", "reward/")
+    return [{k: v for k, v in row.items() if not k.startswith(skip)} for row in read_metrics(out)]
+
+
+def assert_same_run(out: Path, expected: Path) -> None:
+    """The same metrics (losses, KL, scores, advantages) to round-off, the same final weights."""
+    rows, want = losses(out), losses(expected)
+    assert [sorted(r) for r in rows] == [sorted(r) for r in want]
+    for a, b in zip(want, rows, strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (a["step"], key)
+    a, b = load_file(expected / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_lm, prompts, tmp_path_factory) -> Path:
+    """The reference run: every role in this process."""
+    out = tmp_path_factory.mktemp("in_process") / "run"
+    ppo.train(config(tiny_lm, prompts, out))
+    first = load_file(Path(tiny_lm) / "model.safetensors")
+    final = load_file(out / "model.safetensors")
+    assert any(not torch.equal(first[k].double(), final[k]) for k in first), "nothing trained"
+    return out
+
+
+def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart(
+    local_ray, tiny_lm, prompts, in_process, tmp_path
+):
+    """Trainer, reference, reward and engine actors give the same metrics to round-off and the
+    same final weights as the run in one process, on the same seed, even though engine 0 is
+    killed after the second batch is sampled: Ray restarts it, it loads the latest weights
+    before it samples again, and the third batch is the one the undisturbed engine would draw."""
+    reward = ("ray_rewards:kill_engine_at_second_call",)
+    ppo.train(config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward))
+    rows = read_metrics(tmp_path)
+    assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0]
+    assert [r["rollout/staleness"] for r in rows] == [0.0] * 3
+    assert_same_run(tmp_path, in_process)
+
+
+def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """A sampling task that reaches a restarted engine (Ray's retry of a task the dead one was
+    given, or one sent while it restarted) loads the weights the request names from the object
+    store before sampling: the same tokens and log-probs as before the kill."""
+    from proxrl.algos.online.placement.ray_roles import EngineActor, EnginePool
+    from proxrl.models.causal_lm import load_causal_lm
+
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    engine = (
+        local_ray.remote(EngineActor)
+        .options(num_cpus=0.25, max_restarts=1, max_task_retries=1)
+        .remote(cfg, list(sys.path))
+    )
+    pool = EnginePool([engine], pad_id=0)
+    policy = load_causal_lm(tiny_lm, dtype="float64")
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(1.5)  # weights the engine cannot have read from disk
+    pool.publish(policy, version=7)
+    prompt_ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    prompt_mask = (prompt_ids != 0).long()
+    settings = sampling_settings(cfg)
+    torch.manual_seed(0)
+    before = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
+    local_ray.kill(engine, no_restart=False)
+    torch.manual_seed(0)
+    after = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
+    assert pool.restarts == 1
+    assert torch.equal(after.response_ids, before.response_ids)
+    torch.testing.assert_close(after.logprobs, before.logprobs, rtol=0, atol=0)
+    local_ray.kill(engine, no_restart=True)
+
+
+def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
+    local_ray, tiny_lm, prompts, in_process, tmp_path
+):
+    """The trainer actor is killed in the third iteration: one-line error, the checkpoint of
+    iteration 2 whole; --resume continues from it to the run an undisturbed one gives."""
+    reward = ("ray_rewards:kill_trainer_at_third_call",)
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward, save_every=1)
+    with pytest.raises(ProxrlError, match="the trainer actor died.*--resume continues"):
+        ppo.train(cfg)
+    assert not (tmp_path / "model.safetensors").exists()
+    ppo.train(replace(cfg, resume=True))
+    assert_same_run(tmp_path, in_process)
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_async_rollout_overlaps_the_update_within_the_staleness_bound_and_learns(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """GRPO with batch k+1 generated while batch k trains (max_staleness 1), the engine's
+    log-probs as the behaviour policy's and TIS against them: every sample is exactly one
+    policy version old after the first batch, each generation interval intersects the previous
+    update's, and the reward still rises."""
+    from proxrl.algos.online import grpo
+
+    fields = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("online_rewards:target_fraction",),
+        output_dir=str(tmp_path),
+        iterations=30,
+        rollout_batch_size=8,
+        group_size=4,
+        max_new_tokens=8,
+        temperature=1.0,
+        mini_batch_size=16,
+        ppo_epochs=2,
+        learning_rate=3e-3,
+        progress=False,
+        seed=3,
+        placement="ray",
+        async_rollout=True,
+        max_staleness=1,
+        sampler_logprobs=True,
+        rollout_correction="tis",
+    )
+    grpo.train(grpo.Config(**fields))
+    rows = read_metrics(tmp_path)
+    assert [r["rollout/staleness"] for r in rows] == [0.0] + [1.0] * 29
+    for before, after in zip(rows[:-1], rows[1:], strict=True):
+        update = (before["time/update_start"], before["time/update_end"])
+        generation = (after["time/generate_start"], after["time/generate_end"])
+        assert overlaps(update, generation), (before["step"], update, generation)
+    history = [r["objective/scores"] for r in rows]
+    assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
+
+
+def test_placement_ray_without_the_ray_package_is_one_line(
+    tiny_lm, prompts, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    argv = ["ppo", "--model", tiny_lm, "--prompts", prompts, "--reward-fn", "os:getcwd"]
+    code = main([*argv, "--placement", "ray", "--output-dir", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "proxrl ppo: error: placement: ray needs the ray package: "
+        "pip install 'proxrl[ray]' (or pip install ray)"
+    )
+    assert not (tmp_path / "run").exists()
