@@ -285,3 +285,21 @@ def test_reinforce_pp_baseline_by_hand():
     kl_rewards = t([[-0.1, -0.2], [-0.3, 0.0]])
     expected = t([[-0.7, -0.6], [1.3, 0.0]]) / math.sqrt(1.27 + 1e-8)
     close(reinforce_pp_baseline_advantages(t([1.0, 3.0]), 2, kl_rewards, mask), expected)
+
+
+def test_gae_flows_across_observation_tokens_by_hand():
+    """A two-turn episode: model tokens at t = 0, 1 and 4, an observation at t = 2, 3 (its
+    reward 7 and value 9 must never be read). γ = 0.9, λ = 0.8, γλ = 0.72; as veRL checks its
+    multi-turn GAE, the advantages are those of the three model tokens alone, side by side:
+
+    δ_4 = r_4 − V_4 = 1 − 0.6 = 0.4;                      A_4 = 0.4
+    δ_1 = r_1 + γ·V_4 − V_1 = 0.5 + 0.54 − 0.4 = 0.64;    A_1 = 0.64 + 0.72·0.4 = 0.928
+    δ_0 = r_0 + γ·V_1 − V_0 = 0 + 0.36 − 0.2 = 0.16;      A_0 = 0.16 + 0.72·0.928 = 0.82816
+    returns = A + V: 1.02816, 1.328, 1.0; 0 at the observation. Row 2 is the same episode with
+    the observation removed (its three model tokens first, then padding)."""
+    rewards = t([[0.0, 0.5, 7.0, 7.0, 1.0], [0.0, 0.5, 1.0, 0.0, 0.0]])
+    values = t([[0.2, 0.4, 9.0, 9.0, 0.6], [0.2, 0.4, 0.6, 0.0, 0.0]])
+    mask = t([[1, 1, 0, 0, 1], [1, 1, 1, 0, 0]])
+    advantages, returns = gae(rewards, values, mask, 0.9, 0.8)
+    close(advantages, t([[0.82816, 0.928, 0, 0, 0.4], [0.82816, 0.928, 0.4, 0, 0]]))
+    close(returns, t([[1.02816, 1.328, 0, 0, 1.0], [1.02816, 1.328, 1.0, 0, 0]]))

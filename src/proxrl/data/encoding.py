@@ -108,14 +108,12 @@ def render_conversation(
     add_generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The chat template applied to ``messages`` (``role: content`` lines without one; an
-    assistant's tool calls as their JSON on its line)."""
+    """The chat template applied to ``messages``, offering ``tools`` (JSON schemas) when given
+    (``role: content`` lines without a template; an assistant's tool calls as their JSON on its
+    line)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            messages,
-            tools=tools or None,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
         )
         return str(text)
     text = "".join(
@@ -133,8 +131,9 @@ def encode_prompt_text(
     messages: list[Message] | None,
     tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Prompt ids: a chat-templated conversation (the template writes its own special tokens)
-    or a plain string (with the tokenizer's BOS if it adds one)."""
+    """Prompt ids: a chat-templated conversation (the template writes its own special tokens;
+    ``tools``: the JSON schemas it offers) or a plain string (with the tokenizer's BOS if it
+    adds one)."""
     if messages is not None:
         text = render_conversation(tokenizer, messages, add_generation_prompt=True, tools=tools)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])

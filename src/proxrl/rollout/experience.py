@@ -1,7 +1,8 @@
 """The record that carries one rollout from sampling to the update.
 
 B responses (prompts × group size, a prompt's G samples consecutive), P prompt columns (left
-padded), T response columns (right padded after the stop token).
+padded), T response columns (right padded after the stop token). A multi-turn episode's response
+holds the model's turns and the observations between them (``action_mask`` tells them apart).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ class Experience:
     # padding; None without a rollout_correction
     truncated: Tensor | None = None  # (B,) bool, True where the response hit max_new_tokens
     # without stopping (an EOS or a stop string); None from a rollout that did not record it
+    action_mask: Tensor | None = None  # (B, T) 1 at tokens the model sampled, 0 at observation
+    # tokens and padding; None for single-turn (then response_mask)
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """(B, T) the tokens every loss, KL, entropy, value loss, advantage and token count
+        reads: the model's own (``action_mask``), or the response's for a single turn.
+        Attention reads ``response_mask``: observation tokens are context, not actions."""
+        return self.response_mask if self.action_mask is None else self.action_mask
 
     @property
     def input_ids(self) -> Tensor:

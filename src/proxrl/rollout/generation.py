@@ -43,6 +43,8 @@ class Samples:
     logprobs: Tensor | None = None  # (B, T) log π(a_t|s_t) of the processed distribution the
     # sampler drew from (temperature, top-k, top-p, min-p: ``core.processed_logprobs``)
     entropy: Tensor | None = None  # (B, T) entropy of that processed distribution
+    action_mask: Tensor | None = None  # (B, T) 1 at the tokens the model sampled, 0 at an
+    # episode's observation tokens and padding; None for single-turn responses (all sampled)
 
 
 class Sampler(Protocol):

@@ -34,8 +34,14 @@ RewardFn = Callable[..., Sequence[float]]
 
 
 def load_reward_function(spec: str) -> RewardFn:
-    """``"package.module:function"`` → the function; a one-line error when it is not there. A
-    handle of a function given to the Python API (``runtime.objects``) is that function.
+    """``"package.module:function"`` → the function (``import_function``, for ``reward_fn``)."""
+    return import_function(spec, "reward_fn")
+
+
+def import_function(spec: str, field: str) -> Callable[..., Any]:
+    """``"package.module:function"`` → the function; a one-line error naming ``field`` when it
+    is not there. A handle of a function given to the Python API (``runtime.objects``) is that
+    function.
 
     The module is looked up on the import path and then in the working directory, so a local
     ``myreward.py`` loads under the ``proxrl`` console script as under ``python -m proxrl`` (the
@@ -44,7 +50,7 @@ def load_reward_function(spec: str) -> RewardFn:
         return objects.lookup(spec)  # type: ignore[no-any-return]
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise ProxrlError(f"reward_fn: expected 'module:function', got '{spec}'")
+        raise ProxrlError(f"{field}: expected 'module:function', got '{spec}'")
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
@@ -53,15 +59,15 @@ def load_reward_function(spec: str) -> RewardFn:
     except ModuleNotFoundError as exc:
         if exc.name is not None and f"{module_name}.".startswith(f"{exc.name}."):
             raise ProxrlError(
-                f"reward_fn: no module named '{exc.name}' on the import path (the working "
+                f"{field}: no module named '{exc.name}' on the import path (the working "
                 f"directory {cwd}, PYTHONPATH, the installed packages)"
             ) from None
-        raise ProxrlError(f"reward_fn: cannot import module '{module_name}' ({exc})") from exc
+        raise ProxrlError(f"{field}: cannot import module '{module_name}' ({exc})") from exc
     except ImportError as exc:
-        raise ProxrlError(f"reward_fn: cannot import module '{module_name}' ({exc})") from exc
+        raise ProxrlError(f"{field}: cannot import module '{module_name}' ({exc})") from exc
     fn = getattr(module, attribute, None)
     if not callable(fn):
-        raise ProxrlError(f"reward_fn: module '{module_name}' has no function '{attribute}'")
+        raise ProxrlError(f"{field}: module '{module_name}' has no function '{attribute}'")
     return fn  # type: ignore[no-any-return]
 
 

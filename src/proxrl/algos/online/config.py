@@ -199,6 +199,17 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     offload_frozen_roles: bool = False
     """Keep the reference and reward models on the CPU (their forward passes run there), freeing
     accelerator memory for the actor and critic."""
+    environment: str | None = None
+    """Multi-turn episodes: a module:factory whose factory() makes each episode's Environment
+    (rollout/environment.py; None: single-turn responses)."""
+    max_turns: Annotated[int, Range(ge=1)] = 4
+    """environment: most model turns per episode."""
+    max_episode_tokens: Annotated[int, Range(ge=1)] = 512
+    """environment: most model + observation tokens per episode after its prompt (a model turn
+    also stops at max_new_tokens)."""
+    tool_call_format: str = "hermes"
+    """environment: how tool calls are parsed from a model turn: hermes (Hermes / Qwen 2.5:
+    <tool_call>{"name": ..., "arguments": {...}}</tool_call>)."""
 
     def __post_init__(self) -> None:
         if self.reward_model is None or isinstance(self.reward_model, str):  # Python callers
@@ -231,7 +242,12 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
     @property
     def aggregation(self) -> Aggregation:
         """``loss_aggregation`` bound to Dr. GRPO's constant horizon, the generation budget."""
-        return aggregation(self.loss_aggregation, self.max_new_tokens)
+        return aggregation(self.loss_aggregation, self.response_horizon)
+
+    @property
+    def response_horizon(self) -> int:
+        """The most tokens a response holds: max_new_tokens, or a whole episode's budget."""
+        return self.max_new_tokens if self.environment is None else self.max_episode_tokens
 
     def validate(self) -> None:
         super().validate()
@@ -240,10 +256,15 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
-        if not self.reward_model and not self.reward_fn:
+        if not self.reward_model and not self.reward_fn and self.environment is None:
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both"
             )
+        if self.environment is not None:
+            from proxrl.rollout.environment import load_environment_factory, tool_call_parser
+
+            tool_call_parser(self.tool_call_format)
+            load_environment_factory(self.environment)
         sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
@@ -347,7 +368,7 @@ def _ppo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, d
         logprobs,
         mb.logprobs,
         mb.advantages,
-        mb.response_mask.float(),
+        mb.loss_mask.float(),
         cfg.clip,
         cfg.clip_high,
         cfg.dual_clip,
@@ -356,7 +377,7 @@ def _ppo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, d
 
 
 def _gspo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-    mask = mb.response_mask.float()
+    mask = mb.loss_mask.float()
     return gspo_loss(
         logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
     )
@@ -365,7 +386,7 @@ def _gspo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, 
 def _gspo_token(
     cfg: OnlineConfig, logprobs: Tensor, mb: Experience
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    mask = mb.response_mask.float()
+    mask = mb.loss_mask.float()
     return gspo_token_loss(
         logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
     )
@@ -374,7 +395,7 @@ def _gspo_token(
 def _cispo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
     """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
     clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
-    mask = mb.response_mask.float()
+    mask = mb.loss_mask.float()
     return cispo_loss(logprobs, mb.logprobs, mb.advantages, mask, clip_high, None, cfg.aggregation)
 
 

@@ -166,14 +166,14 @@ class _TrainedCritic(Critic):
             new_values,
             mb.values,
             mb.returns,
-            mb.response_mask.float(),
+            mb.loss_mask.float(),
             self.settings.value_clip,
             loss_agg,
         )
         return self.settings.vf_coef * v_loss, stats
 
     def rollout_metrics(self, experience: Experience) -> dict[str, float]:
-        mask = experience.response_mask.float()
+        mask = experience.loss_mask.float()
         return {
             "value/explained_var": explained_variance(
                 experience.values, experience.returns, mask

@@ -116,7 +116,12 @@ def without_truncated(experience: Experience) -> Experience:
     if experience.truncated is None:
         raise ValueError("mask_truncated: the rollout did not record which responses were cut")
     keep = (~experience.truncated).to(experience.response_mask.dtype).unsqueeze(1)
-    return replace(experience, response_mask=experience.response_mask * keep)
+    actions = experience.action_mask
+    return replace(
+        experience,
+        response_mask=experience.response_mask * keep,
+        action_mask=None if actions is None else actions * keep,
+    )
 
 
 def dynamic_rollout(

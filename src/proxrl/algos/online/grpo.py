@@ -110,7 +110,7 @@ Estimate = tuple[Tensor, Tensor, Tensor]
 
 def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     """Group baseline; the KL is paid in the loss, so the return is the score."""
-    mask, returns = exp.response_mask.float(), exp.scores
+    mask, returns = exp.loss_mask.float(), exp.scores
     if cfg.rank_weight == 1:
         advantages = rank_advantages(returns, cfg.group_size)
     elif cfg.rank_weight:
@@ -121,7 +121,7 @@ def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
 
 
 def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
-    mask = exp.response_mask.float()
+    mask = exp.loss_mask.float()
     return exp.scores - kl_coef * sequence_kl(
         exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator
     )
@@ -132,7 +132,7 @@ def _sequence_estimator(baseline):  # type: ignore[no-untyped-def]
     sequence return."""
 
     def estimate(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
-        mask = exp.response_mask.float()
+        mask = exp.loss_mask.float()
         returns = _kl_paid_return(cfg, exp, kl_coef)
         advantages = baseline(cfg, exp, returns)
         return (
@@ -154,7 +154,7 @@ def _remax_baseline(cfg: Config, exp: Experience, returns: Tensor) -> Tensor:
 
 def _reinforce_pp(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     """Per-token KL-shaped rewards, reward-to-go whitened over the batch."""
-    mask = exp.response_mask.float()
+    mask = exp.loss_mask.float()
     rewards = shaped_rewards(
         exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
     )
@@ -167,7 +167,7 @@ def _reinforce_pp(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
 
 def _reinforce_pp_baseline(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     """As reinforce_pp, with the group mean subtracted from each score first."""
-    mask = exp.response_mask.float()
+    mask = exp.loss_mask.float()
     kl_rewards = shaped_rewards(
         torch.zeros_like(exp.scores),
         exp.logprobs,
@@ -204,7 +204,7 @@ def build(cfg: Config) -> Algorithm:
     if cfg.estimator == "reinforce":  # on-policy: no ratio to clip
 
         def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-            mask = mb.response_mask.float()
+            mask = mb.loss_mask.float()
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.aggregation)
     else:
         policy_loss = surrogate(cfg)

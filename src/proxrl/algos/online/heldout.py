@@ -130,10 +130,10 @@ def stop_reason(state: EarlyStopState, patience: int | None, on_hacking: bool) -
 
 
 def load_eval_prompts(
-    path: str, tokenizer: Any, max_length: int
+    path: str, tokenizer: Any, max_length: int, tools: list[dict[str, Any]] | None = None
 ) -> tuple[list[PromptExample], list[list[int]]]:
     examples = load_prompt_examples(path)
-    kept = [(e, encode_prompt_text(tokenizer, e.prompt, e.messages)) for e in examples]
+    kept = [(e, encode_prompt_text(tokenizer, e.prompt, e.messages, tools)) for e in examples]
     kept = [(e, ids) for e, ids in kept if len(ids) <= max_length]
     if not kept:
         raise ProxrlError(f"every prompt in {path} is longer than max_prompt_length")
@@ -154,9 +154,11 @@ class HeldOut:
             )
         except ProxrlError as exc:
             raise ProxrlError(f"eval_reward_fn: {str(exc).removeprefix('reward_fn: ')}") from exc
+        from proxrl.algos.online.episodes import environment_tools  # (imports the config)
+
         try:
             self.prompts, self.prompt_ids = load_eval_prompts(
-                cfg.eval_data, tokenizer, cfg.max_prompt_length
+                cfg.eval_data, tokenizer, cfg.max_prompt_length, environment_tools(cfg)
             )
         except ProxrlError as exc:
             raise ProxrlError(f"eval_data: {str(exc).removeprefix('eval_data: ')}") from exc
@@ -186,7 +188,10 @@ class HeldOut:
 
     @torch.no_grad()
     def evaluate(self, models: Any, done: int) -> dict[str, float]:
-        """Answer every held-out prompt once and score the answers."""
+        """Answer every held-out prompt once (a whole episode, with an environment) and score
+        the answers."""
+        from proxrl.algos.online.episodes import sample_responses
+
         cfg, tokenizer, actor = self.cfg, models.tokenizer, models.actor
         settings = SamplingSettings(
             cfg.max_new_tokens,
@@ -202,6 +207,7 @@ class HeldOut:
         actor.eval()
         completions: list[str] = []
         lengths: list[float] = []
+        outputs = []  # the episodes carry their environment's rewards
         # its own random stream: sampled evaluations leave the training's untouched (resume)
         with (
             torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
@@ -216,11 +222,17 @@ class HeldOut:
                         if cfg.stop_strings
                         else CachedSampler(whole, tokenizer)
                     )
-                    out = sampler.sample(
+                    out = sample_responses(
+                        cfg,
+                        sampler,
+                        tokenizer,
+                        self.prompts[start : start + cfg.eval_batch_size],
                         pad_left(ids, tokenizer.pad_token_id).to(device),
                         pad_left([[1] * len(r) for r in ids], 0).to(device),
                         settings,
+                        with_logprobs=False,
                     )
+                    outputs.append(out)
                 mask = out.response_mask
                 completions += tokenizer.batch_decode(
                     out.response_ids * mask + tokenizer.pad_token_id * (1 - mask),
@@ -233,6 +245,8 @@ class HeldOut:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
         reward, _ = self.rewards(self.prompts, completions, columns)
+        if cfg.environment is not None:  # and each episode's reward from its environment
+            reward = reward + torch.cat([out.scores for out in outputs])
         score = reward if self.metric is None else self.metric(self.prompts, completions, columns)
         return {
             "eval/score": score.mean().item(),

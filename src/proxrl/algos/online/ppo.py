@@ -95,7 +95,7 @@ class Config(OnlineConfig):
 
 def build(cfg: Config) -> Algorithm:
     def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
-        mask = exp.response_mask.float()
+        mask = exp.loss_mask.float()
         rewards = shaped_rewards(
             exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
         )
@@ -112,7 +112,7 @@ def build(cfg: Config) -> Algorithm:
     )
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        mask = mb.response_mask.float()
+        mask = mb.loss_mask.float()
         if cfg.surrogate == "penalty":
             return ppo_penalty_loss(
                 logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation

@@ -12,6 +12,7 @@ from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
+from proxrl.algos.online.episodes import environment_tools
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import load_causal_lm
@@ -89,8 +90,9 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
     examples = load_prompt_examples(cfg.prompts)
     check_tokenizer_on(tokenizer, examples)
     kept, ids = [], []
+    tools = environment_tools(cfg)  # what the prompts offer an episode's environment
     for example in examples:
-        encoded = encode_prompt_text(tokenizer, example.prompt, example.messages)
+        encoded = encode_prompt_text(tokenizer, example.prompt, example.messages, tools)
         if len(encoded) <= cfg.max_prompt_length:
             kept.append(example)
             ids.append(encoded)

@@ -15,6 +15,7 @@ import torch
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
+from proxrl.algos.online.episodes import responses_stopped, sample_responses, score_responses
 from proxrl.algos.online.roles import Models
 from proxrl.core import (
     combine_correction_stats,
@@ -38,7 +39,6 @@ from proxrl.rollout.generation import (
     HFSampler,
     Sampler,
     SamplingSettings,
-    stopped,
 )
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
@@ -220,8 +220,15 @@ def collect_rollout(
     )  # a value head needs the forward pass
     old_pass = old_logprobs_pass(cfg, algo, critic)  # False: the update's forward gives π_old
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        samples = make_sampler(cfg, whole, tokenizer).sample(
-            prompt_tensor, prompt_mask, settings, with_logprobs=use_sampler_logprobs or correct
+        samples = sample_responses(  # (or whole episodes, with an environment)
+            cfg,
+            make_sampler(cfg, whole, tokenizer),
+            tokenizer,
+            batch_prompts,
+            prompt_tensor,
+            prompt_mask,
+            settings,
+            with_logprobs=use_sampler_logprobs or correct,
         )
     response_ids, response_mask = samples.response_ids, samples.response_mask
     if not response_mask.any(-1).all():  # an empty response cannot carry a score
@@ -238,9 +245,9 @@ def collect_rollout(
     for p in batch_prompts:
         for key, value in getattr(p, "columns", {}).items():
             columns[key].append(value)
-    scores, parts = rewards(batch_prompts, completions, dict(columns))
+    scores, parts = score_responses(samples, rewards, batch_prompts, completions, dict(columns))
     raw_scores = scores.clone()
-    ended = stopped(response_mask, response_ids, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     if cfg.no_stop_penalty is not None:
         penalised = (
             scores - cfg.no_stop_penalty
@@ -258,16 +265,20 @@ def collect_rollout(
     greedy_scores = None
     if algo.needs_greedy:
         with dist.gathered_for_generation(actor) as whole:
-            greedy = make_sampler(cfg, whole, tokenizer).sample(
+            greedy = sample_responses(
+                cfg,
+                make_sampler(cfg, whole, tokenizer),
+                tokenizer,
+                prompts,
                 pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
                 pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
                 SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
+                with_logprobs=False,
             )
         greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
         prompt_columns = {k: v[::group] for k, v in columns.items()}
-        greedy_scores = (
-            rewards(prompts, greedy_text, prompt_columns)[0].repeat_interleave(group).to(device)
-        )
+        greedy_scores = score_responses(greedy, rewards, prompts, greedy_text, prompt_columns)
+        greedy_scores = greedy_scores[0].repeat_interleave(group).to(device)
     timings["time/score_s"] = time.perf_counter() - started
 
     # Forward passes of the policy, the reference and the critic over the sampled tokens.
@@ -322,7 +333,7 @@ def collect_rollout(
                     ).to(device)
                 )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
-    mask = response_mask.float()
+    mask = (response_mask if samples.action_mask is None else samples.action_mask).float()
     experience = Experience(
         prompt_ids=prompt_tensor,
         prompt_mask=prompt_mask,
@@ -337,11 +348,11 @@ def collect_rollout(
         returns=torch.zeros_like(mask),
         greedy_scores=greedy_scores,
         truncated=~ended.to(device),
+        action_mask=samples.action_mask,
     )
     correction_metrics: dict[str, float] = {}
     correction_tokens = 0.0
     if correct:
-        mask = response_mask.float()
         log_ratio = experience.logprobs - samples.logprobs.float()  # type: ignore[union-attr]
         experience.rollout_weights = CORRECTIONS[cfg.rollout_correction](log_ratio, mask, cfg)
         stats = correction_stats(
@@ -362,7 +373,7 @@ def collect_rollout(
         experience, raw_scores, ended, entropy[0], completions = gather_rollout(
             experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id
         )
-        scores, mask = experience.scores, experience.response_mask.float()
+        scores, mask = experience.scores, experience.loss_mask.float()
         parts = dist.all_reduce_mean(dict(parts))
         if correction_metrics:
             correction_metrics = gathered_correction_stats(correction_metrics, correction_tokens)

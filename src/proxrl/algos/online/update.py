@@ -80,7 +80,7 @@ def update(
         ):
             # The normaliser of every loss term is counted on the whole minibatch before its
             # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
-            total_units = cfg.aggregation.units(experience.response_mask[minibatch])
+            total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
             if total_units == 0:  # every row masked out (mask_truncated): nothing to learn from
                 continue
             for opt in optimizers:
@@ -107,7 +107,7 @@ def update(
                             experience,
                             record,
                         ),
-                        lambda rows: float(cfg.aggregation.units(experience.response_mask[rows])),
+                        lambda rows: float(cfg.aggregation.units(experience.loss_mask[rows])),
                         float(total_units) / world if sharded else float(total_units),
                     )
                 )
@@ -175,7 +175,7 @@ class OnPolicyRecord:
         if not bool((seen == 1).all()):
             raise ValueError("every rollout row must reach the update's forward exactly once")
         reference = logprobs if experience.ref_logprobs is None else experience.ref_logprobs
-        mask = experience.response_mask.double()
+        mask = experience.loss_mask.double()
         return old_policy_metrics(
             logprobs, reference, entropy, experience.scores, mask, kl_coef, tracks_kl
         )
@@ -233,7 +233,7 @@ def _terms(
 ) -> tuple[Tensor, dict[str, Tensor], PolicyOutput]:
     actor, critic = models.actor, models.critic
     agg = cfg.aggregation
-    mask = mb.response_mask.float()
+    mask = mb.loss_mask.float()  # model tokens: observations take no loss
     out = policy_forward(
         actor,
         mb.input_ids,

@@ -1,0 +1,109 @@
+"""The online loop's multi-turn side: with ``environment`` set, a rollout's responses are whole
+episodes (``rollout.multiturn``) and their scores the environment's rewards; without it, one
+sampled response per row, scored by the reward sources, as ever.
+
+The rollout calls these three functions wherever it samples, scores and asks which responses
+stopped, so the rest of the loop (forward passes, advantages, the update) sees one
+``Experience`` whichever it got: ``Experience.loss_mask`` keeps every loss on the model's tokens.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from torch import Tensor
+
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.data.formats import PromptExample
+from proxrl.rollout.environment import (
+    EnvironmentFactory,
+    load_environment_factory,
+    new_environment,
+    tool_schemas,
+)
+from proxrl.rollout.generation import Sampler, Samples, SamplingSettings, stopped
+from proxrl.rollout.multiturn import EpisodeLimits, Episodes, run_episodes
+from proxrl.rollout.rewards import WeightedRewards
+
+
+@cache
+def _factory(spec: str) -> EnvironmentFactory:
+    return load_environment_factory(spec)
+
+
+def environment_tools(cfg: OnlineConfig) -> list[dict[str, Any]] | None:
+    """The JSON schemas of the tools the run's environment offers (None: no environment or no
+    tools), for rendering its prompts and observations."""
+    if cfg.environment is None:
+        return None
+    return tool_schemas(new_environment(_factory(cfg.environment), cfg.tool_call_format).tools)
+
+
+def episode_row(prompt: PromptExample) -> dict[str, Any]:
+    """The dataset row an environment starts from: the prompt, its messages, the other fields."""
+    return {"prompt": prompt.prompt, "messages": prompt.messages, **prompt.columns}
+
+
+def conversation(prompt: PromptExample) -> list[dict[str, Any]]:
+    """The prompt as chat messages (a standard prompt as one user message)."""
+    if prompt.messages is not None:
+        return [dict(m) for m in prompt.messages]
+    return [{"role": "user", "content": prompt.prompt}]
+
+
+def sample_responses(
+    cfg: OnlineConfig,
+    sampler: Sampler,
+    tokenizer: Any,
+    prompts: list[PromptExample],
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    settings: SamplingSettings,
+    with_logprobs: bool,
+) -> Samples:
+    """One response per row of ``prompt_ids``: a sampled one, or with ``environment`` a whole
+    episode (``Episodes``) started from ``prompts[i]``."""
+    if cfg.environment is None:
+        return sampler.sample(prompt_ids, prompt_mask, settings, with_logprobs=with_logprobs)
+    factory = _factory(cfg.environment)
+    return run_episodes(
+        sampler,
+        tokenizer,
+        [new_environment(factory, cfg.tool_call_format) for _ in prompts],
+        [episode_row(p) for p in prompts],
+        [conversation(p) for p in prompts],
+        prompt_ids,
+        prompt_mask,
+        settings,
+        EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens),
+        with_logprobs=with_logprobs,
+        tools=environment_tools(cfg),
+    )
+
+
+def score_responses(
+    samples: Samples,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    completions: list[str],
+    columns: dict[str, list[Any]],
+) -> tuple[Tensor, dict[str, float]]:
+    """(B,) scores and their parts: the reward sources' of each completion, plus an episode's
+    reward from its environment (``reward/environment``)."""
+    scores, parts = rewards(prompts, completions, columns)
+    if isinstance(samples, Episodes):
+        assert samples.scores is not None
+        scores = scores + samples.scores
+        parts["reward/environment"] = samples.scores.mean().item()
+        parts |= samples.metrics
+    return scores, parts
+
+
+def responses_stopped(samples: Samples, eos_token_id: int, max_new_tokens: int) -> Tensor:
+    """(B,) True where a response ended by itself (``generation.stopped``); an episode, where
+    its last model turn did and the token budget did not cut it."""
+    if isinstance(samples, Episodes):
+        assert samples.stopped is not None
+        return samples.stopped.to(samples.response_ids.device)
+    return stopped(samples.response_mask, samples.response_ids, eos_token_id, max_new_tokens)

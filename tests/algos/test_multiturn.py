@@ -1,0 +1,312 @@
+"""Multi-turn episodes with tools: the environment and its tool-call parser, the token-in /
+token-out episode runner, observation tokens masked out of every loss, and ppo / grpo steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from mt_envs import TwoTurns, echo
+
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.rollout import collect_rollout
+from proxrl.algos.online.update import _terms
+from proxrl.core import masked_mean
+from proxrl.data.batching import pad_left
+from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.tokenizer import load_tokenizer
+from proxrl.rollout.environment import ToolEnvironment, Turn, parse_hermes, tool_schemas
+from proxrl.rollout.forward import policy_forward
+from proxrl.rollout.generation import CachedSampler, SamplingSettings
+from proxrl.rollout.multiturn import EpisodeLimits, observation_ids, run_episodes
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
+
+WORDS = ["abc", "def", "ghi", "jkl"]
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"say: {w} ->"}], "word": w} for w in WORDS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def small(config_cls, tiny_lm: str, prompts: str, out: Path, **overrides):
+    fields = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        environment="mt_envs:two_turns",
+        output_dir=str(out),
+        iterations=1,
+        rollout_batch_size=4,
+        max_new_tokens=6,
+        max_episode_tokens=48,
+        temperature=1.0,
+        mini_batch_size=4,
+        learning_rate=3e-3,
+        progress=False,
+        seed=3,
+    )
+    return config_cls(**(fields | overrides))
+
+
+# ------------------------------------------------------------------ environment and tools
+
+
+def test_tool_environment_answers_calls_and_malformed_ones_with_observations():
+    """Two good calls, then four malformed ones (invalid JSON, an unknown tool, arguments that
+    are not an object, an unclosed tag) and a tool that raises: each gets a tool message, none
+    ends the episode; a turn without a call is scored and ends it."""
+    env = ToolEnvironment([echo], lambda row, text: float(text == row["answer"]))
+    env.reset({"answer": "done"})
+    turn = env.step(
+        '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+        '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"yo\\"}"}</tool_call>'
+        "<tool_call>{not json}</tool_call>"
+        '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "echo", "arguments": [1]}</tool_call>'
+        '<tool_call>{"name": "echo", "arguments": {"txt": 1}}</tool_call>'
+        "<tool_call>{"
+    )
+    contents = [m["content"] for m in turn.messages]
+    assert [m["role"] for m in turn.messages] == ["tool"] * 7
+    assert contents[:2] == ["hi", "yo"]
+    assert contents[2].startswith("error: the tool call is not valid JSON")
+    assert contents[3] == "error: no tool named 'add' (tools: echo)"
+    assert contents[4] == 'error: "arguments" is not a JSON object'
+    assert contents[5].startswith("error: TypeError:")  # the tool raised: still a call
+    assert contents[6] == "error: the <tool_call> tag is not closed"
+    assert (turn.tool_calls, turn.malformed_calls, turn.done, turn.reward) == (3, 4, False, 0.0)
+    assert env.step("done") == Turn([], reward=1.0, done=True)
+    assert parse_hermes("no call here") == []
+
+
+def test_tool_schemas_come_from_signature_and_docstring():
+    (schema,) = tool_schemas([echo])  # type: ignore[misc]
+    assert schema["function"]["name"] == "echo"
+    assert schema["function"]["parameters"]["properties"]["text"] == {
+        "type": "string",
+        "description": "what to repeat",
+    }
+    assert tool_schemas([]) is None
+
+    def undocumented(x: int) -> int:
+        return x
+
+    with pytest.raises(ProxrlError, match="environment: tool undocumented"):
+        tool_schemas([undocumented])
+
+
+# ------------------------------------------------------------------ the episode runner
+
+
+class Recording:
+    """A sampler that keeps what the wrapped one returned, call by call."""
+
+    def __init__(self, sampler):
+        self.sampler, self.calls = sampler, []
+
+    def sample(self, prompt_ids, prompt_mask, settings, with_logprobs=False):
+        out = self.sampler.sample(prompt_ids, prompt_mask, settings, with_logprobs)
+        self.calls.append(out)
+        return out
+
+
+def _episodes(tiny_lm, env_factory, n=8, limits=None, max_new_tokens=6):
+    limits = limits or EpisodeLimits(2, 48)
+    tokenizer = load_tokenizer(tiny_lm)
+    model = load_causal_lm(tiny_lm).eval()
+    conversations = [[{"role": "user", "content": f"say: {WORDS[i % 4]} ->"}] for i in range(n)]
+    ids = [
+        tokenizer(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True))[
+            "input_ids"
+        ]
+        for c in conversations
+    ]
+    sampler = Recording(CachedSampler(model, tokenizer))
+    torch.manual_seed(0)
+    episodes = run_episodes(
+        sampler,
+        tokenizer,
+        [env_factory() for _ in range(n)],
+        [{}] * n,
+        conversations,
+        pad_left(ids, tokenizer.pad_token_id),
+        pad_left([[1] * len(r) for r in ids], 0),
+        SamplingSettings(max_new_tokens, temperature=1.0),
+        limits,
+        with_logprobs=True,
+    )
+    return tokenizer, model, sampler, conversations, ids, episodes
+
+
+def test_episode_tokens_are_the_sampled_ones_and_the_trainer_scores_them_alike(tiny_lm):
+    """Token in, token out: each model turn's ids are exactly the sampler's (never the
+    re-encoding of their text, which differs here: the byte-level BPE has merges a random model
+    does not follow), each observation's ids are the chat template's rendering of it, and the
+    trainer's log-probs of every model token equal the sampler's."""
+    tokenizer, model, sampler, conversations, ids, ep = _episodes(tiny_lm, TwoTurns)
+    first, second = sampler.calls
+    re_encoded_differs = False
+    for i in range(len(ids)):
+        length = int(ep.response_mask[i].sum())
+        actions = ep.action_mask[i, :length].tolist()
+        turn1 = first.response_ids[i, : int(first.response_mask[i].sum())].tolist()
+        assert actions[: len(turn1)] == [1] * len(turn1)
+        assert ep.response_ids[i, : len(turn1)].tolist() == turn1
+        text = tokenizer.decode(turn1, skip_special_tokens=True)
+        plain = [t for t in turn1 if t != tokenizer.eos_token_id]
+        re_encoded_differs |= tokenizer(text, add_special_tokens=False)["input_ids"] != plain
+        observation = observation_ids(
+            tokenizer,
+            conversations[i] + [{"role": "assistant", "content": text}],
+            [{"role": "user", "content": "again:"}],
+            None,
+        )
+        start, end = len(turn1), len(turn1) + len(observation)
+        assert ep.response_ids[i, start:end].tolist() == observation
+        assert actions[start:end] == [0] * len(observation)
+        turn2 = second.response_ids[i, : int(second.response_mask[i].sum())].tolist()
+        assert ep.response_ids[i, end:length].tolist() == turn2
+        assert actions[end:] == [1] * len(turn2)
+    assert re_encoded_differs  # else this test would not tell the two apart
+    assert tokenizer.decode(observation) == "<|user|>again:\n<|assistant|>"
+    prompt = pad_left(ids, tokenizer.pad_token_id)
+    prompt_mask = pad_left([[1] * len(r) for r in ids], 0)
+    with torch.no_grad():
+        trainer = policy_forward(
+            model,
+            torch.cat([prompt, ep.response_ids], 1),
+            torch.cat([prompt_mask, ep.response_mask], 1),
+            prompt.shape[1],
+            1.0,
+        ).logprobs
+    actions = ep.action_mask.bool()
+    torch.testing.assert_close(ep.logprobs[actions], trainer[actions], rtol=0, atol=1e-5)
+    assert torch.equal(ep.logprobs[~actions], torch.zeros_like(ep.logprobs[~actions]))
+    assert ep.metrics["episode/turns_mean"] == 2.0 and ep.metrics["episode/budget_cut_rate"] == 0
+
+
+class Endless:
+    """Never done: answers every turn with a tool message."""
+
+    tools: list = []
+
+    def reset(self, row):
+        pass
+
+    def step(self, completion):
+        return Turn([{"role": "tool", "name": "x", "content": "ok"}], reward=0.25)
+
+
+def test_budget_and_max_turns_end_episodes_and_are_counted(tiny_lm):
+    """max_turns 3 with room to spare: three model turns, rewards summed, no budget cut. A
+    budget of 20 tokens: every episode is cut (an observation alone takes more than the room
+    left after a 6-token turn or two), never longer than 20 tokens, ending on a model token."""
+    *_, ep = _episodes(tiny_lm, Endless, limits=EpisodeLimits(3, 400))
+    assert ep.metrics["episode/turns_mean"] == 3 and ep.metrics["episode/max_turns_rate"] == 1
+    assert ep.metrics["episode/budget_cut_rate"] == 0
+    torch.testing.assert_close(ep.scores, torch.full((8,), 0.75))
+    *_, ep = _episodes(tiny_lm, Endless, limits=EpisodeLimits(10, 20))
+    assert ep.metrics["episode/budget_cut_rate"] == 1 and ep.metrics["episode/max_turns_rate"] == 0
+    lengths = ep.response_mask.sum(-1)
+    assert int(lengths.max()) <= 20
+    last = ep.action_mask.gather(1, (lengths - 1).unsqueeze(1))
+    assert bool(last.bool().all()) and not bool(ep.stopped.any())
+
+
+# ------------------------------------------------------------------ the trainer side
+
+
+def _rollout(cfg, config_module):
+    algo = config_module.build(cfg)
+    models = load_models(cfg, algo)
+    examples, ids = load_prompts(cfg, models.tokenizer)
+    torch.manual_seed(0)
+    experience, _, row = collect_rollout(
+        cfg, algo, models, load_rewards(cfg), examples, ids, 0.1, {}
+    )
+    return algo, models, experience, row
+
+
+def _grads(cfg, algo, models, mb, kl_coef=0.1):
+    params = [p for p in models.actor.parameters()] + list(models.critic.parameters())
+    for p in params:
+        p.grad = None
+    loss, stats, _ = _terms(cfg, algo, models, mb.prompt_ids.shape[1], kl_coef, True, mb)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in params if p.grad is not None]), stats
+
+
+def _poisoned(mb, where):
+    """``mb`` with every per-token target of the ``where`` positions changed."""
+    w = where.bool()
+    return replace(
+        mb,
+        logprobs=torch.where(w, mb.logprobs + 3.0, mb.logprobs),
+        ref_logprobs=torch.where(w, mb.ref_logprobs - 2.0, mb.ref_logprobs),
+        advantages=torch.where(w, 50.0, mb.advantages),
+        values=torch.where(w, 7.0, mb.values),
+        returns=torch.where(w, -9.0, mb.returns),
+    )
+
+
+@pytest.mark.parametrize("estimator", ["ppo", "grpo"])
+def test_observation_tokens_take_no_part_in_any_loss(tiny_lm, chat_prompts, tmp_path, estimator):
+    """Change every target of the observation tokens (π_old, π_ref, advantage, V_old, return):
+    the gradient of policy loss + KL (in the loss, grpo) + entropy + value loss (ppo's value
+    head) is unchanged; change them at one model token and it moves. The rollout's advantages
+    are 0 at observations, and the entropy term averages over model tokens only."""
+    if estimator == "ppo":
+        cfg = small(ppo.Config, tiny_lm, chat_prompts, tmp_path, critic="head", entropy_coef=0.1)
+        algo, models, exp, _ = _rollout(cfg, ppo)
+    else:
+        cfg = small(
+            grpo.Config, tiny_lm, chat_prompts, tmp_path, group_size=2, kl_coef=0.1,
+            mini_batch_size=8, entropy_coef=0.1, skip_old_logprobs_pass=False,
+        )  # fmt: skip
+        algo, models, exp, _ = _rollout(cfg, grpo)
+    observations = exp.response_mask.bool() & ~exp.action_mask.bool()
+    assert observations.any() and exp.action_mask.sum() < exp.response_mask.sum()
+    assert not exp.advantages[observations].any() and exp.advantages[exp.action_mask.bool()].any()
+    models.actor.train()
+    clean, stats = _grads(cfg, algo, models, exp)
+    poisoned, _ = _grads(cfg, algo, models, _poisoned(exp, observations))
+    torch.testing.assert_close(poisoned, clean, rtol=1e-6, atol=1e-9)
+    one_model_token = torch.zeros_like(observations)
+    one_model_token[0, 0] = True
+    moved, _ = _grads(cfg, algo, models, _poisoned(exp, one_model_token))
+    assert (moved - clean).abs().max() > 1e-4
+    with torch.no_grad():
+        entropy = policy_forward(
+            models.actor, exp.input_ids, exp.attention_mask, exp.prompt_ids.shape[1], 1.0,
+            with_entropy=True,
+        ).entropy  # fmt: skip
+    # (a random tiny model's entropy is near log V everywhere: the two means differ by ~1e-4)
+    over_actions = masked_mean(entropy, exp.action_mask.float()).item()
+    over_response = masked_mean(entropy, exp.response_mask.float()).item()
+    assert stats["entropy"].item() == pytest.approx(over_actions, rel=0, abs=2e-6)
+    assert abs(over_response - over_actions) > 2e-5
+
+
+@pytest.mark.parametrize("config_module", [ppo, grpo], ids=["ppo", "grpo"])
+def test_a_step_on_episodes_trains_the_policy(tiny_lm, chat_prompts, tmp_path, config_module):
+    """One iteration on two-turn episodes: the policy's weights move, every metric is finite,
+    the episode metrics and the environment's reward are logged."""
+    extra = {"group_size": 2, "mini_batch_size": 8} if config_module is grpo else {}
+    cfg = small(config_module.Config, tiny_lm, chat_prompts, tmp_path, **extra)
+    before = {k: v.clone() for k, v in load_causal_lm(tiny_lm).state_dict().items()}
+    config_module.train(cfg)
+    (row,) = read_metrics(tmp_path)
+    assert row["episode/turns_mean"] == 2.0 and row["episode/observation_tokens_mean"] > 0
+    assert row["reward/environment"] == pytest.approx(row["objective/scores"])
+    assert [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)] == []
+    after = load_causal_lm(str(tmp_path)).state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
