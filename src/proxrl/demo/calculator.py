@@ -16,9 +16,11 @@ episode is three messages::
 - Demonstrations (SFT rows) are TRL conversational rows: the assistant's message carries
   ``tool_calls``, the tool's result is a role ``"tool"`` message, a ``tools`` column holds the
   schemas. The annotator is sloppy in the demo's way: a share ``tool_use`` of the demonstrations
-  use the calculator, the others state the product from memory (correct, since the annotator
-  can multiply, but not something a tiny model can imitate). SFT learns both habits; RL with
-  the exact reward learns which one pays.
+  use the calculator, the others give up (``GIVE_UP``: no answer). SFT learns both habits, and
+  with ``tool_use`` under one half its greedy policy gives up; RL with the exact reward learns
+  which habit pays. (Demonstrations that state the product from memory instead are noise a tiny
+  model cannot fit; among the tool traces they slow its learning to copy, on some seeds past
+  the SFT budget, so the annotator gives up rather than guessing. They are the ablation.)
 - The tiny tokenizer keeps every digit its own token (its corpus never puts two digits side by
   side, so BPE learns no digit merges) and has a chat template that renders tools, tool calls
   (Hermes/Qwen ``<tool_call>`` JSON) and tool messages.
@@ -38,6 +40,7 @@ from typing import Any
 from transformers.utils import get_json_schema
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+GIVE_UP = "unknown"  # what the sloppy annotator answers when it does not use the calculator
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 
 # Hermes/Qwen style, made small: the tools' names on a system line, each tool call as
@@ -134,8 +137,8 @@ class TaskSizes:
     eval: int = 200
     digits_a: int = 3
     digits_b: int = 2
-    tool_use: float = 0.3
-    """Share of demonstrations that call the calculator (the rest state the product)."""
+    tool_use: float = 0.4
+    """Share of demonstrations that call the calculator (the rest give up)."""
 
 
 def _expression(rng: random.Random, digits_a: int, digits_b: int) -> str:
@@ -177,9 +180,17 @@ def tool_trace(expression: str) -> dict[str, Any]:
     }
 
 
+def give_up_trace(expression: str) -> dict[str, Any]:
+    """A demonstration that neither calls the tool nor answers (the tool is offered)."""
+    return {
+        "messages": [*prompt_messages(expression), {"role": "assistant", "content": GIVE_UP}],
+        "tools": tool_schemas(),
+    }
+
+
 def direct_trace(expression: str, with_tools: bool = True) -> dict[str, Any]:
     """A demonstration that states the product without calling the tool (``tools`` offered or
-    not)."""
+    not): the no-tool ablation's."""
     row: dict[str, Any] = {
         "messages": [
             *prompt_messages(expression),
@@ -199,7 +210,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def generate(data_dir: Path, sizes: TaskSizes, seed: int) -> dict[str, Path]:
     """Write the splits under ``data_dir``; returns their paths by name: ``sft`` (the sloppy
-    annotator: tool traces and direct answers), ``sft_no_tool`` (the same expressions, every one
+    annotator: tool traces and give-ups), ``sft_no_tool`` (the same expressions, every one
     answered directly, no tool offered: the ablation), ``rl_prompts`` and ``eval_prompts``
     ({messages, answer}). No expression is in two splits; eval is drawn first."""
     rng = random.Random(seed)
@@ -216,7 +227,7 @@ def generate(data_dir: Path, sizes: TaskSizes, seed: int) -> dict[str, Path]:
 
     rows = {
         "sft": [
-            tool_trace(e) if t else direct_trace(e) for e, t in zip(sft_e, uses_tool, strict=True)
+            tool_trace(e) if t else give_up_trace(e) for e, t in zip(sft_e, uses_tool, strict=True)
         ],
         "sft_no_tool": [direct_trace(e, with_tools=False) for e in sft_e],
         "rl_prompts": prompts(rl_e),
@@ -232,7 +243,17 @@ def tokenizer_corpus() -> list[str]:
     """What the tiny BPE is trained on: the template's fixed text and each digit alone (never two
     digits side by side, so no digit merges: every number is read digit by digit)."""
     call = '{"name": "calculator", "arguments": {"expression": "'
-    return [call, '"}}', "tools: calculator", "*", "+", "-", "\n", *map(str, range(10))] * 20
+    return [
+        call,
+        '"}}',
+        "tools: calculator",
+        GIVE_UP,
+        "*",
+        "+",
+        "-",
+        "\n",
+        *map(str, range(10)),
+    ] * 20
 
 
 def build_base(
@@ -271,3 +292,22 @@ def build_base(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m proxrl.demo.calculator [output_dir] [seed]``: the splits under
+    ``output_dir/data`` and the tiny base model in ``output_dir/base`` (what
+    configs/examples/calculator_*.yaml read)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "runs/calculator")
+    seed = int(args[1]) if len(args) > 1 else 1
+    paths = generate(out / "data", TaskSizes(sft=1500), seed)
+    build_base(out / "base", seed=seed)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+    print(f"base model: {out / 'base'}")
+
+
+if __name__ == "__main__":
+    main()

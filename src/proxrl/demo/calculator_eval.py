@@ -63,7 +63,9 @@ def evaluate_task(
 
     policy.eval()
     sampler = CachedSampler(policy, tokenizer)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
+    settings = SamplingSettings(
+        max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy
+    )
     limits = EpisodeLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens)
     episodes: list[dict[str, Any]] = []
     called = malformed = attempted = 0
