@@ -42,7 +42,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument(
         "--stages",
-        nargs="+",
+        nargs="*",
+        help="what to train (every policy already trained under --out is evaluated either way)",
         default=["sft", "ppo", "grpo", "ablation"],
         choices=["sft", "ppo", "grpo", "ablation"],
     )
@@ -55,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rollout-batch-size", type=int, default=16)
     p.add_argument("--group-size", type=int, default=4, help="episodes per prompt in PPO")
     p.add_argument("--grpo-group-size", type=int, default=8)
+    p.add_argument("--grpo-iterations", type=int, default=60)
+    p.add_argument("--grpo-learning-rate", type=float, default=1.5e-3)
     p.add_argument("--report-only", action="store_true", help="write trajectories.md only")
     p.add_argument("--rl-learning-rate", type=float, default=5e-4)
     p.add_argument("--eval-prompts", type=int, default=200)
@@ -135,12 +138,18 @@ def grpo_stage(
 
     grpo.train(
         grpo.Config(
-            **{**rl_fields(args, out, name, seed), "model": str(out / model)},
+            **{
+                **rl_fields(args, out, name, seed),
+                "model": str(out / model),
+                "group_size": args.grpo_group_size,
+                "iterations": args.grpo_iterations,
+                "save_every": args.grpo_iterations,
+                "learning_rate": args.grpo_learning_rate,
+                "mini_batch_size": args.rollout_batch_size * args.grpo_group_size,
+            },
             **multiturn_fields(environment),
             estimator="grpo",
             kl_coef=0.0,
-            group_size=args.grpo_group_size,
-            mini_batch_size=args.rollout_batch_size * args.grpo_group_size,
         )
     )
     return out / name
@@ -184,10 +193,13 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     sizes = calculator.TaskSizes(
         sft=args.sft_examples, eval=args.eval_prompts, tool_use=args.tool_use
     )
-    data = timed("data", calculator.generate, out / "data", sizes, seed)
-    calculator.build_base(
-        out / "base", seed=seed, hidden_size=args.hidden_size, num_layers=args.num_layers
-    )
+    names = ("sft", "sft_no_tool", "rl_prompts", "eval_prompts")
+    data = {n: out / "data" / f"{n}.jsonl" for n in names}
+    if not data["eval_prompts"].exists():  # a later call on the same --out reuses them
+        data = timed("data", calculator.generate, out / "data", sizes, seed)
+        calculator.build_base(
+            out / "base", seed=seed, hidden_size=args.hidden_size, num_layers=args.num_layers
+        )
     rows = read_rows(data["eval_prompts"])
     with_tool, without_tool = calculator.environment, calculator.environment_without_tool
 
@@ -204,25 +216,29 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             scores["malformed_call_rate"],
         )
 
-    if "sft" in args.stages or not (out / "sft").exists():
+    if "sft" in args.stages:
         timed("sft", sft_stage, args, out, data["sft"], "sft", seed)
-    record("sft", out / "sft", with_tool)
-    record("sft_sampled", out / "sft", with_tool, greedy=False)  # what RL explores from (T = 1)
     if "ppo" in args.stages:
         timed("ppo", ppo_stage, args, out, seed)
-        record("ppo", out / "ppo", with_tool)
     if "grpo" in args.stages:
         timed("grpo", grpo_stage, args, out, seed)
-        record("grpo", out / "grpo", with_tool)
     if "ablation" in args.stages:
-        timed("sft_no_tool", sft_stage, args, out, data["sft_no_tool"], "sft_no_tool", seed)
-        record("sft_no_tool", out / "sft_no_tool", without_tool)
-        record("sft_tool_withheld", out / "sft", without_tool)
-        if "grpo" in args.stages:
-            timed(
-                "grpo_no_tool", grpo_stage, args, out, seed, "grpo_no_tool", "sft_no_tool", NO_TOOL
-            )
-            record("grpo_no_tool", out / "grpo_no_tool", without_tool)
+        if not (out / "sft_no_tool" / "model.safetensors").exists():  # kept from an earlier call
+            timed("sft_no_tool", sft_stage, args, out, data["sft_no_tool"], "sft_no_tool", seed)
+        timed("grpo_no_tool", grpo_stage, args, out, seed, "grpo_no_tool", "sft_no_tool", NO_TOOL)
+
+    def trained(name: str) -> bool:  # a finished run: its final model is saved at the top
+        return (out / name / "model.safetensors").exists()
+
+    for name in ("sft", "ppo", "grpo"):
+        if trained(name):
+            record(name, out / name, with_tool)
+            record(f"{name}_tool_withheld", out / name, without_tool)
+    if trained("sft"):
+        record("sft_sampled", out / "sft", with_tool, greedy=False)  # what RL explores (T = 1)
+    for name in ("sft_no_tool", "grpo_no_tool"):
+        if trained(name):
+            record(name, out / name, without_tool)
     result["wall_s"] = wall
     result["settings"] = {k: v for k, v in vars(args).items() if k not in ("seeds", "results")}
     return result
@@ -242,7 +258,11 @@ def main() -> None:
         return
     for seed in args.seeds:
         result = run_seed(args, seed)
-        (results / f"seed{seed}.json").write_text(json.dumps(result, indent=2) + "\n")
+        path = results / f"seed{seed}.json"
+        if path.exists():  # runs of other stages on the same --out: keep their wall times
+            before = json.loads(path.read_text())
+            result["wall_s"] = {**before.get("wall_s", {}), **result["wall_s"]}
+        path.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "settings"}, indent=2))
     write_report(args, results)
 
@@ -255,6 +275,8 @@ POLICY_ORDER = (
     "sft_no_tool",
     "grpo_no_tool",
     "sft_tool_withheld",
+    "ppo_tool_withheld",
+    "grpo_tool_withheld",
 )
 
 
@@ -265,6 +287,10 @@ def write_report(args: argparse.Namespace, results: Path, shown: int = 8) -> Non
     if not seeds:
         return
     rows = [json.loads(p.read_text()) for p in seeds]
+    for r in rows:  # the ablation when it ran as its own call (--results .../ablation)
+        ablation = results / "ablation" / f"seed{r['seed']}.json"
+        if ablation.exists():
+            r["policies"] = {**json.loads(ablation.read_text())["policies"], **r["policies"]}
     names = [n for n in POLICY_ORDER if all(n in r["policies"] for r in rows)]
     lines = [
         "# Calculator task: greedy exact accuracy on 200 held-out products, before and after RL",
@@ -281,20 +307,21 @@ def write_report(args: argparse.Namespace, results: Path, shown: int = 8) -> Non
         ]
         lines.append(f"| {r['seed']} | " + " | ".join(cells) + " |")
     first = rows[0]["seed"]
-    episodes_dir = Path(args.out) / f"seed{first}"
-    shown_names = [
-        n for n in ("sft", "ppo", "grpo") if (episodes_dir / f"episodes_{n}.json").exists()
-    ]
+    episodes = {}
+    for n in ("sft", "ppo", "grpo", "sft_no_tool"):
+        for out in (Path(args.out), Path(f"{args.out}_ablation")):
+            path = out / f"seed{first}" / f"episodes_{n}.json"
+            if n not in episodes and path.exists():
+                episodes[n] = json.loads(path.read_text())
+    shown_names = list(episodes)
     if shown_names:
-        episodes = {
-            n: json.loads((episodes_dir / f"episodes_{n}.json").read_text()) for n in shown_names
-        }
         lines += [
             "",
             f"## The first {shown} held-out prompts of seed {first}, before and after",
             "",
             "Each cell is the whole episode: the model's turns and the observations (the tool's "
-            "result) between them; ✓ marks an exact final answer.",
+            "result) between them; ✓ marks an exact final answer. sft_no_tool: the ablation's "
+            "SFT policy (trained to state the product, no tool offered).",
             "",
             "| prompt | answer | " + " | ".join(shown_names) + " |",
             "|---|---|" + "---|" * len(shown_names),
