@@ -55,6 +55,9 @@ MODEL_COMMANDS = ("sft", "rm", "dpo", "ppo", "grpo")
 DATA_OPTIONS = ("data", "eval_data", "prompts")
 """Options that take rows: a list of dicts or a ``datasets.Dataset`` stands for a file."""
 
+FACTORY_OPTIONS = ("environment",)
+"""Options that take a factory, which may be a class (``environment=MyEnvironment``)."""
+
 TOKENIZER_OPTIONS = {"tokenizer": "model", "reward_tokenizer": "reward_model"}
 """Python-only options: the tokenizer of a model given as an object."""
 
@@ -153,7 +156,7 @@ def _as_config_value(
         return handle
     if _is_rows(name, value):
         return _rows_handle(name, value, entries, where)
-    if callable(value) and not isinstance(value, type):
+    if callable(value) and (not isinstance(value, type) or name in FACTORY_OPTIONS):
         return _function_handle(value, entries)
     if isinstance(value, (list, tuple)) and any(callable(v) for v in value):
         return [_function_handle(v, entries) if callable(v) else v for v in value]

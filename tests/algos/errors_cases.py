@@ -39,6 +39,8 @@ def _jsonl(rows: list[object]) -> str:
 
 
 FILES: dict[str, str | bytes] = {
+    "toy_env.py": "class Env:\n    tools = []\n    def reset(self, row): pass\n"
+    "    def step(self, completion): pass\n",
     "sft.jsonl": _jsonl(GOOD_SFT),
     "pairs.jsonl": _jsonl(GOOD_PAIRS),
     "prompts.jsonl": _jsonl(GOOD_PROMPTS),
@@ -1174,6 +1176,32 @@ CASES: list[Case] = [
         "a tools column that is not a list of schemas",
         sft_data("data/tools_not_list.jsonl"),
         "proxrl sft: error: data/tools_not_list.jsonl:1: field 'tools': expected a list of JSON schemas (objects), got 'calculator'",
+    ),
+    # issue 18
+    Case(
+        "ppo: environment module missing",
+        (*PPO, "--environment", "no_such_module:make"),
+        "proxrl ppo: error: environment: no module named 'no_such_module' on the import path (the working directory <cwd>, PYTHONPATH, the installed packages)",
+    ),
+    Case(
+        "grpo: environment factory that makes no Environment",
+        (*GRPO, "--environment", "os:getcwd"),
+        "proxrl grpo: error: environment: the factory returned str, not an Environment (tools, reset(row), step(completion) -> Turn)",
+    ),
+    Case(
+        "ppo: unknown tool_call_format",
+        (*PPO, "--environment", "os:getcwd", "--tool-call-format", "json"),
+        "proxrl ppo: error: tool_call_format: expected one of hermes, got 'json'",
+    ),
+    Case(
+        "grpo: overlong_buffer with an environment",
+        (*GRPO, "--environment", "toy_env:Env", "--overlong-buffer", "4"),
+        "proxrl grpo: error: overlong_buffer: measures one response against max_new_tokens, not an episode; set it 0 with environment",
+    ),
+    Case(
+        "ppo: max_turns 0",
+        (*PPO, "--reward-fn", "os:getcwd", "--max-turns", "0"),
+        "proxrl ppo: error: max_turns: expected >= 1, got 0",
     ),
 ]
 

@@ -51,3 +51,18 @@ def tools() -> ToolEnvironment:
 
 def not_an_environment() -> object:
     return object()
+
+
+class EchoOnce(TwoTurns):
+    """As TwoTurns, but the observation repeats the model's first turn: observations of
+    different lengths."""
+
+    def step(self, completion: str) -> Turn:
+        if not self.turns:
+            self.turns += 1
+            return Turn([{"role": "user", "content": completion * 2}])
+        return super().step(completion)
+
+
+def echo_once() -> EchoOnce:
+    return EchoOnce()

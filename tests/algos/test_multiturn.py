@@ -15,7 +15,7 @@ from mt_envs import TwoTurns, echo
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import _terms
+from proxrl.algos.online.update import _terms, update
 from proxrl.core import masked_mean
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
@@ -25,6 +25,7 @@ from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import CachedSampler, SamplingSettings
 from proxrl.rollout.multiturn import EpisodeLimits, observation_ids, run_episodes
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl"]
@@ -253,7 +254,8 @@ def _poisoned(mb, where):
         logprobs=torch.where(w, mb.logprobs + 3.0, mb.logprobs),
         ref_logprobs=torch.where(w, mb.ref_logprobs - 2.0, mb.ref_logprobs),
         advantages=torch.where(w, 50.0, mb.advantages),
-        values=torch.where(w, 7.0, mb.values),
+        values=torch.where(w, mb.values + 0.05, mb.values),  # inside value_clip: V's gradient
+        # flows through the clipped term too
         returns=torch.where(w, -9.0, mb.returns),
     )
 
@@ -310,3 +312,59 @@ def test_a_step_on_episodes_trains_the_policy(tiny_lm, chat_prompts, tmp_path, c
     assert [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)] == []
     after = load_causal_lm(str(tmp_path)).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+class GradientRecorder:
+    """An optimizer that keeps the gradient of its one step instead of taking it."""
+
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params)}]
+        self.gradient = None
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.param_groups[0]["params"]:
+            p.grad = None
+
+    def step(self):
+        self.gradient = torch.cat([p.grad.flatten() for p in self.param_groups[0]["params"]])
+
+
+def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
+    """grad_accum 2: the update weighs each micro-batch's token-mean loss by its share of the
+    step's *model* tokens, so the accumulated gradient is the whole batch's (weighing by all
+    response tokens would not be: episodes hold different shares of observation tokens)."""
+    cfg = small(
+        grpo.Config, tiny_lm, chat_prompts, tmp_path, group_size=2, kl_coef=0.1,
+        mini_batch_size=8, grad_accum=2, entropy_coef=0.1, max_grad_norm=0,
+        environment="mt_envs:echo_once",
+    )  # fmt: skip
+    algo, models, exp, _ = _rollout(cfg, grpo)
+    models.actor.train()
+    shares = exp.action_mask.sum(-1) / exp.response_mask.sum(-1)
+    assert shares.max() - shares.min() > 0.05
+    whole, _ = _grads(cfg, algo, models, exp)
+    recorder = GradientRecorder(models.actor.parameters())
+    update(cfg, algo, models, exp, [recorder], 0.1, True, torch.Generator().manual_seed(0),
+           NonFiniteGuard(), 1)  # fmt: skip
+    torch.testing.assert_close(recorder.gradient, whole, rtol=1e-4, atol=1e-7)
+
+
+def test_python_api_takes_an_environment_class(tiny_lm, tmp_path):
+    """``proxrl.grpo(environment=TwoTurns)``: the class is the factory, behind a handle."""
+    import proxrl
+
+    run = proxrl.grpo(
+        model=tiny_lm,
+        prompts=[{"messages": [{"role": "user", "content": f"say: {w} ->"}]} for w in WORDS],
+        environment=TwoTurns,
+        group_size=2,
+        iterations=1,
+        rollout_batch_size=2,
+        mini_batch_size=4,
+        max_new_tokens=4,
+        progress=False,
+        report_to="none",
+        output_dir=tmp_path / "grpo",
+    )
+    assert run.metrics["episode/turns_mean"] == 2.0
+    assert "environment: python:TwoTurns" in (run.output_dir / "config.yaml").read_text()

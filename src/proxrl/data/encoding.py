@@ -113,7 +113,10 @@ def render_conversation(
     line)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,  # type: ignore[arg-type]
         )
         return str(text)
     text = "".join(

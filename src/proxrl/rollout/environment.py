@@ -66,7 +66,7 @@ def tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]] | 
     it cannot describe (no docstring, an undocumented argument) is a ``ProxrlError``."""
     if not tools:
         return None
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     schemas = []
     for tool in tools:

@@ -260,11 +260,20 @@ class OnlineConfig(HeldOutFields, ModelRunConfig):
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both"
             )
-        if self.environment is not None:
-            from proxrl.rollout.environment import load_environment_factory, tool_call_parser
+        if self.environment is not None:  # one environment made now: a bad factory fails here
+            from proxrl.rollout.environment import (
+                load_environment_factory,
+                new_environment,
+                tool_call_parser,
+            )
 
             tool_call_parser(self.tool_call_format)
-            load_environment_factory(self.environment)
+            new_environment(load_environment_factory(self.environment), self.tool_call_format)
+            if self.overlong_buffer:
+                raise ProxrlError(
+                    "overlong_buffer: measures one response against max_new_tokens, not an "
+                    "episode; set it 0 with environment"
+                )
         sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(

@@ -246,7 +246,7 @@ class HeldOut:
                 columns.setdefault(key, []).append(value)
         reward, _ = self.rewards(self.prompts, completions, columns)
         if cfg.environment is not None:  # and each episode's reward from its environment
-            reward = reward + torch.cat([out.scores for out in outputs])
+            reward = reward + torch.cat([out.scores for out in outputs])  # type: ignore[attr-defined]
         score = reward if self.metric is None else self.metric(self.prompts, completions, columns)
         return {
             "eval/score": score.mean().item(),
