@@ -20,6 +20,8 @@ COMMAND_OF = {
     "ppo": "ppo",
     "grpo": "grpo",
     "classic_hopper": "classic",
+    "calculator_sft": "sft",
+    "calculator_grpo": "grpo",
 }
 
 

@@ -146,6 +146,24 @@ FILES |= {
     "data/text_rows.jsonl": _jsonl([{"text": "copy: abc = abc"}]),
     "data/prompt_with_reply.jsonl": _jsonl([{"prompt": [USER, ANSWER]}]),
 }
+# issue 18 data: TRL's tool-use conversations
+CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2*3"}}}
+FILES |= {
+    "data/user_tool_calls.jsonl": _jsonl([{"messages": [{**USER, "tool_calls": [CALL]}, ANSWER]}]),
+    "data/nameless_tool_call.jsonl": _jsonl(
+        [
+            {
+                "messages": [
+                    USER,
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]},
+                    {"role": "tool", "content": "6"},
+                    ANSWER,
+                ]
+            }
+        ]
+    ),
+    "data/tools_not_list.jsonl": _jsonl([{"messages": [USER, ANSWER], "tools": "calculator"}]),
+}
 
 
 def build_workspace(root: Path, tiny_lm: str) -> Path:
@@ -1171,6 +1189,21 @@ CASES: list[Case] = [
         "--resume of a run that stopped before its first step",
         (*SFT[:-1], "runs/failed_start", "--resume"),
         "proxrl sft: error: --resume: no complete checkpoint in runs/failed_start/checkpoints; it stopped before its first step: run without --resume to start it afresh",
+    ),
+    Case(
+        "tool calls on a message that is not the assistant's",
+        sft_data("data/user_tool_calls.jsonl"),
+        "proxrl sft: error: data/user_tool_calls.jsonl:1: field 'messages[0].tool_calls': only an assistant message calls tools, got role 'user'",
+    ),
+    Case(
+        "a tool call without a function name",
+        sft_data("data/nameless_tool_call.jsonl"),
+        'proxrl sft: error: data/nameless_tool_call.jsonl:1: field \'messages[1].tool_calls[0]\': expected {"type": "function", "function": {"name": str, "arguments": {...}}}',
+    ),
+    Case(
+        "a tools column that is not a list of schemas",
+        sft_data("data/tools_not_list.jsonl"),
+        "proxrl sft: error: data/tools_not_list.jsonl:1: field 'tools': expected a list of JSON schemas (objects), got 'calculator'",
     ),
     # issue 18
     Case(

@@ -5,7 +5,11 @@ Prompt and response are tokenised separately and concatenated, so the prompt's t
 same ones the policy is later conditioned on at generation time and the boundary is exact. The
 response ends with EOS (the model must learn to stop). A conversation is rendered with the
 tokenizer's chat template (without one: ``role: content`` lines): the prompt's messages with the
-generation prompt, the reply as what the whole conversation's rendering adds to it.
+generation prompt, the reply as what the whole conversation's rendering adds to it. A reply
+with tool turns (assistant, tool, assistant, ...) is cut at each message the same way, and each
+piece is tokenised on its own, as a multi-turn rollout concatenates the model's tokens and each
+observation's: the assistant's pieces are trained on, a tool result and the generation prompt
+after it are not. A row's ``tools`` reach the chat template as ``tools=``.
 
 Over-length policy (``overlong``): ``"truncate"`` keeps the first ``max_length`` tokens (the
 response loses its end, and its EOS); ``"drop"`` removes the example. An example whose prompt
@@ -14,6 +18,7 @@ alone leaves no room for a response token is dropped under both. Counts are logg
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,7 +109,8 @@ def render_conversation(
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The chat template applied to ``messages``, offering ``tools`` (JSON schemas) when given
-    (``role: content`` lines without a template)."""
+    (``role: content`` lines without a template; an assistant's tool calls as their JSON on its
+    line)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
             messages,
@@ -113,7 +119,12 @@ def render_conversation(
             tools=tools,  # type: ignore[arg-type]
         )
         return str(text)
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    text = "".join(
+        f"{m['role']}: {m['content']}"
+        + "".join(json.dumps(c["function"]) for c in m.get("tool_calls", []))
+        + "\n"
+        for m in messages
+    )
     return text + ("assistant: " if add_generation_prompt else "")
 
 
@@ -140,23 +151,31 @@ def encode_response_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[
     return ids
 
 
-def encode_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Text) -> list[int]:
+def encode_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, prompt: Text, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """Ids of a standard prompt (a string) or a conversational one (messages)."""
     if isinstance(prompt, str):
         return encode_prompt_text(tokenizer, prompt, None)
-    return encode_prompt_text(tokenizer, "", prompt)
+    return encode_prompt_text(tokenizer, "", prompt, tools)
 
 
 def encode_reply_ids(
-    tokenizer: PreTrainedTokenizerBase, prompt: Text, reply: Text, where: str
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: Text,
+    reply: Text,
+    where: str,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Ids of what follows ``prompt``, ending with EOS: a string, or the assistant's messages
     as the chat template renders them after the prompt's messages."""
     if isinstance(reply, str):
         return encode_response_text(tokenizer, reply)
     assert isinstance(prompt, list)
-    prompt_text = render_conversation(tokenizer, prompt, add_generation_prompt=True)
-    full_text = render_conversation(tokenizer, prompt + reply, add_generation_prompt=False)
+    prompt_text = render_conversation(tokenizer, prompt, add_generation_prompt=True, tools=tools)
+    full_text = render_conversation(
+        tokenizer, prompt + reply, add_generation_prompt=False, tools=tools
+    )
     if not full_text.startswith(prompt_text):
         raise ProxrlError(
             f"{where}: the chat template does not render the conversation as prompt + assistant "
@@ -165,18 +184,66 @@ def encode_reply_ids(
     return encode_response_text(tokenizer, full_text[len(prompt_text) :])
 
 
+def encode_tool_episode(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: list[Message],
+    reply: list[Message],
+    where: str,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of an episode with tool turns after ``prompt``: each message's piece is
+    what its rendering adds to the conversation before it; a tool message's piece runs to the
+    generation prompt of the assistant turn after it (mask 0: an observation), an assistant's
+    piece is its turn (mask 1). The last piece ends with EOS, added when the template writes
+    none."""
+    done = render_conversation(tokenizer, prompt, add_generation_prompt=True, tools=tools)
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, message in enumerate(reply):
+        assistant_next = i + 1 < len(reply) and reply[i + 1]["role"] == "assistant"
+        upto = render_conversation(
+            tokenizer,
+            prompt + reply[: i + 1],
+            add_generation_prompt=message["role"] != "assistant" and assistant_next,
+            tools=tools,
+        )
+        if not upto.startswith(done):
+            raise ProxrlError(
+                f"{where}: the chat template does not render the conversation message by "
+                f"message (message {len(prompt) + i} changes the text before it), so the "
+                "tool results cannot be masked"
+            )
+        piece = upto[len(done) :]
+        done = upto
+        if i == len(reply) - 1:
+            piece_ids = encode_response_text(tokenizer, piece)
+        else:
+            piece_ids = list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+        ids += piece_ids
+        mask += [int(message["role"] == "assistant")] * len(piece_ids)
+    return ids, mask
+
+
 def _join(
-    prompt_ids: list[int], response_ids: list[int], max_length: int, overlong: Overlong
+    prompt_ids: list[int],
+    response_ids: list[int],
+    max_length: int,
+    overlong: Overlong,
+    response_mask: list[int] | None = None,
 ) -> tuple[EncodedSequence | None, bool]:
     """Prompt + response under the over-length policy: (the sequence or None if dropped,
-    whether it was truncated)."""
+    whether it was truncated). ``response_mask``: which response tokens a loss reads (all of
+    them by default)."""
+    if response_mask is None:
+        response_mask = [1] * len(response_ids)
     truncated = len(prompt_ids) + len(response_ids) > max_length
     if truncated:
         if overlong == "drop" or len(prompt_ids) >= max_length:
             return None, False
         response_ids = response_ids[: max_length - len(prompt_ids)]
+        response_mask = response_mask[: len(response_ids)]
     sequence = EncodedSequence(
-        prompt_ids + response_ids, [0] * len(prompt_ids) + [1] * len(response_ids), len(prompt_ids)
+        prompt_ids + response_ids, [0] * len(prompt_ids) + response_mask, len(prompt_ids)
     )
     return sequence, truncated
 
@@ -228,11 +295,20 @@ def encode_sft(
     report = OverlongReport(total=len(examples))
     encoded = []
     for example in examples:
-        prompt_ids = encode_prompt_ids(tokenizer, example.prompt)
-        response_ids = encode_reply_ids(
-            tokenizer, example.prompt, example.completion, example.where
-        )
-        sequence, truncated = _join(prompt_ids, response_ids, max_length, overlong)
+        prompt_ids = encode_prompt_ids(tokenizer, example.prompt, example.tools)
+        response_mask = None
+        if isinstance(example.completion, list) and any(
+            m["role"] == "tool" for m in example.completion
+        ):
+            assert isinstance(example.prompt, list)
+            response_ids, response_mask = encode_tool_episode(
+                tokenizer, example.prompt, example.completion, example.where, example.tools
+            )
+        else:
+            response_ids = encode_reply_ids(
+                tokenizer, example.prompt, example.completion, example.where, example.tools
+            )
+        sequence, truncated = _join(prompt_ids, response_ids, max_length, overlong, response_mask)
         fills = len(prompt_ids) >= max_length
         _count(report, sequence is not None, truncated, example.where, fills)
         if sequence is not None:

@@ -31,11 +31,17 @@ conversational (list of ``{"role", "content"}`` messages) form, and the K-way ra
   functions.
 
 Roles are those chat templates know: system, user, assistant, tool (a typo would silently move
-which tokens are trained on). A conversational row is rendered with the tokenizer's chat
-template at encoding time. Every row is checked; the first bad one stops the run with its file,
-line, field and what was expected, as one line. A preference row whose ``chosen`` equals
-``rejected`` (up to surrounding whitespace) teaches nothing, or a preference for whitespace,
-and is dropped with a warning that counts them.
+which tokens are trained on). Tool use is TRL's conversational form: an assistant message may
+carry ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments"}}]``, its
+``content`` then may be empty), a role ``"tool"`` message holds a tool's result (optional
+``name``, ``tool_call_id``), and an optional ``tools`` column lists the tools' JSON schemas
+(passed to the chat template as ``tools=``). An SFT conversation with tool turns trains on
+every assistant message after its last user (or system) message, the episode; the tool
+messages between them are masked out of the loss, like the prompt. A conversational row is
+rendered with the tokenizer's chat template at encoding time. Every row is checked; the first
+bad one stops the run with its file, line, field and what was expected, as one line. A
+preference row whose ``chosen`` equals ``rejected`` (up to surrounding whitespace) teaches
+nothing, or a preference for whitespace, and is dropped with a warning that counts them.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content; tool_calls (assistant), name / tool_call_id (tool)
 Text = str | list[Message]  # standard text, or a conversation rendered with the chat template
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -64,6 +70,7 @@ class SFTExample:
     prompt: Text  # what comes before the completion ("" or [] when nothing does)
     completion: Text  # what is trained on: a string, or the assistant's message(s)
     where: str
+    tools: list[dict[str, Any]] | None = None  # JSON schemas for the chat template's tools=
 
     @property
     def messages(self) -> list[Message] | None:
@@ -155,10 +162,14 @@ def _expect_messages(
     if not isinstance(messages, list) or not messages:
         raise ProxrlError(f"{row.where}: field '{name}': expected a non-empty list of messages")
     for i, message in enumerate(messages):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
         if (
             not isinstance(message, dict)
             or not isinstance(message.get("role"), str)
-            or not isinstance(message.get("content"), str)
+            or not (
+                isinstance(message.get("content"), str)
+                or (calls and message.get("content") is None)
+            )
         ):
             raise ProxrlError(
                 f'{row.where}: field \'{name}[{i}]\': expected {{"role": str, "content": str}}'
@@ -175,7 +186,89 @@ def _expect_messages(
             f"{row.where}: field '{name}': the last message must have role '{final_role}', "
             f"got {messages[-1]['role']!r}"
         )
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return [_message(row, f"{name}[{i}]", m) for i, m in enumerate(messages)]
+
+
+def _message(row: Row, name: str, message: dict[str, Any]) -> Message:
+    """A message with the keys chat templates read: role and content, an assistant's
+    ``tool_calls`` (each checked), a tool result's ``name`` and ``tool_call_id``."""
+    kept: Message = {"role": message["role"], "content": message.get("content") or ""}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if message["role"] != "assistant":
+            raise ProxrlError(
+                f"{row.where}: field '{name}.tool_calls': only an assistant message calls tools, "
+                f"got role {message['role']!r}"
+            )
+        if not isinstance(calls, list) or not calls:
+            raise ProxrlError(
+                f"{row.where}: field '{name}.tool_calls': expected a non-empty list of calls"
+            )
+        kept["tool_calls"] = [
+            _tool_call(row, f"{name}.tool_calls[{j}]", c) for j, c in enumerate(calls)
+        ]
+    if message["role"] == "tool":
+        for key in ("name", "tool_call_id"):
+            if message.get(key) is not None:
+                if not isinstance(message[key], str):
+                    raise ProxrlError(f"{row.where}: field '{name}.{key}': expected a string")
+                kept[key] = message[key]
+    return kept
+
+
+def _tool_call(row: Row, name: str, call: Any) -> dict[str, Any]:
+    """``{"type": "function", "function": {"name": str, "arguments": dict | JSON str}}``."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if (
+        not isinstance(function, dict)
+        or not isinstance(function.get("name"), str)
+        or not function["name"]
+        or not isinstance(arguments, dict | str)
+    ):
+        raise ProxrlError(
+            f'{row.where}: field \'{name}\': expected {{"type": "function", "function": '
+            '{"name": str, "arguments": {...}}}'
+        )
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ProxrlError(
+                f"{row.where}: field '{name}.function.arguments': expected a JSON object, got "
+                f"{_shown(arguments)}"
+            ) from None
+    kept = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        kept["id"] = call["id"]
+    return kept
+
+
+def _tools(row: Row) -> list[dict[str, Any]] | None:
+    """The optional ``tools`` column: the tools' JSON schemas (as ``get_json_schema`` writes
+    them)."""
+    tools = row.data.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ProxrlError(
+            f"{row.where}: field 'tools': expected a list of JSON schemas (objects), got "
+            f"{_shown(tools)}"
+        )
+    return tools
+
+
+def _uses_tools(messages: list[Message]) -> bool:
+    return any(m["role"] == "tool" or "tool_calls" in m for m in messages)
+
+
+def _episode_start(messages: list[Message]) -> int:
+    """Index of the first message after the last user or system message: where the
+    assistant's episode (its turns and the tool results between them) begins."""
+    start = len(messages)
+    while start > 0 and messages[start - 1]["role"] in ("assistant", "tool"):
+        start -= 1
+    return start
 
 
 def _check_prompt_turns(row: Row, name: str, messages: list[Message]) -> None:
@@ -192,7 +285,7 @@ def _check_reply_turns(row: Row, name: str, messages: list[Message]) -> None:
             f"{row.where}: field '{name}': expected the assistant's reply first, "
             f"got role {messages[0]['role']!r}"
         )
-    if not any(m["content"].strip() for m in messages):
+    if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
         raise ProxrlError(f"{row.where}: field '{name}': the assistant's reply is empty")
 
 
@@ -208,7 +301,16 @@ def parse_sft(row: Row) -> SFTExample:
         messages = _expect_messages(row, final_role="assistant")
         if not messages[-1]["content"].strip():
             raise ProxrlError(f"{row.where}: field 'messages': the assistant message is empty")
-        return SFTExample(messages[:-1], messages[-1:], row.where)
+        tools = _tools(row)
+        if _uses_tools(messages):
+            start = _episode_start(messages)
+            if start == 0:
+                raise ProxrlError(
+                    f"{row.where}: field 'messages': a tool-use conversation needs a user message "
+                    "before the assistant's turns"
+                )
+            return SFTExample(messages[:start], messages[start:], row.where, tools)
+        return SFTExample(messages[:-1], messages[-1:], row.where, tools)
     if _is_unpaired(row):
         raise ProxrlError(
             f"{row.where}: field 'label': an unpaired preference row; sft would imitate the "
@@ -475,7 +577,7 @@ def load_preference_examples(source: str, split: str = "train") -> list[Preferen
 def _comparable(text: Text) -> Any:
     if isinstance(text, str):
         return text.strip()
-    return [(m["role"], m["content"].strip()) for m in text]
+    return [(m["role"], m["content"].strip(), json.dumps(m.get("tool_calls"))) for m in text]
 
 
 def _same_answer(example: PreferenceExample) -> bool:

@@ -6,6 +6,8 @@ feedback", InstructGPT) and Stiennon et al. 2020. Departures from the papers:
   together), not a per-sequence mean: long and short answers weigh per token, and gradient
   accumulation gives exactly the large-batch gradient.
 - For ``messages`` rows only the final assistant turn is trained on; earlier turns are prompt.
+  A tool-use conversation trains on every assistant turn after the last user message, its tool
+  results masked (``data.formats``).
 - Padding is kept small by length bucketing, or removed by ``packing`` (several examples per
   row, attention kept within each through position ids; the packing is fixed, the row order
   shuffled each epoch).
