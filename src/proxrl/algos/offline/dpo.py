@@ -10,7 +10,9 @@ model or an RL loop.
 
 Departures: the reference log-probs are computed once, before the first step, by the starting
 policy (or by ``ref_model`` when given, which is then freed; under LoRA by the same model with
-the adapter disabled), so no second model is held during training. The formulas live in
+the adapter disabled), so no second model is held during training. Batches are bucketed by
+length; ``packing`` also lays each batch's chosen and rejected rows end to end, several to a
+line (``rollout.packing``), for the same losses with fewer pad positions. The formulas live in
 ``proxrl.core.losses``. Metrics: ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
 ``rewards/accuracies`` (training) and the same under ``eval/``, plus ``train/loss``.
 """
