@@ -234,7 +234,14 @@ CASES = [
     (grpo, {"loss_aggregation": "dr_grpo", "policy_loss": "cispo"}, False),
     (grpo, {}, True),  # no log π_old: the update's packed forward gives it
 ]
-BUDGET = 24  # real tokens per micro-batch: rows of 4 to 17 tokens, 4 to 5 micro-batches
+BUDGET = 36  # real tokens per micro-batch: rows of 4 to 13 tokens, 2 micro-batches
+
+
+def _shares_a_line(mask: torch.Tensor, budget: int, rows: int) -> bool:
+    """Some packed micro-batch of ``mask`` (B, L) lays two rows in one line (so the per-row
+    attention blocks matter)."""
+    plan = micro_batch_plan(mask, rows, budget)
+    return any(pack_batch(mask[b], mask[b]).input_ids.shape[0] < len(b) for b in plan)
 
 
 @pytest.mark.parametrize(("module", "overrides", "without_old"), CASES)
@@ -243,10 +250,8 @@ def test_packed_update_equals_the_padded_one(
 ):
     padded_cfg = _config(module, tiny_lm, prompts, tmp_path, **overrides)
     packed_cfg = replace(padded_cfg, max_tokens_per_micro_batch=BUDGET)
-    mask = torch.cat(
-        [torch.ones(8, 1), (torch.arange(12)[None] < torch.tensor(RESPONSE_LENGTHS)[:, None])], 1
-    )
-    assert len(micro_batch_plan(mask, 8, BUDGET)) >= 3  # a genuinely different split
+    mask = _batch(40)[1]
+    assert _shares_a_line(mask, BUDGET, 8) and len(micro_batch_plan(mask, 8, BUDGET)) == 2
     padded, padded_stats = _step(module, padded_cfg, without_old)
     packed, packed_stats = _step(module, packed_cfg, without_old)
     scale = float(padded.abs().max())
@@ -300,7 +305,7 @@ def test_packed_rollout_equals_the_padded_one(
 
     monkeypatch.setattr(online_rollout, "make_sampler", cut)
     experiences = []
-    for budget in (0, 30):
+    for budget in (0, 200):
         cfg = _config(
             ppo,
             tiny_lm,
@@ -320,6 +325,7 @@ def test_packed_rollout_equals_the_padded_one(
         )
         experiences.append((experience, metrics))
     (padded, padded_metrics), (packed, packed_metrics) = experiences
+    assert _shares_a_line(padded.attention_mask, 200, 4)  # one micro-batch, padded: two
     assert torch.equal(padded.response_ids, packed.response_ids)
     mask = padded.response_mask.double()
     assert len(set(mask.sum(1).tolist())) > 4  # very different lengths
