@@ -305,7 +305,7 @@ def test_packed_rollout_equals_the_padded_one(
 
     monkeypatch.setattr(online_rollout, "make_sampler", cut)
     experiences = []
-    for budget in (0, 200):
+    for budget in (0, 30, 200):
         cfg = _config(
             ppo,
             tiny_lm,
@@ -324,8 +324,15 @@ def test_packed_rollout_equals_the_padded_one(
             cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.1, {}
         )
         experiences.append((experience, metrics))
-    (padded, padded_metrics), (packed, packed_metrics) = experiences
-    assert _shares_a_line(padded.attention_mask, 200, 4)  # one micro-batch, padded: two
+    (padded, padded_metrics), *packed_runs = experiences
+    # 30: rows out of order over several micro-batches; 200: one, several rows to a line.
+    assert len(micro_batch_plan(padded.attention_mask, 4, 30)) > 2
+    assert _shares_a_line(padded.attention_mask, 200, 4)
+    for packed, packed_metrics in packed_runs:
+        _same_rollout(padded, packed, padded_metrics, packed_metrics)
+
+
+def _same_rollout(padded, packed, padded_metrics, packed_metrics) -> None:
     assert torch.equal(padded.response_ids, packed.response_ids)
     mask = padded.response_mask.double()
     assert len(set(mask.sum(1).tolist())) > 4  # very different lengths
