@@ -157,7 +157,7 @@ def start(shape: Shape, path: str, root: Path) -> Any:
     for), started and warmed up here, both printed apart from every figure."""
     from vllm import SamplingParams
 
-    from proxrl.algos.online.rollout import engine_options
+    from proxrl.algos.online.samplers import engine_options
     from proxrl.rollout.vllm_sampler import start_engine
 
     options = engine_options(iteration_config(shape, path, root, "grpo", "vllm"))

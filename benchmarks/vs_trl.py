@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -44,12 +45,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROXRL_PYTHON = ROOT / ".venv" / "bin" / "python"
-TRL_VENV = ROOT / "benchmarks" / ".venv-trl"
-TRL_PYTHON = TRL_VENV / "bin" / "python"
-TRL_VERSION = "1.12.0"
+PROXRL_PYTHON = Path(os.environ.get("PROXRL_PYTHON", ROOT / ".venv" / "bin" / "python"))
+# TRL 1.12 is the last release with PPO; its GRPO is compared at 1.16, in a venv of its own.
+TRL_VENVS = {
+    "ppo": (ROOT / "benchmarks" / ".venv-trl", "1.12.0"),
+    "grpo": (ROOT / "benchmarks" / ".venv-trl116", "1.16.0"),
+}
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
 PROMPTS = [f"say: {w} ->" for w in WORDS]
+# A forward at most this wide is a generation call (prompts of 7-10 tokens plus what the
+# trainer's encoding adds); a wider one is a training or scoring pass (prompt + response).
+PROMPT_TOKENS = 16
+# The spread workload: response j of every 32 stops after SPREAD_LENGTHS[j] tokens (EOS
+# included), 32 lengths drawn once, uniformly between 8 and 256, the same on every side.
+_DRAW = random.Random(0)
+SPREAD_LENGTHS = [_DRAW.randint(8, 256) for _ in range(32)]
+assert min(SPREAD_LENGTHS) + 7 > PROMPT_TOKENS  # every training pass is told from a prefill
 
 
 def letter_share(prompts: list[str], completions: list[str], **columns: object) -> list[float]:
@@ -61,18 +72,19 @@ def letter_share(prompts: list[str], completions: list[str], **columns: object) 
 # Setup (runs in proxrl's environment)
 
 
-def ensure_trl_venv() -> None:
-    if TRL_PYTHON.exists():
+def ensure_trl_venv(trainer: str) -> None:
+    venv, version = TRL_VENVS[trainer]
+    if (venv / "bin" / "python").exists():
         return
     import transformers
 
-    print(f"installing TRL {TRL_VERSION} into {TRL_VENV} …", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
-    pip = [str(TRL_VENV / "bin" / "pip"), "install", "--quiet"]
+    print(f"installing TRL {version} into {venv} …", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this machine's disk
     # requests: GRPOTrainer imports it and TRL does not declare it.
     subprocess.run(
-        [*pip, f"trl=={TRL_VERSION}", f"transformers=={transformers.__version__}", "requests"],
+        [*pip, f"trl=={version}", f"transformers=={transformers.__version__}", "requests"],
         check=True,
     )
 
@@ -111,7 +123,15 @@ def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
         tokenizer.save_pretrained(path)
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 4))
-    return {"model": str(paths["model"]), "reward": str(paths["reward"]), "prompts": str(prompts)}
+    if max(len(tokenizer(p)["input_ids"]) for p in PROMPTS) > PROMPT_TOKENS:
+        raise SystemExit("PROMPT_TOKENS: a prompt is longer; raise it")
+    return {
+        "model": str(paths["model"]),
+        "reward": str(paths["reward"]),
+        "prompts": str(prompts),
+        "eos": str(tokenizer.eos_token_id),
+        "vocab": str(len(tokenizer)),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -120,6 +140,55 @@ def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
 
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Workload:
+    """What every side's model calls see, hooked into every module (both frameworks alike).
+
+    - The spread workload (``forced``): response j of each generation call, counted over calls
+      mod 32, stops after ``SPREAD_LENGTHS[j]`` tokens — EOS is impossible before and certain
+      there, the same lengths on every side whatever the model samples. A generation call is a
+      prompt-wide forward (at most PROMPT_TOKENS columns) followed by one-token steps; the
+      training and scoring passes are wider and left alone.
+    - The padding share of the training and scoring passes: pad positions (id 0, also the
+      packed filler) over all positions those passes computed."""
+
+    def __init__(self, forced: bool, eos: int, vocab: int) -> None:
+        import torch
+
+        self.torch, self.forced, self.eos, self.vocab = torch, forced, eos, vocab
+        self.lengths = torch.tensor(SPREAD_LENGTHS)
+        self.offset, self.step, self.rows, self.width = 0, 0, None, 0
+        self.positions, self.pads = 0, 0
+        torch.nn.modules.module.register_module_forward_hook(self.hook)
+
+    def hook(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
+        torch = self.torch
+        if isinstance(module, torch.nn.Embedding) and args and args[0].dim() == 2:
+            n, self.width = args[0].shape
+            if self.width > PROMPT_TOKENS:
+                self.positions += args[0].numel()
+                self.pads += int((args[0] == 0).sum())
+            elif self.width > 1:  # a generation call starts: token 0 comes out of this pass
+                self.step, self.rows = 0, (self.offset + torch.arange(n)) % len(self.lengths)
+                self.offset += n
+            else:
+                self.step += 1
+        elif (
+            self.forced
+            and isinstance(module, torch.nn.Linear)
+            and self.vocab <= module.out_features <= self.vocab + 8  # (proxrl adds a token)
+            and self.width <= PROMPT_TOKENS
+            and self.rows is not None
+            and not torch.is_grad_enabled()
+        ):
+            stop = self.lengths[self.rows].to(output.device) - 1 == self.step
+            last = output[:, -1]
+            last[:, self.eos] = torch.where(stop, 1e4, float("-inf")).to(last.dtype)
+
+    @property
+    def padding_share(self) -> float:
+        return self.pads / max(self.positions, 1)
 
 
 class ComputeDtypes:
@@ -163,6 +232,11 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         return result
 
     metrics.MetricsLogger.log = stamped_log  # type: ignore[method-assign]
+    spread = getattr(args, "workload", "fixed") == "spread"  # (benchmarks/old_logprobs.py)
+    workload = Workload(spread, int(paths["eos"]), int(paths["vocab"]))
+    if getattr(args, "packed", False):  # padding-free micro-batches, the rest as padded
+        args.overrides = getattr(args, "overrides", {})
+        args.overrides["max_tokens_per_micro_batch"] = args.max_tokens
     common = dict(
         model=paths["model"],
         prompts=paths["prompts"],
@@ -218,11 +292,18 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     tokens = [
         r["response/length_mean"] * 32 for r in rows
     ]  # 32 responses per update on both trainers
+    split = {  # where an update's time goes (the warm-up left out)
+        key.removeprefix("time/").removesuffix("_s"): statistics.median(r[key] for r in rows[1:])
+        for key in ("time/rollout_s", "time/score_s", "time/forward_s", "time/update_s")
+        if len(rows) > 1 and key in rows[1]
+    }
     return {
         "update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)],
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
+        "padding_share": workload.padding_share,
+        "split": split,
     }
 
 
@@ -251,6 +332,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                 tokens.append(logs["completions/mean_length"] * 32)
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
+    workload = Workload(args.workload == "spread", int(paths["eos"]), int(paths["vocab"]))
     common = dict(
         output_dir=args.out,
         learning_rate=1e-5,
@@ -348,6 +430,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
+        "padding_share": workload.padding_share,
     }
 
 
@@ -374,6 +457,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     from proxrl.rollout.generation import draw_tokens, response_mask_after_stop
 
     torch.manual_seed(1)
+    workload = Workload(args.workload == "spread", int(paths["eos"]), int(paths["vocab"]))
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     policy = AutoModelForCausalLM.from_pretrained(paths["model"])
     prompts = PROMPTS * 4 if args.trainer == "ppo" else [p for p in PROMPTS for _ in range(4)]
@@ -504,6 +588,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
+        "padding_share": workload.padding_share,
     }
 
 
@@ -514,12 +599,17 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 def run_worker(
     framework: str, trainer: str, paths: dict[str, str], args: argparse.Namespace, out: Path
 ) -> dict:
-    python = TRL_PYTHON if framework == "trl" else PROXRL_PYTHON
+    python = TRL_VENVS[trainer][0] / "bin" / "python" if framework == "trl" else PROXRL_PYTHON
     command = [
         str(python),
         __file__,
         "--worker",
-        framework,
+        "proxrl" if framework == "packed" else framework,
+        *(["--packed"] if framework == "packed" else []),
+        "--workload",
+        args.workload,
+        "--max-tokens",
+        str(args.max_tokens),
         "--trainer",
         trainer,
         "--paths",
@@ -537,7 +627,7 @@ def run_worker(
     env = os.environ | {
         "OMP_NUM_THREADS": str(args.threads),
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(Path(__file__).parent),
+        "PYTHONPATH": f"{Path(__file__).parent}:{ROOT / 'src'}",
     }
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
@@ -554,7 +644,21 @@ def main() -> None:
     parser.add_argument(
         "--updates", type=int, default=5, help="updates per run (the first is warm-up)"
     )
-    parser.add_argument("--tokens", type=int, default=32, help="response length")
+    parser.add_argument(
+        "--tokens", type=int, default=None, help="response length (fixed: 32; spread: 256 max)"
+    )
+    parser.add_argument(
+        "--workload",
+        choices=["fixed", "spread"],
+        default="fixed",
+        help="fixed: every response runs to --tokens; spread: SPREAD_LENGTHS, 8 to 256",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="proxrl packed side: max_tokens_per_micro_batch",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--precision",
@@ -580,7 +684,10 @@ def main() -> None:
     parser.add_argument("--trainer", choices=["ppo", "grpo"], help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--packed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.tokens is None:
+        args.tokens = 256 if args.workload == "spread" else 32
 
     if args.worker:
         import logging
@@ -595,14 +702,21 @@ def main() -> None:
 
     import tempfile
 
-    ensure_trl_venv()
+    for trainer in args.trainers:
+        ensure_trl_venv(trainer)
     root = Path(tempfile.mkdtemp(prefix="vs_trl_"))
-    frameworks = ("proxrl", "trl", "floor") if args.floor else ("proxrl", "trl")
+    # proxrl padded, proxrl packed (max_tokens_per_micro_batch), TRL, the bare-loop floor
+    frameworks = ("proxrl", "packed", "trl") + (("floor",) if args.floor else ())
+    sides = "/".join(frameworks)
     print(
-        f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update proxrl/TRL/floor':>26} "
-        f"{'tokens/update':>15} "
-        f"{'peak MB':>9} {'ratio':>6} {'ceiling':>7} {'warm-up s':>10}  "
-        "computed in (proxrl / TRL / floor)",
+        f"workload {args.workload} ({args.tokens} tokens at most), {args.precision}; sides "
+        f"{sides}; ratio = packed/TRL tokens per second, packed/padded = packed/proxrl",
+        flush=True,
+    )
+    print(
+        f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update':>26} {'tokens/update':>20} "
+        f"{'padding share':>16} {'peak MB':>15} {'ratio':>6} {'padded':>6} {'pk/pd':>6} "
+        f"{'ceiling':>7}  proxrl time split (padded | packed)  computed in",
         flush=True,
     )
     # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
@@ -616,6 +730,7 @@ def main() -> None:
         paths = build_models(root / size, hidden, layers)
         for trainer in args.trainers:
             ratios, ceilings, computed = [], [], set()
+            padded_ratios, packing_gains = [], []
             for pair in range(args.pairs):
                 runs = {}
                 for framework in frameworks:  # A B (C) within every pair
@@ -629,39 +744,58 @@ def main() -> None:
                         ),
                         warmup,
                     )
-                ratios.append(runs["proxrl"].tokens_per_s / runs["trl"].tokens_per_s)
+                ratios.append(runs["packed"].tokens_per_s / runs["trl"].tokens_per_s)
+                padded_ratios.append(runs["proxrl"].tokens_per_s / runs["trl"].tokens_per_s)
+                packing_gains.append(runs["packed"].tokens_per_s / runs["proxrl"].tokens_per_s)
                 ceilings.append(
                     runs["floor"].tokens_per_s / runs["trl"].tokens_per_s
                     if args.floor
                     else float("nan")
                 )
                 computed.add(tuple(run.dtypes for run in runs.values()))
+                trained = [runs[k] for k in ("proxrl", "packed", "trl")]
+                split = " | ".join(
+                    " ".join(f"{k} {v:.2f}" for k, v in runs[k].split.items())
+                    for k in ("proxrl", "packed")
+                )
                 print(
                     f"{trainer:<6} {size:<6} {pair:<4} "
                     f"{'/'.join(f'{r.seconds:.3f}' for r in runs.values()):>26} "
-                    f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>15} "
-                    f"{'/'.join(f'{r.peak_mb:.0f}' for r in list(runs.values())[:2]):>9} "
-                    f"{ratios[-1]:>6.2f} {ceilings[-1]:>7.2f} "
-                    f"{'/'.join(f'{r.warmup_s:.1f}' for r in list(runs.values())[:2]):>10}  "
+                    f"{'/'.join(f'{r.tokens:.0f}' for r in runs.values()):>20} "
+                    f"{'/'.join(f'{r.padding_share:.2f}' for r in trained):>16} "
+                    f"{'/'.join(f'{r.peak_mb:.0f}' for r in trained):>15} "
+                    f"{ratios[-1]:>6.2f} {padded_ratios[-1]:>6.2f} {packing_gains[-1]:>6.2f} "
+                    f"{ceilings[-1]:>7.2f}  {split}  "
                     f"{' / '.join(run.dtypes for run in runs.values())}",
                     flush=True,
                 )
             summary.append(
-                (trainer, size, statistics.median(ratios), statistics.median(ceilings), computed)
+                (
+                    trainer,
+                    size,
+                    statistics.median(ratios),
+                    statistics.median(padded_ratios),
+                    statistics.median(packing_gains),
+                    statistics.median(ceilings),
+                    computed,
+                )
             )
     print(
-        f"\nmedians ({args.precision} on every side): ratio = proxrl/TRL tokens per second; "
-        "ceiling = floor/TRL, "
-        "the ratio a trainer with no overhead at all would reach"
+        f"\nmedians ({args.workload}, {args.precision} on every side): ratio = proxrl packed/TRL "
+        "tokens per second, padded = proxrl padded/TRL, packing = packed/padded; "
+        "ceiling = floor/TRL, the ratio a trainer with no overhead at all would reach"
     )
-    for trainer, size, ratio, ceiling, computed in summary:
+    for trainer, size, ratio, padded_ratio, gain, ceiling, computed in summary:
         alike = all(len(set(c)) == 1 for c in computed)
         note = (
             ""
             if alike
             else "   NOT like for like: computed in " + ", ".join(" vs ".join(c) for c in computed)
         )
-        print(f"  {trainer:<5} {size:<7} ratio {ratio:.2f}   ceiling {ceiling:.2f}{note}")
+        print(
+            f"  {trainer:<5} {size:<7} ratio {ratio:.2f}   padded {padded_ratio:.2f}   "
+            f"packing {gain:.2f}   ceiling {ceiling:.2f}{note}"
+        )
 
 
 @dataclass
@@ -674,6 +808,8 @@ class Run:
     peak_mb: float
     dtypes: str  # what its linear layers computed in
     warmup_s: float  # the warm-up updates together (compiles land here)
+    padding_share: float  # pad positions / positions of the training and scoring passes
+    split: dict[str, float]  # proxrl: median seconds of rollout, score, forward, update
 
     @classmethod
     def of(cls, numbers: dict, warmup: int) -> Run:
@@ -685,6 +821,8 @@ class Run:
             numbers["peak_mb"],
             "+".join(numbers["dtypes"]),
             sum(numbers["update_s"][:warmup]),
+            numbers.get("padding_share", float("nan")),
+            numbers.get("split", {}),
         )
 
 

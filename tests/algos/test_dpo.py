@@ -149,3 +149,50 @@ def test_an_explicit_reference_model_sets_the_reference_point(tiny_lm, tmp_path)
     dpo.train(cfg)
     first = json.loads((Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()[0])
     assert abs(first["rewards/chosen"]) > 1e-3
+
+
+@pytest.mark.parametrize("loss", ["sigmoid", "ipo", "simpo"])
+def test_packed_pairs_give_the_padded_loss_and_gradient(tiny_lm, loss):
+    """``packing``: chosen and rejected rows of different lengths several to a line, the same
+    loss, statistics, gradient (float64) and reference log-probs as the padded batch."""
+    from proxrl.rollout.packing import pack_batch
+
+    tokenizer = load_tokenizer(tiny_lm)
+    rows = preference_rows(8, seed=4)
+    for i, row in enumerate(rows):  # responses 1, 4 or 7 words long, chosen and rejected apart
+        row["chosen"] *= 1 + 3 * (i % 3)
+        row["rejected"] *= 1 + 3 * ((i + 1) % 3)
+    pairs = encode_preferences(
+        [parse_preference(Row(r, str(i))) for i, r in enumerate(rows)], tokenizer, 512
+    )
+    pad = tokenizer.pad_token_id
+    lengths = {len(p.chosen) for p in pairs} | {len(p.rejected) for p in pairs}
+    assert len(lengths) > 4  # very different lengths
+    model = load_causal_lm(tiny_lm, dtype="float64")
+    refs = [
+        dpo.reference_logps(model, pairs, 4, pad, dpo.uses_average(loss), packed)
+        for packed in (False, True)
+    ]
+    for padded_ref, packed_ref in zip(*refs, strict=True):
+        torch.testing.assert_close(packed_ref, padded_ref, rtol=1e-12, atol=1e-12)
+    batch = dpo.make_batch(pairs, list(range(8)), refs[0], pad, torch.float64)
+    sequences = batch.pairs.sequences
+    assert pack_batch(sequences.input_ids, sequences.attention_mask).input_ids.shape[0] < 16
+    perturbed = dpo.DPOBatch(batch.pairs, batch.ref_chosen - 0.3, batch.ref_rejected + 0.2)
+
+    def loss_and_grads(packing: bool):
+        model.zero_grad()
+        cfg = dpo.Config(model=tiny_lm, data="unused", loss=loss, beta=0.5, packing=packing)
+        value, stats = dpo.preference_loss(model, perturbed, cfg)
+        value.backward()
+        return value.detach(), stats, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    padded_loss, padded_stats, padded_grads = loss_and_grads(False)
+    packed_loss, packed_stats, packed_grads = loss_and_grads(True)
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-12, atol=1e-14)
+    for key, value in padded_stats.items():
+        torch.testing.assert_close(packed_stats[key], value, rtol=1e-10, atol=1e-12)
+    scale = max(float(g.abs().max()) for g in padded_grads.values())
+    assert scale > 1e-3
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=0, atol=1e-10 * scale)

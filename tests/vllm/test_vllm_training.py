@@ -62,7 +62,7 @@ def _engine_matches_saved_policy(cfg, run: Path) -> float:
     saved policy: the engine must hold the weights of the last update."""
     from transformers import AutoModelForCausalLM
 
-    from proxrl.algos.online.rollout import engine_options
+    from proxrl.algos.online.samplers import engine_options
     from proxrl.models.tokenizer import load_tokenizer
     from proxrl.rollout.forward import policy_forward
     from proxrl.rollout.generation import SamplingSettings

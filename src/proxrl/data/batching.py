@@ -179,25 +179,32 @@ class PackedRow:
         return sum(len(s) for s in self.sequences)
 
 
-def pack_sequences(sequences: Sequence[EncodedSequence], max_length: int) -> list[PackedRow]:
-    """Best-fit-decreasing bin packing into rows of at most ``max_length`` tokens (a sequence
-    longer than that gets a row of its own). Deterministic: same input, same rows."""
-    order = sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i))
-    rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (free tokens, row index), sorted
+def pack_lengths(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Best-fit-decreasing bin packing: the indices of ``lengths`` in bins whose lengths sum to
+    at most ``capacity`` (an item longer than that gets a bin of its own). Each bin's indices
+    ascending, bins in the order they were opened. Deterministic: same input, same bins."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (free room, bin index), sorted
     for i in order:
-        n = len(sequences[i])
+        n = lengths[i]
         slot = bisect.bisect_left(free, (n, -1))
         if slot < len(free):
-            room, row = free.pop(slot)
-            rows[row].append(i)
+            room, index = free.pop(slot)
+            bins[index].append(i)
             room -= n
         else:
-            rows.append([i])
-            row, room = len(rows) - 1, max_length - n
+            bins.append([i])
+            index, room = len(bins) - 1, capacity - n
         if room > 0:
-            bisect.insort(free, (room, row))
-    return [PackedRow([sequences[i] for i in sorted(row)]) for row in rows]
+            bisect.insort(free, (room, index))
+    return [sorted(b) for b in bins]
+
+
+def pack_sequences(sequences: Sequence[EncodedSequence], max_length: int) -> list[PackedRow]:
+    """``pack_lengths`` of the sequences into rows of at most ``max_length`` tokens."""
+    bins = pack_lengths([len(s) for s in sequences], max_length)
+    return [PackedRow([sequences[i] for i in row]) for row in bins]
 
 
 def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:

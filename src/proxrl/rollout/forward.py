@@ -2,22 +2,21 @@
 
 Positions are computed from the attention mask, as ``generate`` does for left-padded prompts, so
 the log-probs recomputed here are those the sampler drew from (a plain forward would number a
-left-padded row's tokens from the padding and shift every position).
+left-padded row's tokens from the padding and shift every position). ``packed=True`` runs the
+same forward padding-free (``rollout.packing``) and returns the same padded tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from proxrl.core import processed_entropy, processed_logprobs
-from proxrl.models.scalar_head import apply_head, backbone, score_head
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """(B, L) 0/1 mask → (B, L) positions counting real tokens only (pads get 0)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
+from proxrl.rollout.packing import pack_batch, unpack
+from proxrl.rollout.packing import real_positions as position_ids
 
 
 @dataclass
@@ -39,13 +38,20 @@ def policy_forward(
     top_k: int = 0,
     top_p: float = 1.0,
     min_p: float = 0.0,
+    packed: bool = False,
 ) -> PolicyOutput:
     """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
     under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
 
     ``logits[:, P−1+t]`` predicts response token t, so the (B, T, V) slice is a view of the
-    model's own logits, never a copy.
+    model's own logits, never a copy. ``packed``: the padding-free forward, the same outputs at
+    every real response token (0 elsewhere).
     """
+    if packed:
+        return _packed_policy_forward(
+            model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
+            with_hidden, top_k, top_p, min_p,
+        )  # fmt: skip
     output = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -66,14 +72,79 @@ def policy_forward(
     )
 
 
+def _packed_policy_forward(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_length: int,
+    temperature: float,
+    with_entropy: bool,
+    with_hidden: bool,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+) -> PolicyOutput:
+    """``policy_forward`` on the packed rows. The logits that predict response tokens are
+    gathered T positions at a time (a (T, V) copy each, the padded path's per-row peak)."""
+    packed = pack_batch(input_ids, attention_mask)
+    output = model(**packed.model_inputs(), output_hidden_states=with_hidden)
+    rows, columns, lines, slots = packed.predictions(prompt_length)
+    shape = (input_ids.shape[0], input_ids.shape[1] - prompt_length)
+    tokens = input_ids[rows, columns + prompt_length]
+    logprobs, entropy = [], []
+    for part in torch.arange(len(rows), device=rows.device).split(max(shape[1], 1)):
+        logits = output.logits[lines[part], slots[part]].unsqueeze(0)  # (1, ≤T, V)
+        picked = tokens[part].unsqueeze(0)
+        logprobs.append(processed_logprobs(logits, picked, temperature, top_k, top_p, min_p)[0])
+        if with_entropy:
+            entropy.append(processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)[0])
+    empty = output.logits.new_zeros(0)  # (a batch without a response token)
+    return PolicyOutput(
+        logprobs=unpack(torch.cat(logprobs or [empty]), rows, columns, shape),
+        entropy=unpack(torch.cat(entropy or [empty]), rows, columns, shape)
+        if with_entropy
+        else None,
+        hidden=unpack(output.hidden_states[-1][lines, slots], rows, columns, shape)
+        if with_hidden
+        else None,
+    )
+
+
 def critic_forward(
-    critic: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_length: int
+    critic: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_length: int,
+    packed: bool = False,
 ) -> Tensor:
     """V(s_t) for every response token from a separate critic (a ``num_labels=1`` sequence
-    classifier): its head on the hidden state that precedes token t. → (B, T)."""
+    classifier): its head on the hidden state that precedes token t. → (B, T). ``packed``: the
+    padding-free forward (0 where no real token precedes)."""
+    if packed:
+        batch = pack_batch(input_ids, attention_mask)
+        hidden = backbone(critic)(**batch.model_inputs()).last_hidden_state
+        rows, columns, lines, slots = batch.predictions(prompt_length)
+        values = apply_head(score_head(critic), hidden[lines, slots]).squeeze(-1).float()
+        return unpack(
+            values, rows, columns, (input_ids.shape[0], input_ids.shape[1] - prompt_length)
+        )
     hidden = backbone(critic)(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids(attention_mask),
     ).last_hidden_state
     return apply_head(score_head(critic), hidden[:, prompt_length - 1 : -1]).squeeze(-1).float()
+
+
+def packed_sequence_scores(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, normalize: bool = False
+) -> Tensor:
+    """``models.scalar_head.sequence_scores`` on the packed rows: (B, L) → (B,) the head at each
+    row's last real token (minus the stored ``reward_offset`` when ``normalize``)."""
+    batch = pack_batch(input_ids, attention_mask)
+    hidden = backbone(model)(**batch.model_inputs()).last_hidden_state
+    lines, slots = batch.last_tokens(input_ids.shape[0])
+    scores = apply_head(score_head(model), hidden[lines, slots]).squeeze(-1)
+    if normalize:
+        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
+    return scores

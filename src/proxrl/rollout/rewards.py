@@ -22,11 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from proxrl.data.batching import pad_right
+from proxrl.data.batching import pack_lengths, pad_right
 from proxrl.data.encoding import encode_prompt_text, encode_response_text
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.models.tokenizer import check_round_trip
+from proxrl.rollout.forward import packed_sequence_scores
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
@@ -117,6 +118,7 @@ class RewardModelReward:
     normalize: bool = True
     batch_size: int = 64
     checked: bool = False  # its tokenizer judged on the run's first prompts
+    max_tokens: int = 0  # > 0: padding-free forwards of at most this many real tokens each
 
     name = "reward_model"
 
@@ -133,15 +135,22 @@ class RewardModelReward:
             + encode_response_text(self.tokenizer, c)
             for p, c in zip(prompts, completions, strict=True)
         ]
-        scores = []
-        for start in range(0, len(rows), self.batch_size):
-            chunk = rows[start : start + self.batch_size]
+        plan = (
+            pack_lengths([len(r) for r in rows], self.max_tokens)
+            if self.max_tokens
+            else [
+                list(range(i, min(i + self.batch_size, len(rows))))
+                for i in range(0, len(rows), self.batch_size)
+            ]
+        )
+        score = packed_sequence_scores if self.max_tokens else sequence_scores
+        scores = torch.zeros(len(rows))
+        for indices in plan:
+            chunk = [rows[i] for i in indices]
             ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
             mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
-            scores.append(
-                sequence_scores(self.model, ids, mask, normalize=self.normalize).float().cpu()
-            )
-        return torch.cat(scores)
+            scores[indices] = score(self.model, ids, mask, normalize=self.normalize).float().cpu()
+        return scores
 
 
 @dataclass

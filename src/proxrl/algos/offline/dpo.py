@@ -10,7 +10,9 @@ model or an RL loop.
 
 Departures: the reference log-probs are computed once, before the first step, by the starting
 policy (or by ``ref_model`` when given, which is then freed; under LoRA by the same model with
-the adapter disabled), so no second model is held during training. The formulas live in
+the adapter disabled), so no second model is held during training. Batches are bucketed by
+length; ``packing`` also lays each batch's chosen and rejected rows end to end, several to a
+line (``rollout.packing``), for the same losses with fewer pad positions. The formulas live in
 ``proxrl.core.losses``. Metrics: ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
 ``rewards/accuracies`` (training) and the same under ``eval/``, plus ``train/loss``.
 """
@@ -41,6 +43,7 @@ from proxrl.data.formats import load_preference_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
+from proxrl.rollout.forward import policy_forward
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
@@ -69,6 +72,9 @@ class Config(OfflineConfig):
     """SimPO target margin γ divided by β."""
     ref_model: str | None = None
     """Reference model for the log-prob ratios (default: the starting policy)."""
+    packing: bool = False
+    """Run each batch's chosen and rejected rows padding-free, several to a line (attention kept
+    within each row through position ids): the same losses, fewer pad positions computed."""
 
     def validate(self) -> None:
         super().validate()
@@ -93,10 +99,18 @@ class DPOBatch:
         )
 
 
-def response_logps(model: nn.Module, sequences: Batch, average: bool) -> Tensor:
-    """(N,) log π(response | prompt): the sum (or mean) of the response tokens' log-probs."""
-    logits = model(**sequences.model_inputs()).logits
-    token_logps = logprobs_from_logits(logits[:, :-1], sequences.input_ids[:, 1:])
+def response_logps(
+    model: nn.Module, sequences: Batch, average: bool, packed: bool = False
+) -> Tensor:
+    """(N,) log π(response | prompt): the sum (or mean) of the response tokens' log-probs.
+    ``packed``: the padding-free forward (``rollout.packing``), the same (N, T−1) log-probs."""
+    if packed:
+        token_logps = policy_forward(
+            model, sequences.input_ids, sequences.attention_mask, 1, 1.0, packed=True
+        ).logprobs
+    else:
+        logits = model(**sequences.model_inputs()).logits
+        token_logps = logprobs_from_logits(logits[:, :-1], sequences.input_ids[:, 1:])
     mask = sequences.loss_mask[:, 1:]
     return (
         masked_mean(token_logps, mask, dim=-1) if average else masked_sum(token_logps, mask, dim=-1)
@@ -112,7 +126,7 @@ def preference_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
     batch = batch.to(next(model.parameters()).device)
-    logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss))
+    logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss), cfg.packing)
     b = batch.pairs.num_pairs
     chosen, rejected = logps[:b], logps[b:]
     if cfg.loss == "simpo":
@@ -128,7 +142,12 @@ def preference_loss(
 
 @torch.no_grad()
 def reference_logps(
-    model: nn.Module, items: list[EncodedPair], batch_size: int, pad_id: int, average: bool
+    model: nn.Module,
+    items: list[EncodedPair],
+    batch_size: int,
+    pad_id: int,
+    average: bool,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(N,) chosen and (N,) rejected log-probs of every pair under ``model`` (eval mode).
 
@@ -145,7 +164,7 @@ def reference_logps(
         pairs = collate_pairs([items[i] for i in indices], pad_id).to(
             next(model.parameters()).device
         )
-        logps = response_logps(model, pairs.sequences, average).double().cpu()
+        logps = response_logps(model, pairs.sequences, average, packed).double().cpu()
         chosen[indices] = logps[: len(indices)]
         rejected[indices] = logps[len(indices) :]
     model.train(was_training)
@@ -204,14 +223,22 @@ def train(cfg: Config) -> dict[str, float]:
         ).to(dist.device())
         resize_for_tokenizer(reference, tokenizer)
         with cfg.autocast():
-            ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
-            ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+            ref_train = reference_logps(
+                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+            ref_eval = reference_logps(
+                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
         del reference
         gc.collect()
     else:
         with adapter_disabled(policy) as reference, cfg.autocast():
-            ref_train = reference_logps(reference, train_items, cfg.batch_size, pad_id, average)
-            ref_eval = reference_logps(reference, eval_items, cfg.batch_size, pad_id, average)
+            ref_train = reference_logps(
+                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+            ref_eval = reference_logps(
+                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
     # Every input has loaded: now the output directory (a bad input leaves no run behind).
     output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
     # The policy's log-probs come out in float32 for half-precision weights (core.logprobs).

@@ -109,6 +109,9 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     16 that grad_accum divides)."""
     grad_accum: Annotated[int, Range(ge=1)] = 1
     """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
+    max_tokens_per_micro_batch: Annotated[int, Range(ge=0)] = 0
+    """Padding-free micro-batches: rows packed into forwards of at most this many real tokens
+    (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards)."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
     clip: Annotated[float, Range(gt=0)] = 0.2

@@ -47,6 +47,8 @@ class CriticSettings:
     """Train only the critic for this many first iterations."""
     source: str | None = None
     """Where a separate critic starts (``critic_start``): None, ``policy``, a model, or a run."""
+    packed: bool = False
+    """A separate critic's forward passes run padding-free (``max_tokens_per_micro_batch``)."""
 
 
 class Critic(ABC):
@@ -272,7 +274,9 @@ class SeparateCritic(_TrainedCritic):
     def values(
         self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
     ) -> Tensor:
-        return critic_forward(self.module, input_ids, attention_mask, prompt_length)
+        return critic_forward(
+            self.module, input_ids, attention_mask, prompt_length, self.settings.packed
+        )
 
     def save_pretrained(
         self, output_dir: Path, state_dict: dict[str, Tensor] | None = None

@@ -23,7 +23,8 @@ from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.placement.base import elsewhere, roles_for, train_elsewhere
 from proxrl.algos.online.roles import Models, load_prompts, place_roles
-from proxrl.algos.online.rollout import collect_rollout, prompt_order, rollout_engine
+from proxrl.algos.online.rollout import collect_rollout, prompt_order
+from proxrl.algos.online.samplers import rollout_engine
 from proxrl.algos.online.update import NAMESPACES, update
 from proxrl.core import FixedKL, ProportionalKL, informative_groups
 from proxrl.data.formats import PromptExample

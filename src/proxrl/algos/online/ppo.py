@@ -130,6 +130,7 @@ def build(cfg: Config) -> Algorithm:
         value_clip=cfg.value_clip,
         warmup_iterations=cfg.critic_warmup_iterations,
         source=cfg.critic_model,
+        packed=bool(cfg.max_tokens_per_micro_batch),
     )
     return Algorithm(
         name="ppo",

@@ -90,7 +90,11 @@ def load_reward_model(cfg: OnlineConfig, path: str) -> RewardModelReward:
     except ProxrlError as exc:
         raise ProxrlError(f"reward_model: {exc}") from exc
     model.requires_grad_(False).eval()
-    return RewardModelReward(model, load_tokenizer(path, trust_remote_code=cfg.trust_remote_code))
+    return RewardModelReward(
+        model,
+        load_tokenizer(path, trust_remote_code=cfg.trust_remote_code),
+        max_tokens=cfg.max_tokens_per_micro_batch,
+    )
 
 
 def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:

@@ -4,7 +4,6 @@ critic forward passes and estimate advantages."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import responses_stopped, sample_responses, score_responses
 from proxrl.algos.online.roles import Models
+from proxrl.algos.online.samplers import make_sampler
 from proxrl.core import (
     combine_correction_stats,
     correction_stats,
@@ -31,18 +31,13 @@ from proxrl.core import (
 )
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
-from proxrl.models.lora import adapter_base, adapter_disabled
+from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
-from proxrl.rollout.generation import (
-    CachedSampler,
-    HFSampler,
-    Sampler,
-    SamplingSettings,
-)
+from proxrl.rollout.generation import SamplingSettings
+from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.errors import ProxrlError
 
 
 def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[int]:
@@ -73,52 +68,6 @@ CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torc
     ),
 }
 """``rollout_correction`` → (log π_old − log π_sampler, mask, config) → (B, T) weights."""
-
-
-def engine_options(cfg: OnlineConfig) -> Any:
-    from proxrl.rollout.vllm_sampler import EngineOptions
-
-    return EngineOptions(
-        # an adapter directory: the engine starts from its base; the first sync brings the rest
-        model=adapter_base(os.path.expanduser(cfg.model)) or cfg.model,
-        dtype=cfg.dtype,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        max_model_length=cfg.vllm_max_model_length,
-        tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        enforce_eager=cfg.vllm_enforce_eager,
-        enable_prefix_caching=cfg.vllm_enable_prefix_caching,
-    )
-
-
-def rollout_engine(cfg: OnlineConfig) -> Any:
-    """The run's inference engine when the sampler keeps its own copy of the weights (vllm),
-    started here once; None for the samplers that read the policy itself."""
-    if cfg.sampler != "vllm":
-        return None
-    from proxrl.rollout.vllm_sampler import start_engine
-
-    if dist.world_size() > 1:
-        raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
-    return start_engine(engine_options(cfg))
-
-
-def _vllm(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
-    from proxrl.rollout.vllm_sampler import VLLMSampler
-
-    return VLLMSampler(rollout_engine(cfg), tokenizer)
-
-
-SAMPLERS: dict[str, Any] = {
-    "cached": lambda cfg, model, tok: CachedSampler(model, tok, compile_step=cfg.compile_sampler),
-    "hf": lambda cfg, model, tok: HFSampler(model, tok),
-    "vllm": _vllm,
-}
-
-
-def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
-    """The sampler ``cfg.sampler`` names; ``generate`` whenever stop strings need its text
-    matching."""
-    return SAMPLERS["hf" if cfg.stop_strings else cfg.sampler](cfg, model, tokenizer)
 
 
 def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
@@ -287,7 +236,9 @@ def collect_rollout(
     input_ids = torch.cat([prompt_tensor, response_ids], 1)
     attention_mask = torch.cat([prompt_mask, response_mask], 1)
     logprobs, ref_logprobs, values, entropy = [], [], [], []
-    for rows in torch.arange(len(ids)).split(cfg.micro_batch_size):
+    packed = bool(cfg.max_tokens_per_micro_batch)
+    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    for rows in plan:
         hidden = None
         if use_sampler_logprobs:
             logprobs.append(samples.logprobs[rows])  # type: ignore[index]
@@ -306,6 +257,7 @@ def collect_rollout(
                 with_entropy=True,
                 with_hidden=critic.needs_hidden,
                 **settings.truncation,
+                packed=packed,
             )
             logprobs.append(at_least_float32(out.logprobs))
             entropy.append(at_least_float32(out.entropy))  # type: ignore[arg-type]
@@ -329,10 +281,15 @@ def collect_rollout(
                             P,
                             cfg.temperature,
                             **settings.truncation,
+                            packed=packed,
                         ).logprobs
                     ).to(device)
                 )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
+    order = torch.cat(plan).argsort()  # packed micro-batches take rows out of order
+    logprobs, ref_logprobs, values, entropy = (
+        [torch.cat(x)[order]] if x else [] for x in (logprobs, ref_logprobs, values, entropy)
+    )
     mask = (response_mask if samples.action_mask is None else samples.action_mask).float()
     experience = Experience(
         prompt_ids=prompt_tensor,

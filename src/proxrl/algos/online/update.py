@@ -20,6 +20,7 @@ from proxrl.algos.online.rollout import old_policy_metrics
 from proxrl.core import entropy_bonus
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput, policy_forward
+from proxrl.rollout.packing import micro_batch_plan
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.errors import ProxrlError
@@ -66,6 +67,11 @@ def update(
             f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step "
             f"must divide across {world} processes"
         )
+    if sharded and cfg.max_tokens_per_micro_batch:  # packed micro-batches vary in number
+        raise ProxrlError(
+            "max_tokens_per_micro_batch: not under FSDP/DeepSpeed (each process must run as "
+            "many forwards as the others); use grad_accum"
+        )
     parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
     named = list(actor.named_parameters()) + [
         (f"critic.{n}", p) for n, p in critic.named_parameters()
@@ -86,7 +92,14 @@ def update(
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             step_stats: dict[str, float] = defaultdict(float)
-            micro_batches = list(minibatch.split(cfg.micro_batch_size))
+            micro_batches = [
+                minibatch[rows]
+                for rows in micro_batch_plan(
+                    experience.attention_mask[minibatch],
+                    cfg.micro_batch_size,
+                    cfg.max_tokens_per_micro_batch,
+                )
+            ]
             no_sync = contextlib.ExitStack()
             for model in (actor, *critic.modules()) if world > 1 else ():
                 no_sync.enter_context(dist.no_sync(model))
@@ -245,6 +258,7 @@ def _terms(
         top_k=cfg.top_k,  # π_θ on the distribution that was sampled from, as π_old
         top_p=cfg.top_p,
         min_p=cfg.min_p,
+        packed=bool(cfg.max_tokens_per_micro_batch),
     )
     if mb.logprobs is None:  # π_old is π at this step (the rollout ran no pass for it)
         mb = replace(mb, logprobs=out.logprobs.detach())

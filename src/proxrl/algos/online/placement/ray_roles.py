@@ -24,7 +24,8 @@ from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.roles import load_rewards, place_rewards
-from proxrl.algos.online.rollout import make_sampler, pad_to, rollout_engine
+from proxrl.algos.online.rollout import pad_to
+from proxrl.algos.online.samplers import make_sampler, rollout_engine
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import merged_weights
