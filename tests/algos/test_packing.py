@@ -167,14 +167,19 @@ def _config(module, tiny_lm: str, prompts: str, out: Path, **overrides):
     return module.Config(**(fields | overrides))
 
 
-def _experience(actor, token_advantages: bool) -> Experience:
-    """The rows of ``_batch``, log π_old the policy's own (float64) plus noise, π_ref apart."""
+def _experience(actor, token_advantages: bool, observations: bool = False) -> Experience:
+    """The rows of ``_batch``, log π_old the policy's own (float64) plus noise, π_ref apart.
+    ``observations``: response tokens 2–3 of the longer rows are an observation (in the attention,
+    out of every loss), as a multi-turn episode's are."""
     ids, mask, P = _batch(actor.config.vocab_size, seed=1)
     g = torch.Generator().manual_seed(2)
     B, T = mask.shape[0], mask.shape[1] - P
     with torch.no_grad():
         lp = policy_forward(actor, ids, mask, P, 1.0).logprobs
-    fmask = mask[:, P:].double()
+    action_mask = mask[:, P:].clone()
+    if observations:  # in the rows of 5 tokens or more: an episode ends on a model token
+        action_mask[action_mask.sum(-1) >= 5, 2:4] = 0
+    fmask = action_mask.double()
 
     def noise() -> torch.Tensor:
         return torch.randn(B, T, generator=g, dtype=torch.float64)
@@ -195,10 +200,11 @@ def _experience(actor, token_advantages: bool) -> Experience:
         rewards=torch.zeros(B, T, dtype=torch.float64),
         advantages=advantages,
         returns=(advantages + values) * fmask,
+        action_mask=action_mask if observations else None,
     )
 
 
-def _step(module, cfg, without_old: bool = False):
+def _step(module, cfg, without_old: bool = False, observations: bool = False):
     """(weights after one SGD step of learning rate 1 − before, flattened; the stats)."""
     algo = module.build(cfg)
     torch.manual_seed(cfg.seed)
@@ -206,7 +212,9 @@ def _step(module, cfg, without_old: bool = False):
     params = [p for p in models.actor.parameters() if p.requires_grad]
     params += list(models.critic.parameters())
     before = [p.detach().clone() for p in params]
-    experience = _experience(models.actor, token_advantages=module is ppo)
+    experience = _experience(
+        models.actor, token_advantages=module is ppo, observations=observations
+    )
     if without_old:
         experience = replace(experience, logprobs=None)
     stats = update(
@@ -264,6 +272,22 @@ def test_packed_update_equals_the_padded_one(
     for key in ("loss", "policy_loss", "value_loss", "entropy", "objective/kl"):
         if key in padded_stats:
             assert packed_stats[key] == pytest.approx(padded_stats[key], rel=1e-10, abs=1e-13)
+
+
+@pytest.mark.parametrize("module", [ppo, grpo])
+def test_packed_update_of_multi_turn_rows_equals_the_padded_one(module, tiny_lm, prompts, tmp_path):
+    """Observation tokens inside the responses (attended to, out of every loss): packing lays
+    them into the lines as the padded path attends to them, so the step is the same; and they
+    matter, since the same rows without observations step elsewhere."""
+    overrides = {"critic": "separate"} if module is ppo else {}
+    padded_cfg = _config(module, tiny_lm, prompts, tmp_path, **overrides)
+    packed_cfg = replace(padded_cfg, max_tokens_per_micro_batch=BUDGET)
+    padded, _ = _step(module, padded_cfg, observations=True)
+    packed, _ = _step(module, packed_cfg, observations=True)
+    single_turn, _ = _step(module, padded_cfg)
+    scale = float(padded.abs().max())
+    assert float((packed - padded).abs().max()) <= REL_TOL * scale
+    assert float((single_turn - padded).abs().max()) > 1e-3 * scale
 
 
 # ---------------------------------------------------------------- the rollout
