@@ -20,8 +20,10 @@ test must be safe beside any other test running at the same moment in another pr
   silently ignores ``xdist_group`` marks: pytest-xdist issue 1386.)
 - Signal handlers: a test that installs one restores the previous handler. SIGINT is as in an
   interactive shell in every worker (``pytest_configure`` below), not ignored as xdist has it.
-- Hypothesis keeps no example database (it would write .hypothesis/ into the checkout from both
-  workers); a failure prints its falsifying example and ``@reproduce_failure`` line instead.
+- Hypothesis keeps no example database (both workers would write failing examples into the
+  checkout's .hypothesis/); a failure prints its falsifying example and ``@reproduce_failure``
+  line instead. (Hypothesis still caches constants there, in a directory that git-ignores
+  itself.)
 - A test that times something or waits for a subprocess must allow for a loaded machine (the
   other worker runs beside it): wait on a condition with a generous deadline, not a sleep.
 
