@@ -177,6 +177,8 @@ def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path)
 
     import yaml
 
+    from proxrl.cli import main
+
     def config(out: Path) -> Path:
         fields = {
             "model": tiny_lm,
@@ -209,21 +211,28 @@ def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path)
         "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parent)]),
         "OMP_NUM_THREADS": "1",
     }
-    run = [sys.executable, "-m", "proxrl", "ppo", "--config"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run([*run, str(config(whole))], env=env, check=True, capture_output=True)
-    process = subprocess.Popen(
-        [*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    log = tmp_path / "killed.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxrl", "ppo", "--config", str(config(killed))],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     deadline = time.time() + 300
-    while not any((killed / "checkpoints").glob("step_*/manifest.json")) and time.time() < deadline:
+    while not any((killed / "checkpoints").glob("step_*/manifest.json")):
+        assert process.poll() is None, log.read_text()
+        assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert process.returncode == -signal.SIGKILL
     assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
-    subprocess.run(
-        [*run, str(config(killed)), "--resume", "True"], env=env, check=True, capture_output=True
-    )
+    # The run left alone and the resume run in this process: the killed run's state reaches
+    # the resume through its checkpoint alone.
+    assert main(["ppo", "--config", str(config(whole))]) == 0
+    assert main(["ppo", "--config", str(config(killed)), "--resume", "True"]) == 0
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]

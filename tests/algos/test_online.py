@@ -481,7 +481,9 @@ def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
 @pytest.mark.parametrize("command", ["ppo", "grpo"])
 def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompts, tmp_path):
     """A run killed with SIGKILL after its first checkpoint, then resumed with --resume, ends
-    with bit-identical weights and the same metrics rows as the same run left alone."""
+    with bit-identical weights and the same metrics rows as the same run left alone. Only the
+    killed run is a subprocess (``python -m proxrl``); the run left alone and the resume run in
+    this process, so the state crosses processes through the checkpoint alone."""
     import os
     import signal
     import subprocess
@@ -489,6 +491,8 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
     import time
 
     import yaml
+
+    from proxrl.cli import main
 
     def config(out: Path) -> Path:
         fields = {
@@ -512,23 +516,31 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
         path.write_text(yaml.safe_dump(fields))
         return path
 
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
-    run = [sys.executable, "-m", "proxrl", command, "--config"]
+    src = Path(__file__).resolve().parents[2] / "src"  # this checkout's proxrl
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parent)]),
+        "OMP_NUM_THREADS": "1",
+    }
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    subprocess.run([*run, str(config(whole))], env=env, check=True, capture_output=True)
-
-    process = subprocess.Popen(
-        [*run, str(config(killed))], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while not any((killed / "checkpoints").glob("step_*/manifest.json")) and time.time() < deadline:
+    log = tmp_path / "killed.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "proxrl", command, "--config", str(config(killed))],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.time() + 300
+    while not any((killed / "checkpoints").glob("step_*/manifest.json")):
+        assert process.poll() is None, log.read_text()
+        assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert process.returncode == -signal.SIGKILL
     assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
-    subprocess.run(
-        [*run, str(config(killed)), "--resume", "True"], env=env, check=True, capture_output=True
-    )
+    assert main([command, "--config", str(config(whole))]) == 0
+    assert main([command, "--config", str(config(killed)), "--resume", "True"]) == 0
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]

@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from launch import _env, accelerate_launch, check, torchrun
+from launch import accelerate_launch, check, torchrun
+from online_update_script import main as update_script
 from safetensors.torch import load_file
 
+from proxrl import cli
 from proxrl.runtime.metrics import read_metrics
 
 SCRIPT = Path(__file__).with_name("online_update_script.py")
@@ -41,21 +42,17 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _python(args: list[str]) -> None:
-    import subprocess
-
-    check(
-        subprocess.run(
-            [sys.executable, *args], env=_env(), capture_output=True, text=True, timeout=120
-        )
-    )
+def _one_process(*args: str) -> None:
+    """online_update_script on one process: in this one (no Python start-up to pay); torchrun
+    starts the 2-process side, which reads the same saved rollout."""
+    update_script(*args)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_update_on_two_processes_matches_one(algo, tiny_lm, prompts, tmp_path):
     args = [algo, tiny_lm, prompts, str(tmp_path)]
-    _python([str(SCRIPT), "make", *args])
-    _python([str(SCRIPT), "update", *args])
+    _one_process("make", *args)
+    _one_process("update", *args)
     check(torchrun([str(SCRIPT), "update", *args]))
     one, two = (
         load_file(str(tmp_path / "world1.safetensors")),
@@ -94,8 +91,8 @@ def test_update_on_ragged_responses_is_invariant_to_processes_and_micro_batches(
     weighted micro-batches by their share of rows: grpo token-mean then differed by 1.4e-2."""
     args = [algo, tiny_lm, prompts, str(tmp_path)]
     agg = f"loss_aggregation={aggregation}"
-    _python([str(SCRIPT), "make", *args, "ragged=1"])
-    _python([str(SCRIPT), "update", *args, agg, "grad_accum=1"])
+    _one_process("make", *args, "ragged=1")
+    _one_process("update", *args, agg, "grad_accum=1")
     one = load_file(str(tmp_path / f"world1_{agg}_grad_accum=1.safetensors"))
     for grad_accum in (2, 4):
         check(torchrun([str(SCRIPT), "update", *args, agg, f"grad_accum={grad_accum}"]))
@@ -111,8 +108,8 @@ def test_update_without_old_logprobs_on_two_processes_matches_one(tiny_lm, promp
     the weights equal one process's."""
     args = [str(a) for a in ("grpo", tiny_lm, prompts, tmp_path)]
     one_step = ["ppo_epochs=1", "mini_batch_size=16"]
-    _python([str(SCRIPT), "make", *args, *one_step])
-    _python([str(SCRIPT), "update", *args, *one_step])
+    _one_process("make", *args, *one_step)
+    _one_process("update", *args, *one_step)
     check(torchrun([str(SCRIPT), "update", *args, *one_step]))
     tag = "_ppo_epochs=1_mini_batch_size=16"
     one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
@@ -196,26 +193,8 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
                 f"{k}: {json.dumps(v)}\n" for k, v in (fields | {"iterations": iterations}).items()
             )
         )
-    import subprocess
-
-    check(
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "proxrl",
-                "grpo",
-                "--config",
-                str(first),
-                "--output-dir",
-                str(out),
-            ],
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    )
+    # The 1-process run in this process (no start-up to pay); torchrun resumes it on 2.
+    assert cli.main(["grpo", "--config", str(first), "--output-dir", str(out)]) == 0
     before = read_metrics(out)
     # extending the run changes iterations: a changed option, so --resume-with-changes
     check(
