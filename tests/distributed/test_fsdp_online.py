@@ -15,15 +15,15 @@ from pathlib import Path
 
 from launch import FSDP_CONFIG, FSDP_ENV, accelerate_launch, check, torchrun
 from safetensors.torch import load_file
-from test_dp_online import SCRIPT, WEIGHT_TOL, _python, prompts  # noqa: F401 (a fixture)
+from test_dp_online import SCRIPT, WEIGHT_TOL, _one_process, prompts  # noqa: F401 (a fixture)
 
 GENERATION_SCRIPT = Path(__file__).with_name("sharded_generation_script.py")
 
 
 def test_ppo_update_sharded_matches_one_process(tiny_lm, prompts, tmp_path):  # noqa: F811
     args = ["ppo", tiny_lm, prompts, str(tmp_path)]
-    _python([str(SCRIPT), "make", *args])
-    _python([str(SCRIPT), "update", *args])
+    _one_process("make", *args)
+    _one_process("update", *args)
     result = torchrun([str(SCRIPT), "update", *args], env=FSDP_ENV)
     check(result)
     held = json.loads((tmp_path / "world2_fsdp_held.json").read_text())
