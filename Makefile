@@ -41,9 +41,8 @@ lint: $(STAMP)
 
 # The main suite on one pytest-xdist worker per core (-n auto: 2 here; tests/conftest.py lists
 # what keeps a test safe beside another); --dist worksteal lets an idle worker take queued tests
-# from a busy one (the durations range from milliseconds to a minute). Measured on 2 cores: in
-# one process 9 min 51 s with nothing else running (before xdist); on 2 workers 10 min 30 s
-# beside other jobs (load average 2-5.6), 32 min at load 12-24; not yet on a quiet machine.
+# from a busy one (the durations range from milliseconds to a minute). Measured on 2 cores beside
+# one nice-19 benchmark: the main suite 7 min 48 s on 2 workers, make test 9 min 53 s in all.
 test: lint test-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --dist worksteal
 
