@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from dapo_rewards import WORDS, replay_dynamic_sampling
+from killed_runs import comparable
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
@@ -108,9 +109,6 @@ def test_resume_after_dynamic_sampling_equals_an_uninterrupted_run(tiny_lm, prom
         if not path.name.endswith("2"):
             shutil.rmtree(path)
     grpo.train(dynamic(tiny_lm, prompts, resumed, save_every=2, resume=True))
-
-    def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
     assert comparable(read_metrics(resumed)) == comparable(rows)
     assert (resumed / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from killed_runs import comparable, sigkill_after_first_checkpoint
 from safetensors.torch import load_file
 from test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
 
@@ -154,9 +155,6 @@ def test_resume_equals_the_whole_run_with_held_out_state(tiny_lm, prompts, tmp_p
     _, cfg = heldout_run(tiny_lm, prompts, resumed, resume=True, overwrite=False, **common)
     train(cfg)
 
-    def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
-
     assert comparable(read_metrics(resumed)) == comparable(read_metrics(whole))
     for name in ("model.safetensors", "best/model.safetensors"):
         a, b = load_file(whole / name), load_file(resumed / name)
@@ -169,11 +167,6 @@ def test_resume_equals_the_whole_run_with_held_out_state(tiny_lm, prompts, tmp_p
 def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path):  # noqa: F811
     """Killed with SIGKILL after its first checkpoint and resumed: the same rows (eval/ ones
     too), the same best/ and bit-identical weights as the run left alone."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
     import yaml
 
@@ -206,36 +199,13 @@ def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path)
         path.write_text(yaml.safe_dump(fields))
         return path
 
-    src = Path(__file__).resolve().parents[2] / "src"  # this checkout's proxrl
-    env = os.environ | {
-        "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parent)]),
-        "OMP_NUM_THREADS": "1",
-    }
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    log = tmp_path / "killed.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxrl", "ppo", "--config", str(config(killed))],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    deadline = time.time() + 300
-    while not any((killed / "checkpoints").glob("step_*/manifest.json")):
-        assert process.poll() is None, log.read_text()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
-    assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
+    argv = ["ppo", "--config", str(config(killed))]
+    sigkill_after_first_checkpoint(argv, killed, tmp_path / "killed.log")
     # The run left alone and the resume run in this process: the killed run's state reaches
     # the resume through its checkpoint alone.
     assert main(["ppo", "--config", str(config(whole))]) == 0
     assert main(["ppo", "--config", str(config(killed)), "--resume", "True"]) == 0
-
-    def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
     assert comparable(read_metrics(killed)) == comparable(read_metrics(whole))
     for name in ("model.safetensors", "best/model.safetensors"):

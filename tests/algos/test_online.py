@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from killed_runs import comparable, sigkill_after_first_checkpoint
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
@@ -305,9 +306,6 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
         )
     )
 
-    def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
-
     assert comparable(read_metrics(resumed)) == comparable(read_metrics(whole))
     assert (resumed / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
@@ -484,11 +482,6 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
     with bit-identical weights and the same metrics rows as the same run left alone. Only the
     killed run is a subprocess (``python -m proxrl``); the run left alone and the resume run in
     this process, so the state crosses processes through the checkpoint alone."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
 
     import yaml
 
@@ -516,34 +509,11 @@ def test_sigkill_and_resume_equals_an_uninterrupted_run(command, tiny_lm, prompt
         path.write_text(yaml.safe_dump(fields))
         return path
 
-    src = Path(__file__).resolve().parents[2] / "src"  # this checkout's proxrl
-    env = os.environ | {
-        "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parent)]),
-        "OMP_NUM_THREADS": "1",
-    }
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    log = tmp_path / "killed.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "proxrl", command, "--config", str(config(killed))],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    deadline = time.time() + 300
-    while not any((killed / "checkpoints").glob("step_*/manifest.json")):
-        assert process.poll() is None, log.read_text()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert process.returncode == -signal.SIGKILL
-    assert not (killed / "model.safetensors").exists(), "the run finished before it was killed"
+    argv = [command, "--config", str(config(killed))]
+    sigkill_after_first_checkpoint(argv, killed, tmp_path / "killed.log")
     assert main([command, "--config", str(config(whole))]) == 0
     assert main([command, "--config", str(config(killed)), "--resume", "True"]) == 0
-
-    def comparable(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
     assert comparable(read_metrics(killed)) == comparable(read_metrics(whole))
     a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
