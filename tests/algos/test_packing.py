@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_old_logprobs import _config as old_logprobs_config
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from proxrl.algos.online import grpo, ppo
@@ -148,23 +149,10 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _config(module, tiny_lm: str, prompts: str, out: Path, **overrides):
-    fields = dict(
-        model=tiny_lm,
-        prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
-        output_dir=str(out),
-        rollout_batch_size=2,
-        group_size=4,
-        max_new_tokens=12,
-        mini_batch_size=8,
-        ppo_epochs=1,
-        dtype="float64",
-        temperature=1.0,
-        kl_coef=0.1,
-        progress=False,
-        seed=3,
+    """test_old_logprobs' tiny ppo/grpo config, with room for responses of up to 12 tokens."""
+    return old_logprobs_config(
+        module, tiny_lm, prompts, out, **({"max_new_tokens": 12} | overrides)
     )
-    return module.Config(**(fields | overrides))
 
 
 def _experience(actor, token_advantages: bool, observations: bool = False) -> Experience:
