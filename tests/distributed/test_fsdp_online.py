@@ -5,7 +5,9 @@
    gives the 1-process weights and stats: float64, max |Δ| ≤ 1e-9 while the actor moves ~1e-2.
 2. Sampling from sharded weights (``gathered_for_generation``) gives the tokens the unsharded
    weights give with the same seed, with both built-in samplers, while the ranks decode
-   different numbers of steps; outside generation each rank holds about half the weights.
+   different numbers of steps, and issue no collective while sampling (transformers' generate
+   would all-reduce every step on an FSDP module); outside generation each rank holds about
+   half the weights.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def test_generation_from_sharded_weights_gives_the_unsharded_tokens(tiny_lm, tmp
         for sampler in ("cached", "hf"):
             assert report[sampler]["same_tokens"]
             assert report[sampler]["logprob_diff"] <= 1e-10
+            assert report[sampler]["collectives_while_sampling"] == []
     assert [r["cached"]["length"] for r in ranks] == [6, 11]  # unequal numbers of steps
 
 

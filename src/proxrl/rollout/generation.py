@@ -106,6 +106,11 @@ class HFSampler:
             "use_cache": True,
             "return_dict_in_generate": True,
             "output_logits": with_logprobs,
+            # transformers turns ``synced_gpus`` on for any FSDP module on several ranks: an
+            # all-reduce per step, which ``gathered_for_generation``'s whole weights make
+            # unneeded (ranks may stop at different steps) and which left gloo's process group
+            # alive past ``destroy_process_group``.
+            "synced_gpus": False,
         }
         if settings.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

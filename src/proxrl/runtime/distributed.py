@@ -78,6 +78,11 @@ def _state() -> Any:
     """``accelerate.PartialState`` when launched on several processes, else ``None``."""
     if _env_world_size() <= 1:
         return None
+    # torch._dynamo imported after a process group exists (torch.compile, transformers'
+    # generate) keeps the group alive past destroy_process_group, and its gloo threads then
+    # run into interpreter shutdown, where they can abort a finished run. Imported before the
+    # group, it holds none.
+    import torch._dynamo  # noqa: F401
     from accelerate import PartialState
 
     # Without a GPU, accelerate only goes multi-process on the CPU when told (cpu=True); it then
