@@ -113,11 +113,19 @@ def test_online_commands_take_prompts_from_every_layout(command, tiny_lm, tmp_pa
         "4",
         "--progress",
         "false",
+        "--sample-every",
+        "1",
     ]
     with caplog.at_level(logging.WARNING):
         assert main(argv) == 0
     assert "longer than max_prompt_length" not in caplog.text  # all 8 prompts were kept
     assert len(read_metrics(tmp_path / "run")) == 1
+    samples = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    written = [json.loads(line)["prompt"] for line in samples]
+    assert len(written) % 8 == 0 and all(written)  # every row, each as often
+    conversations = [p for p in written if isinstance(p, list)]  # their messages
+    assert len(conversations) == len(written) // 2  # 4 of the 8 rows are conversations
+    assert all(m["role"] in ("system", "user") for p in conversations for m in p)
 
 
 def test_reward_functions_get_a_conversational_prompt_as_its_messages():

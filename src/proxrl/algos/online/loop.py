@@ -353,7 +353,8 @@ def write_samples(
                 json.dumps(
                     {
                         "iteration": iteration,
-                        "prompt": prompt.prompt,
+                        # as the data set had it: a string, or a conversation's messages
+                        "prompt": prompt.prompt if prompt.messages is None else prompt.messages,
                         "completion": completion,
                         "score": score,
                     }
