@@ -130,6 +130,42 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     local_ray.kill(engine, no_restart=True)
 
 
+def test_the_reference_actor_sends_back_response_log_probs_not_logits(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """A micro-batch of left-padded prompts and right-padded responses, scored by the reference
+    actor under temperature 0.7 and top-k 5, padded and packed: (B, T) float64 log-probs of the
+    response tokens (not the (B, P + T, V) logits), equal to the same reference's in this
+    process to round-off."""
+    from proxrl.algos.online.placement.ray_roles import ReferenceActor, RemoteReference
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.rollout.forward import policy_forward
+
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    handle = local_ray.remote(ReferenceActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    assert local_ray.get(handle.ready.remote()) is None
+    reference = RemoteReference(handle)
+    local = load_causal_lm(tiny_lm, dtype="float64").eval()
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 60, (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0  # prompts (P = 4) left-padded, responses (T = 5) right-padded
+    attention_mask[1, 7:] = 0
+    attention_mask[2, 0] = attention_mask[2, 8] = 0
+    input_ids = input_ids * attention_mask
+    truncation = {"top_k": 5, "top_p": 1.0, "min_p": 0.0}
+    for packed in (False, True):
+        got = reference.logprobs(input_ids, attention_mask, 4, 0.7, truncation, packed)
+        with torch.no_grad():
+            want = policy_forward(
+                local, input_ids, attention_mask, 4, 0.7, **truncation, packed=packed
+            ).logprobs
+        assert got.shape == (3, 5) and got.dtype == torch.float64, packed
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert (got[attention_mask[:, 4:].bool()] < 0).all()
+    local_ray.kill(handle)
+
+
 def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
     local_ray, tiny_lm, prompts, in_process, tmp_path
 ):

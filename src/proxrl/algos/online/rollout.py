@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
@@ -107,6 +108,41 @@ def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     """Half-precision log-probs in float32; float64 ones (a float64 model's) kept, so that
     π_old and π_ref carry the precision the update's own forward has."""
     return x if x.dtype == torch.float64 else x.float()
+
+
+def reference_pass(
+    reference: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    temperature: float,
+    truncation: dict[str, Any],
+    packed: bool,
+) -> torch.Tensor:
+    """(B, P + T) ids and mask → (B, T) log π_ref of the response tokens under the processed
+    distribution (``policy_forward``: temperature, then ``truncation``'s top-k / top-p / min-p;
+    ``packed``: its padding-free forward), at least float32, on the reference's device.
+
+    Computed where the reference lives: a module of this process (on the CPU under
+    offload_frozen_roles), or a stand-in for one placed elsewhere (``placement.ray_roles.
+    RemoteReference``), whose actor runs this same function on its model and sends back these
+    B × T floats, never the (B, P + T, V) logits."""
+    if not isinstance(reference, nn.Module):
+        return reference.logprobs(
+            input_ids, attention_mask, prompt_length, temperature, truncation, packed
+        )
+    device = next(reference.parameters()).device
+    return at_least_float32(
+        policy_forward(
+            reference,
+            input_ids.to(device),
+            attention_mask.to(device),
+            prompt_length,
+            temperature,
+            **truncation,
+            packed=packed,
+        ).logprobs
+    )
 
 
 def old_policy_metrics(
@@ -271,18 +307,15 @@ def collect_rollout(
                 if models.reference is None
                 else contextlib.nullcontext(models.reference) as ref
             ):
-                ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
                 ref_logprobs.append(
-                    at_least_float32(
-                        policy_forward(
-                            ref,
-                            input_ids[rows].to(ref_device),
-                            attention_mask[rows].to(ref_device),
-                            P,
-                            cfg.temperature,
-                            **settings.truncation,
-                            packed=packed,
-                        ).logprobs
+                    reference_pass(
+                        ref,
+                        input_ids[rows],
+                        attention_mask[rows],
+                        P,
+                        cfg.temperature,
+                        settings.truncation,
+                        packed,
                     ).to(device)
                 )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
