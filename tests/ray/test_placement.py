@@ -4,6 +4,8 @@ step ahead within its staleness bound, and faults a run survives or stops from c
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +17,8 @@ from safetensors.torch import load_file
 from proxrl.algos.online import ppo
 from proxrl.algos.online.placement.ray_run import sampling_settings
 from proxrl.cli import main
-from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -77,6 +80,17 @@ def in_process(tiny_lm, prompts, tmp_path_factory) -> Path:
     first = load_file(Path(tiny_lm) / "model.safetensors")
     final = load_file(out / "model.safetensors")
     assert any(not torch.equal(first[k].double(), final[k]) for k in first), "nothing trained"
+    return out
+
+
+PACKED = {"max_tokens_per_micro_batch": 40}  # micro-batches of several packed rows
+
+
+@pytest.fixture(scope="module")
+def in_process_packed(tiny_lm, prompts, tmp_path_factory) -> Path:
+    """The reference run on packed micro-batches."""
+    out = tmp_path_factory.mktemp("in_process_packed") / "run"
+    ppo.train(config(tiny_lm, prompts, out, **PACKED))
     return out
 
 
@@ -178,6 +192,47 @@ def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
     assert not (tmp_path / "model.safetensors").exists()
     ppo.train(replace(cfg, resume=True))
     assert_same_run(tmp_path, in_process)
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_signal_to_the_driver_checkpoints_stops_and_resume_finishes_the_run(
+    local_ray, tiny_lm, in_process_packed, tmp_path, signum, code
+):
+    """SIGINT / SIGTERM reach the driver in the second iteration (after sampling): it forwards
+    the signal to the trainer actor, which ends the iteration, saves a checkpoint and stops as
+    a run in one process does (exit code 128 + signal, the same one line); the actors are shut
+    down, and --resume continues to the run an undisturbed one gives. On packed micro-batches
+    (max_tokens_per_micro_batch), which the reference actor scores too."""
+    prompts = tmp_path / "prompts.jsonl"  # the columns tell the reward whom to signal
+    rows = [{"prompt": f"say: {w} ->", "driver": os.getpid(), "signum": signum} for w in WORDS]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    reward = ("ray_rewards:signal_driver_at_second_call",)
+    cfg = config(
+        tiny_lm,
+        str(prompts),
+        out,
+        placement="ray",
+        reward_fn=reward,
+        **PACKED,
+    )
+    with pytest.raises(Interrupted) as info:
+        ppo.train(cfg)
+    checkpoint = out / "checkpoints" / "step_000000002"
+    assert info.value.exit_code == code
+    assert str(info.value) == (
+        f"received {signal.Signals(signum).name}; checkpoint saved in {checkpoint}; "
+        "continue with --resume"
+    )
+    assert [p.name for p in CheckpointManager(out).checkpoints()] == [checkpoint.name]
+    assert not (out / "model.safetensors").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert not [a for a in local_ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == "proxrl"]  # fmt: skip
+    ppo.train(replace(cfg, resume=True))
+    assert_same_run(out, in_process_packed)
 
 
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:

@@ -28,6 +28,7 @@ from proxrl.algos.online.rollout import prompt_order
 from proxrl.rollout.generation import SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
+from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +112,24 @@ def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -
 
 
 class TrainerActor:
-    """The process that runs the loop with the policy and critic (``loop.train_online``)."""
+    """The process that runs the loop with the policy and critic (``loop.train_online``).
+
+    Started with two threads (``max_concurrency``), so that ``request_stop`` reaches it while
+    ``train`` runs: the driver forwards the SIGINT / SIGTERM it caught, and the loop stops as in
+    one process (a checkpoint at the end of the iteration, then ``Interrupted``)."""
 
     def __init__(self, paths: list[str]) -> None:
         from proxrl.algos.online.placement.ray_roles import join_paths
 
         join_paths(paths)
+        self.stop = GracefulStop(signals=())  # the driver's signals; this process installs none
+
+    def request_stop(self, signum: int) -> None:
+        self.stop.request(signum)
+
+    def stop_signal(self) -> int | None:
+        """The signal forwarded so far (None: none)."""
+        return self.stop.signum
 
     def train(self, cfg: OnlineConfig, algo: Algorithm) -> tuple[str, Any]:
         """("ok", the last metrics row), or ("error", (class name, message, exit code)) for
@@ -125,7 +138,7 @@ class TrainerActor:
         from proxrl.algos.online.loop import train_online
 
         logging.basicConfig(level=logging.INFO)
-        _ROLES = RayRoles(cfg)
+        _ROLES = RayRoles(cfg, self.stop)
         try:
             return "ok", train_online(cfg, algo)
         except ProxrlError as error:
@@ -159,13 +172,14 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
                 num_cpus=cfg.ray_trainer_cpus,
                 num_gpus=cfg.ray_trainer_gpus,
                 max_restarts=0,
+                max_concurrency=2,  # train, and request_stop while it runs
                 name=f"proxrl-{os.getpid()}-{time.time_ns()}-trainer",
                 namespace="proxrl",
             )
             .remote(list(sys.path))
         )
         try:
-            status, value = ray.get(trainer.train.remote(cfg, algo))
+            status, value = wait_forwarding_signals(trainer, trainer.train.remote(cfg, algo))
         except RayActorError as error:
             raise ProxrlError(
                 f"placement: the trainer actor died ({type(error).__name__}); the last "
@@ -179,6 +193,22 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             ray.kill(trainer)  # and with it every role actor it owns
         if owns:
             ray.shutdown()
+
+
+def wait_forwarding_signals(trainer: Any, result: Any) -> Any:
+    """``ray.get(result)``, the first SIGINT / SIGTERM caught here meanwhile sent on to the
+    trainer actor (which then stops after its iteration, with a checkpoint). A second one acts
+    at once, as in one process: SIGINT raises ``KeyboardInterrupt`` (the trainer is then
+    killed), SIGTERM ends this process (and Ray its actors); the last checkpoint stays whole."""
+    import ray
+
+    forwarded = False
+    with GracefulStop() as stop:
+        while not ray.wait([result], timeout=0.1)[0]:
+            if stop.signum is not None and not forwarded:
+                trainer.request_stop.remote(stop.signum)
+                forwarded = True
+    return ray.get(result)
 
 
 def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
@@ -196,8 +226,9 @@ class RayRoles:
     """The trainer actor's roles: the reward sources, the reference and the engines in actors
     of their own, started here (so owned by the trainer)."""
 
-    def __init__(self, cfg: OnlineConfig) -> None:
+    def __init__(self, cfg: OnlineConfig, stop: GracefulStop) -> None:
         self.cfg = cfg
+        self.graceful = stop
         self.pool: Any = None
         self.update_started = 0.0
 
@@ -265,6 +296,9 @@ class RayRoles:
             reference=RemoteReference(reference) if reference is not None else models.reference,
             engines=self.pool,
         )
+
+    def stop(self) -> GracefulStop:
+        return self.graceful
 
     def start(self, actor: nn.Module, iteration: int) -> None:
         self.pool.publish(actor, iteration)
