@@ -280,6 +280,27 @@ def test_async_rollout_overlaps_the_update_within_the_staleness_bound_and_learns
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
 
 
+def test_a_role_no_node_can_hold_is_named_even_when_the_totals_fit(tiny_lm, prompts, tmp_path):
+    """Two nodes of 1 GPU: a 2-GPU trainer fits the cluster's total but no node (Ray would
+    leave it pending), named with its field; three 1-GPU engines fit each node but not the
+    total, which says so; one engine and the trainer on a GPU each fit."""
+    from proxrl.algos.online.placement.ray_run import check_resources
+
+    nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
+    where = ("the Ray cluster", "any node of the Ray cluster")
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    with pytest.raises(ProxrlError) as info:
+        check_resources(replace(cfg, ray_trainer_gpus=2.0), nodes, *where)
+    assert str(info.value) == (
+        "placement: the trainer actor asks for 2 GPUs (ray_trainer_gpus), more than any node "
+        "of the Ray cluster has; lower ray_trainer_gpus"
+    )
+    with pytest.raises(ProxrlError, match=r"the roles ask for 3 GPUs \(ray_trainer_gpus 0 \+ "
+                       r"ray_engines 3 × ray_engine_gpus 1 \+"):  # fmt: skip
+        check_resources(replace(cfg, ray_engines=3, ray_engine_gpus=1.0), nodes, *where)
+    check_resources(replace(cfg, ray_trainer_gpus=1.0, ray_engine_gpus=1.0), nodes, *where)
+
+
 def test_placement_ray_without_the_ray_package_is_one_line(
     tiny_lm, prompts, tmp_path, monkeypatch, capsys
 ):

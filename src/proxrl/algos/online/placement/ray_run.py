@@ -44,11 +44,23 @@ def has_reference(cfg: OnlineConfig) -> bool:
     return measures_kl(cfg) and not cfg.lora_r
 
 
+ACTORS = {
+    "ray_trainer": "the trainer actor",
+    "ray_engine": "each generation engine",
+    "ray_reward": "the reward actor",
+    "ray_reference": "the reference actor",
+}
+
+
+def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
+    """The run's roles (their fields' prefix) and how many actors each has."""
+    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
+    return roles + [("ray_reference", 1)] if has_reference(cfg) else roles
+
+
 def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
     """CPUs and GPUs the run's actors ask for, each with the sum that makes it up."""
-    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
-    if has_reference(cfg):
-        roles.append(("ray_reference", 1))
+    roles = role_actors(cfg)
     total = {}
     for unit in ("cpus", "gpus"):
         terms = [(n, getattr(cfg, f"{role}_{unit}"), f"{role}_{unit}") for role, n in roles]
@@ -92,7 +104,8 @@ def connect(cfg: OnlineConfig) -> bool:
         import torch
 
         machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-        check_resources(cfg, machine, "this machine (for a local Ray)")
+        where = "this machine (for a local Ray)"
+        check_resources(cfg, [machine], where, where)
     try:
         ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
     except ConnectionError as error:
@@ -100,11 +113,25 @@ def connect(cfg: OnlineConfig) -> bool:
     return True
 
 
-def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -> None:
-    """Every role's CPUs and GPUs together fit in ``capacity`` (Ray's resource names)."""
-    for unit, key in (("cpus", "CPU"), ("gpus", "GPU")):
+def check_resources(
+    cfg: OnlineConfig, nodes: list[dict[str, float]], where: str, on_one: str
+) -> None:
+    """Each actor's CPUs and GPUs fit in one of ``nodes`` (their resources, by Ray's names), as
+    an actor runs on one node (Ray would leave one that fits none pending for ever), and every
+    role's together fit in their sum. ``where``: the nodes, ``on_one``: any one of them."""
+    units = (("cpus", "CPU"), ("gpus", "GPU"))
+    for role, _ in role_actors(cfg):
+        for unit, key in units:
+            field = f"{role}_{unit}"
+            asked = getattr(cfg, field)
+            if asked > max((node.get(key, 0.0) for node in nodes), default=0.0) + 1e-9:
+                raise ProxrlError(
+                    f"placement: {ACTORS[role]} asks for {asked:.12g} {key}s ({field}), more "
+                    f"than {on_one} has; lower {field}"
+                )
+    for unit, key in units:
         amount, words = requested(cfg)[unit]
-        if amount > capacity.get(key, 0.0) + 1e-9:
+        if amount > sum(node.get(key, 0.0) for node in nodes) + 1e-9:
             raise ProxrlError(
                 f"placement: the roles ask for {amount:.12g} {key}s ({words}), more than {where} "
                 f"has; lower the ray_*_{unit} fields"
@@ -165,7 +192,8 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     owns = connect(cfg)
     trainer = None
     try:
-        check_resources(cfg, ray.cluster_resources(), "the Ray cluster")
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        check_resources(cfg, nodes, "the Ray cluster", "any node of the Ray cluster")
         trainer = (
             ray.remote(TrainerActor)
             .options(
