@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 class Models:
     actor: nn.Module
     # None with LoRA: the adapter-disabled actor is the reference; placement ray: a stand-in
-    # for the reference actor (``rollout.reference_pass`` asks it for log-probs)
+    # for the reference actor (``rollout.forward.reference_pass`` asks it for log-probs)
     reference: Any
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any

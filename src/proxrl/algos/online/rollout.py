@@ -11,7 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.critic import Critic
@@ -34,7 +33,7 @@ from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import policy_forward
+from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass
 from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
@@ -101,47 +100,6 @@ def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> boo
         and not critic.needs_hidden
         and not cfg.dynamic_sampling
         and not cfg.mask_truncated
-    )
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """Half-precision log-probs in float32; float64 ones (a float64 model's) kept, so that
-    π_old and π_ref carry the precision the update's own forward has."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def reference_pass(
-    reference: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    temperature: float,
-    truncation: dict[str, Any],
-    packed: bool,
-) -> torch.Tensor:
-    """(B, P + T) ids and mask → (B, T) log π_ref of the response tokens under the processed
-    distribution (``policy_forward``: temperature, then ``truncation``'s top-k / top-p / min-p;
-    ``packed``: its padding-free forward), at least float32, on the reference's device.
-
-    Computed where the reference lives: a module of this process (on the CPU under
-    offload_frozen_roles), or a stand-in for one placed elsewhere (``placement.ray_roles.
-    RemoteReference``), whose actor runs this same function on its model and sends back these
-    B × T floats, never the (B, P + T, V) logits."""
-    if not isinstance(reference, nn.Module):
-        return reference.logprobs(
-            input_ids, attention_mask, prompt_length, temperature, truncation, packed
-        )
-    device = next(reference.parameters()).device
-    return at_least_float32(
-        policy_forward(
-            reference,
-            input_ids.to(device),
-            attention_mask.to(device),
-            prompt_length,
-            temperature,
-            **truncation,
-            packed=packed,
-        ).logprobs
     )
 
 

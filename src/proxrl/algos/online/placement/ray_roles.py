@@ -24,12 +24,13 @@ from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.roles import load_rewards, place_rewards
-from proxrl.algos.online.rollout import pad_to, reference_pass
+from proxrl.algos.online.rollout import pad_to
 from proxrl.algos.online.samplers import make_sampler, rollout_engine
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import merged_weights
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.rollout.forward import reference_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.vllm_sampler import sync_weights
 from proxrl.runtime import distributed as dist
@@ -126,7 +127,7 @@ class ReferenceActor(RoleActor):
         truncation: dict[str, Any],
         packed: bool,
     ) -> Tensor:
-        """``rollout.reference_pass`` on this actor's model: (B, T) log π_ref, on the CPU."""
+        """``rollout.forward.reference_pass`` on this actor's model: (B, T) log π_ref (CPU)."""
         return reference_pass(
             self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed
         ).cpu()
@@ -139,7 +140,7 @@ class ReferenceActor(RoleActor):
 
 
 class RemoteReference:
-    """The reference actor as the loop's reference: ``rollout.reference_pass`` hands it the
+    """The reference actor as the loop's reference: ``rollout.forward.reference_pass`` hands it the
     micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs computed in the
     actor, so per micro-batch B × (P + T) ids go there and B × T floats come back."""
 
