@@ -1234,8 +1234,8 @@ CASES: list[Case] = [
     # issue 17: placement ray
     Case(
         "ppo: placement ray asking for more CPUs than a local Ray gets",
-        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-cpus", "100000"),
-        "proxrl ppo: error: placement: the roles ask for 100000.75 CPUs (ray_trainer_cpus 100000 + ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
+        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-engines", "1000000"),
+        "proxrl ppo: error: placement: the roles ask for 250001.5 CPUs (ray_trainer_cpus 1 + ray_engines 1000000 × ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
     ),
     Case(
         "ppo: placement ray at an address where no Ray answers",
@@ -1252,6 +1252,11 @@ CASES: list[Case] = [
         "grpo: async_rollout without the engine's log-probs",
         (*GRPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--async-rollout"),
         "proxrl grpo: error: async_rollout: the behaviour log-probs must come from the engine that sampled: set sampler_logprobs true",
+    ),
+    Case(
+        "ppo: placement ray, one role asking for more CPUs than a node has",
+        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-cpus", "100000"),
+        "proxrl ppo: error: placement: the trainer actor asks for 100000 CPUs (ray_trainer_cpus), more than this machine (for a local Ray) has; lower ray_trainer_cpus",
     ),
 ]
 

@@ -36,3 +36,30 @@ def kill_trainer_at_third_call(prompts: list[str], completions: list[str], **col
     if CALLS["n"] == 3:
         _kill("-trainer")
     return target_fraction(prompts, completions, **columns)
+
+
+def signal_driver_at_second_call(
+    prompts: list[str], completions: list[str], driver: list[int], signum: list[int], **columns
+):
+    """target_fraction; at its second call, ``signum`` is sent to the driver (the process whose
+    pid the prompts' ``driver`` column holds), as Ctrl-C or a scheduler would, and the call
+    returns once the driver has forwarded it to the trainer actor: the stop comes in the
+    second iteration, on every machine load."""
+    import os
+    import time
+
+    import ray
+
+    CALLS["n"] += 1
+    if CALLS["n"] == 2:
+        os.kill(driver[0], signum[0])
+        trainer = next(
+            ray.get_actor(a["name"], namespace="proxrl")
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "proxrl" and a["name"].endswith("-trainer")
+        )
+        deadline = time.time() + 60  # (a trainer of one thread would not even answer)
+        while ray.get(trainer.stop_signal.remote(), timeout=60) != signum[0]:
+            assert time.time() < deadline, "the driver did not forward the signal"
+            time.sleep(0.02)
+    return target_fraction(prompts, completions, **columns)

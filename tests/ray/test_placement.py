@@ -4,7 +4,10 @@ step ahead within its staleness bound, and faults a run survives or stops from c
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +18,8 @@ from safetensors.torch import load_file
 from proxrl.algos.online import ppo
 from proxrl.algos.online.placement.ray_run import sampling_settings
 from proxrl.cli import main
-from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -80,6 +84,17 @@ def in_process(tiny_lm, prompts, tmp_path_factory) -> Path:
     return out
 
 
+PACKED = {"max_tokens_per_micro_batch": 40}  # micro-batches of several packed rows
+
+
+@pytest.fixture(scope="module")
+def in_process_packed(tiny_lm, prompts, tmp_path_factory) -> Path:
+    """The reference run on packed micro-batches."""
+    out = tmp_path_factory.mktemp("in_process_packed") / "run"
+    ppo.train(config(tiny_lm, prompts, out, **PACKED))
+    return out
+
+
 def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart(
     local_ray, tiny_lm, prompts, in_process, tmp_path
 ):
@@ -130,6 +145,42 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     local_ray.kill(engine, no_restart=True)
 
 
+def test_the_reference_actor_sends_back_response_log_probs_not_logits(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """A micro-batch of left-padded prompts and right-padded responses, scored by the reference
+    actor under temperature 0.7 and top-k 5, padded and packed: (B, T) float64 log-probs of the
+    response tokens (not the (B, P + T, V) logits), equal to the same reference's in this
+    process to round-off."""
+    from proxrl.algos.online.placement.ray_roles import ReferenceActor, RemoteReference
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.rollout.forward import policy_forward
+
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    handle = local_ray.remote(ReferenceActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    assert local_ray.get(handle.ready.remote()) is None
+    reference = RemoteReference(handle)
+    local = load_causal_lm(tiny_lm, dtype="float64").eval()
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 60, (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0  # prompts (P = 4) left-padded, responses (T = 5) right-padded
+    attention_mask[1, 7:] = 0
+    attention_mask[2, 0] = attention_mask[2, 8] = 0
+    input_ids = input_ids * attention_mask
+    truncation = {"top_k": 5, "top_p": 1.0, "min_p": 0.0}
+    for packed in (False, True):
+        got = reference.logprobs(input_ids, attention_mask, 4, 0.7, truncation, packed)
+        with torch.no_grad():
+            want = policy_forward(
+                local, input_ids, attention_mask, 4, 0.7, **truncation, packed=packed
+            ).logprobs
+        assert got.shape == (3, 5) and got.dtype == torch.float64, packed
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert (got[attention_mask[:, 4:].bool()] < 0).all()
+    local_ray.kill(handle)
+
+
 def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
     local_ray, tiny_lm, prompts, in_process, tmp_path
 ):
@@ -142,6 +193,49 @@ def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
     assert not (tmp_path / "model.safetensors").exists()
     ppo.train(replace(cfg, resume=True))
     assert_same_run(tmp_path, in_process)
+
+
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_a_signal_to_the_driver_checkpoints_stops_and_resume_finishes_the_run(
+    local_ray, tiny_lm, in_process_packed, tmp_path, signum, code
+):
+    """SIGINT / SIGTERM reach the driver in the second iteration (after sampling): it forwards
+    the signal to the trainer actor, which ends the iteration, saves a checkpoint and stops as
+    a run in one process does (exit code 128 + signal, the same one line); the actors are shut
+    down, and --resume continues to the run an undisturbed one gives. On packed micro-batches
+    (max_tokens_per_micro_batch), which the reference actor scores too."""
+    prompts = tmp_path / "prompts.jsonl"  # the columns tell the reward whom to signal
+    rows = [{"prompt": f"say: {w} ->", "driver": os.getpid(), "signum": signum} for w in WORDS]
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    reward = ("ray_rewards:signal_driver_at_second_call",)
+    cfg = config(
+        tiny_lm,
+        str(prompts),
+        out,
+        placement="ray",
+        reward_fn=reward,
+        **PACKED,
+    )
+    with pytest.raises(Interrupted) as info:
+        ppo.train(cfg)
+    checkpoint = out / "checkpoints" / "step_000000002"
+    assert info.value.exit_code == code
+    assert str(info.value) == (
+        f"received {signal.Signals(signum).name}; checkpoint saved in {checkpoint}; "
+        "continue with --resume"
+    )
+    assert [p.name for p in CheckpointManager(out).checkpoints()] == [checkpoint.name]
+    assert not (out / "model.safetensors").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    deadline = time.time() + 30  # the driver killed the trainer and with it its actors
+    while [a for a in local_ray.util.list_named_actors(True) if a["namespace"] == "proxrl"]:
+        assert time.time() < deadline, "the run's actors are still there"
+        time.sleep(0.1)
+    ppo.train(replace(cfg, resume=True))
+    assert_same_run(out, in_process_packed)
 
 
 def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -187,6 +281,27 @@ def test_async_rollout_overlaps_the_update_within_the_staleness_bound_and_learns
         assert overlaps(update, generation), (before["step"], update, generation)
     history = [r["objective/scores"] for r in rows]
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.15, history
+
+
+def test_a_role_no_node_can_hold_is_named_even_when_the_totals_fit(tiny_lm, prompts, tmp_path):
+    """Two nodes of 1 GPU: a 2-GPU trainer fits the cluster's total but no node (Ray would
+    leave it pending), named with its field; three 1-GPU engines fit each node but not the
+    total, which says so; one engine and the trainer on a GPU each fit."""
+    from proxrl.algos.online.placement.ray_run import check_resources
+
+    nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
+    where = ("the Ray cluster", "any node of the Ray cluster")
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    with pytest.raises(ProxrlError) as info:
+        check_resources(replace(cfg, ray_trainer_gpus=2.0), nodes, *where)
+    assert str(info.value) == (
+        "placement: the trainer actor asks for 2 GPUs (ray_trainer_gpus), more than any node "
+        "of the Ray cluster has; lower ray_trainer_gpus"
+    )
+    with pytest.raises(ProxrlError, match=r"the roles ask for 3 GPUs \(ray_trainer_gpus 0 \+ "
+                       r"ray_engines 3 × ray_engine_gpus 1 \+"):  # fmt: skip
+        check_resources(replace(cfg, ray_engines=3, ray_engine_gpus=1.0), nodes, *where)
+    check_resources(replace(cfg, ray_trainer_gpus=1.0, ray_engine_gpus=1.0), nodes, *where)
 
 
 def test_placement_ray_without_the_ray_package_is_one_line(

@@ -40,6 +40,20 @@ def test_second_sigint_raises_keyboard_interrupt_at_once():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_forwarded_signal_is_a_stop_like_one_received_and_the_first_one_counts():
+    """``request``: a signal another process caught (placement ray's driver), with nothing
+    installed here (``signals=()``)."""
+    before = signal.getsignal(signal.SIGINT)
+    with GracefulStop(signals=()) as stop:
+        assert signal.getsignal(signal.SIGINT) is before and not stop.requested
+        stop.request(signal.SIGTERM)
+        stop.request(signal.SIGINT)
+        assert stop.requested and stop.signum == signal.SIGTERM
+        err = stop.interrupted("out/checkpoints/step_000000002")
+    assert err.exit_code == 143
+    assert str(err).startswith("received SIGTERM; checkpoint saved in out/checkpoints/step_")
+
+
 def test_ignored_signal_stays_ignored():
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:

@@ -9,6 +9,7 @@ same forward padding-free (``rollout.packing``) and returns the same padded tens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -107,6 +108,47 @@ def _packed_policy_forward(
         hidden=unpack(output.hidden_states[-1][lines, slots], rows, columns, shape)
         if with_hidden
         else None,
+    )
+
+
+def at_least_float32(x: Tensor) -> Tensor:
+    """Half-precision log-probs in float32; float64 ones (a float64 model's) kept, so that
+    π_old and π_ref carry the precision the update's own forward has."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def reference_pass(
+    reference: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_length: int,
+    temperature: float,
+    truncation: dict[str, Any],
+    packed: bool,
+) -> Tensor:
+    """(B, P + T) ids and mask → (B, T) log π_ref of the response tokens under the processed
+    distribution (``policy_forward``: temperature, then ``truncation``'s top-k / top-p / min-p;
+    ``packed``: its padding-free forward), at least float32, on the reference's device.
+
+    Computed where the reference lives: a module of this process (on the CPU under
+    offload_frozen_roles), or a stand-in for one placed elsewhere (placement ray's
+    ``RemoteReference``), whose actor runs this same function on its model and sends back
+    these B × T floats, never the (B, P + T, V) logits."""
+    if not isinstance(reference, nn.Module):
+        return reference.logprobs(
+            input_ids, attention_mask, prompt_length, temperature, truncation, packed
+        )
+    device = next(reference.parameters()).device
+    return at_least_float32(
+        policy_forward(
+            reference,
+            input_ids.to(device),
+            attention_mask.to(device),
+            prompt_length,
+            temperature,
+            **truncation,
+            packed=packed,
+        ).logprobs
     )
 
 

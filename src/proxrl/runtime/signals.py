@@ -53,9 +53,15 @@ class GracefulStop:
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def request(self, signum: int) -> None:
+        """Record ``signum`` as if it had arrived here: a signal another process caught and
+        forwarded (``placement: ray``'s driver to its trainer actor). The first one counts."""
         if self.signum is None:
             self.signum = signum
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.request(signum)
             return
         # Second signal: stop waiting for the loop.
         previous = self._previous.get(signum, signal.SIG_DFL)

@@ -46,7 +46,6 @@ from proxrl.runtime.logs import rendered
 from proxrl.runtime.metrics import MetricsLogger, progress_bar, read_metrics
 from proxrl.runtime.resume import check_not_finished, check_resume
 from proxrl.runtime.seeding import seed_everything
-from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +170,7 @@ def train_online(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     bar_on = cfg.progress and dist.is_main()
     with (
         progress_bar(cfg.iterations, f"{algo.name}", completed=start, enabled=bar_on) as bar,
-        GracefulStop() as stop,
+        roles.stop() as stop,
     ):
         for iteration in range(start, end):
             started = time.perf_counter()

@@ -35,7 +35,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class Models:
     actor: nn.Module
-    reference: nn.Module | None  # None with LoRA: the adapter-disabled actor is the reference
+    # None with LoRA: the adapter-disabled actor is the reference; placement ray: a stand-in
+    # for the reference actor (``rollout.forward.reference_pass`` asks it for log-probs)
+    reference: Any
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made

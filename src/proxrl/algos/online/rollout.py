@@ -33,7 +33,7 @@ from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import policy_forward
+from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass
 from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
@@ -101,12 +101,6 @@ def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> boo
         and not cfg.dynamic_sampling
         and not cfg.mask_truncated
     )
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """Half-precision log-probs in float32; float64 ones (a float64 model's) kept, so that
-    π_old and π_ref carry the precision the update's own forward has."""
-    return x if x.dtype == torch.float64 else x.float()
 
 
 def old_policy_metrics(
@@ -271,18 +265,15 @@ def collect_rollout(
                 if models.reference is None
                 else contextlib.nullcontext(models.reference) as ref
             ):
-                ref_device = next(ref.parameters()).device  # the CPU when offload_frozen_roles
                 ref_logprobs.append(
-                    at_least_float32(
-                        policy_forward(
-                            ref,
-                            input_ids[rows].to(ref_device),
-                            attention_mask[rows].to(ref_device),
-                            P,
-                            cfg.temperature,
-                            **settings.truncation,
-                            packed=packed,
-                        ).logprobs
+                    reference_pass(
+                        ref,
+                        input_ids[rows],
+                        attention_mask[rows],
+                        P,
+                        cfg.temperature,
+                        settings.truncation,
+                        packed,
                     ).to(device)
                 )
         values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))

@@ -10,12 +10,17 @@ from torch import nn
 from proxrl.algos.online.config import Algorithm, OnlineConfig
 from proxrl.algos.online.roles import Models, load_models, load_rewards
 from proxrl.rollout.rewards import WeightedRewards
+from proxrl.runtime.signals import GracefulStop
 
 
 class Roles(Protocol):
     def rewards(self, cfg: OnlineConfig) -> WeightedRewards: ...
 
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models: ...
+
+    def stop(self) -> GracefulStop:
+        """What the loop asks, after each iteration, whether SIGINT / SIGTERM came: this
+        process's signals, or those the driver caught and forwarded (placement ray)."""
 
     def start(self, actor: nn.Module, iteration: int) -> None:
         """The run (or its resumed part) begins at ``iteration`` with ``actor``'s weights."""
@@ -36,6 +41,9 @@ class LocalRoles:
 
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
         return load_models(cfg, algo)
+
+    def stop(self) -> GracefulStop:
+        return GracefulStop()
 
     def start(self, actor: nn.Module, iteration: int) -> None:
         pass

@@ -30,6 +30,7 @@ from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import merged_weights
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.rollout.forward import reference_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.vllm_sampler import sync_weights
 from proxrl.runtime import distributed as dist
@@ -107,7 +108,7 @@ class RemoteRewards:
 
 
 class ReferenceActor(RoleActor):
-    """The frozen reference policy, running its forward passes where it lives."""
+    """The frozen reference policy, scoring the trainer's sampled tokens where it lives."""
 
     def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
         join_paths(paths)
@@ -117,10 +118,19 @@ class ReferenceActor(RoleActor):
             self.error = str(error)
 
     @torch.no_grad()
-    def logits(self, **inputs: Tensor) -> Tensor:
-        device = dist.device()
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
-        return self.model(**moved).logits.cpu()
+    def logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_length: int,
+        temperature: float,
+        truncation: dict[str, Any],
+        packed: bool,
+    ) -> Tensor:
+        """``rollout.forward.reference_pass`` on this actor's model: (B, T) log π_ref (CPU)."""
+        return reference_pass(
+            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed
+        ).cpu()
 
     def state_dict(self) -> dict[str, Tensor]:
         return {k: v.cpu() for k, v in self.model.state_dict().items()}
@@ -129,25 +139,33 @@ class ReferenceActor(RoleActor):
         self.model.load_state_dict(state)
 
 
-@dataclass
-class Logits:
-    logits: Tensor  # (B, P + T, V)
-
-
 class RemoteReference:
-    """The reference actor as the module ``rollout.collect_rollout`` runs ``policy_forward`` on:
-    called like a causal LM, it returns the (B, P + T, V) logits computed in the actor. That is
-    a vocabulary-wide transfer per micro-batch; at scale the actor would return log-probs."""
+    """The reference actor as the loop's reference: ``rollout.forward.reference_pass`` hands it the
+    micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs computed in the
+    actor, so per micro-batch B × (P + T) ids go there and B × T floats come back."""
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        self.anchor = nn.Parameter(torch.zeros(0), requires_grad=False)  # its inputs' device
 
-    def parameters(self) -> Any:
-        return iter([self.anchor])
-
-    def __call__(self, **inputs: Any) -> Logits:
-        return Logits(answer(self.handle.logits.remote(**inputs)))
+    def logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_length: int,
+        temperature: float,
+        truncation: dict[str, Any],
+        packed: bool,
+    ) -> Tensor:
+        return answer(
+            self.handle.logprobs.remote(
+                input_ids.cpu(),
+                attention_mask.cpu(),
+                prompt_length,
+                temperature,
+                truncation,
+                packed,
+            )
+        )
 
     def state_dict(self) -> dict[str, Tensor]:  # checkpointed when ref_reset_every moves it
         return ray.get(self.handle.state_dict.remote())

@@ -28,6 +28,7 @@ from proxrl.algos.online.rollout import prompt_order
 from proxrl.rollout.generation import SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
+from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,23 @@ def has_reference(cfg: OnlineConfig) -> bool:
     return measures_kl(cfg) and not cfg.lora_r
 
 
+ACTORS = {
+    "ray_trainer": "the trainer actor",
+    "ray_engine": "each generation engine",
+    "ray_reward": "the reward actor",
+    "ray_reference": "the reference actor",
+}
+
+
+def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
+    """The run's roles (their fields' prefix) and how many actors each has."""
+    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
+    return roles + [("ray_reference", 1)] if has_reference(cfg) else roles
+
+
 def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
     """CPUs and GPUs the run's actors ask for, each with the sum that makes it up."""
-    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
-    if has_reference(cfg):
-        roles.append(("ray_reference", 1))
+    roles = role_actors(cfg)
     total = {}
     for unit in ("cpus", "gpus"):
         terms = [(n, getattr(cfg, f"{role}_{unit}"), f"{role}_{unit}") for role, n in roles]
@@ -91,7 +104,8 @@ def connect(cfg: OnlineConfig) -> bool:
         import torch
 
         machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-        check_resources(cfg, machine, "this machine (for a local Ray)")
+        where = "this machine (for a local Ray)"
+        check_resources(cfg, [machine], where, where)
     try:
         ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
     except ConnectionError as error:
@@ -99,11 +113,25 @@ def connect(cfg: OnlineConfig) -> bool:
     return True
 
 
-def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -> None:
-    """Every role's CPUs and GPUs together fit in ``capacity`` (Ray's resource names)."""
-    for unit, key in (("cpus", "CPU"), ("gpus", "GPU")):
+def check_resources(
+    cfg: OnlineConfig, nodes: list[dict[str, float]], where: str, on_one: str
+) -> None:
+    """Each actor's CPUs and GPUs fit in one of ``nodes`` (their resources, by Ray's names), as
+    an actor runs on one node (Ray would leave one that fits none pending for ever), and every
+    role's together fit in their sum. ``where``: the nodes, ``on_one``: any one of them."""
+    units = (("cpus", "CPU"), ("gpus", "GPU"))
+    for role, _ in role_actors(cfg):
+        for unit, key in units:
+            field = f"{role}_{unit}"
+            asked = getattr(cfg, field)
+            if asked > max((node.get(key, 0.0) for node in nodes), default=0.0) + 1e-9:
+                raise ProxrlError(
+                    f"placement: {ACTORS[role]} asks for {asked:.12g} {key}s ({field}), more "
+                    f"than {on_one} has; lower {field}"
+                )
+    for unit, key in units:
         amount, words = requested(cfg)[unit]
-        if amount > capacity.get(key, 0.0) + 1e-9:
+        if amount > sum(node.get(key, 0.0) for node in nodes) + 1e-9:
             raise ProxrlError(
                 f"placement: the roles ask for {amount:.12g} {key}s ({words}), more than {where} "
                 f"has; lower the ray_*_{unit} fields"
@@ -111,12 +139,24 @@ def check_resources(cfg: OnlineConfig, capacity: dict[str, float], where: str) -
 
 
 class TrainerActor:
-    """The process that runs the loop with the policy and critic (``loop.train_online``)."""
+    """The process that runs the loop with the policy and critic (``loop.train_online``).
+
+    Started with two threads (``max_concurrency``), so that ``request_stop`` reaches it while
+    ``train`` runs: the driver forwards the SIGINT / SIGTERM it caught, and the loop stops as in
+    one process (a checkpoint at the end of the iteration, then ``Interrupted``)."""
 
     def __init__(self, paths: list[str]) -> None:
         from proxrl.algos.online.placement.ray_roles import join_paths
 
         join_paths(paths)
+        self.stop = GracefulStop(signals=())  # the driver's signals; this process installs none
+
+    def request_stop(self, signum: int) -> None:
+        self.stop.request(signum)
+
+    def stop_signal(self) -> int | None:
+        """The signal forwarded so far (None: none)."""
+        return self.stop.signum
 
     def train(self, cfg: OnlineConfig, algo: Algorithm) -> tuple[str, Any]:
         """("ok", the last metrics row), or ("error", (class name, message, exit code)) for
@@ -125,7 +165,7 @@ class TrainerActor:
         from proxrl.algos.online.loop import train_online
 
         logging.basicConfig(level=logging.INFO)
-        _ROLES = RayRoles(cfg)
+        _ROLES = RayRoles(cfg, self.stop)
         try:
             return "ok", train_online(cfg, algo)
         except ProxrlError as error:
@@ -152,20 +192,22 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     owns = connect(cfg)
     trainer = None
     try:
-        check_resources(cfg, ray.cluster_resources(), "the Ray cluster")
+        nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+        check_resources(cfg, nodes, "the Ray cluster", "any node of the Ray cluster")
         trainer = (
             ray.remote(TrainerActor)
             .options(
                 num_cpus=cfg.ray_trainer_cpus,
                 num_gpus=cfg.ray_trainer_gpus,
                 max_restarts=0,
+                max_concurrency=2,  # train, and request_stop while it runs
                 name=f"proxrl-{os.getpid()}-{time.time_ns()}-trainer",
                 namespace="proxrl",
             )
             .remote(list(sys.path))
         )
         try:
-            status, value = ray.get(trainer.train.remote(cfg, algo))
+            status, value = wait_forwarding_signals(trainer, trainer.train.remote(cfg, algo))
         except RayActorError as error:
             raise ProxrlError(
                 f"placement: the trainer actor died ({type(error).__name__}); the last "
@@ -179,6 +221,22 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             ray.kill(trainer)  # and with it every role actor it owns
         if owns:
             ray.shutdown()
+
+
+def wait_forwarding_signals(trainer: Any, result: Any) -> Any:
+    """``ray.get(result)``, the first SIGINT / SIGTERM caught here meanwhile sent on to the
+    trainer actor (which then stops after its iteration, with a checkpoint). A second one acts
+    at once, as in one process: SIGINT raises ``KeyboardInterrupt`` (the trainer is then
+    killed), SIGTERM ends this process (and Ray its actors); the last checkpoint stays whole."""
+    import ray
+
+    forwarded = False
+    with GracefulStop() as stop:
+        while not ray.wait([result], timeout=0.1)[0]:
+            if stop.signum is not None and not forwarded:
+                trainer.request_stop.remote(stop.signum)
+                forwarded = True
+    return ray.get(result)
 
 
 def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
@@ -196,8 +254,9 @@ class RayRoles:
     """The trainer actor's roles: the reward sources, the reference and the engines in actors
     of their own, started here (so owned by the trainer)."""
 
-    def __init__(self, cfg: OnlineConfig) -> None:
+    def __init__(self, cfg: OnlineConfig, stop: GracefulStop) -> None:
         self.cfg = cfg
+        self.graceful = stop
         self.pool: Any = None
         self.update_started = 0.0
 
@@ -265,6 +324,9 @@ class RayRoles:
             reference=RemoteReference(reference) if reference is not None else models.reference,
             engines=self.pool,
         )
+
+    def stop(self) -> GracefulStop:
+        return self.graceful
 
     def start(self, actor: nn.Module, iteration: int) -> None:
         self.pool.publish(actor, iteration)
