@@ -161,6 +161,8 @@ def online_cases(paths: dict[str, str], precision: str, work: Path) -> dict[str,
             packed: bool, cfg=cfg, algo=algo, models=models, opts=optimizers, batch=batch
         ) -> None:
             run_cfg = replace(cfg, max_tokens_per_micro_batch=BUDGET if packed else 0)
+            if hasattr(models.critic, "settings"):  # a separate critic reads its own switch
+                models.critic.settings = replace(models.critic.settings, packed=packed)
             update(
                 run_cfg,
                 algo,
