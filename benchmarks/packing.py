@@ -16,13 +16,18 @@ lengths (``vs_trl.SPREAD_LENGTHS``: 32 responses stopping uniformly between 8 an
 - ``dpo epoch``: DPO on 32 pairs of such responses, bucketed batches of 8 pairs, padded
   against ``packing``.
 
-Printed per workload: median seconds of padded / packed over alternated rounds, the speed-up,
-and the padding share (pad positions over all positions the forwards computed) of each side.
+Printed per workload: median seconds of padded / packed over alternated rounds, the speed-up
+(median of the rounds' padded/packed ratios of wall time and of the process's CPU time, each
+with its range: with ``--threads 1`` the CPU time is the work this process did, which other
+jobs on the machine slow far less than the wall clock), the padding share (pad positions
+over all positions the forwards computed) of each side, and the 1-minute load average at the
+start and end of the workload's rounds (on a shared machine the ratios are what to read).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -156,6 +161,8 @@ def online_cases(paths: dict[str, str], precision: str, work: Path) -> dict[str,
             packed: bool, cfg=cfg, algo=algo, models=models, opts=optimizers, batch=batch
         ) -> None:
             run_cfg = replace(cfg, max_tokens_per_micro_batch=BUDGET if packed else 0)
+            if hasattr(models.critic, "settings"):  # a separate critic reads its own switch
+                models.critic.settings = replace(models.critic.settings, packed=packed)
             update(
                 run_cfg,
                 algo,
@@ -249,7 +256,11 @@ def main() -> None:
         f"(8-256); {len(PROMPTS)} prompts; packed budget {BUDGET} tokens",
         flush=True,
     )
-    print(f"{'size':<6} {'workload':<16} {'s padded/packed':>18} {'speed-up':>9} {'padding':>12}")
+    print(
+        f"{'size':<6} {'workload':<16} {'s padded/packed':>18} {'speed-up':>9} {'range':>11} "
+        f"{'cpu-time':>9} {'range':>11} "
+        f"{'padding':>12} {'load':>10}"
+    )
     for size in args.sizes:
         hidden, layers = (int(x) for x in size.split("x"))
         work = Path(tempfile.mkdtemp(prefix="packing_"))
@@ -261,19 +272,28 @@ def main() -> None:
             run(False)  # warm-up, both sides
             run(True)
             times: dict[bool, list[float]] = {False: [], True: []}
+            cpu: dict[bool, list[float]] = {False: [], True: []}
             shares = {}
+            load_start = os.getloadavg()[0]
             for round_ in range(args.rounds):
                 for packed in (False, True) if round_ % 2 == 0 else (True, False):
                     count = PadCount()
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     run(packed)
                     times[packed].append(time.perf_counter() - started)
+                    cpu[packed].append(time.process_time() - cpu_started)
                     count.handle.remove()
                     shares[packed] = count.share()
+            ratios = [a / b for a, b in zip(times[False], times[True], strict=True)]
+            cpu_ratios = [a / b for a, b in zip(cpu[False], cpu[True], strict=True)]
             padded, packed_s = (statistics.median(times[k]) for k in (False, True))
             print(
-                f"{size:<6} {name:<16} {padded:>8.2f}/{packed_s:<8.2f} {padded / packed_s:>9.2f} "
-                f"{shares[False]:>5.2f}/{shares[True]:<5.2f}",
+                f"{size:<6} {name:<16} {padded:>8.2f}/{packed_s:<8.2f} "
+                f"{statistics.median(ratios):>9.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
+                f"{statistics.median(cpu_ratios):>9.2f} "
+                f"{min(cpu_ratios):>5.2f}-{max(cpu_ratios):<5.2f} "
+                f"{shares[False]:>5.2f}/{shares[True]:<5.2f} "
+                f"{load_start:>4.1f}-{os.getloadavg()[0]:<4.1f}",
                 flush=True,
             )
 

@@ -26,7 +26,10 @@ first update of each run is warm-up and dropped; two with ``--compile-sampler``)
 tokens each kept per update (counted, not assumed: up to and including EOS), peak RSS, the
 proxrl/TRL tokens-per-second ratio, the ceiling, and the dtype each side's transformer layers
 actually produced in the warm-up update (a ratio between different precisions is flagged in
-the summary). TRL 1.12's PPOTrainer ignores ``bf16=True`` on a CPU, so under
+the summary). ``cpu rt/pd`` gives the ratio and the padded side's ratio again by the process's
+CPU time instead of the wall clock (with ``--threads 1`` the work each process did, which other
+jobs on a shared machine slow far less), and ``load`` the 1-minute load average after the pair.
+TRL 1.12's PPOTrainer ignores ``bf16=True`` on a CPU, so under
 ``--precision bf16`` its loop runs inside ``torch.autocast``.
 """
 
@@ -222,12 +225,14 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     from proxrl.algos.online import grpo, ppo
 
     stamps: list[float] = []
+    cpu_stamps: list[float] = []
     original_log = metrics.MetricsLogger.log
     dtypes = ComputeDtypes()
 
     def stamped_log(self, step, row):  # type: ignore[no-untyped-def]
         result = original_log(self, step, row)
         stamps.append(time.perf_counter())
+        cpu_stamps.append(time.process_time())
         dtypes.stop()
         return result
 
@@ -269,7 +274,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             critic_learning_rate=1e-5,
             max_grad_norm=0.0,
         )
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         ppo.train(cfg)
     else:
         sys.modules.setdefault("vs_trl", sys.modules[__name__])
@@ -286,7 +291,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             max_grad_norm=1.0,
             track_kl=False,
         )
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         grpo.train(cfg)
     rows = metrics.read_metrics(args.out)
     tokens = [
@@ -299,6 +304,9 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     }
     return {
         "update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)],
+        "update_cpu_s": [
+            b - a for a, b in zip([cpu_started, *cpu_stamps], cpu_stamps, strict=False)
+        ],
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
@@ -318,6 +326,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     )
 
     stamps: list[float] = []
+    cpu_stamps: list[float] = []
     tokens: list[float] = []
 
     dtypes = ComputeDtypes()
@@ -325,6 +334,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     class Stamp(TrainerCallback):
         def on_step_end(self, *a, **k):  # type: ignore[no-untyped-def]
             stamps.append(time.perf_counter())
+            cpu_stamps.append(time.process_time())
             dtypes.stop()
 
         def on_log(self, args, state, control, logs=None, **k):  # type: ignore[no-untyped-def]
@@ -422,11 +432,14 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     # TRL 1.12's experimental PPOTrainer leaves its bf16 flag unapplied on a CPU (ComputeDtypes
     # saw float32 throughout): autocast around its loop gives it the bf16 compute it asks for.
     ppo_needs_autocast = args.precision == "bf16" and args.trainer == "ppo"
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ppo_needs_autocast):
         trainer.train()
     return {
         "update_s": [b - a for a, b in zip([started, *stamps], stamps, strict=False)],
+        "update_cpu_s": [
+            b - a for a, b in zip([cpu_started, *cpu_stamps], cpu_stamps, strict=False)
+        ],
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
@@ -522,9 +535,9 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         ]
         return logprobs_from_logits(logits, ids[:, P:])
 
-    update_s, tokens = [], []
+    update_s, update_cpu_s, tokens = [], [], []
     for _ in range(args.updates):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         with torch.no_grad(), autocast:
             ids, mask, old = sample()
             response_mask = mask[:, P:].float()
@@ -581,10 +594,12 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             optimizers[0].step()
             optimizers[0].zero_grad()
         update_s.append(time.perf_counter() - started)
+        update_cpu_s.append(time.process_time() - cpu_started)
         tokens.append(float(response_mask.sum()))
         dtypes.stop()
     return {
         "update_s": update_s,
+        "update_cpu_s": update_cpu_s,
         "tokens": tokens,
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
@@ -716,7 +731,8 @@ def main() -> None:
     print(
         f"{'trainer':<6} {'size':<6} {'pair':<4} {'s/update':>26} {'tokens/update':>20} "
         f"{'padding share':>16} {'peak MB':>15} {'ratio':>6} {'padded':>6} {'pk/pd':>6} "
-        f"{'ceiling':>7}  proxrl time split (padded | packed)  computed in",
+        f"{'ceiling':>7} {'cpu rt/pd':>11} {'load':>4}  proxrl time split (padded | packed)  "
+        "computed in",
         flush=True,
     )
     # Removing ComputeDtypes' hook after update 1 makes torch.compile recompile the sampler's
@@ -731,6 +747,7 @@ def main() -> None:
         for trainer in args.trainers:
             ratios, ceilings, computed = [], [], set()
             padded_ratios, packing_gains = [], []
+            cpu_ratios, cpu_padded = [], []  # the same ratios of tokens per CPU second
             for pair in range(args.pairs):
                 runs = {}
                 for framework in frameworks:  # A B (C) within every pair
@@ -745,6 +762,8 @@ def main() -> None:
                         warmup,
                     )
                 ratios.append(runs["packed"].tokens_per_s / runs["trl"].tokens_per_s)
+                cpu_ratios.append(runs["packed"].cpu_tokens_per_s / runs["trl"].cpu_tokens_per_s)
+                cpu_padded.append(runs["proxrl"].cpu_tokens_per_s / runs["trl"].cpu_tokens_per_s)
                 padded_ratios.append(runs["proxrl"].tokens_per_s / runs["trl"].tokens_per_s)
                 packing_gains.append(runs["packed"].tokens_per_s / runs["proxrl"].tokens_per_s)
                 ceilings.append(
@@ -765,7 +784,8 @@ def main() -> None:
                     f"{'/'.join(f'{r.padding_share:.2f}' for r in trained):>16} "
                     f"{'/'.join(f'{r.peak_mb:.0f}' for r in trained):>15} "
                     f"{ratios[-1]:>6.2f} {padded_ratios[-1]:>6.2f} {packing_gains[-1]:>6.2f} "
-                    f"{ceilings[-1]:>7.2f}  {split}  "
+                    f"{ceilings[-1]:>7.2f} {cpu_ratios[-1]:>5.2f}/{cpu_padded[-1]:<5.2f} "
+                    f"{os.getloadavg()[0]:>4.1f}  {split}  "
                     f"{' / '.join(run.dtypes for run in runs.values())}",
                     flush=True,
                 )
@@ -778,6 +798,8 @@ def main() -> None:
                     statistics.median(packing_gains),
                     statistics.median(ceilings),
                     computed,
+                    statistics.median(cpu_ratios),
+                    statistics.median(cpu_padded),
                 )
             )
     print(
@@ -785,7 +807,7 @@ def main() -> None:
         "tokens per second, padded = proxrl padded/TRL, packing = packed/padded; "
         "ceiling = floor/TRL, the ratio a trainer with no overhead at all would reach"
     )
-    for trainer, size, ratio, padded_ratio, gain, ceiling, computed in summary:
+    for trainer, size, ratio, padded_ratio, gain, ceiling, computed, cpu, cpu_pd in summary:
         alike = all(len(set(c)) == 1 for c in computed)
         note = (
             ""
@@ -794,7 +816,8 @@ def main() -> None:
         )
         print(
             f"  {trainer:<5} {size:<7} ratio {ratio:.2f}   padded {padded_ratio:.2f}   "
-            f"packing {gain:.2f}   ceiling {ceiling:.2f}{note}"
+            f"packing {gain:.2f}   ceiling {ceiling:.2f}   by CPU time: ratio {cpu:.2f} "
+            f"padded {cpu_pd:.2f}{note}"
         )
 
 
@@ -810,6 +833,7 @@ class Run:
     warmup_s: float  # the warm-up updates together (compiles land here)
     padding_share: float  # pad positions / positions of the training and scoring passes
     split: dict[str, float]  # proxrl: median seconds of rollout, score, forward, update
+    cpu_tokens_per_s: float  # the same per second of the process's CPU time
 
     @classmethod
     def of(cls, numbers: dict, warmup: int) -> Run:
@@ -823,6 +847,9 @@ class Run:
             sum(numbers["update_s"][:warmup]),
             numbers.get("padding_share", float("nan")),
             numbers.get("split", {}),
+            statistics.median(
+                n / t for n, t in zip(tokens, numbers["update_cpu_s"][warmup:], strict=True)
+            ),
         )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from proxrl.core import processed_entropy, processed_logprobs
@@ -85,26 +84,28 @@ def _packed_policy_forward(
     top_p: float,
     min_p: float,
 ) -> PolicyOutput:
-    """``policy_forward`` on the packed rows. The logits that predict response tokens are
-    gathered T positions at a time (a (T, V) copy each, the padded path's per-row peak)."""
+    """``policy_forward`` on the packed rows. The log-probs (and entropies) are computed on
+    the packed logits as they come, ``logits[:, s]`` scoring the line's next token, and then
+    picked at the (line, slot) that predicts each response token: no copy of the logits, and
+    one gather whose backward writes one gradient (a chunk-by-chunk gather of logits rows costs
+    a zero-filled logits-sized gradient per chunk, which made the packed backward slower than
+    the padded one). Positions that predict no response token (prompts, line starts, filler)
+    are scored too and dropped, as the padded forward scores its pad columns."""
     packed = pack_batch(input_ids, attention_mask)
     output = model(**packed.model_inputs(), output_hidden_states=with_hidden)
     rows, columns, lines, slots = packed.predictions(prompt_length)
     shape = (input_ids.shape[0], input_ids.shape[1] - prompt_length)
-    tokens = input_ids[rows, columns + prompt_length]
-    logprobs, entropy = [], []
-    for part in torch.arange(len(rows), device=rows.device).split(max(shape[1], 1)):
-        logits = output.logits[lines[part], slots[part]].unsqueeze(0)  # (1, ≤T, V)
-        picked = tokens[part].unsqueeze(0)
-        logprobs.append(processed_logprobs(logits, picked, temperature, top_k, top_p, min_p)[0])
-        if with_entropy:
-            entropy.append(processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)[0])
-    empty = output.logits.new_zeros(0)  # (a batch without a response token)
-    return PolicyOutput(
-        logprobs=unpack(torch.cat(logprobs or [empty]), rows, columns, shape),
-        entropy=unpack(torch.cat(entropy or [empty]), rows, columns, shape)
+    logits = output.logits[:, :-1]  # (R, W−1, V): logits[r, s] predicts packed token (r, s+1)
+    next_tokens = packed.input_ids[:, 1:]
+    logprobs = processed_logprobs(logits, next_tokens, temperature, top_k, top_p, min_p)
+    entropy = (
+        processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)[lines, slots]
         if with_entropy
-        else None,
+        else None
+    )
+    return PolicyOutput(
+        logprobs=unpack(logprobs[lines, slots], rows, columns, shape),
+        entropy=None if entropy is None else unpack(entropy, rows, columns, shape),
         hidden=unpack(output.hidden_states[-1][lines, slots], rows, columns, shape)
         if with_hidden
         else None,
