@@ -5,15 +5,17 @@
 
 One engine at the 42M shape of ``vllm_rollout.py`` (started and warmed up once, apart from every
 figure), the same 32 prompts × 64 new tokens for every side. Each side changes ONE thing from the
-bare request of ``vllm_rollout.py`` (seed ``i``, temperature 1, ``logprobs=0``, EOS as the only
-stop id) towards proxrl's: no seed, proxrl's seeds (``torch.randint`` draws), its explicit "off"
-parameters (``top_k=-1, top_p=1, min_p=0, ignore_eos=False``), no log-probs, the exact
-``SamplingParams`` list the wrapper builds (captured from it) passed to ``generate`` directly, and
-the wrapper itself. A second bare side ("bare, again") is the null control: its ratio to bare is
-the noise floor a factor has to clear. Every direct side is timed around ``generate`` and the
-same copy of tokens and log-probs into tensors the wrapper does; the wrapper's own work outside
-``generate`` (building requests, copying) is also timed apart. Rounds alternate their order
-(A B C …, … C B A); each row ends with the load average; ratios are to bare within a round.
+bare request ``vllm_rollout.py`` first measured (seed ``i``, the same 32 seeds every call,
+temperature 1, ``logprobs=0``, EOS as the only stop id) towards proxrl's: no seed, proxrl's
+seeds (``torch.randint`` draws), its explicit "off" parameters (``top_k=-1, top_p=1, min_p=0,
+ignore_eos=False``), no log-probs, the exact ``SamplingParams`` list the wrapper builds
+(captured from it once, so its seeds repeat every call) passed to ``generate`` directly, the
+same list built afresh with new seeds every call (as the wrapper does), and the wrapper itself.
+A second bare side ("bare, again") is the null control: its ratio to bare is the noise floor a
+factor has to clear. Every direct side is timed around ``generate`` and the same copy of tokens
+and log-probs into tensors the wrapper does; the wrapper's own work outside ``generate``
+(building requests, copying) is also timed apart. Rounds alternate their order (A B C …,
+… C B A); each row ends with the load average; ratios are to bare within a round.
 Besides wall-clock tokens/s, tokens per CPU-second of this process (the engine runs in it, so
 that is all of its work): on a machine shared past its cores the wall clock measures the other
 tenants as much as the code, the CPU time much less.
@@ -141,6 +143,9 @@ def sides(engine: Any, path: str) -> tuple[dict[str, Callable[[], int]], list[fl
             with_logprobs=False,
         ),
         "proxrl params": direct(lambda: list(capture.params)),
+        "fresh proxrl params": direct(  # as the wrapper builds them, new seeds every call
+            lambda: [SamplingParams(seed=s, **base, **off) for s in torch_seeds()]
+        ),
         "wrapper": wrapper,
     }
     return table, overhead

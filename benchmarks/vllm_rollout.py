@@ -21,6 +21,7 @@ the tokens actually returned.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -204,13 +205,18 @@ def rollout_speeds(shape: Shape, path: str, engine: Any, rounds: int, samplers: 
     settings = SamplingSettings(max_new_tokens=shape.new_tokens, temperature=1.0)
     rows = [r[m.bool()].tolist() for r, m in zip(prompt_ids, mask, strict=True)]
 
+    calls = itertools.count()
+
     def bare() -> int:
+        # new seeds every call, as proxrl's sampler draws them: a bare side repeating the same
+        # seeds resamples the same responses every round, not the work an RL rollout does
+        first = next(calls) * len(rows)
         params = [
             SamplingParams(
                 max_tokens=shape.new_tokens,
                 temperature=1.0,
                 logprobs=0,
-                seed=i,
+                seed=first + i,
                 stop_token_ids=[ids_of.eos_token_id],
             )
             for i in range(len(rows))
