@@ -21,6 +21,7 @@ the tokens actually returned.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -171,8 +172,26 @@ def start(shape: Shape, path: str, root: Path) -> Any:
     return engine
 
 
-def rollout_speeds(shape: Shape, path: str, engine: Any, rounds: int, samplers: list[str]) -> None:
+def rollout_prompts(shape: Shape, tokenizer: Any, vocab_size: int) -> tuple[Ids, Any, Any]:
+    """The ids the samplers read (EOS the last id, which a random model almost never draws) and
+    ``shape.prompts`` left-padded prompts of 8–16 random tokens, the same on every call."""
     import torch
+
+    ids_of = Ids(tokenizer.pad_token_id, vocab_size - 1)
+    generator = torch.Generator().manual_seed(0)
+    width = 16
+    prompt_ids = torch.full((shape.prompts, width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(prompt_ids)
+    for row in range(shape.prompts):
+        n = int(torch.randint(8, width + 1, (1,), generator=generator))
+        prompt_ids[row, width - n :] = torch.randint(
+            5, min(len(tokenizer), vocab_size), (n,), generator=generator
+        )
+        mask[row, width - n :] = 1
+    return ids_of, prompt_ids, mask
+
+
+def rollout_speeds(shape: Shape, path: str, engine: Any, rounds: int, samplers: list[str]) -> None:
     from vllm import SamplingParams
 
     from proxrl.models.causal_lm import load_causal_lm
@@ -182,27 +201,22 @@ def rollout_speeds(shape: Shape, path: str, engine: Any, rounds: int, samplers: 
 
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path).eval()
-    ids_of = Ids(tokenizer.pad_token_id, model.config.vocab_size - 1)
-    generator = torch.Generator().manual_seed(0)
-    width = 16
-    prompt_ids = torch.full((shape.prompts, width), tokenizer.pad_token_id)
-    mask = torch.zeros_like(prompt_ids)
-    for row in range(shape.prompts):
-        n = int(torch.randint(8, width + 1, (1,), generator=generator))
-        prompt_ids[row, width - n :] = torch.randint(
-            5, min(len(tokenizer), model.config.vocab_size), (n,), generator=generator
-        )
-        mask[row, width - n :] = 1
+    ids_of, prompt_ids, mask = rollout_prompts(shape, tokenizer, model.config.vocab_size)
     settings = SamplingSettings(max_new_tokens=shape.new_tokens, temperature=1.0)
     rows = [r[m.bool()].tolist() for r, m in zip(prompt_ids, mask, strict=True)]
 
+    calls = itertools.count()
+
     def bare() -> int:
+        # new seeds every call, as proxrl's sampler draws them: a bare side repeating the same
+        # seeds resamples the same responses every round, not the work an RL rollout does
+        first = next(calls) * len(rows)
         params = [
             SamplingParams(
                 max_tokens=shape.new_tokens,
                 temperature=1.0,
                 logprobs=0,
-                seed=i,
+                seed=first + i,
                 stop_token_ids=[ids_of.eos_token_id],
             )
             for i in range(len(rows))
