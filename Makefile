@@ -41,8 +41,9 @@ lint: $(STAMP)
 
 # The main suite on one pytest-xdist worker per core (-n auto: 2 here; tests/conftest.py lists
 # what keeps a test safe beside another); --dist worksteal lets an idle worker take queued tests
-# from a busy one (the durations range from milliseconds to a minute). Measured on 2 cores beside
-# one nice-19 benchmark: the main suite 7 min 48 s on 2 workers, make test 9 min 53 s in all.
+# from a busy one (the durations range from milliseconds to a few minutes). Measured on 2 cores
+# beside one nice-19 benchmark: the main suite 7 min 48 s on 2 workers, make test 9 min 53 s in
+# all (README: later numbers, beside a nice-19 run that still took ~0.75 of a core).
 test: lint test-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --dist worksteal
 
