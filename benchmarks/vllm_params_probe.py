@@ -69,19 +69,9 @@ class _TimedEngine:
 
 def copy_out(outputs: Any, pad: int, with_logprobs: bool) -> int:
     """The wrapper's copy of tokens and log-probs into tensors; returns the token count."""
-    import torch
+    from proxrl.rollout.vllm_sampler import outputs_as_tensors
 
-    width = max(1, max(len(o.outputs[0].token_ids) for o in outputs))
-    response_ids = torch.full((len(outputs), width), pad, dtype=torch.long)
-    logprobs = torch.zeros(len(outputs), width)
-    for i, output in enumerate(outputs):
-        completion = output.outputs[0]
-        tokens = list(completion.token_ids)
-        response_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        if with_logprobs:
-            logprobs[i, : len(tokens)] = torch.tensor(
-                [step[t].logprob for step, t in zip(completion.logprobs, tokens, strict=True)]
-            )
+    outputs_as_tensors(outputs, pad, with_logprobs)
     return sum(len(o.outputs[0].token_ids) for o in outputs)
 
 

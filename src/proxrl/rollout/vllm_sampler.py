@@ -184,6 +184,26 @@ def release_memory(engine: Any) -> None:
         _ASLEEP.add(id(engine))
 
 
+def outputs_as_tensors(outputs: Any, pad: int, with_logprobs: bool) -> tuple[Tensor, Tensor]:
+    """vLLM's ``RequestOutput`` list → (B, T) response ids (``pad`` after each response's end)
+    and (B, T) log-probs of the sampled tokens (zeros without ``with_logprobs``)."""
+    width = max(1, max(len(o.outputs[0].token_ids) for o in outputs))
+    response_ids = torch.full((len(outputs), width), pad, dtype=torch.long)
+    logprobs = torch.zeros(len(outputs), width)
+    for i, output in enumerate(outputs):
+        completion = output.outputs[0]
+        tokens = list(completion.token_ids)
+        response_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if with_logprobs:
+            logprobs[i, : len(tokens)] = torch.tensor(
+                [
+                    step[token].logprob
+                    for step, token in zip(completion.logprobs, tokens, strict=True)
+                ]
+            )
+    return response_ids, logprobs
+
+
 class VLLMSampler:
     """``Sampler`` over a started vLLM engine.
 
@@ -236,20 +256,7 @@ class VLLMSampler:
         outputs = self.engine.generate(
             [{"prompt_token_ids": row} for row in rows], params, use_tqdm=False
         )
-        width = max(1, max(len(o.outputs[0].token_ids) for o in outputs))
-        response_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        logprobs = torch.zeros(len(rows), width)
-        for i, output in enumerate(outputs):
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            response_ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            if with_logprobs:
-                logprobs[i, : len(tokens)] = torch.tensor(
-                    [
-                        step[token].logprob
-                        for step, token in zip(completion.logprobs, tokens, strict=True)
-                    ]
-                )
+        response_ids, logprobs = outputs_as_tensors(outputs, pad, with_logprobs)
         mask = response_mask_after_stop(response_ids, eos, pad)
         device = prompt_ids.device
         samples = Samples(response_ids.to(device), mask.to(device))
