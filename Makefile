@@ -43,7 +43,7 @@ lint: $(STAMP)
 # what keeps a test safe beside another); --dist worksteal lets an idle worker take queued tests
 # from a busy one (the durations range from milliseconds to a few minutes). Measured on 2 cores
 # beside one nice-19 benchmark: the main suite 7 min 48 s on 2 workers, make test 9 min 53 s in
-# all (README: later numbers, beside a nice-19 run that still took ~0.75 of a core).
+# all; on a quiet machine later, the main suite 7 min 56 s, make test 9 min 30 s.
 test: lint test-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --dist worksteal
 
