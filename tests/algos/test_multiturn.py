@@ -368,3 +368,67 @@ def test_python_api_takes_an_environment_class(tiny_lm, tmp_path):
     )
     assert run.metrics["episode/turns_mean"] == 2.0
     assert "environment: python:TwoTurns" in (run.output_dir / "config.yaml").read_text()
+
+
+def _model_tokens_only(exp):
+    """``exp`` with every observation column taken out of each row and the model's tokens
+    left-aligned: the single-turn batch an estimator should see in the episodes."""
+    keep = exp.loss_mask.bool()
+    width = int(keep.sum(-1).max())
+
+    def compact(t: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(t.shape[0], width, dtype=t.dtype)
+        for i, row in enumerate(t):
+            out[i, : int(keep[i].sum())] = row[keep[i]]
+        return out
+
+    mask = compact(keep.long())
+    return replace(
+        exp, logprobs=compact(exp.logprobs), ref_logprobs=compact(exp.ref_logprobs),
+        values=compact(exp.values), response_mask=mask, action_mask=mask,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def echo_episodes(tiny_lm, chat_prompts, tmp_path_factory):
+    """Eight two-turn episodes whose observations differ in length, with a KL to the
+    reference, a random critic's values and ReMax's greedy scores filled in."""
+    cfg = small(
+        grpo.Config, tiny_lm, chat_prompts, tmp_path_factory.mktemp("estimators"), group_size=2,
+        kl_coef=0.1, mini_batch_size=8, skip_old_logprobs_pass=False,
+        environment="mt_envs:echo_once",
+    )  # fmt: skip
+    _, _, exp, _ = _rollout(cfg, grpo)
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(exp.values.shape, generator=generator, dtype=exp.values.dtype)
+    greedy = torch.rand(exp.scores.shape, generator=generator, dtype=exp.scores.dtype)
+    return cfg, replace(exp, values=values * exp.response_mask, greedy_scores=greedy)
+
+
+@pytest.mark.parametrize("estimator", ["ppo", *grpo.ESTIMATORS])
+def test_every_estimator_sees_episodes_as_if_observations_were_absent(
+    tiny_lm, chat_prompts, tmp_path, echo_episodes, estimator
+):
+    """PPO's GAE (γ 0.9, λ 0.8, whitened) and every critic-free estimator (γ 0.9 where it
+    discounts): the rewards, advantages and returns at the model's tokens of an episode equal
+    those of the same tokens with the observations cut out, and are 0 at the observations —
+    advantages and reward-to-go flow from one model turn to the next across them."""
+    grpo_cfg, exp = echo_episodes
+    if estimator == "ppo":
+        cfg = small(ppo.Config, tiny_lm, chat_prompts, tmp_path, gamma=0.9, lam=0.8,
+                    whiten_rewards=True, environment="mt_envs:echo_once")  # fmt: skip
+        algo = ppo.build(cfg)
+    else:
+        algo = grpo.build(replace(grpo_cfg, estimator=estimator, gamma=0.9))
+    observations = exp.response_mask.bool() & ~exp.action_mask.bool()
+    assert observations.any() and (observations.sum(-1).unique().numel() > 1)
+    compact = _model_tokens_only(exp)
+    names = ("rewards", "advantages", "returns")
+    estimates = zip(names, algo.estimate(exp, 0.1), algo.estimate(compact, 0.1), strict=True)
+    for name, full, alone in estimates:
+        assert not full[observations].any(), name
+        torch.testing.assert_close(
+            _model_tokens_only(replace(exp, values=full)).values, alone, rtol=1e-6, atol=1e-7,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )  # fmt: skip
+        assert alone.abs().max() > 1e-3, name
