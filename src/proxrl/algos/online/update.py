@@ -50,6 +50,11 @@ def update(
     minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
     are summed over ranks before the step, so the update equals the single-process one.
 
+    A critic in its own process (placement ray's critic actor) runs its forward and backward on
+    the same micro-batches while the policy's run here; its gradient norm joins the policy's in
+    the one global norm, and its step takes the same clip coefficient, or is skipped with the
+    policy's.
+
     A rollout without log π_old (``experience.logprobs`` None: ``rollout.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
     computed from that forward and returned with the stats."""

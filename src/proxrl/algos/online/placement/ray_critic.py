@@ -242,7 +242,7 @@ class RemoteCritic(Critic):
         self,
         experience: Experience,
         micro_batches: list[Tensor],
-        units: Any,
+        units: Callable[[Tensor], float],
         total_units: float,
         loss_agg: Aggregation,
     ) -> None:
