@@ -1235,7 +1235,7 @@ CASES: list[Case] = [
     Case(
         "ppo: placement ray asking for more CPUs than a local Ray gets",
         (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-engines", "1000000"),
-        "proxrl ppo: error: placement: the roles ask for 250001.5 CPUs (ray_trainer_cpus 1 + ray_engines 1000000 × ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
+        "proxrl ppo: error: placement: the roles ask for 250001.75 CPUs (ray_trainer_cpus 1 + ray_engines 1000000 × ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25 + ray_critic_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
     ),
     Case(
         "ppo: placement ray at an address where no Ray answers",

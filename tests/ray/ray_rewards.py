@@ -63,3 +63,35 @@ def signal_driver_at_second_call(
             assert time.time() < deadline, "the driver did not forward the signal"
             time.sleep(0.02)
     return target_fraction(prompts, completions, **columns)
+
+
+def record_pids_at_first_call(
+    prompts: list[str], completions: list[str], pids: list[str], **columns: list
+):
+    """target_fraction; at its first call, the processes of the trainer and the critic actor are
+    written to the file the prompts' ``pids`` column names (as JSON)."""
+    import json
+    import os
+
+    import ray
+
+    CALLS["n"] += 1
+    if CALLS["n"] == 1:
+        found = {}
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            for role in ("trainer", "critic"):
+                if actor["namespace"] == "proxrl" and actor["name"].endswith(f"-{role}"):
+                    handle = ray.get_actor(actor["name"], namespace="proxrl")
+                    found[role] = ray.get(handle.__ray_call__.remote(lambda _: os.getpid()))
+        found["reward"] = os.getpid()
+        with open(pids[0], "w") as f:
+            json.dump(found, f)
+    return target_fraction(prompts, completions, **columns)
+
+
+def kill_critic_at_third_call(prompts: list[str], completions: list[str], **columns: list):
+    """target_fraction; at its third call, the critic actor is killed (the run stops)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        _kill("-critic")
+    return target_fraction(prompts, completions, **columns)

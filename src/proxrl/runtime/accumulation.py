@@ -40,7 +40,10 @@ def accumulate_gradients(
         if n == 0:
             continue
         loss, batch_stats = loss_fn(model, batch)
-        (loss * (n / total)).backward()
+        # A loss without a graph trains nothing here (the policy during the warm-up of a critic
+        # in another process): there is nothing to differentiate.
+        if loss.requires_grad:
+            (loss * (n / total)).backward()
         sums["loss"] += float(loss.detach()) * n
         for key, value in batch_stats.items():
             if key != "loss":  # taken from the loss itself above

@@ -113,6 +113,55 @@ class Critic(ABC):
     def checkpoint_weights(self) -> TrainableWeights | None:
         """What a checkpoint holds of the critic: its trained weights (None without a critic)."""
 
+    # An optimizer step of a critic in another process (placement ray's critic actor). A critic
+    # in this process does nothing here: its value loss joins the policy's (``loss``), and its
+    # gradients are clipped and stepped with the policy's.
+
+    def start_step(
+        self,
+        experience: Experience,
+        micro_batches: list[Tensor],
+        units: Callable[[Tensor], float],
+        total_units: float,
+        loss_agg: Aggregation,
+    ) -> None:
+        """Start the value loss's forward and backward on a step's micro-batches (rows of
+        ``experience``, each weighted by ``units(rows) / total_units``) where the critic lives,
+        to run while the policy's do."""
+        return None
+
+    def finish_step(self) -> CriticGradient | None:
+        """The started step's gradient norm and stats (None: the critic's gradients are in this
+        process's parameters)."""
+        return None
+
+    def clip(self, coefficient: float) -> None:
+        """Scale the finished step's gradients by the update's clip coefficient (the one global
+        norm over policy and critic); its optimizer then steps as any of the update's."""
+        return None
+
+
+@dataclass(frozen=True)
+class CriticGradient:
+    """What a critic in another process reports of one optimizer step's backward."""
+
+    norm: float
+    """The 2-norm of its gradients (as ``torch.nn.utils.get_total_norm`` computes it)."""
+    stats: dict[str, float]
+    """Its unit-weighted step stats (``loss``: its share of the step's loss; value_loss, …)."""
+    nonfinite: str | None = None
+    """The first of its parameters whose gradient holds a NaN or Inf (None: none does)."""
+
+
+def value_metrics(experience: Experience) -> dict[str, float]:
+    """What the loop logs about a trained critic once advantages and returns are known."""
+    mask = experience.loss_mask.float()
+    return {
+        "value/explained_var": explained_variance(
+            experience.values, experience.returns, mask
+        ).item()
+    }
+
 
 class NoCritic(Critic):
     """The critic-free family: V ≡ 0, nothing trained, saved or logged."""
@@ -180,12 +229,7 @@ class _TrainedCritic(Critic):
         return self.settings.vf_coef * v_loss, stats
 
     def rollout_metrics(self, experience: Experience) -> dict[str, float]:
-        mask = experience.loss_mask.float()
-        return {
-            "value/explained_var": explained_variance(
-                experience.values, experience.returns, mask
-            ).item()
-        }
+        return value_metrics(experience)
 
     def modules(self) -> list[nn.Module]:
         return [self.module]

@@ -61,7 +61,8 @@ class Config(OnlineConfig):
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the batch."""
     critic: Literal["separate", "head"] = "separate"
-    """A separate value model, or a value head on the policy's backbone."""
+    """A separate value model (placement ray: in a critic actor of its own), or a value head on
+    the policy's backbone (part of the policy, in its process)."""
     critic_model: str | None = None
     """Where the separate critic starts: the (first) reward model (default; else the policy),
     policy, a model directory or hub id, or an earlier ppo run's directory (its critic/: warm

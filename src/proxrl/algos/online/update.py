@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollout import old_policy_metrics
 from proxrl.core import entropy_bonus
@@ -48,6 +49,11 @@ def update(
     Several processes: every rank holds the whole (gathered) rollout and draws the same
     minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
     are summed over ranks before the step, so the update equals the single-process one.
+
+    A critic in its own process (placement ray's critic actor) runs its forward and backward on
+    the same micro-batches while the policy's run here; its gradient norm joins the policy's in
+    the one global norm, and its step takes the same clip coefficient, or is skipped with the
+    policy's.
 
     A rollout without log π_old (``experience.logprobs`` None: ``rollout.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
@@ -103,12 +109,17 @@ def update(
             no_sync = contextlib.ExitStack()
             for model in (actor, *critic.modules()) if world > 1 else ():
                 no_sync.enter_context(dist.no_sync(model))
+            mine = micro_batches[rank::world]
+            units = partial(_units, cfg, experience)
+            # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
+            step_units = float(total_units) / world if sharded else float(total_units)
+            # A critic in its own process runs its forward and backward meanwhile.
+            critic.start_step(experience, mine, units, step_units, cfg.aggregation)
             with no_sync:
-                # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
                 step_stats.update(
                     accumulate_gradients(
                         actor,
-                        micro_batches[rank::world],
+                        mine,
                         partial(
                             _rows_loss,
                             cfg,
@@ -120,10 +131,13 @@ def update(
                             experience,
                             record,
                         ),
-                        lambda rows: float(cfg.aggregation.units(experience.loss_mask[rows])),
-                        float(total_units) / world if sharded else float(total_units),
+                        units,
+                        step_units,
                     )
                 )
+            elsewhere = critic.finish_step()
+            for key, value in elsewhere.stats.items() if elsewhere is not None else ():
+                step_stats[key] += value  # (its ``loss``: the value loss's share of the step's)
             if world > 1:  # one all-reduce per optimizer step
                 if not sharded:
                     dist.all_reduce_gradients(parameters)
@@ -132,14 +146,16 @@ def update(
                     step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
             # The global norm doubles as the finiteness check: only a non-finite one makes the
             # guard look for the culprit tensor.
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm or float("inf"))
+            grad_norm, coefficient = clip_global_norm(
+                parameters, elsewhere, cfg.max_grad_norm or float("inf")
             )
             tensors = dict(step_stats)
-            if (
-                not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None
-            ):  # overflowed norm
-                tensors["gradient norm"] = grad_norm
+            if not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None:
+                culprit = elsewhere.nonfinite if elsewhere is not None else None
+                # an overflowed norm, or the gradient of the critic in its own process
+                tensors["gradient norm" if culprit is None else f"grad of critic.{culprit}"] = (
+                    grad_norm
+                )
             if not guard.check(
                 iteration, tensors=tensors, parameters=None if math.isfinite(grad_norm) else named
             ):
@@ -147,6 +163,7 @@ def update(
                     opt.zero_grad(set_to_none=True)
                 continue
             step_stats["grad_norm"] = grad_norm
+            critic.clip(coefficient)
             for opt in optimizers:
                 opt.step()
             steps += 1
@@ -162,6 +179,29 @@ def update(
     if record is not None:
         stats_out |= record.metrics(experience, kl_coef, models.tracks_kl)
     return stats_out
+
+
+def _units(cfg: OnlineConfig, experience: Experience, rows: Tensor) -> float:
+    """The loss units (tokens, sequences) of the rows ``rows``: a micro-batch's weight."""
+    return float(cfg.aggregation.units(experience.loss_mask[rows]))
+
+
+def clip_global_norm(
+    parameters: list[Tensor], elsewhere: CriticGradient | None, max_norm: float
+) -> tuple[float, float]:
+    """Clip the gradients of ``parameters`` and of a critic in its own process (``elsewhere``:
+    its norm) by their one global 2-norm, as ``clip_grad_norm_`` over all of them would;
+    returns that norm and the coefficient min(max_norm / (norm + 1e-6), 1) the critic's
+    gradients are to be scaled by."""
+    if elsewhere is None:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return float(norm), 1.0
+    grads = [p.grad for p in parameters if p.grad is not None]
+    here = torch.nn.utils.get_total_norm(grads).double().cpu()
+    there = torch.tensor(elsewhere.norm, dtype=torch.float64)
+    norm = torch.linalg.vector_norm(torch.stack([here, there]))
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return float(norm), float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
 
 class OnPolicyRecord:

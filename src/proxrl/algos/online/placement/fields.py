@@ -18,7 +18,8 @@ class PlacementFields:
 
     placement: Literal["local", "ray"] = "local"
     """local: every role in this process (data parallel under accelerate); ray: the trainer, the
-    reference, the reward sources and the generation engines each a Ray actor."""
+    reference, the reward sources, a separate critic and the generation engines each a Ray
+    actor."""
     ray_address: str = ""
     """placement ray: the cluster to join (host:port or auto; empty: $RAY_ADDRESS, else a local
     Ray started for the run)."""
@@ -29,13 +30,18 @@ class PlacementFields:
     ray_engine_cpus: Annotated[float, Range(ge=0)] = 0.25
     """placement ray: CPUs per generation engine (fractions share one)."""
     ray_trainer_gpus: Annotated[float, Range(ge=0)] = 0.0
-    """placement ray: GPUs of the trainer actor (the policy, its optimizer and the critic)."""
+    """placement ray: GPUs of the trainer actor (the policy, its optimizer, a value head)."""
     ray_trainer_cpus: Annotated[float, Range(ge=0)] = 1.0
     """placement ray: CPUs of the trainer actor."""
     ray_reference_gpus: Annotated[float, Range(ge=0)] = 0.0
     """placement ray: GPUs of the reference actor."""
     ray_reference_cpus: Annotated[float, Range(ge=0)] = 0.25
     """placement ray: CPUs of the reference actor."""
+    ray_critic_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs of the critic actor (critic separate: the value model and its
+    optimizer; a value head, critic head, stays with the policy in the trainer)."""
+    ray_critic_cpus: Annotated[float, Range(ge=0)] = 0.25
+    """placement ray: CPUs of the critic actor (critic separate)."""
     ray_reward_gpus: Annotated[float, Range(ge=0)] = 0.0
     """placement ray: GPUs of the reward actor (every reward model and function)."""
     ray_reward_cpus: Annotated[float, Range(ge=0)] = 0.25

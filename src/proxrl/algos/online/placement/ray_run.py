@@ -2,11 +2,12 @@
 
 The driver (the ``proxrl`` process) starts a local Ray or joins a cluster (``ray_address``,
 else ``$RAY_ADDRESS``), checks the cluster can give every role its resources, and runs
-``loop.train_online`` in a trainer actor, which holds the policy, its optimizer and the critic
-(one update steps them together). From there ``RayRoles`` starts the other roles as actors the
-trainer owns: the reward sources, the reference and ``ray_engines`` generation engines, all of
-which go when the trainer does. A trainer that dies ends the run with a one-line error; its
-checkpoints are written atomically, so the last one is whole and ``--resume`` continues it.
+``loop.train_online`` in a trainer actor, which holds the policy and its optimizer (and a value
+head: ``critic: head``). From there ``RayRoles`` starts the other roles as actors the trainer
+owns: the reward sources, the reference, the separate critic (``ray_critic``) and
+``ray_engines`` generation engines, all of which go when the trainer does. A trainer that dies
+ends the run with a one-line error; its checkpoints are written atomically, so the last one is
+whole and ``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -44,18 +46,26 @@ def has_reference(cfg: OnlineConfig) -> bool:
     return measures_kl(cfg) and not cfg.lora_r
 
 
+def has_critic_role(cfg: OnlineConfig) -> bool:
+    """A critic actor: a separate value model (``critic: separate``; a value head is part of the
+    policy)."""
+    return getattr(cfg, "critic", None) == "separate"
+
+
 ACTORS = {
     "ray_trainer": "the trainer actor",
     "ray_engine": "each generation engine",
     "ray_reward": "the reward actor",
     "ray_reference": "the reference actor",
+    "ray_critic": "the critic actor",
 }
 
 
 def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
     """The run's roles (their fields' prefix) and how many actors each has."""
     roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
-    return roles + [("ray_reference", 1)] if has_reference(cfg) else roles
+    roles += [("ray_reference", 1)] if has_reference(cfg) else []
+    return roles + [("ray_critic", 1)] if has_critic_role(cfg) else roles
 
 
 def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
@@ -139,7 +149,7 @@ def check_resources(
 
 
 class TrainerActor:
-    """The process that runs the loop with the policy and critic (``loop.train_online``).
+    """The process that runs the loop with the policy (``loop.train_online``).
 
     Started with two threads (``max_concurrency``), so that ``request_stop`` reaches it while
     ``train`` runs: the driver forwards the SIGINT / SIGTERM it caught, and the loop stops as in
@@ -251,8 +261,8 @@ def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
 
 
 class RayRoles:
-    """The trainer actor's roles: the reward sources, the reference and the engines in actors
-    of their own, started here (so owned by the trainer)."""
+    """The trainer actor's roles: the reward sources, the reference, the separate critic and the
+    engines in actors of their own, started here (so owned by the trainer)."""
 
     def __init__(self, cfg: OnlineConfig, stop: GracefulStop) -> None:
         self.cfg = cfg
@@ -260,7 +270,7 @@ class RayRoles:
         self.pool: Any = None
         self.update_started = 0.0
 
-    def _actor(self, cls: type, role: str, **options: Any) -> Any:
+    def _actor(self, cls: type, role: str, *args: Any, **options: Any) -> Any:
         import ray
 
         handle = (
@@ -271,7 +281,7 @@ class RayRoles:
                 namespace="proxrl",
                 **options,
             )
-            .remote(self.cfg, list(sys.path))
+            .remote(self.cfg, list(sys.path), *args)
         )
         return handle
 
@@ -293,6 +303,10 @@ class RayRoles:
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
         import ray
 
+        from proxrl.algos.online.placement.ray_critic import (
+            CriticActor,
+            remote_loader,
+        )
         from proxrl.algos.online.placement.ray_roles import (
             EngineActor,
             EnginePool,
@@ -316,6 +330,9 @@ class RayRoles:
             if has_reference(cfg)
             else None
         )
+        if has_critic_role(cfg):  # loaded in its actor, at the point the loop would load it
+            start = partial(self._actor, CriticActor, "critic", name=f"{run}-critic")
+            algo = replace(algo, critic=remote_loader(start, algo.critic))
         models = load_models(cfg, algo, with_reference=False)  # while the actors load
         self._ready(engines + ([reference] if reference is not None else []))
         self.pool = EnginePool(engines, models.tokenizer.pad_token_id)
