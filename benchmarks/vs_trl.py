@@ -177,6 +177,11 @@ class Workload:
                 self.offset += n
             else:
                 self.step += 1
+                if self.rows is not None and n < len(self.rows):
+                    # the sampler left its stopped rows out of the batch (``drop_stopped``):
+                    # those whose last token came before this step
+                    self.rows = self.rows[self.lengths[self.rows] - 1 >= self.step]
+                    assert len(self.rows) == n, (len(self.rows), n)
         elif (
             self.forced
             and isinstance(module, torch.nn.Linear)

@@ -146,14 +146,16 @@ class HFSampler:
                 )
                 logprobs.append(log_p.gather(-1, response_ids[:, t : t + 1]).squeeze(-1))
                 entropy.append(entropy_from_logprobs(log_p))
-            samples.logprobs = torch.stack(logprobs, 1) * mask
-            samples.entropy = torch.stack(entropy, 1) * mask
+            # where, not × mask: a pad token outside top-k / top-p has log-prob −inf
+            samples.logprobs = torch.stack(logprobs, 1).where(mask.bool(), 0.0)
+            samples.entropy = torch.stack(entropy, 1).where(mask.bool(), 0.0)
         return samples
 
 
-def draw_tokens(probs: Tensor) -> Tensor:
+def draw_tokens(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     """(B, V) probabilities (rows need not sum exactly to 1) → (B,) one token per row, drawn by
-    inverting the row's CDF with one uniform number.
+    inverting the row's CDF with one uniform number: ``uniform`` (B, 1) float64 in [0, 1), or
+    drawn here.
 
     ``torch.multinomial`` draws V exponentials per row: on a CPU that is 0.16 ms a step at
     V = 311 and 15 ms at V = 32,000, more than a small model's forward pass; this is 0.01 and
@@ -165,7 +167,9 @@ def draw_tokens(probs: Tensor) -> Tensor:
         raise ValueError(
             "draw_tokens: non-finite probabilities (the policy's logits hold NaN or inf)"
         )
-    u = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(cdf.shape[0], 1, dtype=torch.float64, device=probs.device)
+    u = uniform * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
@@ -193,6 +197,12 @@ class CachedSampler:
     from the attention mask as ``generate`` does for left padding. Stop strings need
     ``generate``'s text matching: use ``HFSampler`` for them.
 
+    ``drop_stopped=True``: rows that have stopped leave the decoding batch (their KV-cache rows
+    dropped, ``batch_select_indices``, once an eighth of the batch has stopped), so on a batch
+    whose responses differ in length the later steps compute only the rows still running.
+    Every step still draws one uniform number per row of the whole batch, so the tokens are
+    those of the loop that decodes every row to the end (``drop_stopped=False``).
+
     ``compile_step=True``: the decoding step goes through ``torch.compile`` over a static KV
     cache (its length rounded up to a multiple of ``CACHE_BUCKET`` so that prompts of other
     lengths reuse the compiled step). One compile per batch size and bucket — seconds on a CPU —
@@ -202,10 +212,13 @@ class CachedSampler:
 
     CACHE_BUCKET = 64
 
-    def __init__(self, model: Any, tokenizer: Any, compile_step: bool = False) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, compile_step: bool = False, drop_stopped: bool = True
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.compile_step = compile_step
+        self.drop_stopped = drop_stopped
 
     @torch.no_grad()
     def sample(
@@ -256,8 +269,11 @@ class CachedSampler:
             **prefill,
         )
         cache, logits = getattr(output, cache_name), output.logits[:, -1]
+        drops = self.drop_stopped and hasattr(cache, "batch_select_indices")
         next_position = positions[:, -1:] + 1
-        finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        device = prompt_ids.device
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        rows = torch.arange(batch, device=device)  # (b,) the batch row of each decoding row
         tokens, logprobs, entropies = [], [], []
         for _ in range(settings.max_new_tokens):
             if settings.greedy:
@@ -268,16 +284,26 @@ class CachedSampler:
                 if truncates(**settings.truncation):
                     scaled = truncate_logits(scaled, **settings.truncation)
                 log_p = torch.log_softmax(scaled, dim=-1)  # the π the trainer scores
-                token = draw_tokens(torch.softmax(scaled, dim=-1))
-            token = torch.where(finished, pad, token)
-            tokens.append(token)
-            if with_logprobs:
-                logprobs.append(log_p.gather(-1, token.unsqueeze(-1)).squeeze(-1))
-                entropies.append(entropy_from_logprobs(log_p))
-            finished = finished | (token == eos)
+                uniform = torch.rand(batch, 1, dtype=torch.float64, device=device)
+                token = draw_tokens(torch.softmax(scaled, dim=-1), uniform[rows])
+            token = torch.where(finished[rows], pad, token)
+            tokens.append(torch.full((batch,), pad, dtype=token.dtype, device=device))
+            tokens[-1][rows] = token
+            if with_logprobs:  # (a stopped row's are masked out below)
+                logprobs.append(torch.zeros(batch, device=device))
+                logprobs[-1][rows] = log_p.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+                entropies.append(torch.zeros(batch, device=device))
+                entropies[-1][rows] = entropy_from_logprobs(log_p)
+            finished[rows] |= token == eos
             if bool(finished.all()):
                 break
             if not self.compile_step:
+                running = ~finished[rows]
+                if drops and int((~running).sum()) >= max(1, len(rows) // 8):
+                    keep = running.nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    rows, token = rows[keep], token[keep]
+                    attention, next_position = attention[keep], next_position[keep]
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             output = step(
                 input_ids=token.unsqueeze(-1),
@@ -294,6 +320,7 @@ class CachedSampler:
         response_ids = torch.where(mask.bool(), response_ids, pad)
         samples = Samples(response_ids, mask)
         if with_logprobs:
-            samples.logprobs = torch.stack(logprobs, 1) * mask
-            samples.entropy = torch.stack(entropies, 1) * mask
+            # where, not × mask: a pad token outside top-k / top-p has log-prob −inf
+            samples.logprobs = torch.stack(logprobs, 1).where(mask.bool(), 0.0)
+            samples.entropy = torch.stack(entropies, 1).where(mask.bool(), 0.0)
         return samples
