@@ -163,7 +163,7 @@ class Workload:
         self.lengths = torch.tensor(SPREAD_LENGTHS)
         self.offset, self.step, self.rows, self.width = 0, 0, None, 0
         self.positions, self.pads = 0, 0
-        torch.nn.modules.module.register_module_forward_hook(self.hook)
+        self.handle = torch.nn.modules.module.register_module_forward_hook(self.hook)
 
     def hook(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
         torch = self.torch
