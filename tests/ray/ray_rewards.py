@@ -95,3 +95,23 @@ def kill_critic_at_third_call(prompts: list[str], completions: list[str], **colu
     if CALLS["n"] == 3:
         _kill("-critic")
     return target_fraction(prompts, completions, **columns)
+
+
+def list_actors(prompts: list[str], completions: list[str], actors: list[str], **columns: list):
+    """target_fraction; in a Ray worker (the reward actor) also writes the names of the run's
+    actors, and this process's id, to the file the prompts' ``actors`` column names (JSON),
+    at every call: the file holds what the last call saw."""
+    import json
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        names = sorted(
+            actor["name"]
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == "proxrl"
+        )
+        with open(actors[0], "w") as f:
+            json.dump({"names": names, "pid": os.getpid()}, f)
+    return target_fraction(prompts, completions, **columns)
