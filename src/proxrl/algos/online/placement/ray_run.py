@@ -54,7 +54,7 @@ def has_critic_role(cfg: OnlineConfig) -> bool:
 
 
 ACTORS = {
-    "ray_trainer": "each trainer actor",
+    "ray_trainer": "the trainer actor",
     "ray_engine": "each generation engine",
     "ray_reward": "the reward actor",
     "ray_reference": "the reference actor",
