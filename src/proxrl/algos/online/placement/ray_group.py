@@ -22,6 +22,9 @@ import socket
 from typing import Any
 
 from proxrl.algos.online.config import OnlineConfig
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.signals import GracefulStop
 
 PLACEMENT_TIMEOUT_S = 120.0
 
@@ -61,27 +64,33 @@ def trainer_bundle(cfg: OnlineConfig) -> dict[str, float]:
     return {key: amount for key, amount in bundle.items() if amount > 0}
 
 
-def trainer_options(cfg: OnlineConfig) -> list[dict[str, Any]]:
-    """Ray options of each trainer actor: its bundle of the group's placement group (none
-    for one trainer, or when a trainer asks for nothing to reserve)."""
+def trainer_options(cfg: OnlineConfig) -> tuple[list[dict[str, Any]], Any]:
+    """Ray options of each trainer actor, their bundles of the group's placement group, and the
+    group (to remove at the end; None for one trainer, or when a trainer asks for nothing to
+    reserve)."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.exceptions import GetTimeoutError
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     n = cfg.ray_trainer_processes
     bundle = trainer_bundle(cfg)
     if n == 1 or not bundle:
-        return [{}] * n
+        return [{}] * n, None
     group = placement_group([bundle] * n, strategy="PACK")
-    ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-    return [
-        {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=rank
-            )
-        }
-        for rank in range(n)
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except GetTimeoutError as error:
+        remove_placement_group(group)
+        raise ProxrlError(
+            f"ray_trainer_processes: Ray could not place {n} trainers of {bundle} within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s (the cluster's free resources are short); lower "
+            "ray_trainer_processes or the ray_trainer_* fields"
+        ) from error
+    options = [
+        {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, rank)} for rank in range(n)
     ]
+    return options, group
 
 
 def trainer_name(run: str, rank: int) -> str:
@@ -111,10 +120,55 @@ def shared(create: Any, names: list[str]) -> list[Any]:
     are ready); every other rank then finds them by ``names``."""
     import ray
 
-    from proxrl.runtime import distributed as dist
-
     handles = create() if dist.is_main() else []
     dist.barrier()
     if dist.is_main():
         return list(handles)
     return [ray.get_actor(name, namespace="proxrl") for name in names]
+
+
+def group_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Every rank's engine metrics (``EnginePool.metrics``) as one row: the stalest batch, the
+    engine restarts (each rank sees the same ones), the interval from the first sampling start
+    to the last end."""
+    if not rows[0]:
+        return {}
+    pick = {
+        "rollout/staleness": max,
+        "rollout/engine_restarts": max,
+        "time/generate_start": min,
+        "time/generate_end": max,
+    }
+    return {key: float(pick[key](row[key] for row in rows)) for key in rows[0]}
+
+
+def wait_forwarding_signals(trainers: list[Any], results: list[Any], output_dir: str) -> Any:
+    """Rank 0's result once every trainer has answered, or at once the first error or dead
+    trainer (the other ranks would wait for it in a collective for ever). The first SIGINT /
+    SIGTERM caught here meanwhile is sent on to every trainer (which then stop after the same
+    iteration, with a checkpoint: the loop's stop flag is summed over ranks). A second one acts
+    at once, as in one process: SIGINT raises ``KeyboardInterrupt`` (the trainers are then
+    killed), SIGTERM ends this process (and Ray its actors); the last checkpoint stays whole."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    forwarded = False
+    pending = list(results)
+    with GracefulStop() as stop:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
+            for ref in done:
+                try:
+                    status, value = ray.get(ref)
+                except RayActorError as error:
+                    raise ProxrlError(
+                        f"placement: the trainer actor died ({type(error).__name__}); the last "
+                        f"checkpoint in {output_dir} is whole: --resume continues the run"
+                    ) from error
+                if status == "error":
+                    return status, value
+            if stop.signum is not None and not forwarded:
+                for trainer in trainers:
+                    trainer.request_stop.remote(stop.signum)
+                forwarded = True
+    return ray.get(results[0])

@@ -225,11 +225,13 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         raise ProxrlError("placement: ray starts the run's processes itself; launch it once")
     owns = connect(cfg)
     trainers: list[Any] = []
+    group = None
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         check_resources(cfg, nodes, "the Ray cluster", "any node of the Ray cluster")
         run = f"proxrl-{os.getpid()}-{time.time_ns()}"
-        for rank, options in enumerate(ray_group.trainer_options(cfg)):
+        every, group = ray_group.trainer_options(cfg)
+        for rank, options in enumerate(every):
             trainers.append(
                 ray.remote(TrainerActor)
                 .options(
@@ -245,7 +247,7 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             )
         for rank, pid in enumerate(ray_group.connect_group(trainers)):
             log.info("placement: trainer rank %d of %d in process %d", rank, len(trainers), pid)
-        status, value = wait_forwarding_signals(
+        status, value = ray_group.wait_forwarding_signals(
             trainers, [t.train.remote(cfg, algo) for t in trainers], cfg.output_dir
         )
         if status == "error":
@@ -254,40 +256,10 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
     finally:
         for trainer in trainers:
             ray.kill(trainer)  # and with rank 0 every role actor it owns
+        if group is not None:  # its reserved resources back to the cluster
+            ray.util.remove_placement_group(group)
         if owns:
             ray.shutdown()
-
-
-def wait_forwarding_signals(trainers: list[Any], results: list[Any], output_dir: str) -> Any:
-    """Rank 0's result once every trainer has answered, or at once the first error or dead
-    trainer (the other ranks would wait for it in a collective for ever). The first SIGINT /
-    SIGTERM caught here meanwhile is sent on to every trainer (which then stop after the same
-    iteration, with a checkpoint: the loop's stop flag is summed over ranks). A second one acts
-    at once, as in one process: SIGINT raises ``KeyboardInterrupt`` (the trainers are then
-    killed), SIGTERM ends this process (and Ray its actors); the last checkpoint stays whole."""
-    import ray
-    from ray.exceptions import RayActorError
-
-    forwarded = False
-    pending = list(results)
-    with GracefulStop() as stop:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
-            for ref in done:
-                try:
-                    status, value = ray.get(ref)
-                except RayActorError as error:
-                    raise ProxrlError(
-                        f"placement: the trainer actor died ({type(error).__name__}); the last "
-                        f"checkpoint in {output_dir} is whole: --resume continues the run"
-                    ) from error
-                if status == "error":
-                    return status, value
-            if stop.signum is not None and not forwarded:
-                for trainer in trainers:
-                    trainer.request_stop.remote(stop.signum)
-                forwarded = True
-    return ray.get(results[0])
 
 
 def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
@@ -445,7 +417,7 @@ class RayRoles:
 
     def after_update(self, actor: nn.Module, iteration: int) -> dict[str, float]:
         ended = time.time()
-        metrics = self.pool.metrics(iteration - 1)
+        metrics = ray_group.group_metrics(dist.all_gather_objects(self.pool.metrics(iteration - 1)))
         metrics["time/update_start"], metrics["time/update_end"] = self.update_started, ended
         metrics["time/weight_sync_s"] = self.publish(actor, iteration)
         return metrics
