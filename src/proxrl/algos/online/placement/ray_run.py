@@ -158,7 +158,7 @@ def check_resources(
 
 class TrainerActor:
     """A process that runs the loop with the policy (``loop.train_online``): the one trainer,
-    or rank ``rank`` of ``ray_trainer_processes``.
+    or one rank of ``ray_trainer_processes`` (``ray_group``).
 
     Started with three threads (``max_concurrency``), so that ``request_stop`` (the driver
     forwards the SIGINT / SIGTERM it caught, and the loop stops as in one process: a checkpoint
