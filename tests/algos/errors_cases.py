@@ -1258,6 +1258,26 @@ CASES: list[Case] = [
         (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-cpus", "100000"),
         "proxrl ppo: error: placement: the trainer actor asks for 100000 CPUs (ray_trainer_cpus), more than this machine (for a local Ray) has; lower ray_trainer_cpus",
     ),
+    Case(
+        "ppo: several Ray trainers with a separate critic",
+        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-processes", "2"),
+        "proxrl ppo: error: ray_trainer_processes: several trainers share no separate critic yet; use critic head, or ray_trainer_processes 1",
+    ),
+    Case(
+        "grpo: several Ray trainers generating ahead",
+        (
+            *GRPO,
+            "--reward-fn",
+            "os:getcwd",
+            "--placement",
+            "ray",
+            "--ray-trainer-processes",
+            "2",
+            "--async-rollout",
+            "--sampler-logprobs",
+        ),
+        "proxrl grpo: error: ray_trainer_processes: several trainers do not generate ahead yet; set async_rollout false, or ray_trainer_processes 1",
+    ),
 ]
 
 

@@ -38,6 +38,26 @@ def kill_trainer_at_third_call(prompts: list[str], completions: list[str], **col
     return target_fraction(prompts, completions, **columns)
 
 
+def _signal_driver(driver: int, signum: int) -> None:
+    """Send ``signum`` to the driver and return once it has forwarded it to the trainer actor
+    (rank 0's, named *-trainer)."""
+    import os
+    import time
+
+    import ray
+
+    os.kill(driver, signum)
+    trainer = next(
+        ray.get_actor(a["name"], namespace="proxrl")
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "proxrl" and a["name"].endswith("-trainer")
+    )
+    deadline = time.time() + 60  # (a trainer of one thread would not even answer)
+    while ray.get(trainer.stop_signal.remote(), timeout=60) != signum:
+        assert time.time() < deadline, "the driver did not forward the signal"
+        time.sleep(0.02)
+
+
 def signal_driver_at_second_call(
     prompts: list[str], completions: list[str], driver: list[int], signum: list[int], **columns
 ):
@@ -45,23 +65,25 @@ def signal_driver_at_second_call(
     pid the prompts' ``driver`` column holds), as Ctrl-C or a scheduler would, and the call
     returns once the driver has forwarded it to the trainer actor: the stop comes in the
     second iteration, on every machine load."""
-    import os
-    import time
-
-    import ray
-
     CALLS["n"] += 1
     if CALLS["n"] == 2:
-        os.kill(driver[0], signum[0])
-        trainer = next(
-            ray.get_actor(a["name"], namespace="proxrl")
-            for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == "proxrl" and a["name"].endswith("-trainer")
-        )
-        deadline = time.time() + 60  # (a trainer of one thread would not even answer)
-        while ray.get(trainer.stop_signal.remote(), timeout=60) != signum[0]:
-            assert time.time() < deadline, "the driver did not forward the signal"
-            time.sleep(0.02)
+        _signal_driver(driver[0], signum[0])
+    return target_fraction(prompts, completions, **columns)
+
+
+def signal_driver_at_call(
+    prompts: list[str],
+    completions: list[str],
+    driver: list[int],
+    signum: list[int],
+    signal_at: list[int],
+    **columns,
+):
+    """signal_driver_at_second_call at the call the prompts' ``signal_at`` column names (with
+    several trainers each rank's batch is a call of its own)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == signal_at[0]:
+        _signal_driver(driver[0], signum[0])
     return target_fraction(prompts, completions, **columns)
 
 
@@ -94,4 +116,24 @@ def kill_critic_at_third_call(prompts: list[str], completions: list[str], **colu
     CALLS["n"] += 1
     if CALLS["n"] == 3:
         _kill("-critic")
+    return target_fraction(prompts, completions, **columns)
+
+
+def list_actors(prompts: list[str], completions: list[str], actors: list[str], **columns: list):
+    """target_fraction; in a Ray worker (the reward actor) also writes the names of the run's
+    actors, and this process's id, to the file the prompts' ``actors`` column names (JSON),
+    at every call: the file holds what the last call saw."""
+    import json
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        names = sorted(
+            actor["name"]
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == "proxrl"
+        )
+        with open(actors[0], "w") as f:
+            json.dump({"names": names, "pid": os.getpid()}, f)
     return target_fraction(prompts, completions, **columns)

@@ -256,7 +256,11 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     def validate(self) -> None:
         super().validate()
         self.validate_held_out()
-        self.validate_placement(self.sampler_logprobs, self.dynamic_sampling)
+        self.validate_placement(
+            self.sampler_logprobs,
+            self.dynamic_sampling,
+            separate_critic=getattr(self, "critic", None) == "separate",
+        )
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:

@@ -33,6 +33,9 @@ class PlacementFields:
     """placement ray: GPUs of the trainer actor (the policy, its optimizer, a value head)."""
     ray_trainer_cpus: Annotated[float, Range(ge=0)] = 1.0
     """placement ray: CPUs of the trainer actor."""
+    ray_trainer_processes: Annotated[int, Range(ge=1)] = 1
+    """placement ray: trainer actors running the update data parallel (each ray_trainer_gpus /
+    ray_trainer_cpus, one placement group); the other roles are shared."""
     ray_reference_gpus: Annotated[float, Range(ge=0)] = 0.0
     """placement ray: GPUs of the reference actor."""
     ray_reference_cpus: Annotated[float, Range(ge=0)] = 0.25
@@ -55,11 +58,23 @@ class PlacementFields:
     """async_rollout: batches generated ahead, so the most policy versions a sample may lag the
     policy it trains (1: one-step-off)."""
 
-    def validate_placement(self, sampler_logprobs: bool, dynamic_sampling: bool) -> None:
+    def validate_placement(
+        self, sampler_logprobs: bool, dynamic_sampling: bool, separate_critic: bool = False
+    ) -> None:
         if self.placement != "ray":
             if self.async_rollout:
                 raise ProxrlError("async_rollout: needs placement ray (engines of their own)")
             return
+        if self.ray_trainer_processes > 1 and separate_critic:
+            raise ProxrlError(
+                "ray_trainer_processes: several trainers share no separate critic yet; "
+                "use critic head, or ray_trainer_processes 1"
+            )
+        if self.ray_trainer_processes > 1 and self.async_rollout:
+            raise ProxrlError(
+                "ray_trainer_processes: several trainers do not generate ahead yet; "
+                "set async_rollout false, or ray_trainer_processes 1"
+            )
         try:
             import ray  # noqa: F401
         except ImportError as error:

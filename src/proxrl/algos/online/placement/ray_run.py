@@ -3,11 +3,11 @@
 The driver (the ``proxrl`` process) starts a local Ray or joins a cluster (``ray_address``,
 else ``$RAY_ADDRESS``), checks the cluster can give every role its resources, and runs
 ``loop.train_online`` in a trainer actor, which holds the policy and its optimizer (and a value
-head: ``critic: head``). From there ``RayRoles`` starts the other roles as actors the trainer
-owns: the reward sources, the reference, the separate critic (``ray_critic``) and
-``ray_engines`` generation engines, all of which go when the trainer does. A trainer that dies
-ends the run with a one-line error; its checkpoints are written atomically, so the last one is
-whole and ``--resume`` continues it.
+head: ``critic: head``); ``ray_trainer_processes`` of them run it data parallel (``ray_group``).
+From there ``RayRoles`` starts the other roles as actors (rank 0's) that go when the trainer
+does: the reward sources, the reference, the separate critic (``ray_critic``) and
+``ray_engines`` generation engines. A trainer that dies ends the run with a one-line error; its
+checkpoints are written atomically, so the last one is whole and ``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.placement import ray_group
 from proxrl.algos.online.placement.fields import RAY_INSTALL
 from proxrl.algos.online.roles import Models, load_models, measures_kl
 from proxrl.algos.online.rollout import prompt_order
@@ -61,9 +62,16 @@ ACTORS = {
 }
 
 
+COUNTS = {"ray_trainer": "ray_trainer_processes", "ray_engine": "ray_engines"}
+
+
 def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
     """The run's roles (their fields' prefix) and how many actors each has."""
-    roles = [("ray_trainer", 1), ("ray_engine", cfg.ray_engines), ("ray_reward", 1)]
+    roles = [
+        ("ray_trainer", cfg.ray_trainer_processes),
+        ("ray_engine", cfg.ray_engines),
+        ("ray_reward", 1),
+    ]
     roles += [("ray_reference", 1)] if has_reference(cfg) else []
     return roles + [("ray_critic", 1)] if has_critic_role(cfg) else roles
 
@@ -73,11 +81,11 @@ def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
     roles = role_actors(cfg)
     total = {}
     for unit in ("cpus", "gpus"):
-        terms = [(n, getattr(cfg, f"{role}_{unit}"), f"{role}_{unit}") for role, n in roles]
+        terms = [(n, getattr(cfg, f"{role}_{unit}"), role) for role, n in roles]
         amount = sum(n * x for n, x, _ in terms)
         words = " + ".join(
-            f"{'ray_engines ' + str(n) + ' × ' if n > 1 else ''}{name} {x:.12g}"
-            for n, x, name in terms
+            f"{COUNTS[role] + ' ' + str(n) + ' × ' if n > 1 else ''}{role}_{unit} {x:.12g}"
+            for n, x, role in terms
         )
         total[unit] = (amount, words)
     return total
@@ -149,17 +157,33 @@ def check_resources(
 
 
 class TrainerActor:
-    """The process that runs the loop with the policy (``loop.train_online``).
+    """A process that runs the loop with the policy (``loop.train_online``): the one trainer,
+    or one rank of ``ray_trainer_processes`` (``ray_group``).
 
-    Started with two threads (``max_concurrency``), so that ``request_stop`` reaches it while
-    ``train`` runs: the driver forwards the SIGINT / SIGTERM it caught, and the loop stops as in
-    one process (a checkpoint at the end of the iteration, then ``Interrupted``)."""
+    Started with three threads (``max_concurrency``), so that ``request_stop`` (the driver
+    forwards the SIGINT / SIGTERM it caught, and the loop stops as in one process: a checkpoint
+    at the end of the iteration, then ``Interrupted``) and ``hold_weights`` (rank 0 handing over
+    the policy it published) reach it while ``train`` runs."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], run: str) -> None:
         from proxrl.algos.online.placement.ray_roles import join_paths
 
         join_paths(paths)
+        self.run = run
         self.stop = GracefulStop(signals=())  # the driver's signals; this process installs none
+        self.published: list[Any] = [[], -1]  # rank 0's weights (a list of one ref), version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def free_address(self) -> tuple[str, int]:
+        return ray_group.free_address()
+
+    def join_group(self, rank: int, world: int, address: str, port: int) -> int:
+        return ray_group.join_group(rank, world, address, port)
+
+    def hold_weights(self, weights: list[Any], version: int) -> None:
+        self.published[:] = [weights, version]
 
     def request_stop(self, signum: int) -> None:
         self.stop.request(signum)
@@ -175,7 +199,7 @@ class TrainerActor:
         from proxrl.algos.online.loop import train_online
 
         logging.basicConfig(level=logging.INFO)
-        _ROLES = RayRoles(cfg, self.stop)
+        _ROLES = RayRoles(cfg, self.stop, self.run, self.published)
         try:
             return "ok", train_online(cfg, algo)
         except ProxrlError as error:
@@ -193,60 +217,49 @@ def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
 
 
 def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
-    """Run the loop in a trainer actor; the driver waits, and leaves the Ray it started."""
+    """Run the loop in ``ray_trainer_processes`` trainer actors; the driver waits, and leaves
+    the Ray it started."""
     import ray
-    from ray.exceptions import RayActorError
 
     if dist.world_size() > 1:
         raise ProxrlError("placement: ray starts the run's processes itself; launch it once")
     owns = connect(cfg)
-    trainer = None
+    trainers: list[Any] = []
+    group = None
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
         check_resources(cfg, nodes, "the Ray cluster", "any node of the Ray cluster")
-        trainer = (
-            ray.remote(TrainerActor)
-            .options(
-                num_cpus=cfg.ray_trainer_cpus,
-                num_gpus=cfg.ray_trainer_gpus,
-                max_restarts=0,
-                max_concurrency=2,  # train, and request_stop while it runs
-                name=f"proxrl-{os.getpid()}-{time.time_ns()}-trainer",
-                namespace="proxrl",
+        run = f"proxrl-{os.getpid()}-{time.time_ns()}"
+        every, group = ray_group.trainer_options(cfg)
+        for rank, options in enumerate(every):
+            trainers.append(
+                ray.remote(TrainerActor)
+                .options(
+                    num_cpus=cfg.ray_trainer_cpus,
+                    num_gpus=cfg.ray_trainer_gpus,
+                    max_restarts=0,
+                    max_concurrency=3,  # train, and request_stop / hold_weights while it runs
+                    name=ray_group.trainer_name(run, rank),
+                    namespace="proxrl",
+                    **options,
+                )
+                .remote(list(sys.path), run)
             )
-            .remote(list(sys.path))
+        for rank, pid in enumerate(ray_group.connect_group(trainers)):
+            log.info("placement: trainer rank %d of %d in process %d", rank, len(trainers), pid)
+        status, value = ray_group.wait_forwarding_signals(
+            trainers, [t.train.remote(cfg, algo) for t in trainers], cfg.output_dir
         )
-        try:
-            status, value = wait_forwarding_signals(trainer, trainer.train.remote(cfg, algo))
-        except RayActorError as error:
-            raise ProxrlError(
-                f"placement: the trainer actor died ({type(error).__name__}); the last "
-                f"checkpoint in {cfg.output_dir} is whole: --resume continues the run"
-            ) from error
         if status == "error":
             raise reraised(*value)
         return value
     finally:
-        if trainer is not None:
-            ray.kill(trainer)  # and with it every role actor it owns
+        for trainer in trainers:
+            ray.kill(trainer)  # and with rank 0 every role actor it owns
+        if group is not None:  # its reserved resources back to the cluster
+            ray.util.remove_placement_group(group)
         if owns:
             ray.shutdown()
-
-
-def wait_forwarding_signals(trainer: Any, result: Any) -> Any:
-    """``ray.get(result)``, the first SIGINT / SIGTERM caught here meanwhile sent on to the
-    trainer actor (which then stops after its iteration, with a checkpoint). A second one acts
-    at once, as in one process: SIGINT raises ``KeyboardInterrupt`` (the trainer is then
-    killed), SIGTERM ends this process (and Ray its actors); the last checkpoint stays whole."""
-    import ray
-
-    forwarded = False
-    with GracefulStop() as stop:
-        while not ray.wait([result], timeout=0.1)[0]:
-            if stop.signum is not None and not forwarded:
-                trainer.request_stop.remote(stop.signum)
-                forwarded = True
-    return ray.get(result)
 
 
 def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
@@ -262,11 +275,16 @@ def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
 
 class RayRoles:
     """The trainer actor's roles: the reward sources, the reference, the separate critic and the
-    engines in actors of their own, started here (so owned by the trainer)."""
+    engines in actors of their own, started here (so owned by the trainer); with several
+    trainers, by rank 0 and shared (``ray_group``)."""
 
-    def __init__(self, cfg: OnlineConfig, stop: GracefulStop) -> None:
+    def __init__(
+        self, cfg: OnlineConfig, stop: GracefulStop, run: str, published: list[Any]
+    ) -> None:
         self.cfg = cfg
         self.graceful = stop
+        self.run = run
+        self.published = published  # [weights, version] rank 0 handed this rank
         self.pool: Any = None
         self.update_started = 0.0
 
@@ -296,13 +314,16 @@ class RayRoles:
     def rewards(self, cfg: OnlineConfig) -> Any:
         from proxrl.algos.online.placement.ray_roles import RemoteRewards, RewardActor
 
-        handle = self._actor(RewardActor, "reward")
-        self._ready([handle])
-        return RemoteRewards(handle)
+        name = f"{self.run}-reward"
+
+        def start() -> list[Any]:
+            handle = self._actor(RewardActor, "reward", name=name)
+            self._ready([handle])
+            return [handle]
+
+        return RemoteRewards(ray_group.shared(start, [name])[0])
 
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
-        import ray
-
         from proxrl.algos.online.placement.ray_critic import (
             CriticActor,
             remote_loader,
@@ -314,27 +335,36 @@ class RayRoles:
             RemoteReference,
         )
 
-        run = (ray.get_runtime_context().get_actor_name() or "proxrl").removesuffix("-trainer")
-        engines = [
-            self._actor(
-                EngineActor,
-                "engine",
-                name=f"{run}-engine-{i}",
-                max_restarts=cfg.ray_engine_restarts,
-                max_task_retries=cfg.ray_engine_restarts,
-            )
-            for i in range(cfg.ray_engines)
-        ]
-        reference = (
-            self._actor(ReferenceActor, "reference", name=f"{run}-reference")
-            if has_reference(cfg)
-            else None
-        )
+        run = self.run
+        names = [f"{run}-engine-{i}" for i in range(cfg.ray_engines)]
+        names += [f"{run}-reference"] if has_reference(cfg) else []
+        started: list[Any] = []
+        if dist.is_main():  # started now, to load while the policy does
+            started = [
+                self._actor(
+                    EngineActor,
+                    "engine",
+                    name=name,
+                    max_restarts=cfg.ray_engine_restarts,
+                    max_task_retries=cfg.ray_engine_restarts,
+                )
+                for name in names[: cfg.ray_engines]
+            ]
+            started += [
+                self._actor(ReferenceActor, "reference", name=name)
+                for name in names[cfg.ray_engines :]
+            ]
         if has_critic_role(cfg):  # loaded in its actor, at the point the loop would load it
             start = partial(self._actor, CriticActor, "critic", name=f"{run}-critic")
             algo = replace(algo, critic=remote_loader(start, algo.critic))
         models = load_models(cfg, algo, with_reference=False)  # while the actors load
-        self._ready(engines + ([reference] if reference is not None else []))
+
+        def ready() -> list[Any]:
+            self._ready(started)
+            return started
+
+        handles = ray_group.shared(ready, names)
+        engines, reference = handles[: cfg.ray_engines], (handles[cfg.ray_engines :] or [None])[0]
         self.pool = EnginePool(engines, models.tokenizer.pad_token_id)
         return replace(
             models,
@@ -345,8 +375,30 @@ class RayRoles:
     def stop(self) -> GracefulStop:
         return self.graceful
 
+    def publish(self, actor: nn.Module, version: int) -> float:
+        """Rank 0 puts ``actor``'s weights in the object store for the engines and hands the
+        reference to the other ranks, which wait for it (ranks hold the same weights after an
+        update: one copy serves all); returns the seconds it took here."""
+        import ray
+
+        started = time.perf_counter()
+        if dist.is_main():
+            self.pool.publish(actor, version)
+            peers = [
+                ray.get_actor(ray_group.trainer_name(self.run, rank), namespace="proxrl")
+                for rank in range(1, dist.world_size())
+            ]
+            ray.get([peer.hold_weights.remote(self.pool.weights, version) for peer in peers])
+        dist.barrier()
+        if not dist.is_main():
+            weights, held = self.published
+            if held != version:
+                raise RuntimeError(f"rank 0 published policy {held}, not {version}")
+            self.pool.weights, self.pool.version = weights, version
+        return time.perf_counter() - started
+
     def start(self, actor: nn.Module, iteration: int) -> None:
-        self.pool.publish(actor, iteration)
+        self.publish(actor, iteration)
 
     def before_update(self, iteration: int, prompt_ids: list[list[int]]) -> None:
         """Launch the batches up to ``max_staleness`` iterations ahead (async_rollout) with the
@@ -365,7 +417,7 @@ class RayRoles:
 
     def after_update(self, actor: nn.Module, iteration: int) -> dict[str, float]:
         ended = time.time()
-        metrics = self.pool.metrics(iteration - 1)
+        metrics = ray_group.group_metrics(dist.all_gather_objects(self.pool.metrics(iteration - 1)))
         metrics["time/update_start"], metrics["time/update_end"] = self.update_started, ended
-        metrics["time/weight_sync_s"] = self.pool.publish(actor, iteration)
+        metrics["time/weight_sync_s"] = self.publish(actor, iteration)
         return metrics
