@@ -1259,6 +1259,19 @@ CASES: list[Case] = [
         "proxrl ppo: error: placement: the trainer actor asks for 100000 CPUs (ray_trainer_cpus), more than this machine (for a local Ray) has; lower ray_trainer_cpus",
     ),
     Case(
+        "grpo: weights by process group to engines Ray may restart",
+        (
+            *GRPO,
+            "--reward-fn",
+            "os:getcwd",
+            "--placement",
+            "ray",
+            "--ray-weight-transport",
+            "process_group",
+        ),
+        "proxrl grpo: error: ray_weight_transport: process_group cannot reach an engine Ray restarted (it left the group): set ray_engine_restarts 0, or use object_store",
+    ),
+    Case(
         "ppo: several Ray trainers with a separate critic",
         (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-processes", "2"),
         "proxrl ppo: error: ray_trainer_processes: several trainers share no separate critic yet; use critic head, or ray_trainer_processes 1",

@@ -51,6 +51,9 @@ class PlacementFields:
     """placement ray: CPUs of the reward actor."""
     ray_engine_restarts: Annotated[int, Range(ge=0)] = 3
     """placement ray: times Ray restarts a generation engine that died (its batch is retried)."""
+    ray_weight_transport: Literal["object_store", "process_group"] = "object_store"
+    """placement ray: how weights reach the engines after an update: object_store (one ray.put
+    read by every engine) or process_group (a broadcast; gloo on CPUs, NCCL on GPUs)."""
     async_rollout: bool = False
     """placement ray: generate the next batches while this one trains (needs sampler_logprobs:
     the engine's log-probs are the behaviour policy's; pair with a rollout_correction)."""
@@ -74,6 +77,11 @@ class PlacementFields:
             raise ProxrlError(
                 "ray_trainer_processes: several trainers do not generate ahead yet; "
                 "set async_rollout false, or ray_trainer_processes 1"
+            )
+        if self.ray_weight_transport == "process_group" and self.ray_engine_restarts:
+            raise ProxrlError(
+                "ray_weight_transport: process_group cannot reach an engine Ray restarted (it "
+                "left the group): set ray_engine_restarts 0, or use object_store"
             )
         try:
             import ray  # noqa: F401

@@ -136,6 +136,8 @@ def group_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     pick = {
         "rollout/staleness": max,
         "rollout/engine_restarts": max,
+        "rollout/weight_broadcast_bytes": max,  # every rank samples from every engine
+        "rollout/weight_store_loads": max,
         "time/generate_start": min,
         "time/generate_end": max,
     }

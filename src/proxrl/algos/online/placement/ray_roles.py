@@ -3,11 +3,11 @@ them, each behind the interface the loop already uses: a reward source (``Remote
 reference model (``RemoteReference``) and a sampler (``EnginePool``).
 
 Weights travel from the trainer to the engines through Ray's object store (one ``ray.put`` per
-update, every engine reading the same object); on GPUs a NCCL group between the trainer and the
-engines (``torch.distributed`` broadcast into each engine's tensors, as OpenRLHF and veRL do)
-would skip the host copy. An engine that was restarted (``ray_engine_restarts``) finds it holds
-other weights than the request names and reloads the latest before sampling, so Ray's retry of
-the task draws the same batch.
+update, every engine reading the same object) or a process group of the trainer and the engines
+(``ray_weight_transport``, ``ray_weights``: gloo on CPUs, NCCL on GPUs). An engine that was
+restarted (``ray_engine_restarts``; object_store only) finds it holds other weights than the
+request names and reloads the latest before sampling, so Ray's retry of the task draws the same
+batch.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.placement.ray_weights import Layout, ObjectStoreWeights, WeightReceiver
 from proxrl.algos.online.roles import load_rewards, place_rewards
 from proxrl.algos.online.rollout import pad_to
 from proxrl.algos.online.samplers import make_sampler, rollout_engine
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
-from proxrl.models.lora import merged_weights
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.forward import reference_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
@@ -182,6 +182,7 @@ class EngineBatch:
     started: float  # time.time() when sampling began
     ended: float
     pid: int  # the engine's process (another one after Ray restarted it)
+    weights_in: tuple[int, int]  # bytes it received by broadcast, object-store copies it read
 
 
 class EngineActor(RoleActor):
@@ -191,6 +192,8 @@ class EngineActor(RoleActor):
     def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
         join_paths(paths)
         self.version = -1
+        self.broadcast_bytes = self.store_loads = 0
+        self.receiver: WeightReceiver | None = None
         try:
             # under vLLM the module only stages the weights vLLM reloads from: on the CPU
             self.model, tokenizer = frozen_model(cfg, on_cpu=cfg.sampler == "vllm")
@@ -202,11 +205,30 @@ class EngineActor(RoleActor):
     def load(self, weights: list[Any], version: int) -> None:
         """The weights in the object store (``weights[0]``: a reference, passed inside a list so
         that Ray hands it over unread) of policy ``version``; a no-op when already held."""
-        if version != self.version:
-            self.model.load_state_dict(ray.get(weights[0]))
-            if self.vllm is not None:
-                sync_weights(self.vllm, self.model)
-            self.version = version
+        if version == self.version:
+            return
+        if not weights:  # process_group: the broadcast of this version should have come first
+            raise RuntimeError(f"engine holds policy {self.version}, asked for {version}")
+        self.apply(ray.get(weights[0]), version)
+        self.store_loads += 1
+
+    def apply(self, state: dict[str, Tensor], version: int) -> None:
+        self.model.load_state_dict(state)
+        if self.vllm is not None:
+            sync_weights(self.vllm, self.model)
+        self.version = version
+
+    def join_weights(
+        self, address: str, port: int, rank: int, world: int, device: str, layout: Layout
+    ) -> None:
+        """Join the trainer's weight group (``ray_weights``) as ``rank``."""
+        self.receiver = WeightReceiver(address, port, rank, world, device, layout)
+
+    def receive(self, version: int) -> None:
+        """Policy ``version`` by the trainer's broadcast, loaded as the object store's copy."""
+        assert self.receiver is not None, "receive before join_weights"
+        self.apply(self.receiver.receive(), version)
+        self.broadcast_bytes += self.receiver.nbytes
 
     @torch.no_grad()
     def sample(
@@ -232,7 +254,10 @@ class EngineActor(RoleActor):
             prompt_ids.to(device), prompt_mask.to(device), settings, with_logprobs
         )
         cpu = Samples(*(None if x is None else x.cpu() for x in vars(samples).values()))
-        return EngineBatch(cpu, torch.get_rng_state(), version, started, time.time(), os.getpid())
+        received = (self.broadcast_bytes, self.store_loads)
+        return EngineBatch(
+            cpu, torch.get_rng_state(), version, started, time.time(), os.getpid(), received
+        )
 
 
 @dataclass
@@ -252,8 +277,11 @@ class EnginePool:
     seeds drawn from it). Ahead of time (``prefetch``): seeds drawn from the trainer's RNG when
     the batch is launched, the batch used when the rollout asks for the same prompts."""
 
-    def __init__(self, handles: list[Any], pad_id: int) -> None:
+    def __init__(
+        self, handles: list[Any], pad_id: int, transport: type = ObjectStoreWeights
+    ) -> None:
         self.handles = handles
+        self.transport = transport(handles)
         self.pad_id = pad_id
         self.weights: list[Any] = []
         self.version = -1
@@ -263,14 +291,15 @@ class EnginePool:
         self.restarts = 0
 
     def publish(self, actor: nn.Module, version: int) -> float:
-        """Put ``actor``'s weights in the object store as policy ``version`` and send them to
-        every engine (their loads run in the background); returns the seconds it took here."""
+        """Send ``actor``'s weights to every engine as policy ``version`` (their loads run in
+        the background); returns the seconds it took here."""
         started = time.perf_counter()
-        state = {name: tensor.cpu().clone() for name, tensor in merged_weights(actor)}
-        self.weights, self.version = [ray.put(state)], version
-        for handle in self.handles:
-            handle.load.remote(self.weights, version)
+        self.weights, self.version = self.transport.publish(actor, version), version
         return time.perf_counter() - started
+
+    def settle(self) -> None:
+        """Wait until the engines can sample the published weights for any caller."""
+        self.transport.settle()
 
     def _launch(
         self,
@@ -368,6 +397,8 @@ class EnginePool:
         return {
             "rollout/staleness": float(max(iteration - b.version for b in self.last)),
             "rollout/engine_restarts": float(self.restarts),
+            "rollout/weight_broadcast_bytes": float(sum(b.weights_in[0] for b in self.last)),
+            "rollout/weight_store_loads": float(sum(b.weights_in[1] for b in self.last)),
             "time/generate_start": min(b.started for b in self.last),
             "time/generate_end": max(b.ended for b in self.last),
         }

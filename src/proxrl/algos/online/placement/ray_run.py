@@ -334,6 +334,7 @@ class RayRoles:
             ReferenceActor,
             RemoteReference,
         )
+        from proxrl.algos.online.placement.ray_weights import TRANSPORTS
 
         run = self.run
         names = [f"{run}-engine-{i}" for i in range(cfg.ray_engines)]
@@ -365,7 +366,8 @@ class RayRoles:
 
         handles = ray_group.shared(ready, names)
         engines, reference = handles[: cfg.ray_engines], (handles[cfg.ray_engines :] or [None])[0]
-        self.pool = EnginePool(engines, models.tokenizer.pad_token_id)
+        transport = TRANSPORTS[cfg.ray_weight_transport]
+        self.pool = EnginePool(engines, models.tokenizer.pad_token_id, transport)
         return replace(
             models,
             reference=RemoteReference(reference) if reference is not None else models.reference,
@@ -384,6 +386,8 @@ class RayRoles:
         started = time.perf_counter()
         if dist.is_main():
             self.pool.publish(actor, version)
+            if dist.world_size() > 1:  # the other ranks' requests may reach an engine first
+                self.pool.settle()
             peers = [
                 ray.get_actor(ray_group.trainer_name(self.run, rank), namespace="proxrl")
                 for rank in range(1, dist.world_size())
