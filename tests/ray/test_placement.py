@@ -110,6 +110,17 @@ def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart
     assert_same_run(tmp_path, in_process)
 
 
+def _wait_gone(pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive {timeout_s} s after ray.kill")
+
+
 def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     local_ray, tiny_lm, prompts, tmp_path
 ):
@@ -136,7 +147,9 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     settings = sampling_settings(cfg)
     torch.manual_seed(0)
     before = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
+    pid = local_ray.get(engine.__ray_call__.remote(lambda actor: os.getpid()))
     local_ray.kill(engine, no_restart=False)
+    _wait_gone(pid)  # (the kill is asynchronous: the old process could serve the next request)
     torch.manual_seed(0)
     after = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
     assert pool.restarts == 1
