@@ -42,8 +42,7 @@ lint: $(STAMP)
 # The main suite on one pytest-xdist worker per core (-n auto: 2 here; tests/conftest.py lists
 # what keeps a test safe beside another); --dist worksteal lets an idle worker take queued tests
 # from a busy one (the durations range from milliseconds to a few minutes). Measured on 2 cores
-# beside one nice-19 benchmark: the main suite 7 min 48 s on 2 workers, make test 9 min 53 s in
-# all; on a quiet machine later, the main suite 7 min 56 s, make test 9 min 30 s.
+# on a quiet machine: the main suite 11 min 20 s on 2 workers, make test 12 min 56 s in all.
 test: lint test-vllm
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --dist worksteal
 
