@@ -26,6 +26,7 @@ from proxrl.classic.envs import (
     ObsNormalizer,
     RewardScaler,
     RunningMeanStd,
+    batch_moments,
     make_vec_env,
     restore_env,
     snapshot_env,
@@ -102,6 +103,65 @@ def test_termination_is_not_bootstrapped():
     torch.testing.assert_close(adv, expected, rtol=0, atol=1e-6)
 
 
+def _collect_step_by_step(collector: Collector, num_steps: int) -> dict[str, torch.Tensor]:
+    """The rollout as the textbook loop computes it: π_old, log π_old and V_old of each step
+    (and V of a truncated episode's final observation) from single-row forwards at that step."""
+    agent, envs = collector.agent, collector.envs
+    out: dict[str, list] = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards")}
+    for _ in range(num_steps):
+        obs = torch.from_numpy(collector.obs)
+        with torch.no_grad():
+            dist = agent.dist(obs)
+            action = dist.sample()
+            out["logprobs"].append(agent.log_prob(dist, action))
+            out["values"].append(agent.value(obs))
+        out["obs"].append(obs)
+        out["actions"].append(action)
+        env_action = action.numpy()
+        if not collector.discrete:
+            env_action = np.clip(env_action, collector.low, collector.high)
+        raw, reward, terminated, truncated, info = envs.step(env_action)
+        collector.obs = collector.obs_norm(raw, update=True)
+        scaled = collector.reward_scaler(reward, terminated | truncated)
+        for i in np.flatnonzero(truncated & ~terminated):
+            final = collector.obs_norm(info["final_obs"][i][None], update=False)
+            with torch.no_grad():
+                scaled[i] += collector.gamma * agent.value(torch.from_numpy(final))[0].numpy()
+        out["rewards"].append(torch.from_numpy(scaled))
+    with torch.no_grad():
+        next_value = agent.value(torch.from_numpy(collector.obs))
+    return {k: torch.stack(v) for k, v in out.items()} | {"next_value": next_value}
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_batched_log_probs_and_values_equal_the_step_by_step_rollout(env_id):
+    """The collector computes log π_old, V_old and the truncation bootstraps in batched forwards
+    after the T steps; a twin run of the per-step loop (same seeds) must see the same actions,
+    observations and rewards, and the same log-probs and values up to float32 rounding.
+    Pendulum truncates at 200 steps, so the bootstrap is inside the 2 × 150 steps."""
+    twins = []
+    for _ in range(2):
+        envs = make_vec_env(env_id, 2)
+        shape = envs.single_observation_space.shape
+        discrete = isinstance(envs.single_action_space, gym.spaces.Discrete)
+        act = envs.single_action_space.n if discrete else envs.single_action_space.shape[0]
+        torch.manual_seed(0)
+        agent = Agent(shape[0], act, discrete)
+        norm, scaler = ObsNormalizer(shape, True, 10.0), RewardScaler(2, 0.99, True, 10.0)
+        twins.append(Collector(envs, agent, norm, scaler, gamma=0.99, seed=3))
+    torch.manual_seed(1)
+    rollouts = [twins[0].collect(150), twins[0].collect(150)]
+    torch.manual_seed(1)
+    reference = [_collect_step_by_step(twins[1], 150) for _ in range(2)]
+    truncated = 0
+    for got, want in zip(rollouts, reference, strict=True):
+        assert torch.equal(got.obs, want["obs"]) and torch.equal(got.actions, want["actions"])
+        for name in ("logprobs", "values", "rewards", "next_value"):
+            torch.testing.assert_close(getattr(got, name), want[name], rtol=1e-6, atol=1e-6)
+        truncated += sum(1 for _, length in got.episodes if length == 200)
+    assert truncated == (2 if env_id == "Pendulum-v1" else 0)
+
+
 def test_running_mean_std_equals_the_whole_sample():
     rng = np.random.default_rng(0)
     data = rng.normal(3.0, 2.0, size=(50, 4))
@@ -112,6 +172,15 @@ def test_running_mean_std_equals_the_whole_sample():
         rms.update(chunk)
     np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-12)
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_batch_moments_equal_numpys_mean_and_var_to_the_bit(dtype, rows):
+    batch = np.random.default_rng(rows).normal(3.0, 2.0, size=(rows, 11)).astype(dtype)
+    mean, var = batch_moments(batch)
+    assert mean.dtype == batch.mean(0).dtype and var.dtype == batch.var(0).dtype
+    assert np.array_equal(mean, batch.mean(0)) and np.array_equal(var, batch.var(0))
 
 
 def test_reward_scaler_divides_by_return_std_and_resets_at_episode_end():

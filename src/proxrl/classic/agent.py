@@ -23,6 +23,14 @@ def _layer(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
+def _run(net: nn.Sequential, x: Tensor) -> Tensor:
+    """``net(x)`` through each layer's ``forward``: at these sizes nn.Module's call machinery
+    (hook checks, six calls a network) costs more than the layers' arithmetic."""
+    for layer in net:
+        x = layer.forward(x)
+    return x
+
+
 def _mlp(n_in: int, hidden: int, n_out: int, head_gain: float) -> nn.Sequential:
     return nn.Sequential(
         _layer(n_in, hidden, math.sqrt(2)),
@@ -60,15 +68,23 @@ class Agent(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         """(B, obs_dim) → (B,) V(s)."""
-        value: Tensor = self.critic(obs)
-        return value.squeeze(-1)
+        return _run(self.critic, obs).squeeze(-1)
 
     def dist(self, obs: Tensor) -> Distribution:
         """(B, obs_dim) → π(·|s), a batch of B distributions."""
-        out = self.actor(obs)
+        out = _run(self.actor, obs)
         if self.discrete:
             return Categorical(logits=out)
         return Normal(out, self.actor_logstd.expand_as(out).exp())
+
+    def sample(self, obs: Tensor) -> Tensor:
+        """(B, obs_dim) → an action per row drawn from π(·|s): the draw of ``dist(obs).sample()``
+        from the same random stream, without building the distribution (the rollout's per-step
+        cost)."""
+        if self.discrete:
+            return self.dist(obs).sample()
+        mean = _run(self.actor, obs)
+        return torch.normal(mean, self.actor_logstd.expand_as(mean).exp())
 
     def log_prob(self, dist: Distribution, actions: Tensor) -> Tensor:
         """(B,) log π(a|s), summed over action dimensions for a Gaussian."""

@@ -37,21 +37,25 @@ from proxrl.runtime.guard import NonFiniteGuard
 def guarded_step(
     optimizer: torch.optim.Optimizer,
     loss: Tensor,
-    module: nn.Module,
+    parameters: list[tuple[str, nn.Parameter]],
     max_grad_norm: float,
     guard: NonFiniteGuard,
     iteration: int,
 ) -> bool:
-    """Backward ``loss``, clip the gradient norm of ``module`` and take the optimizer step,
-    unless ``guard`` finds a NaN/Inf in the loss or a gradient: then the gradients are dropped
-    and ``False`` is returned (after ``guard.max_consecutive`` skips in a row it raises)."""
+    """Backward ``loss``, clip the gradient norm of the named ``parameters`` and take the
+    optimizer step, unless ``guard`` finds a NaN/Inf in the loss or a gradient: then the
+    gradients are dropped and ``False`` is returned (after ``guard.max_consecutive`` skips in a
+    row it raises)."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()  # type: ignore[no-untyped-call]
-    # Checked before clipping, which would spread one NaN gradient over all of them.
-    if not guard.check(iteration, loss=loss, parameters=module):
+    # The norm is checked before clipping, which would spread one NaN gradient over all of
+    # them; only a non-finite norm sends the guard looking for the parameter to blame.
+    norm = nn.utils.get_total_norm([p.grad for _, p in parameters if p.grad is not None])
+    suspects = None if bool(torch.isfinite(norm)) else parameters
+    if not guard.check(iteration, loss=loss, parameters=suspects):
         optimizer.zero_grad(set_to_none=True)
         return False
-    nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+    nn.utils.clip_grads_with_norm_([p for _, p in parameters], max_grad_norm, norm)
     optimizer.step()
     return True
 
@@ -92,6 +96,7 @@ def ppo_update(
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
     beta = kl_ctrl.value if cfg.objective in ("adaptive-kl", "fixed-kl") else 0.0
+    parameters = list(agent.named_parameters())
     sums: dict[str, float] = {}
     count = 0
     epochs_run = 0
@@ -116,7 +121,7 @@ def ppo_update(
             ent_loss, ent_stats = entropy_bonus(agent.entropy(dist), mask)
             loss = pg_loss + cfg.vf_coef * v_loss + cfg.entropy_coef * ent_loss
 
-            if not guarded_step(optimizer, loss, agent, cfg.max_grad_norm, guard, iteration):
+            if not guarded_step(optimizer, loss, parameters, cfg.max_grad_norm, guard, iteration):
                 continue
 
             for name, value in (

@@ -5,6 +5,9 @@ not look past step t. A truncated episode (time limit) did not really end, thoug
 bootstrapped by adding ``γ·V(final observation)`` to that step's reward, computed with the
 critic of the rollout on the normalised final observation (from ``info["final_obs"]``, which the
 same-step auto-reset provides). The reward added is in the critic's (scaled) units.
+
+Per step only the policy's sample is computed; log π_old, V_old and the bootstrap values come
+from batched forwards once the T steps are done (the networks do not change within a rollout).
 """
 
 from __future__ import annotations
@@ -89,16 +92,15 @@ class Collector:
         obs_buf = np.zeros((num_steps, *self.obs.shape), dtype=np.float32)
         rewards = np.zeros((num_steps, n), dtype=np.float32)
         dones = np.zeros((num_steps, n), dtype=np.float32)
-        actions, logprobs, values = [], [], []
+        actions: list[Tensor] = []
         episodes: list[tuple[float, int]] = []
+        # Truncated episodes: (step, env) and the final observation, normalised as at that step.
+        truncations: list[tuple[int, int]] = []
+        final_obs: list[np.ndarray] = []
         for t in range(num_steps):
             obs_buf[t] = self.obs
             with torch.no_grad():
-                obs_t = torch.from_numpy(self.obs)
-                dist = self.agent.dist(obs_t)
-                action = dist.sample()
-                logprobs.append(self.agent.log_prob(dist, action))
-                values.append(self.agent.value(obs_t))
+                action = self.agent.sample(torch.from_numpy(self.obs))
             actions.append(action)
             env_action = action.numpy()
             if not self.discrete:
@@ -111,32 +113,34 @@ class Collector:
             self.obs = self.obs_norm(raw_obs, update=True)
             rewards[t] = self.reward_scaler(reward, done)
             dones[t] = done
-            bootstrap = truncated & ~terminated
-            if bootstrap.any():
-                rewards[t] += self._bootstrap(info, bootstrap)
+            for i in np.flatnonzero(truncated & ~terminated):
+                truncations.append((t, int(i)))
+                final_obs.append(self.obs_norm(info["final_obs"][i][None], update=False))
+
+        # The networks did not change during the rollout, so log π_old and V_old of every step
+        # come from one batched forward each rather than 2·T single-row ones.
+        obs = torch.from_numpy(obs_buf)
+        flat_obs = obs.reshape(num_steps * n, -1)
+        taken = torch.stack(actions)
         with torch.no_grad():
+            dist = self.agent.dist(flat_obs)
+            logprobs = self.agent.log_prob(dist, taken.reshape(num_steps * n, *taken.shape[2:]))
+            values = self.agent.value(flat_obs)
             next_value = self.agent.value(torch.from_numpy(self.obs))
+            if truncations:
+                final_values = self.agent.value(torch.from_numpy(np.concatenate(final_obs)))
+                steps, envs = zip(*truncations, strict=True)
+                rewards[list(steps), list(envs)] += self.gamma * final_values.numpy()
         return Rollout(
-            obs=torch.from_numpy(obs_buf),
-            actions=torch.stack(actions),
-            logprobs=torch.stack(logprobs),
-            values=torch.stack(values),
+            obs=obs,
+            actions=taken,
+            logprobs=logprobs.reshape(num_steps, n),
+            values=values.reshape(num_steps, n),
             rewards=torch.from_numpy(rewards),
             dones=torch.from_numpy(dones),
             next_value=next_value,
             episodes=episodes,
         )
-
-    def _bootstrap(self, info: dict[str, Any], which: np.ndarray) -> np.ndarray:
-        """(N,) γ·V(final obs) where ``which``, 0 elsewhere."""
-        idx = np.flatnonzero(which)
-        final = np.stack([info["final_obs"][i] for i in idx])
-        final = self.obs_norm(final, update=False)
-        with torch.no_grad():
-            v = self.agent.value(torch.from_numpy(final)).numpy()
-        out = np.zeros(len(which), dtype=np.float32)
-        out[idx] = self.gamma * v
-        return out
 
     def state_dict(self) -> dict[str, Any]:
         from proxrl.classic.envs import snapshot_env

@@ -96,7 +96,9 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     envs = make_vec_env(cfg.env, cfg.num_envs)
     agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
     trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
-    optimizer = torch.optim.Adam(trainable, lr=cfg.learning_rate, eps=1e-5)
+    # fused: one kernel per step instead of ~10 per parameter tensor (the update's largest
+    # overhead at these sizes); the same Adam, equal to the unfused one within float32 rounding.
+    optimizer = torch.optim.Adam(trainable, lr=cfg.learning_rate, eps=1e-5, fused=True)
     kl_ctrl = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target)
         if cfg.objective == "adaptive-kl"

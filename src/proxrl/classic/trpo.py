@@ -139,6 +139,7 @@ def critic_update(
     assert cfg.ppo_epochs is not None and cfg.mini_batch_size is not None
     size = batch.returns.shape[0]
     total, count = 0.0, 0
+    parameters = list(agent.critic.named_parameters())
     for _ in range(cfg.ppo_epochs):
         perm = torch.randperm(size)
         for start in range(0, size, cfg.mini_batch_size):
@@ -151,7 +152,7 @@ def critic_update(
                 mask,
                 clip=cfg.value_clip,
             )
-            if guarded_step(optimizer, loss, agent.critic, cfg.max_grad_norm, guard, iteration):
+            if guarded_step(optimizer, loss, parameters, cfg.max_grad_norm, guard, iteration):
                 total += float(loss.detach())
                 count += 1
     return {"losses/value_loss": total / count} if count else {}

@@ -28,15 +28,15 @@ def policy_gradient_loss(
 def _ratio_stats(log_ratio: Tensor, mask: Tensor) -> Stats:
     """Diagnostics of ``log r = log π − log π_old`` for samples drawn from π_old: the k1 and k3
     estimates of KL(π_old‖π), and the ratio's mean and max over valid tokens."""
-    ratio = torch.exp(log_ratio)
-    valid = mask.bool()
-    return {
-        "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).detach(),
-        "approx_kl_k1": masked_mean(-log_ratio, mask).detach(),
-        "ratio_mean": masked_mean(ratio, mask).detach(),
-        # 0, not −inf, when no token is valid (every response truncated under mask_truncated)
-        "ratio_max": torch.where(valid, ratio, 0.0).max().detach(),
-    }
+    with torch.no_grad():  # diagnostics: recording them for autograd would be wasted work
+        ratio = torch.exp(log_ratio)
+        return {
+            "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
+            "approx_kl_k1": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            # 0, not −inf, when no token is valid (every response truncated under mask_truncated)
+            "ratio_max": torch.where(mask.bool(), ratio, 0.0).max(),
+        }
 
 
 def ppo_clip_loss(
@@ -69,7 +69,8 @@ def ppo_clip_loss(
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
     stats = _ratio_stats(log_ratio, mask)
-    stats["clipfrac"] = masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach()
+    with torch.no_grad():
+        stats["clipfrac"] = masked_mean((clipped > unclipped).to(ratio.dtype), mask)
     if dual_clip is not None:
         if dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -122,13 +123,15 @@ def value_loss(
     Stats: ``value_clipfrac`` (share of tokens where the clipped term is larger), ``value_mean``.
     """
     squared = (values - returns) ** 2
-    stats: Stats = {"value_mean": masked_mean(values, mask).detach()}
+    with torch.no_grad():
+        stats: Stats = {"value_mean": masked_mean(values, mask)}
     if clip is not None:
         clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
         squared_clipped = (clipped_values - returns) ** 2
-        stats["value_clipfrac"] = masked_mean(
-            (squared_clipped > squared).to(values.dtype), mask
-        ).detach()
+        with torch.no_grad():
+            stats["value_clipfrac"] = masked_mean(
+                (squared_clipped > squared).to(values.dtype), mask
+            )
         squared = torch.maximum(squared, squared_clipped)
     loss = 0.5 * aggregate_loss(squared, mask, agg)
     stats["value_loss"] = loss.detach()

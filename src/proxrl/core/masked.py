@@ -15,7 +15,7 @@ from torch import Tensor
 
 
 def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(mask.bool(), x, 0.0)  # a Python 0.0 takes x's dtype
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
