@@ -31,7 +31,7 @@ from proxrl.classic.envs import (
     restore_env,
     snapshot_env,
 )
-from proxrl.classic.rollout import Collector
+from proxrl.classic.rollout import Batch, Collector
 from proxrl.core import gae_env
 
 
@@ -228,3 +228,27 @@ def test_env_snapshot_restores_the_exact_trajectory(env_id):
     for (oa, ra, ta, tra), (ob, rb, tb, trb) in zip(a, b, strict=True):
         assert np.array_equal(oa, ob) and ra == rb and ta == tb and tra == trb
     assert env.unwrapped.np_random.random() == other.unwrapped.np_random.random()
+
+
+def test_minibatches_are_one_permutation_cut_in_order():
+    """An epoch's minibatches are the gathers ``field[perm[i·m : (i+1)·m]]`` of one
+    ``torch.randperm`` draw: every sample once, the last minibatch shorter."""
+    n = 10
+    batch = Batch(
+        obs=torch.arange(2 * n, dtype=torch.float32).reshape(n, 2),
+        actions=torch.arange(n) % 3,
+        logprobs=-torch.arange(n, dtype=torch.float32),
+        values=torch.arange(n, dtype=torch.float32) / 2,
+        advantages=torch.arange(n, dtype=torch.float32) * 3,
+        returns=torch.arange(n, dtype=torch.float32) + 7,
+    )
+    torch.manual_seed(5)
+    got = list(batch.minibatches(4))
+    torch.manual_seed(5)
+    perm = torch.randperm(n)
+    assert [len(m.logprobs) for m in got] == [4, 4, 2]
+    for i, minibatch in enumerate(got):
+        idx = perm[4 * i : 4 * i + 4]
+        for name in ("obs", "actions", "logprobs", "values", "advantages", "returns"):
+            assert torch.equal(getattr(minibatch, name), getattr(batch, name)[idx])
+    assert sorted(torch.cat([m.values for m in got]).tolist()) == batch.values.tolist()

@@ -92,7 +92,6 @@ def ppo_update(
         and cfg.mini_batch_size is not None
         and cfg.entropy_coef is not None
     )
-    size = batch.logprobs.shape[0]
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
     beta = kl_ctrl.value if cfg.objective in ("adaptive-kl", "fixed-kl") else 0.0
@@ -101,20 +100,18 @@ def ppo_update(
     count = 0
     epochs_run = 0
     for _ in range(cfg.ppo_epochs):
-        perm = torch.randperm(size)
-        for start in range(0, size, cfg.mini_batch_size):
-            idx = perm[start : start + cfg.mini_batch_size]
-            dist = agent.dist(batch.obs[idx])
-            logprobs = agent.log_prob(dist, batch.actions[idx])
-            adv = batch.advantages[idx]
+        for minibatch in batch.minibatches(cfg.mini_batch_size):
+            dist = agent.dist(minibatch.obs)
+            logprobs = agent.log_prob(dist, minibatch.actions)
+            adv = minibatch.advantages
             mask = torch.ones_like(adv)
             if cfg.whiten_advantages:
                 adv = masked_whiten(adv, mask)
-            pg_loss, pg_stats = policy_loss(cfg, logprobs, batch.logprobs[idx], adv, beta)
+            pg_loss, pg_stats = policy_loss(cfg, logprobs, minibatch.logprobs, adv, beta)
             v_loss, _ = value_loss(
-                agent.value(batch.obs[idx]),
-                batch.values[idx],
-                batch.returns[idx],
+                agent.value(minibatch.obs),
+                minibatch.values,
+                minibatch.returns,
                 mask,
                 clip=cfg.value_clip,
             )

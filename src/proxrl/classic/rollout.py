@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -61,6 +62,18 @@ class Batch:
     values: Tensor  # (B,) V_old(s)
     advantages: Tensor  # (B,) GAE advantages (not yet whitened)
     returns: Tensor  # (B,) advantages + values, the critic's target
+
+    def minibatches(self, size: int) -> Iterator[Batch]:
+        """One epoch: the samples in a fresh random order (``torch.randperm``), cut into
+        consecutive minibatches of ``size`` (the last may be smaller). Each field is gathered
+        once per epoch, so that a minibatch is a set of views rather than six gathers."""
+        order = torch.randperm(self.logprobs.shape[0])
+        shuffled = self._map(lambda field: field[order])
+        for start in range(0, len(order), size):
+            yield shuffled._map(lambda field: field[start : start + size])  # noqa: B023 - used at once
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
+        return Batch(**{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
 class Collector:

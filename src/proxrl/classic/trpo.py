@@ -137,19 +137,15 @@ def critic_update(
     """Fit the critic with the PPO value loss over the configured epochs and minibatches
     (skipping those with a NaN/Inf loss or gradient)."""
     assert cfg.ppo_epochs is not None and cfg.mini_batch_size is not None
-    size = batch.returns.shape[0]
     total, count = 0.0, 0
     parameters = list(agent.critic.named_parameters())
     for _ in range(cfg.ppo_epochs):
-        perm = torch.randperm(size)
-        for start in range(0, size, cfg.mini_batch_size):
-            idx = perm[start : start + cfg.mini_batch_size]
-            mask = torch.ones_like(batch.returns[idx])
+        for minibatch in batch.minibatches(cfg.mini_batch_size):
             loss, _ = value_loss(
-                agent.value(batch.obs[idx]),
-                batch.values[idx],
-                batch.returns[idx],
-                mask,
+                agent.value(minibatch.obs),
+                minibatch.values,
+                minibatch.returns,
+                torch.ones_like(minibatch.returns),
                 clip=cfg.value_clip,
             )
             if guarded_step(optimizer, loss, parameters, cfg.max_grad_norm, guard, iteration):
