@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from proxrl.classic.agent import Agent
+from proxrl.classic.agent import Agent, RolloutPolicy
 from proxrl.classic.envs import (
     EpisodeTracker,
     ObsNormalizer,
@@ -104,15 +104,24 @@ def test_termination_is_not_bootstrapped():
 
 
 def _collect_step_by_step(collector: Collector, num_steps: int) -> dict[str, torch.Tensor]:
-    """The rollout as the textbook loop computes it: π_old, log π_old and V_old of each step
-    (and V of a truncated episode's final observation) from single-row forwards at that step."""
+    """The rollout as the textbook loop computes it: π_old(·|s_t) in torch at each step, the
+    action drawn from it with the noise ``RolloutPolicy`` draws (the same generator seeded the
+    same way), log π_old and V_old of each step (and V of a truncated episode's final
+    observation) from single-row forwards at that step."""
     agent, envs = collector.agent, collector.envs
+    rng = np.random.default_rng(int(torch.randint(2**62, ())))
     out: dict[str, list] = {k: [] for k in ("obs", "actions", "logprobs", "values", "rewards")}
     for _ in range(num_steps):
         obs = torch.from_numpy(collector.obs)
         with torch.no_grad():
             dist = agent.dist(obs)
-            action = dist.sample()
+            if agent.discrete:  # inverse CDF at one uniform per row
+                cdf = dist.probs.cumsum(-1)
+                u = torch.from_numpy(rng.random((len(obs), 1), dtype=np.float32))
+                action = (cdf <= u * cdf[:, -1:]).sum(-1)
+            else:
+                noise = rng.standard_normal(tuple(dist.mean.shape), dtype=np.float32)
+                action = dist.mean + dist.stddev * torch.from_numpy(noise)
             out["logprobs"].append(agent.log_prob(dist, action))
             out["values"].append(agent.value(obs))
         out["obs"].append(obs)
@@ -134,11 +143,12 @@ def _collect_step_by_step(collector: Collector, num_steps: int) -> dict[str, tor
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
-def test_batched_log_probs_and_values_equal_the_step_by_step_rollout(env_id):
-    """The collector computes log π_old, V_old and the truncation bootstraps in batched forwards
-    after the T steps; a twin run of the per-step loop (same seeds) must see the same actions,
-    observations and rewards, and the same log-probs and values up to float32 rounding.
-    Pendulum truncates at 200 steps, so the bootstrap is inside the 2 × 150 steps."""
+def test_the_numpy_draw_and_batched_forwards_equal_the_step_by_step_rollout(env_id):
+    """The collector draws actions in NumPy and computes log π_old, V_old and the truncation
+    bootstraps in batched torch forwards after the T steps; a twin run of the per-step torch
+    loop (same seeds, same noise) must see the same actions, observations, rewards, log-probs
+    and values up to float32 rounding. Pendulum truncates at 200 steps, so the bootstrap is
+    inside the 2 × 150 steps."""
     twins = []
     for _ in range(2):
         envs = make_vec_env(env_id, 2)
@@ -147,6 +157,10 @@ def test_batched_log_probs_and_values_equal_the_step_by_step_rollout(env_id):
         act = envs.single_action_space.n if discrete else envs.single_action_space.shape[0]
         torch.manual_seed(0)
         agent = Agent(shape[0], act, discrete)
+        if not discrete:  # a policy whose mean and spread both matter
+            with torch.no_grad():
+                agent.actor[-1].weight.mul_(100.0)
+                agent.actor_logstd.fill_(-0.5)
         norm, scaler = ObsNormalizer(shape, True, 10.0), RewardScaler(2, 0.99, True, 10.0)
         twins.append(Collector(envs, agent, norm, scaler, gamma=0.99, seed=3))
     torch.manual_seed(1)
@@ -155,11 +169,37 @@ def test_batched_log_probs_and_values_equal_the_step_by_step_rollout(env_id):
     reference = [_collect_step_by_step(twins[1], 150) for _ in range(2)]
     truncated = 0
     for got, want in zip(rollouts, reference, strict=True):
-        assert torch.equal(got.obs, want["obs"]) and torch.equal(got.actions, want["actions"])
-        for name in ("logprobs", "values", "rewards", "next_value"):
-            torch.testing.assert_close(getattr(got, name), want[name], rtol=1e-6, atol=1e-6)
+        assert got.actions.dtype == want["actions"].dtype
+        for name in ("obs", "actions", "logprobs", "values", "rewards", "next_value"):
+            torch.testing.assert_close(getattr(got, name), want[name], rtol=1e-5, atol=1e-5)
         truncated += sum(1 for _, length in got.episodes if length == 200)
     assert truncated == (2 if env_id == "Pendulum-v1" else 0)
+
+
+def test_the_numpy_draw_follows_the_policy():
+    """200,000 draws at one observation: a Categorical's frequencies are its softmax, a
+    Gaussian's sample mean and std its mean and exp(log-std) (tolerances ≈ 5 standard
+    errors)."""
+    torch.manual_seed(0)
+    obs = np.random.default_rng(0).normal(size=(1, 4)).astype(np.float32)
+    many = np.repeat(obs, 200_000, axis=0)
+    agent = Agent(4, 3, discrete=True)
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(100.0)  # logits far from uniform
+        probs = agent.dist(torch.from_numpy(obs)).probs[0].numpy()
+    counts = np.bincount(RolloutPolicy(agent, seed=1)(many), minlength=3) / len(many)
+    assert probs.max() - probs.min() > 0.1
+    np.testing.assert_allclose(counts, probs, atol=0.005)
+
+    agent = Agent(4, 2, discrete=False)
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(100.0)
+        agent.actor_logstd.copy_(torch.tensor([[-1.0, 0.5]]))
+        mean = agent.dist(torch.from_numpy(obs)).mean[0].numpy()
+    draws = RolloutPolicy(agent, seed=1)(many)
+    assert draws.dtype == np.float32 and np.abs(mean).max() > 0.3
+    np.testing.assert_allclose(draws.mean(0), mean, atol=0.02)
+    np.testing.assert_allclose(draws.std(0), np.exp([-1.0, 0.5]), rtol=0.01)
 
 
 def test_running_mean_std_equals_the_whole_sample():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Normal, kl_divergence
@@ -77,15 +78,6 @@ class Agent(nn.Module):
             return Categorical(logits=out)
         return Normal(out, self.actor_logstd.expand_as(out).exp())
 
-    def sample(self, obs: Tensor) -> Tensor:
-        """(B, obs_dim) → an action per row drawn from π(·|s): the draw of ``dist(obs).sample()``
-        from the same random stream, without building the distribution (the rollout's per-step
-        cost)."""
-        if self.discrete:
-            return self.dist(obs).sample()
-        mean = _run(self.actor, obs)
-        return torch.normal(mean, self.actor_logstd.expand_as(mean).exp())
-
     def log_prob(self, dist: Distribution, actions: Tensor) -> Tensor:
         """(B,) log π(a|s), summed over action dimensions for a Gaussian."""
         logp = dist.log_prob(actions)
@@ -118,3 +110,47 @@ def detach_dist(dist: Distribution) -> Distribution:
         return Categorical(logits=dist.logits.detach())
     assert isinstance(dist, Normal)
     return Normal(dist.loc.detach(), dist.scale.detach())
+
+
+class RolloutPolicy:
+    """π(·|s) drawn in NumPy, for the rollout's one step of N observations at a time: at N = 1 a
+    torch call costs more than its arithmetic, a NumPy one a few microseconds.
+
+    It reads the actor's weights in place (views, not copies), so it follows every update. Its
+    noise comes from a NumPy generator seeded from torch's stream, so that a run is reproduced
+    and resumed from the torch RNG state alone. The log-probabilities of the drawn actions are
+    computed afterwards by ``Agent.log_prob`` in torch, so π_old is torch's own numbers; the
+    draw's mean or logits differ from torch's by float32 rounding only.
+
+    Args:
+        agent: the actor is a stack of ``nn.Linear`` and ``nn.Tanh`` layers.
+        seed: the generator's seed (``Collector`` draws one from torch per rollout).
+    """
+
+    def __init__(self, agent: Agent, seed: int):
+        self.discrete = agent.discrete
+        self.layers: list[tuple[np.ndarray, np.ndarray] | None] = []  # (Wᵀ, b), None for tanh
+        for layer in agent.actor:
+            if isinstance(layer, nn.Linear):
+                self.layers.append((layer.weight.detach().numpy().T, layer.bias.detach().numpy()))
+            elif isinstance(layer, nn.Tanh):
+                self.layers.append(None)
+            else:
+                raise TypeError(f"RolloutPolicy: no NumPy form for {type(layer).__name__}")
+        self.log_std = None if agent.discrete else agent.actor_logstd.detach().numpy()
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """(N, obs_dim) float32 → (N,) int64 action indices, or (N, act_dim) float32 samples
+        ``mean + std·ε`` (unclipped)."""
+        x = obs
+        for layer in self.layers:
+            x = np.tanh(x) if layer is None else x @ layer[0] + layer[1]
+        if self.discrete:  # inverse CDF of softmax(logits) at one uniform per row
+            probs = np.exp(x - x.max(-1, keepdims=True))
+            cdf = np.cumsum(probs, -1)
+            u = self.rng.random((len(x), 1), dtype=np.float32) * cdf[:, -1:]
+            return np.minimum((cdf <= u).sum(-1), x.shape[-1] - 1).astype(np.int64)
+        assert self.log_std is not None
+        noise = self.rng.standard_normal(x.shape, dtype=np.float32)
+        return (x + np.exp(self.log_std) * noise).astype(np.float32)

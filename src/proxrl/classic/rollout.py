@@ -6,8 +6,9 @@ bootstrapped by adding ``γ·V(final observation)`` to that step's reward, compu
 critic of the rollout on the normalised final observation (from ``info["final_obs"]``, which the
 same-step auto-reset provides). The reward added is in the critic's (scaled) units.
 
-Per step only the policy's sample is computed; log π_old, V_old and the bootstrap values come
-from batched forwards once the T steps are done (the networks do not change within a rollout).
+Per step only the policy's draw is computed, in NumPy (``RolloutPolicy``); log π_old, V_old and
+the bootstrap values come from batched torch forwards once the T steps are done (the networks do
+not change within a rollout).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from proxrl.classic.agent import Agent
+from proxrl.classic.agent import Agent, RolloutPolicy
 from proxrl.classic.envs import EpisodeTracker, ObsNormalizer, RewardScaler
 
 
@@ -105,17 +106,17 @@ class Collector:
         obs_buf = np.zeros((num_steps, *self.obs.shape), dtype=np.float32)
         rewards = np.zeros((num_steps, n), dtype=np.float32)
         dones = np.zeros((num_steps, n), dtype=np.float32)
-        actions: list[Tensor] = []
+        actions: list[np.ndarray] = []
         episodes: list[tuple[float, int]] = []
         # Truncated episodes: (step, env) and the final observation, normalised as at that step.
         truncations: list[tuple[int, int]] = []
         final_obs: list[np.ndarray] = []
+        policy = RolloutPolicy(self.agent, seed=int(torch.randint(2**62, ())))
         for t in range(num_steps):
             obs_buf[t] = self.obs
-            with torch.no_grad():
-                action = self.agent.sample(torch.from_numpy(self.obs))
+            action = policy(self.obs)
             actions.append(action)
-            env_action = action.numpy()
+            env_action = action
             if not self.discrete:
                 env_action = np.clip(env_action, self.low, self.high)
             start = time.perf_counter()
@@ -134,7 +135,7 @@ class Collector:
         # come from one batched forward each rather than 2·T single-row ones.
         obs = torch.from_numpy(obs_buf)
         flat_obs = obs.reshape(num_steps * n, -1)
-        taken = torch.stack(actions)
+        taken = torch.from_numpy(np.stack(actions))
         with torch.no_grad():
             dist = self.agent.dist(flat_obs)
             logprobs = self.agent.log_prob(dist, taken.reshape(num_steps * n, *taken.shape[2:]))
