@@ -266,6 +266,14 @@ def _proxrl_eval(run_dir: Path) -> dict[str, Any]:
     return evaluate(EvalConfig(run_dir=str(run_dir), episodes=10, seed=0))
 
 
+def _commit() -> str:
+    """The proxrl commit that ran (a run's code can change between seeds of a long campaign)."""
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -311,6 +319,7 @@ def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path
         "load1_min": float(np.min(loads)),
         "load1_max": float(np.max(loads)),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _commit(),
         "versions": _versions(),
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -359,6 +368,7 @@ def speed(env_id: str, args: argparse.Namespace) -> Path:
         "median_ratio": float(np.median(ratios)),
         "runs": rows,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _commit(),
         "versions": _versions(),
     }
     path = args.results_dir / "speed" / f"{env_id}.json"
