@@ -116,9 +116,7 @@ class Collector:
             obs_buf[t] = self.obs
             action = policy(self.obs)
             actions.append(action)
-            env_action = action
-            if not self.discrete:
-                env_action = np.clip(env_action, self.low, self.high)
+            env_action = action if self.discrete else np.clip(action, self.low, self.high)
             start = time.perf_counter()
             raw_obs, reward, terminated, truncated, info = self.envs.step(env_action)
             self.env_seconds += time.perf_counter() - start
