@@ -30,7 +30,7 @@ given exactly these (``sb3_ppo_kwargs``), with three translations:
 - proxrl clips the value update pessimistically (``½·max(unclipped, clipped)``, CleanRL and
   OpenAI baselines ppo2); SB3's ``clip_range_vf`` is another form (the clipped term alone), so
   SB3 runs with its default, no value clipping (as the paper's PPO). This is the one difference
-  that remains.
+  that remains; ``--impls proxrl-ppo-novclip`` runs proxrl without value clipping, to measure it.
 
 Scores: the mean undiscounted return of the last 100 training episodes, and a deterministic
 evaluation of the final policy (10 episodes, reset seeds 0..9, the Gaussian mean clipped to the
@@ -57,7 +57,20 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("proxrl-ppo", "sb3-ppo", "proxrl-trpo", "sb3-trpo")
+# proxrl's implementations are ``proxrl classic`` with these options; ``proxrl-ppo-novclip``
+# is the ablation of the one setting SB3 does not share (value clipping, see above).
+PROXRL_OPTIONS = {
+    "proxrl-ppo": ["--algo", "ppo"],
+    "proxrl-trpo": ["--algo", "trpo"],
+    "proxrl-ppo-novclip": ["--algo", "ppo", "--value-clip", "None"],
+}
+IMPLS = ("proxrl-ppo", "sb3-ppo", "proxrl-trpo", "sb3-trpo", "proxrl-ppo-novclip")
+# The report's rows: a label, proxrl's implementation and the SB3 peer it is set beside.
+REPORT_ROWS = (
+    ("ppo", "proxrl-ppo", "sb3-ppo"),
+    ("ppo, no value clip", "proxrl-ppo-novclip", "sb3-ppo"),
+    ("trpo", "proxrl-trpo", "sb3-trpo"),
+)
 CLEANRL_V4 = {"Hopper-v5": (2383, 272), "Walker2d-v5": (2288, 572), "HalfCheetah-v5": (1443, 46)}
 NUM_STEPS, LR, GAMMA = 2048, 3e-4, 0.99
 
@@ -239,7 +252,7 @@ def _train(
             return
         cmd = [sys.executable, "-m", "proxrl", "classic", "--env", env_id, "--seed", str(seed)]
         cmd += ["--total-steps", str(total_steps), "--output-dir", str(run_dir), "--no-progress"]
-        cmd += ["--algo", impl.removeprefix("proxrl-")]
+        cmd += PROXRL_OPTIONS[impl]
         if (run_dir / "config.yaml").is_file():
             cmd.append("--resume")
     else:
@@ -438,10 +451,10 @@ def report(results_dir: Path) -> str:
     ]
     envs = sorted({r["env"] for r in rows}, key=lambda e: list(CLEANRL_V4).index(e))
     for env_id in envs:
-        for algo in ("ppo", "trpo"):
-            ours = by.get((env_id, f"proxrl-{algo}"), {})
-            theirs = by.get((env_id, f"sb3-{algo}"), {})
-            if not ours and not theirs:
+        for label, ours_impl, theirs_impl in REPORT_ROWS:
+            ours, theirs = by.get((env_id, ours_impl), {}), by.get((env_id, theirs_impl), {})
+            # SB3 alone shows on its own algorithm's row, never on an ablation's.
+            if not ours and (not theirs or label != theirs_impl.removeprefix("sb3-")):
                 continue
             seeds = sorted(set(ours) | set(theirs))
             speed, ratios = [], []
@@ -453,9 +466,9 @@ def report(results_dir: Path) -> str:
                         f"s{s}: {a['sps']:.0f} ({a['load1_mean']:.1f}) / "
                         f"{b['sps']:.0f} ({b['load1_mean']:.1f})"
                     )
-            cleanrl = CLEANRL_V4.get(env_id) if algo == "ppo" else None
+            cleanrl = CLEANRL_V4.get(env_id) if label.startswith("ppo") else None
             lines.append(
-                f"| {env_id} | {algo} | {', '.join(map(str, seeds))} | "
+                f"| {env_id} | {label} | {', '.join(map(str, seeds))} | "
                 f"{_mean_std([r['mean_return_last_100'] for r in ours.values()])} | "
                 f"{_mean_std([r['mean_return_last_100'] for r in theirs.values()])} | "
                 f"{f'{cleanrl[0]} ± {cleanrl[1]}' if cleanrl else '—'} | "
