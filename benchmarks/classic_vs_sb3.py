@@ -3,6 +3,8 @@
     nice -n 19 .venv/bin/python benchmarks/classic_vs_sb3.py \\
         --envs Hopper-v5 Walker2d-v5 HalfCheetah-v5 --seeds 1 2 3
     .venv/bin/python benchmarks/classic_vs_sb3.py --report     # the table from what finished
+    .venv/bin/python benchmarks/classic_vs_sb3.py --report \\
+        --plot benchmarks/results/classic_vs_sb3/curves.png         # and the learning curves
 
 Needs the ``bench`` extra (``pip install stable-baselines3 sb3-contrib``; neither changes torch).
 
@@ -10,10 +12,10 @@ Every run is a fresh process on one torch thread (``OMP_NUM_THREADS=1``), one ru
 For each seed and environment the implementations run back to back (``--impls`` order for odd
 seeds, reversed for even ones), so a pair meets similar machine load; the 1-minute load average
 is sampled every 30 s beside each run. A finished run writes
-``RESULTS_DIR/<env>_<impl>_s<seed>.json`` (returns, deterministic evaluation, steps/s, load) and
-is skipped when the script runs again; an interrupted proxrl run resumes from its checkpoint
-(``proxrl classic --resume``), an interrupted SB3 run starts again (SB3's learning-rate schedule
-and rollout state do not survive a save/load exactly).
+``RESULTS_DIR/<env>_<impl>_s<seed>.json`` (returns, deterministic evaluation, steps/s, load,
+the learning curve) and is skipped when the script runs again; an interrupted proxrl run resumes
+from its checkpoint (``proxrl classic --resume``), an interrupted SB3 run starts again (SB3's
+learning-rate schedule and rollout state do not survive a save/load exactly).
 
 Hyperparameters: the PPO paper's MuJoCo defaults (proxrl's defaults for continuous actions, as
 CleanRL ``ppo_continuous_action.py``): 1 env × 2048 steps, 10 epochs × minibatch 64, Adam 3e-4
@@ -299,6 +301,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def learning_curve(run_dir: Path) -> list[list[float]]:
+    """``[[global_step, mean return of the episodes that ended in that rollout], ...]`` from a
+    run's ``metrics.jsonl`` (proxrl and the SB3 worker write the same two keys), kept in the
+    result JSON so that the plots outlive the run directories."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    return [
+        [int(r["global_step"]), round(float(r["charts/episodic_return"]), 1)]
+        for r in rows
+        if "charts/episodic_return" in r
+    ]
+
+
 def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path:
     """Train (or resume) and evaluate one run; write and return its result JSON."""
     result_path = args.results_dir / f"{env_id}_{impl}_s{seed}.json"
@@ -334,6 +348,7 @@ def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
         "versions": _versions(),
+        "curve": learning_curve(run_dir),
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")
@@ -480,6 +495,44 @@ def report(results_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def plot(results_dir: Path, out: Path, smooth: int = 10) -> None:
+    """One panel per environment: each implementation's learning curve, the mean over the seeds
+    whose result holds a curve (on the 2048-step rollout grid, a ``smooth``-rollout moving
+    mean), shaded between the lowest and highest seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(p.read_text()) for p in sorted(results_dir.glob("*.json"))]
+    rows = [r for r in rows if r.get("curve")]
+    envs = sorted({r["env"] for r in rows}, key=lambda e: list(CLEANRL_V4).index(e))
+    fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.8), squeeze=False)
+    for ax, env_id in zip(axes[0], envs, strict=True):
+        for impl in IMPLS:
+            curves = [np.array(r["curve"]) for r in rows if (r["env"], r["impl"]) == (env_id, impl)]
+            if not curves:
+                continue
+            grid = np.arange(NUM_STEPS, min(int(c[-1, 0]) for c in curves) + 1, NUM_STEPS)
+            k = max(1, min(smooth, len(grid)))
+            ys = np.stack(
+                [
+                    np.convolve(np.interp(grid, c[:, 0], c[:, 1]), np.ones(k) / k, mode="valid")
+                    for c in curves
+                ]
+            )
+            x = grid[k - 1 :]
+            line = ax.plot(x, ys.mean(0), label=f"{impl} (n={len(curves)})")[0]
+            ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_title(env_id)
+        ax.set_xlabel("environment steps")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(f"episodic return ({smooth}-rollout moving mean)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5"])
@@ -491,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "--results-dir", type=Path, default=ROOT / "benchmarks" / "results" / "classic_vs_sb3"
     )
     parser.add_argument("--report", action="store_true", help="only print the table")
+    parser.add_argument("--plot", type=Path, help="also draw the learning curves into this PNG")
     parser.add_argument("--speed", type=int, default=0, help="only time this many pairs")
     parser.add_argument("--speed-steps", type=int, default=40_960, help="steps per timed run")
     parser.add_argument("--no-eval", action="store_true", help=argparse.SUPPRESS)
@@ -525,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                 for impl in impls:
                     run_one(impl, env_id, seed, args)
     print(runs_table(args.results_dir) + "\n\n" + report(args.results_dir))
+    if args.plot:
+        plot(args.results_dir, args.plot)
     if (args.results_dir / "speed").is_dir():
         print("\n" + speed_report(args.results_dir))
     return 0
