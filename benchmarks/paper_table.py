@@ -6,7 +6,9 @@ environment (uniform-random policy = 0, best setting's mean = 1, as the paper di
 over environments and seeds. Writes ``OUTPUT_DIR/table.md`` and ``OUTPUT_DIR/curves.png``.
 
 Runs whose ``summary.json`` says complete are skipped, and interrupted ones resume from their
-checkpoint, so the script can be stopped and started again.
+checkpoint, so the script can be stopped and started again. With ``--results-dir`` each finished
+run also leaves a small record there (score, wall time, learning curve): commit those, and the
+table is rebuilt and the finished runs skipped even where the run directories are gone.
 
     nice .venv/bin/python benchmarks/paper_table.py --envs Hopper-v5 HalfCheetah-v5 \
         --settings clip-0.2 adaptive-kl-0.01 none --seeds 1 2 --total-steps 150000 --jobs 2
@@ -25,6 +27,7 @@ import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +77,8 @@ class TableConfig:
     """Episodes of the uniform-random policy that define score 0."""
     report_only: bool = False
     """Only aggregate the runs already on disk."""
+    results_dir: str | None = None
+    """Also keep a record of each finished run here (<env>_<setting>_s<seed>.json)."""
 
     def validate(self) -> None:
         for s in self.settings:
@@ -110,10 +115,48 @@ def run_dir(cfg: TableConfig, env: str, setting: str, seed: int) -> Path:
     return Path(cfg.output_dir) / env / setting / f"seed{seed}"
 
 
+def record_path(cfg: TableConfig, env: str, setting: str, seed: int) -> Path | None:
+    if cfg.results_dir is None:
+        return None
+    return Path(cfg.results_dir) / f"{env}_{setting}_s{seed}.json"
+
+
+def finished_run(cfg: TableConfig, env: str, setting: str, seed: int) -> dict[str, Any] | None:
+    """A finished run's score, wall time and learning curve (``[[global_step, return], ...]``),
+    from its run directory (and then written to its record, if there is none yet) or else from
+    its record; ``None`` while it has not finished."""
+    d, record = run_dir(cfg, env, setting, seed), record_path(cfg, env, setting, seed)
+    summary_path = d / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text()).get("complete"):
+        summary = json.loads(summary_path.read_text())
+        steps, returns = _curve(d)
+        run = {
+            "env": env,
+            "setting": setting,
+            "seed": seed,
+            "total_steps": cfg.total_steps,
+            "mean_return_last_100": summary["mean_return_last_100"],
+            "wall_time_s": summary["wall_time_s"],
+            "curve": [[int(x), round(float(y), 1)] for x, y in zip(steps, returns, strict=True)],
+        }
+        if record is not None and not record.exists():
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(run, indent=1) + "\n")
+        return run
+    if record is not None and record.exists():
+        run = json.loads(record.read_text())
+        if run["total_steps"] != cfg.total_steps:
+            raise ProxrlError(
+                f"{record}: total_steps is {run['total_steps']}, expected {cfg.total_steps} "
+                "(--total-steps); keep each budget's records in its own --results-dir"
+            )
+        return run
+    return None
+
+
 def run_one(cfg: TableConfig, env: str, setting: str, seed: int) -> str:
     d = run_dir(cfg, env, setting, seed)
-    summary = d / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("complete"):
+    if finished_run(cfg, env, setting, seed) is not None:
         return f"skip {d}"
     state = ["--resume"] if (d / "checkpoints").is_dir() else ["--overwrite"]
     cmd = [
@@ -140,6 +183,7 @@ def run_one(cfg: TableConfig, env: str, setting: str, seed: int) -> str:
         rc = subprocess.call(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
         )
+    finished_run(cfg, env, setting, seed)  # writes the record at once
     return f"{'done' if rc == 0 else f'FAILED (rc {rc})'} {d}"
 
 
@@ -178,6 +222,7 @@ def report(cfg: TableConfig) -> str:
     for env in cfg.envs:
         if env not in randoms:
             randoms[env] = random_return(env, cfg.random_episodes)
+    out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(randoms, indent=1))
 
     scores: dict[tuple[str, str], list[float]] = {}
@@ -185,11 +230,10 @@ def report(cfg: TableConfig) -> str:
     for env in cfg.envs:
         for setting in cfg.settings:
             for seed in cfg.seeds:
-                path = run_dir(cfg, env, setting, seed) / "summary.json"
-                if path.exists() and json.loads(path.read_text()).get("complete"):
-                    s = json.loads(path.read_text())
-                    scores.setdefault((env, setting), []).append(s["mean_return_last_100"])
-                    walls.append(s["wall_time_s"])
+                run = finished_run(cfg, env, setting, seed)
+                if run is not None:
+                    scores.setdefault((env, setting), []).append(run["mean_return_last_100"])
+                    walls.append(run["wall_time_s"])
     best = {
         env: max(
             (float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
@@ -245,11 +289,10 @@ def _plot(cfg: TableConfig, path: Path) -> None:
         for setting in cfg.settings:
             curves = []
             for seed in cfg.seeds:
-                d = run_dir(cfg, env, setting, seed)
-                if (d / "metrics.jsonl").exists():
-                    x, y = _curve(d)
-                    if len(x) > 1:
-                        curves.append(np.interp(grid, x, y, left=np.nan))
+                run = finished_run(cfg, env, setting, seed)
+                if run is not None and len(run["curve"]) > 1:
+                    x, y = np.array(run["curve"], dtype=float).T
+                    curves.append(np.interp(grid, x, y, left=np.nan))
             if curves:
                 with warnings.catch_warnings():  # grid points before a curve's first episode
                     warnings.simplefilter("ignore", RuntimeWarning)
@@ -269,16 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(
             TableConfig, sys.argv[1:] if argv is None else argv, prog="paper_table.py"
         )
+        if not cfg.report_only:
+            # setting by setting, so a stopped benchmark still holds whole settings
+            jobs = [(e, s, seed) for s in cfg.settings for e in cfg.envs for seed in cfg.seeds]
+            with ThreadPoolExecutor(cfg.jobs) as pool:
+                for line in pool.map(lambda j: run_one(cfg, *j), jobs):
+                    print(line, flush=True)
+        print(report(cfg))
     except ProxrlError as e:
         print(f"paper_table.py: error: {e}", file=sys.stderr)
         return 2
-    if not cfg.report_only:
-        # setting by setting, so a stopped benchmark still holds whole settings
-        jobs = [(e, s, seed) for s in cfg.settings for e in cfg.envs for seed in cfg.seeds]
-        with ThreadPoolExecutor(cfg.jobs) as pool:
-            for line in pool.map(lambda j: run_one(cfg, *j), jobs):
-                print(line, flush=True)
-    print(report(cfg))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -70,3 +71,59 @@ def test_normalisation_random_zero_best_setting_one(tmp_path):
     assert lines["| clip-0.2"] == ("| clip-0.2 | 15 ± 5 (n=2) | 110 ± 0 (n=2) | 0.75 | 0.82 |")
     assert lines["| none"] == "| none | 5 ± 0 (n=2) | 210 ± 0 (n=2) | 0.67 | -0.39 |"
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def _finished_run(cfg, env, setting, seed, value):
+    d = paper_table.run_dir(cfg, env, setting, seed)
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(
+        json.dumps({"complete": True, "mean_return_last_100": value, "wall_time_s": 2.0})
+    )
+    rows = [{"global_step": s, "charts/episodic_return": value + s / 1000} for s in (50, 100)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_records_rebuild_the_table_and_skip_runs_once_the_run_directories_are_gone(
+    tmp_path, monkeypatch
+):
+    """Records written from the finished runs give the same table without the run directories,
+    and a run with a record is not started again."""
+    cfg = paper_table.TableConfig(
+        envs=["A-v0"],
+        settings=["clip-0.2", "none"],
+        seeds=[1],
+        total_steps=100,
+        output_dir=str(tmp_path / "runs"),
+        results_dir=str(tmp_path / "records"),
+    )
+    _finished_run(cfg, "A-v0", "clip-0.2", 1, 30.0)
+    _finished_run(cfg, "A-v0", "none", 1, 12.0)
+    (tmp_path / "runs" / "random_returns.json").write_text(json.dumps({"A-v0": 0.0}))
+    before = paper_table.report(cfg)
+    record = json.loads((tmp_path / "records" / "A-v0_none_s1.json").read_text())
+    assert record["mean_return_last_100"] == 12.0
+    assert record["curve"] == [[50, 12.1], [100, 12.1]]  # rounded to 0.1
+
+    for setting in cfg.settings:
+        shutil.rmtree(paper_table.run_dir(cfg, "A-v0", setting, 1))
+    assert paper_table.report(cfg) == before
+    assert "| none | 12 ± 0 (n=1) | 0.40 |" in before  # (12 - 0) / (30 - 0)
+    monkeypatch.setattr(paper_table.subprocess, "call", lambda *a, **k: pytest.fail("ran"))
+    assert paper_table.run_one(cfg, "A-v0", "none", 1).startswith("skip")
+
+
+def test_a_record_of_another_budget_is_refused(tmp_path):
+    cfg = paper_table.TableConfig(
+        envs=["A-v0"],
+        settings=["none"],
+        seeds=[1],
+        total_steps=100,
+        output_dir=str(tmp_path / "runs"),
+        results_dir=str(tmp_path / "records"),
+    )
+    _finished_run(cfg, "A-v0", "none", 1, 12.0)
+    paper_table.finished_run(cfg, "A-v0", "none", 1)
+    shutil.rmtree(paper_table.run_dir(cfg, "A-v0", "none", 1))
+    bigger = paper_table.TableConfig(**{**cfg.__dict__, "total_steps": 1000})
+    with pytest.raises(ProxrlError, match=r"A-v0_none_s1\.json: total_steps is 100, expected 1000"):
+        paper_table.finished_run(bigger, "A-v0", "none", 1)
