@@ -100,6 +100,14 @@ def test_every_stage_ran_and_summary_has_the_issue_shape(toy_demo: Path) -> None
     assert 100 < summary["peak_rss_mb"] <= peak_rss_mb() + 0.1
 
 
+def test_the_rl_runs_take_the_demos_small_vllm_share(toy_demo: Path) -> None:
+    """The demo's 0.05, not ppo's 0.3 (0.3 of RAM for a toy model's KV cache can exceed what a
+    CPU machine's NUMA node has free, and vLLM then refuses to start)."""
+    for run in ("ppo", "ppo_no_kl", "grpo"):
+        config = (toy_demo / run / "config.yaml").read_text()
+        assert "\nvllm_gpu_memory_utilization: 0.05\n" in config, run
+
+
 def test_every_artefact_was_written(toy_demo: Path) -> None:
     for split in ("sft", "preferences", "preferences_eval", "rl_prompts", "eval_prompts"):
         assert (toy_demo / "data" / f"{split}.jsonl").stat().st_size > 0, split

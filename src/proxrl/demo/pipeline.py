@@ -152,6 +152,10 @@ class Config:
     """Sampling temperature of rollouts and evaluation."""
     sampler: Literal["cached", "hf", "vllm"] = "cached"
     """Sampler of the three RL runs' rollouts (as ppo's and grpo's sampler)."""
+    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.05
+    """With sampler vllm: the engine's share of GPU memory (on a CPU, of RAM for its KV cache);
+    below ppo's 0.3 because the toy model needs megabytes, and 0.3 of RAM can exceed what a CPU
+    machine's NUMA node has free."""
     threads: Annotated[int, Range(ge=0)] = 1
     """torch CPU threads (0: torch's default; one is fastest for a model this small)."""
     progress: bool = True
@@ -342,6 +346,7 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
         ppo_epochs=cfg.ppo_epochs,
         seed=cfg.seed,
         sampler=cfg.sampler,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         sample_every=max(1, cfg.rl_iterations // 4),
         progress=cfg.progress,
         save_every=max(1, cfg.rl_iterations // 4),  # a killed stage resumes from the last quarter
