@@ -510,9 +510,11 @@ def plot(results_dir: Path, out: Path, smooth: int = 10) -> None:
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.8), squeeze=False)
     for ax, env_id in zip(axes[0], envs, strict=True):
         for impl in IMPLS:
-            curves = [np.array(r["curve"]) for r in rows if (r["env"], r["impl"]) == (env_id, impl)]
-            if not curves:
+            runs = [r for r in rows if (r["env"], r["impl"]) == (env_id, impl)]
+            if not runs:
                 continue
+            curves = [np.array(r["curve"]) for r in runs]
+            seeds = ", ".join(str(r["seed"]) for r in runs)
             grid = np.arange(NUM_STEPS, min(int(c[-1, 0]) for c in curves) + 1, NUM_STEPS)
             k = max(1, min(smooth, len(grid)))
             ys = np.stack(
@@ -522,7 +524,7 @@ def plot(results_dir: Path, out: Path, smooth: int = 10) -> None:
                 ]
             )
             x = grid[k - 1 :]
-            line = ax.plot(x, ys.mean(0), label=f"{impl} (n={len(curves)})")[0]
+            line = ax.plot(x, ys.mean(0), label=f"{impl} (seed {seeds})")[0]
             ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15, lw=0)
         ax.set_title(env_id)
         ax.set_xlabel("environment steps")
