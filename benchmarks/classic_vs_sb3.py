@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paper_table import learning_curve  # its neighbour in benchmarks/
 
 ROOT = Path(__file__).resolve().parents[1]
 # proxrl's implementations are ``proxrl classic`` with these options; ``proxrl-ppo-novclip``
@@ -301,18 +302,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def learning_curve(run_dir: Path) -> list[list[float]]:
-    """``[[global_step, mean return of the episodes that ended in that rollout], ...]`` from a
-    run's ``metrics.jsonl`` (proxrl and the SB3 worker write the same two keys), kept in the
-    result JSON so that the plots outlive the run directories."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    return [
-        [int(r["global_step"]), round(float(r["charts/episodic_return"]), 1)]
-        for r in rows
-        if "charts/episodic_return" in r
-    ]
-
-
 def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path:
     """Train (or resume) and evaluate one run; write and return its result JSON."""
     result_path = args.results_dir / f"{env_id}_{impl}_s{seed}.json"
@@ -348,7 +337,7 @@ def run_one(impl: str, env_id: str, seed: int, args: argparse.Namespace) -> Path
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": _commit(),
         "versions": _versions(),
-        "curve": learning_curve(run_dir),
+        "curve": learning_curve(run_dir),  # so that the plots outlive the run directories
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1) + "\n")

@@ -33,6 +33,7 @@ import numpy as np
 
 from proxrl.runtime.config import parse_config
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
 
 # Table 1 of the paper (7 MuJoCo-v1 tasks × 3 seeds × 1M steps).
 PAPER_SCORES = {
@@ -127,9 +128,8 @@ def finished_run(cfg: TableConfig, env: str, setting: str, seed: int) -> dict[st
     its record; ``None`` while it has not finished."""
     d, record = run_dir(cfg, env, setting, seed), record_path(cfg, env, setting, seed)
     summary_path = d / "summary.json"
-    if summary_path.exists() and json.loads(summary_path.read_text()).get("complete"):
-        summary = json.loads(summary_path.read_text())
-        steps, returns = _curve(d)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary.get("complete"):
         run = {
             "env": env,
             "setting": setting,
@@ -137,7 +137,7 @@ def finished_run(cfg: TableConfig, env: str, setting: str, seed: int) -> dict[st
             "total_steps": cfg.total_steps,
             "mean_return_last_100": summary["mean_return_last_100"],
             "wall_time_s": summary["wall_time_s"],
-            "curve": [[int(x), round(float(y), 1)] for x, y in zip(steps, returns, strict=True)],
+            "curve": learning_curve(d),
         }
         if record is not None and not record.exists():
             record.parent.mkdir(parents=True, exist_ok=True)
@@ -206,13 +206,15 @@ def random_return(env_id: str, episodes: int, seed: int = 0) -> float:
     return float(np.mean(total))
 
 
-def _curve(d: Path) -> tuple[np.ndarray, np.ndarray]:
-    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if "charts/episodic_return" in r]
-    return (
-        np.array([r["global_step"] for r in rows]),
-        np.array([r["charts/episodic_return"] for r in rows]),
-    )
+def learning_curve(run_dir: Path) -> list[list[float]]:
+    """``[[global_step, mean return of the episodes that ended in that iteration], ...]`` from
+    a run's metrics (proxrl's and classic_vs_sb3.py's SB3 worker's), rounded to 0.1 for the
+    records that keep it."""
+    return [
+        [int(r["global_step"]), round(float(r["charts/episodic_return"]), 1)]
+        for r in read_metrics(run_dir)
+        if "charts/episodic_return" in r
+    ]
 
 
 def report(cfg: TableConfig) -> str:
@@ -225,15 +227,17 @@ def report(cfg: TableConfig) -> str:
     out.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(randoms, indent=1))
 
+    runs = {
+        (env, setting, seed): run
+        for env in cfg.envs
+        for setting in cfg.settings
+        for seed in cfg.seeds
+        if (run := finished_run(cfg, env, setting, seed)) is not None
+    }
     scores: dict[tuple[str, str], list[float]] = {}
-    walls: list[float] = []
-    for env in cfg.envs:
-        for setting in cfg.settings:
-            for seed in cfg.seeds:
-                run = finished_run(cfg, env, setting, seed)
-                if run is not None:
-                    scores.setdefault((env, setting), []).append(run["mean_return_last_100"])
-                    walls.append(run["wall_time_s"])
+    for (env, setting, _), run in runs.items():
+        scores.setdefault((env, setting), []).append(run["mean_return_last_100"])
+    walls = [run["wall_time_s"] for run in runs.values()]
     best = {
         env: max(
             (float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
@@ -273,11 +277,11 @@ def report(cfg: TableConfig) -> str:
         lines.append(f"Wall time per run: {np.mean(walls):.0f} s mean ({len(walls)} runs).")
     table = "\n".join(lines) + "\n"
     (out / "table.md").write_text(table)
-    _plot(cfg, out / "curves.png")
+    _plot(cfg, runs, out / "curves.png")
     return table
 
 
-def _plot(cfg: TableConfig, path: Path) -> None:
+def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,7 +293,7 @@ def _plot(cfg: TableConfig, path: Path) -> None:
         for setting in cfg.settings:
             curves = []
             for seed in cfg.seeds:
-                run = finished_run(cfg, env, setting, seed)
+                run = runs.get((env, setting, seed))
                 if run is not None and len(run["curve"]) > 1:
                     x, y = np.array(run["curve"], dtype=float).T
                     curves.append(np.interp(grid, x, y, left=np.nan))
