@@ -67,6 +67,21 @@ def test_the_same_options_and_the_free_ones_pass(tmp_path):
     } <= RESUME_FREE
 
 
+def test_the_vllm_memory_share_may_change_on_resume_and_the_sampler_may_not(tmp_path):
+    """After an out-of-memory, a run is resumed with a smaller engine share: that is free. The
+    sampler itself decides what is decoded, so changing it is refused."""
+    from proxrl.algos.online.config import OnlineConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = OnlineConfig(output_dir=str(run), sampler="vllm", vllm_gpu_memory_utilization=0.3)
+    save_config_file(cfg, run / "config.yaml")
+    resumed = dataclasses.replace(cfg, resume=True, vllm_gpu_memory_utilization=0.1)
+    assert check_resume(resumed) == {}
+    with pytest.raises(ProxrlError, match="sampler is 'cached'"):
+        check_resume(dataclasses.replace(resumed, sampler="cached"))
+
+
 def test_nothing_to_compare_without_resume_or_without_a_saved_config(tmp_path):
     cfg = _run(tmp_path)
     assert check_resume(dataclasses.replace(cfg, resume=False, seed=9)) == {}

@@ -16,7 +16,8 @@ accepts them: each change is logged at WARNING and the trainer writes the new co
 ``RESUME_FREE`` lists, once, the options that may always change on resume: they say where the run
 lives, how it is driven, saved and shown, never what it computes. ``save_every``,
 ``keep_checkpoints`` and ``max_consecutive_skips`` are among them: how often a run saves, how many
-checkpoints it keeps and how many bad steps it tolerates before stopping change no step it takes.
+checkpoints it keeps and how many bad steps it tolerates before stopping change no step it takes;
+nor does the vLLM engine's memory share, which a run that ran out of memory must be able to lower.
 The run's length (``iterations``, ``max_steps``, ``epochs``, ``total_steps``) is not: it sets the
 learning-rate schedule, so extending a run needs ``--resume-with-changes``.
 
@@ -63,6 +64,9 @@ RESUME_FREE = SESSION_OPTIONS | frozenset(
         "push_to_hub",
         "hub_model_id",
         "hub_private",  # where the metrics and the model are sent
+        # The engine's memory budget, the first thing to lower after it ran out of memory; it
+        # bounds how many sequences decode at once, not what any of them decodes.
+        "vllm_gpu_memory_utilization",
     }
 )
 
