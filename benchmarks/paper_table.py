@@ -281,6 +281,18 @@ def report(cfg: TableConfig) -> str:
     return table
 
 
+def mean_curve(curves: list[list[list[float]]], grid: np.ndarray) -> np.ndarray:
+    """The mean over seeds of learning curves ([[step, return], ...] each, steps ascending),
+    each interpolated linearly onto ``grid`` (G,) → (G,). A seed counts from its first episode
+    on: before it, the mean is over the seeds that have one, and NaN where none has."""
+    stacked = np.stack(
+        [np.interp(grid, *np.array(curve, dtype=float).T, left=np.nan) for curve in curves]
+    )
+    with warnings.catch_warnings():  # grid points before every curve's first episode
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(stacked, axis=0)
+
+
 def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -291,17 +303,10 @@ def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], pa
     grid = np.linspace(0, cfg.total_steps, 60)
     for ax, env in zip(axes[0], cfg.envs, strict=True):
         for setting in cfg.settings:
-            curves = []
-            for seed in cfg.seeds:
-                run = runs.get((env, setting, seed))
-                if run is not None and len(run["curve"]) > 1:
-                    x, y = np.array(run["curve"], dtype=float).T
-                    curves.append(np.interp(grid, x, y, left=np.nan))
+            found = (runs.get((env, setting, seed)) for seed in cfg.seeds)
+            curves = [run["curve"] for run in found if run is not None and len(run["curve"]) > 1]
             if curves:
-                with warnings.catch_warnings():  # grid points before a curve's first episode
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    mean = np.nanmean(np.stack(curves), axis=0)
-                ax.plot(grid, mean, label=setting)
+                ax.plot(grid, mean_curve(curves, grid), label=setting)
         ax.set_title(env)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return (mean over seeds)")

@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from proxrl.runtime.errors import ProxrlError
@@ -71,6 +72,17 @@ def test_normalisation_random_zero_best_setting_one(tmp_path):
     assert lines["| clip-0.2"] == ("| clip-0.2 | 15 ± 5 (n=2) | 110 ± 0 (n=2) | 0.75 | 0.82 |")
     assert lines["| none"] == "| none | 5 ± 0 (n=2) | 210 ± 0 (n=2) | 0.67 | -0.39 |"
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_mean_curve_interpolates_each_seed_and_averages_those_started():
+    """Seed 1 climbs 0 → 100 over steps 0..100; seed 2's first episode ends at step 50 (return
+    50) and it falls to 0 at step 100. At step 25 only seed 1 has a return (25); at 75 they
+    are 75 and 25 (mean 50); at 100, 100 and 0 (50). Before any episode: NaN."""
+    curves = [[[0, 0], [100, 100]], [[50, 50], [100, 0]]]
+    got = paper_table.mean_curve(curves, np.array([25.0, 75.0, 100.0]))
+    assert got.tolist() == [25.0, 50.0, 50.0]
+    late = paper_table.mean_curve([[[50, 1], [100, 1]]], np.array([0.0, 50.0]))
+    assert np.isnan(late[0]) and late[1] == 1.0
 
 
 def _finished_run(cfg, env, setting, seed, value):
