@@ -310,7 +310,8 @@ def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], pa
         ax.set_title(env)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return (mean over seeds)")
-        ax.legend(fontsize=7)
+        if ax.lines:  # an environment with no finished run yet has nothing to name
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
