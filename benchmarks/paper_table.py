@@ -3,7 +3,8 @@
 Runs ``proxrl classic`` for every setting × environment × seed at a chosen step budget, then
 scores each run by the mean return of its last 100 training episodes, normalises per
 environment (uniform-random policy = 0, best setting's mean = 1, as the paper did) and averages
-over environments and seeds. Writes ``OUTPUT_DIR/table.md`` and ``OUTPUT_DIR/curves.png``.
+over environments and seeds. Writes ``OUTPUT_DIR/table.md`` and ``OUTPUT_DIR/curves.png`` (each
+run's returns as a trailing mean over 5% of the budget, then averaged over the seeds).
 
 Runs whose ``summary.json`` says complete are skipped, and interrupted ones resume from their
 checkpoint, so the script can be stopped and started again. With ``--results-dir`` each finished
@@ -293,6 +294,17 @@ def mean_curve(curves: list[list[list[float]]], grid: np.ndarray) -> np.ndarray:
         return np.nanmean(stacked, axis=0)
 
 
+def trailing_mean(curve: list[list[float]], window: float) -> list[list[float]]:
+    """Each point's return replaced by the mean of the curve's returns in the trailing
+    ``window`` of steps ``(step - window, step]``: ``[[step, return], ...]`` (N, 2) → (N, 2).
+    Per-iteration returns swing by hundreds on Hopper; the plot shows the trend under them."""
+    steps, returns = np.array(curve, dtype=float).T
+    first = np.searchsorted(steps, steps - window, side="right")
+    sums = np.concatenate([[0.0], np.cumsum(returns)])
+    means = (sums[1:] - sums[first]) / (np.arange(1, len(steps) + 1) - first)
+    return np.stack([steps, means], axis=1).tolist()
+
+
 def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -304,12 +316,16 @@ def _plot(cfg: TableConfig, runs: dict[tuple[str, str, int], dict[str, Any]], pa
     for ax, env in zip(axes[0], cfg.envs, strict=True):
         for setting in cfg.settings:
             found = (runs.get((env, setting, seed)) for seed in cfg.seeds)
-            curves = [run["curve"] for run in found if run is not None and len(run["curve"]) > 1]
+            curves = [
+                trailing_mean(run["curve"], window=cfg.total_steps / 20)
+                for run in found
+                if run is not None and len(run["curve"]) > 1
+            ]
             if curves:
                 ax.plot(grid, mean_curve(curves, grid), label=setting)
         ax.set_title(env)
         ax.set_xlabel("environment steps")
-        ax.set_ylabel("episodic return (mean over seeds)")
+        ax.set_ylabel("episodic return (smoothed, mean of seeds)")
         if ax.lines:  # an environment with no finished run yet has nothing to name
             ax.legend(fontsize=7)
     fig.tight_layout()

@@ -85,6 +85,14 @@ def test_mean_curve_interpolates_each_seed_and_averages_those_started():
     assert np.isnan(late[0]) and late[1] == 1.0
 
 
+def test_trailing_mean_averages_the_returns_of_the_window_ending_at_each_point():
+    """Window 20 over steps 10, 20, 30, 50: step 10 sees (…, 10] → 4; step 20 sees (0, 20] →
+    (4 + 8) / 2 = 6; step 30 sees (10, 30] → (8 + 0) / 2 = 4; step 50 sees (30, 50] → 2."""
+    curve = [[10, 4], [20, 8], [30, 0], [50, 2]]
+    got = paper_table.trailing_mean(curve, window=20)
+    assert got == [[10.0, 4.0], [20.0, 6.0], [30.0, 4.0], [50.0, 2.0]]
+
+
 def _finished_run(cfg, env, setting, seed, value):
     d = paper_table.run_dir(cfg, env, setting, seed)
     d.mkdir(parents=True)
