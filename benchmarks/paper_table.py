@@ -2,7 +2,7 @@
 
 Runs ``proxrl classic`` for every setting × environment × seed at a chosen step budget, then
 scores each run by the mean return of its last 100 training episodes, normalises per
-environment (uniform-random policy = 0, best setting's mean = 1, as the paper did) and averages
+environment (uniform-random policy = 0, best PPO setting's mean = 1, as the paper did) and averages
 over environments and seeds. Writes ``OUTPUT_DIR/table.md`` and ``OUTPUT_DIR/curves.png`` (each
 run's returns as a trailing mean over 5% of the budget, then averaged over the seeds).
 
@@ -239,9 +239,13 @@ def report(cfg: TableConfig) -> str:
     for (env, setting, _), run in runs.items():
         scores.setdefault((env, setting), []).append(run["mean_return_last_100"])
     walls = [run["wall_time_s"] for run in runs.values()]
+    # The paper's Table 1 scores its PPO objectives against the best of them; TRPO (in its
+    # Figure 3, not the table) is scored against the same best, so it may pass 1 without
+    # rescaling the others.
+    in_paper_table = [s for s in cfg.settings if s in PAPER_SCORES] or cfg.settings
     best = {
         env: max(
-            (float(np.mean(scores[(env, s)])) for s in cfg.settings if (env, s) in scores),
+            (float(np.mean(scores[(env, s)])) for s in in_paper_table if (env, s) in scores),
             default=math.nan,
         )
         for env in cfg.envs
@@ -249,7 +253,8 @@ def report(cfg: TableConfig) -> str:
     lines = [
         f"Budget: {cfg.total_steps:,} steps per run; seeds {cfg.seeds}; score = mean return of "
         "the last 100 training episodes; normalised per environment so random = 0 and the best "
-        "setting's mean = 1, then averaged over environments × seeds.",
+        "mean of the paper's settings = 1 (TRPO scored against it), then averaged over "
+        "environments × seeds.",
         "",
         "| setting | "
         + " | ".join(f"{e} (raw)" for e in cfg.envs)

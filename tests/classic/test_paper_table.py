@@ -37,14 +37,16 @@ def test_setting_names_map_to_classic_options():
             paper_table.setting_args(bad)
 
 
-def test_normalisation_random_zero_best_setting_one(tmp_path):
-    """Env A: random 0; clip-0.2 scores 10, 20 (mean 15, the best); none 5, 5.
-    Env B: random 10; clip-0.2 scores 110, 110; none 210, 210 (the best).
+def test_normalisation_random_zero_best_ppo_setting_one(tmp_path):
+    """Env A: random 0; clip-0.2 scores 10, 20 (mean 15, the best PPO setting); none 5, 5;
+    trpo 30, 30 (not in the paper's table, so not the yardstick).
+    Env B: random 10; clip-0.2 scores 110, 110; none 210, 210 (the best); trpo 10, 10.
     clip-0.2: mean(10/15, 20/15, 100/200, 100/200) = 0.75;
-    none: mean(5/15, 5/15, 200/200, 200/200) = 0.666… → "0.67"."""
+    none: mean(5/15, 5/15, 200/200, 200/200) = 0.666… → "0.67";
+    trpo: mean(30/15, 30/15, 0/200, 0/200) = 1.00."""
     cfg = paper_table.TableConfig(
         envs=["A-v0", "B-v0"],
-        settings=["clip-0.2", "none"],
+        settings=["clip-0.2", "none", "trpo"],
         seeds=[1, 2],
         total_steps=100,
         output_dir=str(tmp_path),
@@ -54,6 +56,8 @@ def test_normalisation_random_zero_best_setting_one(tmp_path):
         ("A-v0", "none"): [5, 5],
         ("B-v0", "clip-0.2"): [110, 110],
         ("B-v0", "none"): [210, 210],
+        ("A-v0", "trpo"): [30, 30],
+        ("B-v0", "trpo"): [10, 10],
     }
     for (env, setting), values in scores.items():
         for seed, value in zip(cfg.seeds, values, strict=True):
@@ -71,6 +75,7 @@ def test_normalisation_random_zero_best_setting_one(tmp_path):
     lines = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
     assert lines["| clip-0.2"] == ("| clip-0.2 | 15 ± 5 (n=2) | 110 ± 0 (n=2) | 0.75 | 0.82 |")
     assert lines["| none"] == "| none | 5 ± 0 (n=2) | 210 ± 0 (n=2) | 0.67 | -0.39 |"
+    assert lines["| trpo"] == "| trpo | 30 ± 0 (n=2) | 10 ± 0 (n=2) | 1.00 | — |"
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
