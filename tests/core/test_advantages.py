@@ -171,6 +171,24 @@ def test_gae_env_matches_naive_loop():
     close(returns, advantages + values)
 
 
+def test_gae_env_in_float32_equals_the_step_by_step_recursion_to_the_bit():
+    """δ and the decay computed for all steps at once are the same float32 operations in the
+    same order as the textbook per-step loop, so a classic run's numbers do not move."""
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(300, 3, generator=g), torch.randn(300, 3, generator=g)
+    dones = (torch.rand(300, 3, generator=g) < 0.05).float()
+    next_value = torch.randn(3, generator=g)
+    not_done = 1.0 - dones
+    running, expected = torch.zeros(3), torch.zeros(300, 3)
+    for step in reversed(range(300)):
+        following = next_value if step == 299 else values[step + 1]
+        delta = rewards[step] + 0.99 * following * not_done[step] - values[step]
+        running = delta + 0.99 * 0.95 * not_done[step] * running
+        expected[step] = running
+    advantages, _ = gae_env(rewards, values, dones, next_value, 0.99, 0.95)
+    assert torch.equal(advantages, expected)
+
+
 # ---------------------------------------------------------------- group baselines
 
 

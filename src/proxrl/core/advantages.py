@@ -84,12 +84,15 @@ def gae_env(
         ``(advantages, returns)``, both (T, N); ``returns = advantages + values``.
     """
     not_done = 1.0 - dones.to(values.dtype)
+    following = torch.cat([values[1:], next_value.unsqueeze(0)])  # V(s_{t+1}), (T, N)
+    # δ and the decay γλ(1 − done) for every step at once; only A_t = δ_t + decay_t·A_{t+1}
+    # needs the loop (2 ops a step instead of 8: a rollout's T is 2048 on MuJoCo).
+    deltas = rewards + gamma * following * not_done - values
+    decays = gamma * lam * not_done
     running = torch.zeros_like(next_value)
-    advantages = torch.zeros_like(values)
+    advantages = torch.empty_like(values)
     for t in reversed(range(values.shape[0])):
-        following = next_value if t == values.shape[0] - 1 else values[t + 1]
-        delta = rewards[t] + gamma * following * not_done[t] - values[t]
-        running = delta + gamma * lam * not_done[t] * running
+        running = deltas[t] + decays[t] * running
         advantages[t] = running
     return advantages, advantages + values
 
