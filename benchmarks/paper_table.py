@@ -81,6 +81,9 @@ class TableConfig:
     """Only aggregate the runs already on disk."""
     results_dir: str | None = None
     """Also keep a record of each finished run here (<env>_<setting>_s<seed>.json)."""
+    value_clip: float | None = 0.2
+    """Value clipping of every run. 0.2 (CleanRL's; proxrl's default until 2026-12-02) is what
+    the committed records were made with, so new runs match them; None: off, as in the paper."""
 
     def validate(self) -> None:
         for s in self.settings:
@@ -178,6 +181,8 @@ def run_one(cfg: TableConfig, env: str, setting: str, seed: int) -> str:
         "--no-progress",
         *state,
         *setting_args(setting),
+        "--value-clip",
+        str(cfg.value_clip),
     ]
     d.parent.mkdir(parents=True, exist_ok=True)
     with (d.parent / f"seed{seed}.log").open("w") as log:

@@ -287,7 +287,7 @@ def test_cleanrl_spellings_are_aliases_in_flags_and_yaml(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "value_clip"),
     [
-        ([], 0.2),
+        ([], None),
         (["--clip-vloss"], 0.3),
         (["--no-clip-vloss"], None),
         (["--value-clip", "0.5"], 0.5),

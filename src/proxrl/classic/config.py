@@ -104,9 +104,9 @@ class ClassicConfig(RunConfig):
     """GAE λ."""
     whiten_advantages: Annotated[bool, alias("norm_adv")] = True
     """Whiten advantages within each minibatch (within the batch for TRPO)."""
-    value_clip: Annotated[float | None, Range(gt=0)] = 0.2
+    value_clip: Annotated[float | None, Range(gt=0)] = None
     """Clip the value update to ±value_clip around the rollout's values, pessimistic max (None:
-    off)."""
+    off, as the PPO paper and SB3; CleanRL clips at 0.2, which scored lower on MuJoCo here)."""
     clip_vloss: Annotated[bool | None, tyro.conf.DisallowNone] = None
     """CleanRL's switch for value clipping, kept for its users: true sets value_clip to clip,
     false to None (None: value_clip decides)."""
