@@ -29,10 +29,12 @@ given exactly these (``sb3_ppo_kwargs``), with three translations:
 - SB3's value loss is ``MSE`` without proxrl's ``½``: ``vf_coef`` 0.25 in SB3 is proxrl's 0.5.
 - SB3 calls the schedule after each rollout with ``1 − steps_done/total``, one iteration later
   than proxrl's ``1 − (iteration − 1)/iterations``: the schedule adds one batch back.
-- Neither side clips the value update (the paper's PPO, SB3's default and, since 2026-12-02,
-  proxrl's). ``--impls proxrl-ppo-vclip proxrl-trpo-vclip`` run proxrl with CleanRL's value
-  clipping (``½·max(unclipped, clipped)`` at ±0.2, OpenAI baselines ppo2), proxrl's default
-  before: SB3's ``clip_range_vf`` is another form (the clipped term alone), so it has no peer.
+- PPO: neither side clips the value update (the paper's PPO, SB3's default and, since
+  2026-12-02, proxrl's). ``--impls proxrl-ppo-vclip`` runs proxrl with CleanRL's value clipping
+  (``½·max(unclipped, clipped)`` at ±0.2, OpenAI baselines ppo2), proxrl's default before:
+  SB3's ``clip_range_vf`` is another form (the clipped term alone), so it has no peer.
+- TRPO: proxrl clips its critic's update that way by default (``trpo_value_clip`` 0.2), which
+  sb3-contrib does not; ``--impls proxrl-trpo-novclip`` runs proxrl without it.
 
 Scores: the mean undiscounted return of the last 100 training episodes, and a deterministic
 evaluation of the final policy (10 episodes, reset seeds 0..9, the Gaussian mean clipped to the
@@ -60,13 +62,13 @@ import numpy as np
 from paper_table import learning_curve  # its neighbour in benchmarks/
 
 ROOT = Path(__file__).resolve().parents[1]
-# proxrl's implementations are ``proxrl classic`` with these options; the ``-vclip`` ones are
-# the ablation of CleanRL's value clipping (see above), which SB3 does not have.
+# proxrl's implementations are ``proxrl classic`` with these options; ``-vclip`` and
+# ``-novclip`` are the ablations of the value clipping (see above) against each default.
 PROXRL_OPTIONS = {
     "proxrl-ppo": ["--algo", "ppo"],
     "proxrl-trpo": ["--algo", "trpo"],
     "proxrl-ppo-vclip": ["--algo", "ppo", "--value-clip", "0.2"],
-    "proxrl-trpo-vclip": ["--algo", "trpo", "--value-clip", "0.2"],
+    "proxrl-trpo-novclip": ["--algo", "trpo", "--trpo-value-clip", "None"],
 }
 IMPLS = (
     "proxrl-ppo",
@@ -74,14 +76,14 @@ IMPLS = (
     "proxrl-trpo",
     "sb3-trpo",
     "proxrl-ppo-vclip",
-    "proxrl-trpo-vclip",
+    "proxrl-trpo-novclip",
 )
 # The report's rows: a label, proxrl's implementation and the SB3 peer it is set beside.
 REPORT_ROWS = (
     ("ppo", "proxrl-ppo", "sb3-ppo"),
     ("ppo, value clip 0.2", "proxrl-ppo-vclip", "sb3-ppo"),
     ("trpo", "proxrl-trpo", "sb3-trpo"),
-    ("trpo, value clip 0.2", "proxrl-trpo-vclip", "sb3-trpo"),
+    ("trpo, no value clip", "proxrl-trpo-novclip", "sb3-trpo"),
 )
 CLEANRL_V4 = {"Hopper-v5": (2383, 272), "Walker2d-v5": (2288, 572), "HalfCheetah-v5": (1443, 46)}
 NUM_STEPS, LR, GAMMA = 2048, 3e-4, 0.99

@@ -82,8 +82,9 @@ class TableConfig:
     results_dir: str | None = None
     """Also keep a record of each finished run here (<env>_<setting>_s<seed>.json)."""
     value_clip: float | None = 0.2
-    """Value clipping of every run. 0.2 (CleanRL's; proxrl's default until 2026-12-02) is what
-    the committed records were made with, so new runs match them; None: off, as in the paper."""
+    """Value clipping of the PPO settings. 0.2 (CleanRL's; proxrl's default until 2026-12-02) is
+    what the committed records were made with, so new runs match them; None: off, as in the
+    paper. TRPO keeps its own default (trpo_value_clip 0.2, as in its records)."""
 
     def validate(self) -> None:
         for s in self.settings:

@@ -28,6 +28,7 @@ import torch
 
 import proxrl.classic.ppo as ppo_mod
 import proxrl.classic.train as train_mod
+import proxrl.classic.trpo as trpo_mod
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.metrics import read_metrics
@@ -302,3 +303,28 @@ def test_nan_reward_skips_the_iterations_update(tmp_path, monkeypatch, caplog, a
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was updated
     assert state["guard"] == {"consecutive": 1, "skipped": 1}
     assert _final(run)[1]["guard"] == {"consecutive": 0, "skipped": 1}
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "clip"),
+    [
+        (ppo_mod, [], None),  # PPO: off by default (the paper, SB3)
+        (ppo_mod, ["--value-clip", "0.3"], 0.3),
+        (trpo_mod, ["--algo", "trpo"], 0.2),  # TRPO: its own field, on by default
+        (trpo_mod, ["--algo", "trpo", "--trpo-value-clip", "None"], None),
+        (trpo_mod, ["--algo", "trpo", "--value-clip", "0.3"], 0.2),  # PPO's field is not TRPO's
+    ],
+)
+def test_each_algorithm_clips_its_value_update_by_its_own_field(
+    tmp_path, monkeypatch, module, argv, clip
+):
+    seen: list[float | None] = []
+    real = module.value_loss
+
+    def spy(*args, clip, **kwargs):
+        seen.append(clip)
+        return real(*args, clip=clip, **kwargs)
+
+    monkeypatch.setattr(module, "value_loss", spy)
+    assert _short(tmp_path / "run", *argv) == 0
+    assert seen and set(seen) == {clip}

@@ -105,8 +105,9 @@ class ClassicConfig(RunConfig):
     whiten_advantages: Annotated[bool, alias("norm_adv")] = True
     """Whiten advantages within each minibatch (within the batch for TRPO)."""
     value_clip: Annotated[float | None, Range(gt=0)] = None
-    """Clip the value update to ±value_clip around the rollout's values, pessimistic max (None:
-    off, as the PPO paper and SB3; CleanRL clips at 0.2, which scored lower on MuJoCo here)."""
+    """PPO: clip the value update to ±value_clip around the rollout's values, pessimistic max
+    (None: off, as the PPO paper and SB3; CleanRL clips at 0.2, which scored lower on MuJoCo
+    here)."""
     clip_vloss: Annotated[bool | None, tyro.conf.DisallowNone] = None
     """CleanRL's switch for value clipping, kept for its users: true sets value_clip to clip,
     false to None (None: value_clip decides)."""
@@ -136,6 +137,9 @@ class ClassicConfig(RunConfig):
     """TRPO: line-search steps before the update is rejected."""
     trpo_backtrack_coef: Annotated[float, Range(gt=0, lt=1)] = 0.8
     """TRPO: step shrink factor of the line search."""
+    trpo_value_clip: Annotated[float | None, Range(gt=0)] = 0.2
+    """TRPO: clip the critic's update as value_clip does for PPO (None: off, as sb3-contrib;
+    off scored lower on Hopper here)."""
     torch_threads: Annotated[int, Range(gt=0)] = 1
     """torch intra-op threads (one is fastest for these small networks)."""
 

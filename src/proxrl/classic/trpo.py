@@ -146,7 +146,7 @@ def critic_update(
                 minibatch.values,
                 minibatch.returns,
                 torch.ones_like(minibatch.returns),
-                clip=cfg.value_clip,
+                clip=cfg.trpo_value_clip,
             )
             if guarded_step(optimizer, loss, parameters, cfg.max_grad_norm, guard, iteration):
                 total += float(loss.detach())
