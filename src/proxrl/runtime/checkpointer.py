@@ -46,8 +46,9 @@ from torch import Tensor, nn
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime import fsdp
-from proxrl.runtime.checkpoint import CheckpointManager, holds_work
+from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.run_dir import holds_work
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,9 @@ class Checkpointer:
         self.reseed = reseed
         self._weights: dict[str, Stateful] = {}
         self._states: dict[str, Stateful | Sequence[Stateful]] = {}
+        self.optional: set[str] = set()
+        """Entries a checkpoint may lack without a warning (state a trainer can do without,
+        e.g. the learning-rate schedule's position, which older checkpoints did not hold)."""
 
     @property
     def root(self) -> Path:
@@ -212,7 +216,7 @@ class Checkpointer:
             for name, obj in self._weights.items():
                 _load(obj, tensors, name, path)
             for name, entry in self._states.items():
-                _load(entry, state, name, path)
+                _load(entry, state, name, path, quiet=name in self.optional)
         except (RuntimeError, ValueError) as exc:
             raise ProxrlError(f"{mismatch}: {str(exc).strip().splitlines()[-1].strip()}") from None
         step = CheckpointManager.step_of(path)
@@ -233,10 +237,15 @@ def _state_of(entry: Stateful | Sequence[Stateful]) -> Any:
 
 
 def _load(
-    entry: Stateful | Sequence[Stateful], saved: dict[str, Any], name: str, path: Path
+    entry: Stateful | Sequence[Stateful],
+    saved: dict[str, Any],
+    name: str,
+    path: Path,
+    quiet: bool = False,
 ) -> None:
     if name not in saved:
-        log.warning("checkpoint %s holds no %r; it keeps its fresh state", path, name)
+        if not quiet:
+            log.warning("checkpoint %s holds no %r; it keeps its fresh state", path, name)
         return
     for e, s in zip(
         *((entry, saved[name]) if isinstance(entry, list) else ([entry], [saved[name]])),

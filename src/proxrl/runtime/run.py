@@ -1,0 +1,271 @@
+"""One run context: what every trainer shares around its algorithm — the output directory and its
+policy, the config file, the resume policy, the checkpointer, the non-finite guard, the metrics
+logger, the progress bar, signals (graceful stop) and the learning-rate schedule.
+
+A trainer reads as its algorithm between the calls below, in this order::
+
+    run = Run(cfg)
+    run.check(total, "step", "--epochs")  # 1. read only: directory, changed options, finished
+    ...load tokenizer, data, models...      #    (a bad input leaves nothing behind)
+    run.prepare()                           # 2. create / clear / keep output_dir
+    optimizer = ...
+    run.track(model=TrainableWeights(model), optimizer=optimizer)   # 3. checkpoint state
+    run.schedule(optimizer, warmup_then_decay(total, cfg.warmup_steps, cfg.lr_schedule))
+    restored = run.start(total)             # 4. restore → config.yaml → metrics.jsonl
+    start = restored.step if restored else 0
+    with run.running(total, "sft", completed=start):       # 5. progress bar + signals
+        for step in range(start + 1, total + 1):
+            lr = run.learning_rate(step)    #    the schedule's rate for this step
+            ...the algorithm...; run.guard.check(step, ...)
+            run.log(step, row); run.bar.update(1, loss=...)
+            if ...: run.save(step, step=step)
+            if run.stop_requested:          #    SIGINT/SIGTERM: save, exit 130/143
+                raise run.interrupted(run.save(step, step=step))
+    run.save(total, step=total)             # 6. final checkpoint
+    run.close()
+
+What each piece does, and the rules it keeps:
+
+- ``check`` raises, before anything loads or is written, what ``prepare`` would
+  (``runtime.run_dir.check_output_dir``), refuses a ``--resume`` whose options changed
+  (``runtime.resume.check_resume``) and raises ``RunFinished`` for a resumed run that already took
+  ``total`` steps. Each check is also a method of its own for a trainer that knows ``total``
+  only after loading its data (``check_not_finished``) or keeps another order.
+- ``prepare`` makes the directory ready (fresh, ``--overwrite``, ``--resume``) on rank 0.
+- ``track`` registers checkpoint entries by name (``runtime.checkpointer.Checkpointer``); the
+  run adds ``guard`` (the ``NonFiniteGuard``), ``rng`` (the global generators) and, with a
+  schedule, ``lr_scheduler`` (a list, one per optimizer) when it starts. Entry names are the
+  ones the trainers always used, so older checkpoints resume (one without ``lr_scheduler`` is
+  fine: the rate comes from the step number).
+- ``schedule`` makes one ``runtime.lr_schedule.StepSchedule`` per optimizer;
+  ``learning_rate(step)`` sets every one to ``step`` (1-based, the step about to be taken).
+- ``start`` restores the newest checkpoint (``--resume``) before anything in ``output_dir`` is
+  touched, so a failed resume leaves the run as it was; then writes ``config.yaml`` and the
+  planned steps (rank 0), opens ``metrics.jsonl`` and its trackers and, on resume, drops the rows
+  logged after the checkpoint.
+- ``running`` shows the progress bar (``cfg.progress``, rank 0) and turns SIGINT/SIGTERM into
+  ``stop_requested`` (true on every rank when any rank saw one); ``interrupted(path)`` closes the
+  metrics and returns the ``Interrupted`` to raise (exit 130/143). A ``stop`` context manager
+  yielding a ``GracefulStop`` may be passed instead (one that also hears a forwarded signal).
+
+``cfg`` needs ``output_dir``, ``resume``, ``overwrite`` and ``resume_with_changes``; ``start`` and
+the checkpointer also read ``keep_checkpoints``, ``max_consecutive_skips``, ``report_to`` and
+``progress``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from torch.optim import Optimizer
+
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, Restored
+from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.errors import Interrupted
+from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.lr_schedule import Rate, StepSchedule
+from proxrl.runtime.metrics import MetricsLogger, ProgressBar, progress_bar
+from proxrl.runtime.resume import CONFIG_FILE, check_not_finished, check_resume
+from proxrl.runtime.run_dir import check_output_dir, prepare_output_dir, record_planned_steps
+from proxrl.runtime.signals import GracefulStop
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Run"]
+
+LR_SCHEDULER = "lr_scheduler"  # the checkpoint entry of the schedules' positions
+
+
+class Run:
+    """The run context of one training run (see the module docstring for the order of calls).
+
+    Args:
+        cfg: the run's config (``output_dir``, ``resume``, ``overwrite``, ...).
+        config_file: the name of the saved config in ``output_dir`` (what ``--resume`` compares).
+        what: names the run in the changed-options message (``"run"``, ``"demo"``).
+        also_free: options of this command that may change on resume (``runtime.resume``).
+        overwrite: the overwrite policy when it is not ``cfg.overwrite`` (the demo's).
+        rank_rng, reseed: passed to the ``Checkpointer`` (several processes, each with its own
+            sampler stream).
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        config_file: str = CONFIG_FILE,
+        what: str = "run",
+        also_free: Iterable[str] = (),
+        overwrite: bool | None = None,
+        rank_rng: bool = False,
+        reseed: Callable[[int], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.output_dir = Path(cfg.output_dir)
+        self.resume = bool(cfg.resume)
+        self.overwrite = bool(cfg.overwrite if overwrite is None else overwrite)
+        self.config_file = config_file
+        self.what = what
+        self.also_free = frozenset(also_free)
+        self._rank_rng = rank_rng
+        self._reseed = reseed
+        self.schedules: list[StepSchedule] = []
+        self.metrics: MetricsLogger | None = None
+        self.bar: ProgressBar | None = None
+        self.stop: GracefulStop | None = None
+        self._config_written = False
+        self._started = False
+
+    # -- 1. checks (read only) -----------------------------------------------------------------
+
+    def check_output_dir(self) -> None:
+        """Raise the ``ProxrlError`` that ``prepare`` would, touching nothing."""
+        check_output_dir(self.output_dir, self.resume, self.overwrite)
+
+    def check_resume(self) -> dict[str, tuple[Any, Any]]:
+        """With ``--resume``: refuse changed options unless ``--resume-with-changes`` (then log
+        them); returns the changes."""
+        return check_resume(self.cfg, self.config_file, self.what, self.also_free)
+
+    def check_not_finished(self, total: int, unit: str = "step", longer: str = "--epochs") -> None:
+        """With ``--resume``: raise ``RunFinished`` when the newest checkpoint is at ``total``."""
+        check_not_finished(self.cfg, total, unit, longer)
+
+    def check(self, total: int | None = None, unit: str = "step", longer: str = "--epochs") -> None:
+        """``check_output_dir``, ``check_resume`` and (with ``total``) ``check_not_finished``."""
+        self.check_output_dir()
+        self.check_resume()
+        if total is not None:
+            self.check_not_finished(total, unit, longer)
+
+    # -- 2. the directory ----------------------------------------------------------------------
+
+    def prepare(self) -> Path:
+        """Create, clear (``--overwrite``) or keep (``--resume``) ``output_dir``; return it."""
+        return prepare_output_dir(self.output_dir, self.resume, self.overwrite)
+
+    def write_config(self, planned_steps: int | None = None) -> None:
+        """Write the config file and (with ``planned_steps``) the run marker's planned steps, on
+        rank 0. ``start`` calls it unless the trainer already did."""
+        if dist.is_main():
+            save_config_file(self.cfg, self.output_dir / self.config_file)
+            if planned_steps is not None:
+                record_planned_steps(self.output_dir, planned_steps)
+        self._config_written = True
+
+    # -- 3. what a checkpoint holds ------------------------------------------------------------
+
+    @cached_property
+    def checkpointer(self) -> Checkpointer:
+        """Checkpoints under ``output_dir/checkpoints``, the newest ``cfg.keep_checkpoints``
+        kept."""
+        return Checkpointer(
+            self.output_dir,
+            keep=self.cfg.keep_checkpoints,
+            rank_rng=self._rank_rng,
+            reseed=self._reseed,
+        )
+
+    @cached_property
+    def guard(self) -> NonFiniteGuard:
+        """Skips non-finite steps; ``cfg.max_consecutive_skips`` in a row stop the run."""
+        return NonFiniteGuard(self.cfg.max_consecutive_skips, checkpoint_dir=self.checkpointer.root)
+
+    def track(self, **entries: Any) -> Run:
+        """Register checkpoint entries by name (``Checkpointer.track``); returns self."""
+        self.checkpointer.track(**entries)
+        return self
+
+    def schedule(self, optimizers: Optimizer | Sequence[Optimizer], rate: Rate) -> None:
+        """Schedule every optimizer's learning rate with ``rate`` (``runtime.lr_schedule``)."""
+        if isinstance(optimizers, Optimizer):
+            optimizers = [optimizers]
+        self.schedules = [StepSchedule(opt, rate) for opt in optimizers]
+
+    def learning_rate(self, step: int) -> float:
+        """Set every scheduled optimizer to the rate of ``step`` (1-based, about to be taken);
+        return the first optimizer's."""
+        rates = [schedule.at(step) for schedule in self.schedules]
+        return rates[0]
+
+    # -- 4. start: restore, config, metrics ----------------------------------------------------
+
+    def start(self, planned_steps: int | None = None) -> Restored | None:
+        """Register the run's own entries, restore the newest checkpoint (``--resume``; None for
+        a fresh run), write the config (and ``planned_steps``) unless written, and open the
+        metrics, dropping rows a resumed run logged after its checkpoint."""
+        self.checkpointer.track(guard=self.guard, rng=GlobalRNG())
+        if self.schedules:
+            self.checkpointer.track(**{LR_SCHEDULER: self.schedules})
+            self.checkpointer.optional.add(LR_SCHEDULER)  # older checkpoints have none
+        restored = self.checkpointer.restore() if self.resume else None
+        if not self._config_written:
+            self.write_config(planned_steps)
+        self.metrics = MetricsLogger(
+            self.output_dir,
+            dist.is_main(),
+            report_to=self.cfg.report_to,
+            config=config_to_dict(self.cfg),
+        )
+        if restored is not None:
+            self.metrics.truncate_after(restored.step)
+        self._started = True
+        return restored
+
+    # -- 5. the loop ---------------------------------------------------------------------------
+
+    @contextmanager
+    def running(
+        self,
+        total: int,
+        description: str,
+        completed: int = 0,
+        stop: AbstractContextManager[GracefulStop] | None = None,
+    ) -> Iterator[Run]:
+        """The progress bar (``total`` units, ``completed`` done) and the signal handlers around
+        the loop; ``stop``: another source of the stop flag. An exception closes the metrics."""
+        enabled = bool(self.cfg.progress) and dist.is_main()
+        with (
+            stop if stop is not None else GracefulStop() as signals,
+            progress_bar(total, description, completed=completed, enabled=enabled) as bar,
+        ):
+            self.bar, self.stop = bar, signals
+            try:
+                yield self
+            except BaseException:
+                self.close()
+                raise
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether SIGINT/SIGTERM arrived on any rank (every rank must call it)."""
+        assert self.stop is not None, "stop_requested outside running()"
+        return dist.any_rank(self.stop.requested)
+
+    def log(self, step: int, row: dict[str, Any]) -> dict[str, float]:
+        """Append ``row`` at ``step`` to metrics.jsonl and the trackers; return it as floats."""
+        assert self.metrics is not None, "log() before start()"
+        return self.metrics.log(step, row)
+
+    def save(self, step: int, /, **counters: Any) -> Path:
+        """Checkpoint ``step`` with ``counters`` (every rank calls it; rank 0 writes)."""
+        return self.checkpointer.save(step, **counters)
+
+    def interrupted(self, checkpoint: str | Path | None) -> Interrupted:
+        """After a stop signal: close the metrics and return the exception to raise."""
+        assert self.stop is not None, "interrupted() outside running()"
+        self.close()
+        return self.stop.interrupted(checkpoint)
+
+    # -- 6. the end ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close metrics.jsonl and the trackers (idempotent)."""
+        if self.metrics is not None:
+            self.metrics.close()
