@@ -46,7 +46,7 @@ from proxrl.algos.offline import dpo, sft  # noqa: E402
 from proxrl.algos.offline.loop import accumulate_gradients  # noqa: E402
 from proxrl.algos.online import grpo, ppo  # noqa: E402
 from proxrl.algos.online.roles import load_models  # noqa: E402
-from proxrl.algos.online.update import update  # noqa: E402
+from proxrl.algos.online.update import UpdateStep, update  # noqa: E402
 from proxrl.data.batching import (  # noqa: E402
     bucket_batches,
     collate,
@@ -169,11 +169,9 @@ def online_cases(paths: dict[str, str], precision: str, work: Path) -> dict[str,
                 models,
                 batch,
                 opts,
-                0.05,
-                True,
+                UpdateStep(0.05, True, 1),
                 torch.Generator().manual_seed(0),
                 NonFiniteGuard(),
-                1,
             )
 
         cases[name] = run

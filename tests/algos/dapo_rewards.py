@@ -1,9 +1,9 @@
-"""What the DAPO tests share: a reward imported as ``dapo_rewards:<name>`` whose constant groups
-are known in advance, and the hand replay of dynamic sampling over it."""
+"""What the DAPO tests share: a reward named ``tests.algos.dapo_rewards:<name>`` whose constant
+groups are known in advance, and the hand replay of dynamic sampling over it."""
 
 from __future__ import annotations
 
-from proxrl.algos.online.rollout import prompt_order
+from proxrl.algos.online.prompts import prompt_order
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]  # first four: constant
 

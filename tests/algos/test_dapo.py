@@ -10,19 +10,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from dapo_rewards import WORDS, replay_dynamic_sampling
-from killed_runs import comparable
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.dapo import without_truncated
+from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout, prompt_order
-from proxrl.algos.online.update import _minibatch_loss
+from proxrl.algos.online.rollout import collect_rollout
+from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.dapo_rewards import WORDS, replay_dynamic_sampling
+from tests.algos.killed_runs import comparable
 
 GROUP = 4
 STOP = ("e", "a")  # stop strings end some responses early: lengths vary
@@ -41,7 +43,7 @@ def dynamic(tiny_lm: str, prompts: str, out: Path, **overrides) -> grpo.Config:
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("dapo_rewards:constant_for_early_words",),
+        reward_fn=("tests.algos.dapo_rewards:constant_for_early_words",),
         output_dir=str(out),
         iterations=5,
         rollout_batch_size=3,
@@ -133,7 +135,7 @@ def _rollout(cfg):
     experience, _, row = collect_rollout(
         cfg, algo, models, load_rewards(cfg), examples, ids, cfg.kl_coef, {}
     )
-    return cfg, algo, models, experience, row
+    return cfg, algo, models, estimate(algo, experience, cfg.kl_coef), row
 
 
 def test_overlong_penalty_is_paid_in_the_score_and_truncation_recorded(tiny_lm, prompts, tmp_path):
@@ -170,7 +172,7 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
     batch without those rows (token-mean). Without the mask they do change it."""
     module = grpo if command == "grpo" else ppo
     cfg = module.Config(
-        model=tiny_lm, prompts=prompts, reward_fn=("online_rewards:target_fraction",),
+        model=tiny_lm, prompts=prompts, reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(tmp_path), rollout_batch_size=4, group_size=2, max_new_tokens=6,
         mini_batch_size=8, progress=False, seed=3, kl_coef=0.1, entropy_coef=0.01,
         mask_truncated=True,
@@ -194,7 +196,8 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
         for m in models.critic.modules():
             m.zero_grad()
         P = exp.prompt_ids.shape[1]
-        loss, _ = _minibatch_loss(cfg, algo, models, P, cfg.kl_coef, True, models.actor, exp)
+        losses = Losses(cfg, algo, models, P, UpdateStep(cfg.kl_coef, True, 1))
+        loss, _, _ = terms(losses, exp)
         loss.backward()
         params = [*models.actor.parameters(), *models.critic.parameters()]
         return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -221,7 +224,8 @@ def test_dynamic_sampling_and_mask_truncated_run_on_other_estimators(
     module = ppo if command == "ppo" else grpo
     extra = {} if command == "ppo" else {"estimator": command}
     cfg = module.Config(
-        model=tiny_lm, prompts=prompts, reward_fn=("dapo_rewards:constant_for_early_words",),
+        model=tiny_lm, prompts=prompts,
+        reward_fn=("tests.algos.dapo_rewards:constant_for_early_words",),
         output_dir=str(tmp_path), iterations=3, rollout_batch_size=3, group_size=GROUP,
         max_new_tokens=6, mini_batch_size=4, progress=False, seed=1, sample_every=1,
         dynamic_sampling=True, max_sampling_rounds=2, mask_truncated=True,

@@ -18,7 +18,7 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
@@ -44,7 +44,7 @@ def _config(module, tiny_lm: str, prompts: str, out: Path, grad_accum: int, **ov
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(out),
         rollout_batch_size=2,
         group_size=4,
@@ -115,11 +115,9 @@ def _step(module, tiny_lm, prompts, tmp_path, grad_accum, **overrides) -> torch.
         models,
         experience,
         [torch.optim.SGD(params, lr=1.0)],
-        cfg.kl_coef,
-        True,
+        UpdateStep(cfg.kl_coef, True, 1),
         torch.Generator().manual_seed(1),
         NonFiniteGuard(),
-        1,
     )
     assert stats["steps"] == 1.0
     return torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])

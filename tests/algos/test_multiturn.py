@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from mt_envs import TwoTurns, echo
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import _terms, update
+from proxrl.algos.online.update import Losses, UpdateStep, terms, update
 from proxrl.core import masked_mean
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
@@ -27,6 +27,7 @@ from proxrl.rollout.multiturn import EpisodeLimits, observation_ids, run_episode
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.mt_envs import TwoTurns, echo
 
 WORDS = ["abc", "def", "ghi", "jkl"]
 
@@ -43,7 +44,7 @@ def small(config_cls, tiny_lm: str, prompts: str, out: Path, **overrides):
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        environment="mt_envs:two_turns",
+        environment="tests.algos.mt_envs:two_turns",
         output_dir=str(out),
         iterations=1,
         rollout_batch_size=4,
@@ -234,14 +235,15 @@ def _rollout(cfg, config_module):
     experience, _, row = collect_rollout(
         cfg, algo, models, load_rewards(cfg), examples, ids, 0.1, {}
     )
-    return algo, models, experience, row
+    return algo, models, estimate(algo, experience, 0.1), row
 
 
 def _grads(cfg, algo, models, mb, kl_coef=0.1):
     params = [p for p in models.actor.parameters()] + list(models.critic.parameters())
     for p in params:
         p.grad = None
-    loss, stats, _ = _terms(cfg, algo, models, mb.prompt_ids.shape[1], kl_coef, True, mb)
+    losses = Losses(cfg, algo, models, mb.prompt_ids.shape[1], UpdateStep(kl_coef, True, 1))
+    loss, stats, _ = terms(losses, mb)
     loss.backward()
     return torch.cat([p.grad.flatten() for p in params if p.grad is not None]), stats
 
@@ -336,7 +338,7 @@ def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
     cfg = small(
         grpo.Config, tiny_lm, chat_prompts, tmp_path, group_size=2, kl_coef=0.1,
         mini_batch_size=8, grad_accum=2, entropy_coef=0.1, max_grad_norm=0,
-        environment="mt_envs:echo_once",
+        environment="tests.algos.mt_envs:echo_once",
     )  # fmt: skip
     algo, models, exp, _ = _rollout(cfg, grpo)
     models.actor.train()
@@ -344,8 +346,8 @@ def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
     assert shares.max() - shares.min() > 0.05
     whole, _ = _grads(cfg, algo, models, exp)
     recorder = GradientRecorder(models.actor.parameters())
-    update(cfg, algo, models, exp, [recorder], 0.1, True, torch.Generator().manual_seed(0),
-           NonFiniteGuard(), 1)  # fmt: skip
+    update(cfg, algo, models, exp, [recorder], UpdateStep(0.1, True, 1),
+           torch.Generator().manual_seed(0), NonFiniteGuard())  # fmt: skip
     torch.testing.assert_close(recorder.gradient, whole, rtol=1e-4, atol=1e-7)
 
 
@@ -396,7 +398,7 @@ def echo_episodes(tiny_lm, chat_prompts, tmp_path_factory):
     cfg = small(
         grpo.Config, tiny_lm, chat_prompts, tmp_path_factory.mktemp("estimators"), group_size=2,
         kl_coef=0.1, mini_batch_size=8, skip_old_logprobs_pass=False,
-        environment="mt_envs:echo_once",
+        environment="tests.algos.mt_envs:echo_once",
     )  # fmt: skip
     _, _, exp, _ = _rollout(cfg, grpo)
     generator = torch.Generator().manual_seed(5)
@@ -416,7 +418,7 @@ def test_every_estimator_sees_episodes_as_if_observations_were_absent(
     grpo_cfg, exp = echo_episodes
     if estimator == "ppo":
         cfg = small(ppo.Config, tiny_lm, chat_prompts, tmp_path, gamma=0.9, lam=0.8,
-                    whiten_rewards=True, environment="mt_envs:echo_once")  # fmt: skip
+                    whiten_rewards=True, environment="tests.algos.mt_envs:echo_once")  # fmt: skip
         algo = ppo.build(cfg)
     else:
         algo = grpo.build(replace(grpo_cfg, estimator=estimator, gamma=0.9))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from killed_runs import comparable, sigkill_after_first_checkpoint
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
@@ -23,9 +23,10 @@ from proxrl.rollout.generation import response_mask_after_stop, stopped
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
-REWARD = ("online_rewards:target_fraction",)
+REWARD = ("tests.algos.online_rewards:target_fraction",)
 
 
 @pytest.fixture(scope="module")
@@ -168,17 +169,16 @@ def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_
     ]
     for _ in range(2):
         experience, _, row = collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
+        experience = estimate(algo, experience, 0.05)
         update(
             cfg,
             algo,
             models,
             experience,
             optimizers,
-            0.05,
-            True,
+            UpdateStep(0.05, True, 1),
             torch.Generator().manual_seed(0),
             NonFiniteGuard(),
-            1,
         )
     for name, model in (("reference", models.reference), ("reward", rewards.sources[0].model)):
         after = _state(model)
@@ -213,6 +213,7 @@ def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
     experience, _, _ = collect_rollout(
         cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {}
     )
+    experience = estimate(algo, experience, 0.05)
     experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
     noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
     perturbed = Experience(
@@ -254,7 +255,7 @@ def test_critic_warmup_raises_explained_variance(tiny_lm, prompts, tmp_path):
         tmp_path,
         iterations=13,
         critic_warmup_iterations=12,
-        reward_fn=("online_rewards:word_in_first_half",),
+        reward_fn=("tests.algos.online_rewards:word_in_first_half",),
         group_size=2,
         ppo_epochs=4,
         critic_learning_rate=3e-3,
@@ -358,7 +359,7 @@ def test_dataset_columns_reach_reward_functions(tiny_lm, prompts, tmp_path):
             tiny_lm,
             prompts,
             tmp_path,
-            reward_fn=("online_rewards:echoes_word",),
+            reward_fn=("tests.algos.online_rewards:echoes_word",),
             iterations=1,
             group_size=2,
             mini_batch_size=16,
@@ -400,14 +401,18 @@ def test_response_mask_after_stop_by_hand():
             ["--reward_fn", "no_such_module:fn"],
             "reward_fn: no module named 'no_such_module' on the import path (the working",
         ),
-        ("ppo", ["--reward_fn", "online_rewards:missing"], "has no function 'missing'"),
-        ("ppo", ["--reward_fn", "online_rewards:raises"], "raised RuntimeError: boom"),
+        ("ppo", ["--reward_fn", "tests.algos.online_rewards:missing"], "has no function 'missing'"),
+        ("ppo", ["--reward_fn", "tests.algos.online_rewards:raises"], "raised RuntimeError: boom"),
         (
             "ppo",
-            ["--reward_fn", "online_rewards:wrong_count"],
+            ["--reward_fn", "tests.algos.online_rewards:wrong_count"],
             "returned 1 scores for 8 completions",
         ),
-        ("ppo", ["--reward_fn", "online_rewards:not_finite"], "returned nan for prompt index 0"),
+        (
+            "ppo",
+            ["--reward_fn", "tests.algos.online_rewards:not_finite"],
+            "returned nan for prompt index 0",
+        ),
         ("ppo", ["--prompts", "EMPTY"], "has no usable rows"),
     ],
 )
@@ -426,7 +431,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
         "--prompts",
         prompts,
         "--reward_fn",
-        "online_rewards:target_fraction",
+        "tests.algos.online_rewards:target_fraction",
         "--output_dir",
         str(tmp_path / "run"),
         "--iterations",

@@ -19,19 +19,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_old_logprobs import _config as old_logprobs_config
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online import rollout as online_rollout
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.data.batching import pack_lengths
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, packed_sequence_scores, policy_forward
 from proxrl.rollout.packing import micro_batch_plan, pack_batch
 from proxrl.runtime.guard import NonFiniteGuard
+from tests.algos.test_old_logprobs import _config as old_logprobs_config
 
 # Rows of very different lengths: left-padded prompts, right-padded responses.
 PROMPT_LENGTHS = [3, 1, 5, 2, 5, 4, 1, 3]
@@ -211,11 +212,9 @@ def _step(module, cfg, without_old: bool = False, observations: bool = False):
         models,
         experience,
         [torch.optim.SGD(params, lr=1.0)],
-        cfg.kl_coef,
-        True,
+        UpdateStep(cfg.kl_coef, True, 1),
         torch.Generator().manual_seed(1),
         NonFiniteGuard(),
-        1,
     )
     assert stats["steps"] == 1.0
     delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
@@ -297,14 +296,18 @@ def test_packed_rollout_equals_the_padded_one(
 ):
     """π_old, π_ref, a separate critic's values and a reward model's scores: the same rollout,
     on responses cut to very different lengths."""
-    make_sampler = online_rollout.make_sampler
+    make_engine = online_rollout.make_engine
 
-    def cut(cfg, model, tokenizer):
-        sampler = make_sampler(cfg, model, tokenizer)
+    def cut(cfg, tokenizer):
+        engine = make_engine(cfg, tokenizer)
+        plain = engine.sampler
 
         class Cut:
+            def __init__(self, model):
+                self.sampler = plain(model)
+
             def sample(self, *args, **kwargs):
-                samples = sampler.sample(*args, **kwargs)
+                samples = self.sampler.sample(*args, **kwargs)
                 width = samples.response_mask.shape[1]
                 keep = torch.tensor(RESPONSE_LENGTHS)[:, None] > torch.arange(width)[None]
                 samples.response_mask = samples.response_mask * keep.to(samples.response_mask)
@@ -313,9 +316,10 @@ def test_packed_rollout_equals_the_padded_one(
                 )
                 return samples
 
-        return Cut()
+        engine.sampler = Cut
+        return engine
 
-    monkeypatch.setattr(online_rollout, "make_sampler", cut)
+    monkeypatch.setattr(online_rollout, "make_engine", cut)
     experiences = []
     for budget in (0, 30, 200):
         cfg = _config(
@@ -335,7 +339,7 @@ def test_packed_rollout_equals_the_padded_one(
         experience, _, metrics = online_rollout.collect_rollout(
             cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.1, {}
         )
-        experiences.append((experience, metrics))
+        experiences.append((estimate(algo, experience, 0.1), metrics))
     (padded, padded_metrics), *packed_runs = experiences
     # 30: rows out of order over several micro-batches; 200: one, several rows to a line.
     assert len(micro_batch_plan(padded.attention_mask, 4, 30)) > 2

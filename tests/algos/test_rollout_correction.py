@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import _minibatch_loss
+from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import tis_weights
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.metrics import read_metrics
@@ -44,7 +45,7 @@ def config(module, tiny_lm, prompts, out, **overrides):
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(out),
         iterations=2,
         rollout_batch_size=4,
@@ -71,13 +72,14 @@ def rollout(cfg, module):
     experience, _, metrics = collect_rollout(
         cfg, algo, models, load_rewards(cfg), examples[:4], ids[:4], 0.0, {}
     )
-    return algo, models, experience, metrics
+    return algo, models, estimate(algo, experience, 0.0), metrics
 
 
 def policy_grads(cfg, algo, models, mb):
     models.actor.zero_grad()
     P = mb.prompt_ids.shape[1]
-    loss, _ = _minibatch_loss(cfg, algo, models, P, 0.0, True, models.actor, mb)
+    with cfg.autocast():
+        loss, _, _ = terms(Losses(cfg, algo, models, P, UpdateStep(0.0, True, 1)), mb)
     loss.backward()
     return [p.grad.clone() for p in models.actor.parameters() if p.grad is not None]
 

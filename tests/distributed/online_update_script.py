@@ -21,9 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
 from proxrl.runtime import fsdp
@@ -37,7 +38,7 @@ def config(name: str, model: str, prompts: str, out: str, overrides: dict | None
     common = dict(
         model=model,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=out,
         max_new_tokens=8,
         temperature=1.0,
@@ -102,6 +103,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
             0.05,
             {},
         )
+        experience = estimate(algo, experience, 0.05)
         if ragged:
             experience = _ragged(experience)
         torch.save(
@@ -131,11 +133,9 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         train_models,
         experience,
         optimizers,
-        0.05,
-        True,
+        UpdateStep(0.05, True, 1),
         torch.Generator().manual_seed(cfg.seed),
         NonFiniteGuard(),
-        1,
     )
     held = {  # the share of each model's weights this rank holds: 1/world under FSDP
         name: sum(p.to_local().numel() if fsdp.is_dtensor(p) else p.numel() for p in params)

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from proxrl.algos.online import ppo
+from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
-from proxrl.algos.online.update import update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 
@@ -61,7 +62,7 @@ def setup(tiny_lm, tmp_path, monkeypatch):
     cfg = ppo.Config(
         model=tiny_lm,
         prompts=str(prompts),
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(tmp_path / "run"),
         rollout_batch_size=4,
         group_size=2,
@@ -87,6 +88,7 @@ def setup(tiny_lm, tmp_path, monkeypatch):
     rewards = load_rewards(cfg)
     examples, ids = load_prompts(cfg, here.tokenizer)
     experience, _, _ = collect_rollout(cfg, algo, here, rewards, examples[:4], ids[:4], 0.05, {})
+    experience = estimate(algo, experience, 0.05)
     return SimpleNamespace(
         cfg=cfg, algo=algo, here=here, elsewhere=elsewhere, actor=actors[0], exp=experience
     )
@@ -100,7 +102,8 @@ def run_update(
         *models.critic.optimizers(),
     ]
     generator = torch.Generator().manual_seed(0)
-    return update(s.cfg, s.algo, models, s.exp, optimizers, 0.05, train_policy, generator, guard, 1)
+    step = UpdateStep(0.05, train_policy, 1)
+    return update(s.cfg, s.algo, models, s.exp, optimizers, step, generator, guard)
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:

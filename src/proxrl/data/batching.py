@@ -226,3 +226,12 @@ def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:
         loss_mask=pad_right(losses, 0),
         position_ids=torch.tensor(position_ids, dtype=torch.long),
     )
+
+
+def pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    """(B, N) ``x`` padded with ``value`` to (B, ``width``), on the left or the right."""
+    extra = width - x.shape[1]
+    if extra == 0:
+        return x
+    pad = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
+    return torch.cat([pad, x] if left else [x, pad], dim=1)

@@ -26,9 +26,11 @@ class Experience:
     # only with logprobs None and no KL tracked (nothing reads it then)
     values: Tensor  # (B, T) V_old(s_t) of the critic; zeros without one
     scores: Tensor  # (B,) score of each response, after the no-stop penalty and clipping
-    rewards: Tensor  # (B, T) per-token rewards the advantages are computed from
-    advantages: Tensor  # (B, T) A_t, 0 where masked
-    returns: Tensor  # (B, T) value targets A_t + V_old(s_t)
+    # The three fields an estimator fills (``algos.online.advantages.estimate``), once per
+    # iteration over the rows that are trained on; None in a rollout fresh from its stages.
+    rewards: Tensor | None = None  # (B, T) per-token rewards the advantages are computed from
+    advantages: Tensor | None = None  # (B, T) A_t, 0 where masked
+    returns: Tensor | None = None  # (B, T) value targets A_t + V_old(s_t)
     greedy_scores: Tensor | None = None  # (B,) score of the greedy decode of each response's prompt
     # (ReMax's baseline), the same for a prompt's G samples so rows select and gather like any
     # other (B,) field; None unless the algorithm decodes greedily

@@ -1,5 +1,7 @@
 """What the online algorithms share before any model is loaded: the config fields of
-``proxrl ppo`` / ``proxrl grpo`` and the ``Algorithm`` record of an algorithm's choices.
+``proxrl ppo`` / ``proxrl grpo``. An option chosen by name takes its choices from its core
+registry; other spellings of a name (TRL's, older ones) are accepted here only, in the alias
+maps, and mapped to the registry's name before any lookup.
 
 Batch semantics, stated once: an iteration samples ``rollout_batch_size`` prompts ×
 ``group_size`` responses; the update takes ``ppo_epochs`` passes over them in shuffled
@@ -9,36 +11,83 @@ minibatches of ``mini_batch_size`` responses, one optimizer step each, computed 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from torch import Tensor
-
-from proxrl.algos.online.critic import CriticLoader, NoCritic
-from proxrl.algos.online.heldout import HeldOutFields
+from proxrl.algos.online.heldout_fields import HeldOutFields
 from proxrl.algos.online.placement.fields import PlacementFields
 from proxrl.core import (
-    AdaptiveKL,
+    AGGREGATIONS,
+    ENSEMBLE_COMBINATIONS,
+    POLICY_LOSSES,
+    REWARD_KL_ESTIMATORS,
+    ROLLOUT_CORRECTIONS,
     Aggregation,
+    Bound,
+    PolicyLossSettings,
     aggregation,
-    cispo_loss,
-    gspo_loss,
-    gspo_token_loss,
-    ppo_clip_loss,
+    literal,
 )
 from proxrl.models.options import ModelRunConfig
-from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
 DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
+LOSS_AGGREGATION_ALIASES = {
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+    "grpo": "seq-mean-token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
+"""TRL's loss_type spellings of the aggregations → their names in ``core.AGGREGATIONS``."""
+
+
+def canonical(name: str, aliases: Mapping[str, str]) -> str:
+    """The registry's name for ``name``, a registry name or one of ``aliases``."""
+    return aliases.get(name, name)
+
+
+def _ranged(hint: Any) -> Any:
+    """``Annotated[T, Bound(...)]`` → ``Annotated[T, Range(...)]``: a core knob's bound as the
+    parse layer's range (checked, worded and listed as every other field's)."""
+    if typing.get_origin(hint) is not Annotated:
+        return hint
+    tp, *extras = typing.get_args(hint)
+    extras = [
+        Range(ge=m.ge, gt=m.gt, le=m.le, lt=m.lt) if isinstance(m, Bound) else m for m in extras
+    ]
+    return Annotated[(tp, *extras)] if extras else tp
+
+
+def _config_annotations(settings: type) -> dict[str, Any]:
+    """The annotations of a core settings dataclass with its bounds made ranges."""
+    hints = typing.get_type_hints(settings, include_extras=True)
+    return {name: _ranged(hints[name]) for name in settings.__annotations__}
+
 
 @dataclass
-class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
-    """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
+class PolicyLossFields(PolicyLossSettings):
+    """The policy losses' knobs (``core.PolicyLossSettings``: clip, clip_high, dual_clip,
+    sapo_tau_*) as config fields, each core ``Bound`` made a ``Range``: a knob declared there
+    reaches --help (its docstring), YAML and the range checks with no line here."""
+
+    __annotations__ = _config_annotations(PolicyLossSettings)
+
+
+PolicyLossChoice = literal(*POLICY_LOSSES)
+LossAggregationChoice = literal(*AGGREGATIONS, *LOSS_AGGREGATION_ALIASES)
+RewardKLChoice = literal(*REWARD_KL_ESTIMATORS)
+RolloutCorrectionChoice = literal("none", *ROLLOUT_CORRECTIONS)
+RewardEnsembleChoice = literal(*ENSEMBLE_COMBINATIONS)
+
+
+@dataclass
+class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
+    """The fields of ``OnlineConfig`` that come before the policy loss's knobs (a base of their
+    own so that the knobs keep their place in --help and config.yaml)."""
 
     model: str = ""
     """Policy to start from (usually an SFT model): hub id or local directory."""
@@ -53,7 +102,7 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     **columns)."""
     reward_weights: Annotated[tuple[float, ...], Range()] = ()
     """Weight of each reward source, reward model (or ensemble) first (default: all 1)."""
-    reward_ensemble: Literal["mean", "min", "mean_minus_std"] = "mean"
+    reward_ensemble: RewardEnsembleChoice = "mean"
     """How several reward models' standardised scores combine per response: mean, min, or
     mean − reward_ensemble_std_coef × their std."""
     reward_ensemble_std_coef: Annotated[float, Range(ge=0)] = 1.0
@@ -114,37 +163,25 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards)."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
-    clip: Annotated[float, Range(gt=0)] = 0.2
-    """PPO clip range ε (lower side)."""
-    clip_high: Annotated[float | None, Range(gt=0)] = None
-    """Upper clip range (default: clip); DAPO uses 0.28."""
-    dual_clip: Annotated[float | None, Range(gt=1)] = None
-    """Dual-clip bound c on negative-advantage losses, past the clip range: c > 1 + clip_high
-    (None: off)."""
-    loss_aggregation: Annotated[
-        Literal[
-            "token-mean",
-            "seq-mean-token-mean",
-            "seq-mean-token-sum",
-            "seq-mean-token-sum-norm",
-            "dapo",
-            "bnpo",
-            "grpo",
-            "dr_grpo",
-        ],
-        alias("loss_agg", "loss_agg_mode"),
-    ] = "token-mean"
+
+
+@dataclass
+class OnlineConfig(PolicyLossFields, OnlineRunFields):
+    """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
+
+    loss_aggregation: Annotated[LossAggregationChoice, alias("loss_agg", "loss_agg_mode")] = (
+        "token-mean"
+    )
     """How per-token losses reduce to a step's loss, normalised over the whole mini-batch:
     token-mean (DAPO; = TRL dapo, bnpo), seq-mean-token-mean (GRPO; = grpo), seq-mean-token-sum,
     seq-mean-token-sum-norm (Dr. GRPO: ÷ max_new_tokens; = dr_grpo)."""
-    policy_loss: Annotated[
-        Literal["ppo", "gspo", "gspo_token", "cispo"], alias("policy_loss_type")
-    ] = "ppo"
+    policy_loss: Annotated[PolicyLossChoice, alias("policy_loss_type")] = "ppo"
     """Surrogate: ppo (token ratio, clipped), gspo / gspo_token (sequence ratio, Zheng et al.
-    2025), cispo (clipped stop-gradient IS weight × log π, MiniMax-M1)."""
+    2025), cispo (clipped stop-gradient IS weight × log π, MiniMax-M1), sapo (token ratio
+    through a soft sigmoid gate, Gao et al. 2025; sapo_tau_pos / sapo_tau_neg)."""
     kl_coef: Annotated[float, Range(ge=0)] = 0.05
     """Initial coefficient β of the KL to the reference policy."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: RewardKLChoice = "k1"
     """Per-token KL estimator for the KL paid in the reward."""
     kl_controller: Literal["fixed", "proportional"] = "fixed"
     """fixed β, or the proportional controller of Ziegler et al. (InstructGPT)."""
@@ -192,7 +229,7 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     """Skip the rollout's forward pass for log π_old where π_old is π at the update's only
     optimizer step (rollout.old_logprobs_pass lists when): the update's own forward gives it and
     the ratio is exactly 1. False: always run the pass."""
-    rollout_correction: Literal["none", "tis", "seq_tis", "mis", "seq_mis", "icepop"] = "none"
+    rollout_correction: RolloutCorrectionChoice = "none"
     """With sampler_logprobs: weigh each token's policy loss by ρ = π_old/π_sampler (one extra
     forward pass for the trainer's π_old). tis / seq_tis: min(ρ, cap) per token / per response;
     mis / seq_mis: ρ, or 0 above cap; icepop: ρ, or 0 outside [rollout_correction_low, cap]."""
@@ -246,7 +283,8 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
     @property
     def aggregation(self) -> Aggregation:
         """``loss_aggregation`` bound to Dr. GRPO's constant horizon, the generation budget."""
-        return aggregation(self.loss_aggregation, self.response_horizon)
+        mode = canonical(self.loss_aggregation, LOSS_AGGREGATION_ALIASES)
+        return aggregation(mode, self.response_horizon)
 
     @property
     def response_horizon(self) -> int:
@@ -261,6 +299,17 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
             self.dynamic_sampling,
             separate_critic=getattr(self, "critic", None) == "separate",
         )
+        self._check_inputs()
+        self._check_rewards()
+        self._check_dual_clip()
+        self._check_kl()
+        self._check_batches()
+        self._check_sampler()
+        self._check_policy_loss()
+        self._check_shaping()
+
+    def _check_inputs(self) -> None:
+        """A model, prompts, something that scores, and an environment that loads."""
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
         if not self.prompts:
@@ -283,6 +332,9 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
                     "overlong_buffer: measures one response against max_new_tokens, not an "
                     "episode; set it 0 with environment"
                 )
+
+    def _check_rewards(self) -> None:
+        """One weight per reward source, not all 0."""
         sources = bool(self.reward_model) + len(self.reward_fn)
         if self.reward_weights and len(self.reward_weights) != sources:
             raise ProxrlError(
@@ -291,18 +343,26 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
             )
         if self.reward_weights and not any(self.reward_weights):
             raise ProxrlError("reward_weights: every weight is 0, so no reward reaches the policy")
+
+    def _check_dual_clip(self) -> None:
+        """The dual clip bounds the loss only past the clip range."""
         high = "clip" if self.clip_high is None else "clip_high"
-        upper = 1 + (self.clip if self.clip_high is None else self.clip_high)
+        upper = 1 + self.upper_clip
         if self.dual_clip is not None and self.dual_clip <= upper:
             # Below 1 + ε it would cut the loss inside the clip range, not only past it.
             raise ProxrlError(
                 f"dual_clip: expected > 1 + {high} = {upper:g} (it bounds the loss only past the "
                 f"clip range), got {self.dual_clip}"
             )
+
+    def _check_kl(self) -> None:
         if self.kl_controller == "proportional" and self.kl_coef == 0:
             raise ProxrlError(
                 "kl_coef: the proportional controller scales β, so it cannot start from 0"
             )
+
+    def _check_batches(self) -> None:
+        """The optimizer step divides the iteration, the micro-batches divide the step."""
         step = self.responses_per_step
         if self.responses_per_iteration % step:
             raise ProxrlError(
@@ -315,6 +375,9 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
                 f"grad_accum: {self.grad_accum} does not divide mini_batch_size {step}"
                 + ("" if self.mini_batch_size else " (the default: give mini_batch_size)")
             )
+
+    def _check_sampler(self) -> None:
+        """What each sampler can do, and a rollout correction only of the sampler's log-probs."""
         if self.sampler == "vllm" and self.min_p > 0 and self.top_p < 1:
             raise ProxrlError(  # the trainer replays generate's order (core.truncate_logits)
                 f"min_p: sampler vllm applies min-p before top-p, the trainer after it (as "
@@ -337,10 +400,15 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
                 f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
                 "set sampler_logprobs true (or rollout_correction none)"
             )
+
+    def _check_policy_loss(self) -> None:
         if self.dual_clip is not None and self.policy_loss != "ppo":
             raise ProxrlError(
                 f"dual_clip: bounds the ppo surrogate only, not policy_loss {self.policy_loss}"
             )
+
+    def _check_shaping(self) -> None:
+        """DAPO's overlong buffer and dynamic sampling; the reference a LoRA run keeps."""
         if self.overlong_buffer > self.max_new_tokens:
             raise ProxrlError(
                 f"overlong_buffer: {self.overlong_buffer} exceeds max_new_tokens "
@@ -357,69 +425,11 @@ class OnlineConfig(PlacementFields, HeldOutFields, ModelRunConfig):
             )
 
 
-@dataclass
-class Algorithm:
-    """The small, explicit choices that make one online algorithm differ from another."""
+def __getattr__(name: str) -> Any:
+    """``Algorithm`` moved to ``algorithm.py``; imported from here until its callers move (a
+    lazy import: this module no longer imports the critic)."""
+    if name == "Algorithm":
+        from proxrl.algos.online.algorithm import Algorithm
 
-    name: str
-    estimate: Callable[[Experience, float], tuple[Tensor, Tensor, Tensor]]
-    """(rollout, β) → (rewards, advantages, returns), each (B, T)."""
-    policy_loss: Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
-    """(new log-probs (B, T), minibatch) → (loss, stats)."""
-    kl_loss: Callable[[Tensor, Tensor], Tensor] | None = None
-    """(log π (B, T), log π_ref (B, T)) → per-token KL estimate paid as β × a loss term (None:
-    the KL is paid in the reward)."""
-    needs_greedy: bool = False
-    """Also decode each prompt greedily and score it (ReMax's baseline), in
-    ``Experience.greedy_scores``."""
-    critic: CriticLoader = NoCritic.load
-    """Loads the critic (``critic.CRITICS[option]`` bound to its settings; none by default)."""
-    penalty: AdaptiveKL | None = None
-    """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
-
-
-PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
-
-
-def _ppo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-    return ppo_clip_loss(
-        logprobs,
-        mb.logprobs,
-        mb.advantages,
-        mb.loss_mask.float(),
-        cfg.clip,
-        cfg.clip_high,
-        cfg.dual_clip,
-        cfg.aggregation,
-    )
-
-
-def _gspo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-    mask = mb.loss_mask.float()
-    return gspo_loss(
-        logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
-    )
-
-
-def _gspo_token(
-    cfg: OnlineConfig, logprobs: Tensor, mb: Experience
-) -> tuple[Tensor, dict[str, Tensor]]:
-    mask = mb.loss_mask.float()
-    return gspo_token_loss(
-        logprobs, mb.logprobs, mb.advantages, mask, cfg.clip, cfg.clip_high, cfg.aggregation
-    )
-
-
-def _cispo(cfg: OnlineConfig, logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-    """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
-    clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
-    mask = mb.loss_mask.float()
-    return cispo_loss(logprobs, mb.logprobs, mb.advantages, mask, clip_high, None, cfg.aggregation)
-
-
-SURROGATES = {"ppo": _ppo, "gspo": _gspo, "gspo_token": _gspo_token, "cispo": _cispo}
-
-
-def surrogate(cfg: OnlineConfig) -> PolicyLoss:
-    """The policy loss ``cfg.policy_loss`` names, bound to cfg's clip ranges and aggregation."""
-    return partial(SURROGATES[cfg.policy_loss], cfg)
+        return Algorithm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,26 +2,25 @@
 truncated responses.
 
 Rollouts of several sampling rounds are joined, their constant groups dropped and the batch cut
-to rollout_batch_size groups; advantages are then estimated again over the batch that is trained
+to rollout_batch_size groups; the loop then estimates advantages over the batch that is trained
 on (whitening and batch baselines see only that batch). ``mask_truncated`` takes the responses
 that hit the length cap out of the update's loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from proxrl.algos.online.config import Algorithm, OnlineConfig
-from proxrl.algos.online.roles import Models
-from proxrl.algos.online.rollout import collect_rollout, pad_to, prompt_order
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.prompts import PromptDraw, draw_prompts
+from proxrl.algos.online.rollout import RolloutBatch
 from proxrl.core import informative_groups
-from proxrl.data.formats import PromptExample
+from proxrl.data.batching import pad_to
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.rewards import WeightedRewards
-from proxrl.runtime import distributed as dist
 
 
 def concat_rollouts(parts: list[Experience], pad_id: int) -> Experience:
@@ -126,57 +125,45 @@ def without_truncated(experience: Experience) -> Experience:
 
 def dynamic_rollout(
     cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    rewards: WeightedRewards,
-    prompts: list[PromptExample],
-    prompt_ids: list[list[int]],
-    kl_coef: float,
+    sample_round: Callable[[PromptDraw, dict[str, float]], tuple[Experience, list[str], dict]],
+    n_prompts: int,
+    pad_id: int,
     timings: dict[str, float],
     draw: int,
-) -> tuple[Experience, list[str], list[int], dict[str, float]]:
+) -> RolloutBatch:
     """DAPO's dynamic sampling: rounds of ``rollout_batch_size`` prompts (the ``draw``-th batch
-    of the data order, then the next ones) until ``rollout_batch_size`` groups with unequal
-    scores are kept, or ``max_sampling_rounds`` rounds ran. Returns the batch (advantages
-    estimated over it), its completions, each row's prompt index, and the metrics: those of
-    the rollouts averaged over the rounds, plus ``sampling/rounds``, ``sampling/dropped_groups``
-    and ``sampling/filled_groups``.
+    of the data order, then the next ones), each sampled by ``sample_round``, until
+    ``rollout_batch_size`` groups with unequal scores are kept, or ``max_sampling_rounds``
+    rounds ran. Returns the batch, and as metrics those of the rounds averaged, plus
+    ``sampling/rounds``, ``sampling/dropped_groups`` and ``sampling/filled_groups``.
 
     Several processes: each round is gathered before the filter, so every rank drops the same
     groups (a group is whole on the rank that sampled it) and runs the same number of rounds."""
-    world = dist.world_size()
     found = DynamicBatch(cfg.group_size, cfg.rollout_batch_size)
     completions: list[str] = []
     labels: list[int] = []  # the prompt index of every row sampled this iteration
     round_rows: list[dict[str, float]] = []
     while not found.full and found.rounds < cfg.max_sampling_rounds:
-        order = prompt_order(len(prompts), cfg.rollout_batch_size, draw + found.rounds, cfg.seed)
-        local = dist.shard(order)
-        order = [i for r in range(world) for i in order[r::world] for _ in range(cfg.group_size)]
+        prompts = draw_prompts(
+            n_prompts, cfg.rollout_batch_size, draw + found.rounds, cfg.seed, cfg.group_size
+        )
         round_timings: dict[str, float] = {}
-        with cfg.autocast():
-            experience, texts, metrics = collect_rollout(
-                cfg,
-                algo,
-                models,
-                rewards,
-                [prompts[i] for i in local],
-                [prompt_ids[i] for i in local],
-                kl_coef,
-                round_timings,
-            )
+        experience, texts, metrics = sample_round(prompts, round_timings)
         for key, value in round_timings.items():
             timings[key] = timings.get(key, 0.0) + value
-        found.add(experience, list(range(len(labels), len(labels) + len(order))))
+        found.add(experience, list(range(len(labels), len(labels) + len(prompts.rows))))
         completions += texts
-        labels += order
+        labels += prompts.rows
         round_rows.append(metrics)
-    experience, rows, filled = found.batch(models.tokenizer.pad_token_id)
-    experience.rewards, experience.advantages, experience.returns = algo.estimate(
-        experience, kl_coef
-    )
+    experience, rows, filled = found.batch(pad_id)
     row = {key: sum(r[key] for r in round_rows) / len(round_rows) for key in round_rows[0]}
     row["sampling/rounds"] = float(found.rounds)
     row["sampling/dropped_groups"] = float(found.dropped_groups)
     row["sampling/filled_groups"] = float(filled)
-    return experience, [completions[i] for i in rows], [labels[i] for i in rows], row
+    return RolloutBatch(
+        experience,
+        [completions[i] for i in rows],
+        [labels[i] for i in rows],
+        row,
+        extra_rounds=found.rounds - 1,
+    )

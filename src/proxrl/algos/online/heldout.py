@@ -23,65 +23,27 @@ import json
 import logging
 import math
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import torch
 
+from proxrl.algos.online.episodes import sample_responses
+from proxrl.algos.online.samplers import sampling_settings
 from proxrl.data.batching import pad_left
 from proxrl.data.encoding import encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
-from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
+from proxrl.rollout.engines import PolicySampling
 from proxrl.rollout.rewards import FunctionReward, WeightedRewards, load_reward_function
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
 from proxrl.runtime.health import EVAL_WINDOW, reward_hacking
 
 log = logging.getLogger(__name__)
 
 BEST_DIR = "best"
 BEST_INFO = "best.json"
-
-
-@dataclass
-class HeldOutFields:
-    """The held-out evaluation, early-stop and best-policy fields of ``ppo`` / ``grpo``."""
-
-    eval_data: str | None = None
-    """Held-out prompts ({"prompt"} or {"messages"} rows) scored every eval_every iterations
-    (None: no held-out evaluation)."""
-    eval_every: Annotated[int, Range(ge=0)] = 10
-    """Evaluate on eval_data every this many iterations (0: only at the end)."""
-    eval_reward_fn: str | None = None
-    """Held-out metric, module:function called like a reward function, higher is better (None:
-    the training reward)."""
-    eval_greedy: bool = True
-    """Answer held-out prompts greedily (false: sampled with the training temperature, top_k,
-    top_p, min_p, from a seed of their own)."""
-    eval_batch_size: Annotated[int, Range(ge=1)] = 64
-    """Held-out prompts per generation batch."""
-    early_stopping_patience: Annotated[int | None, Range(ge=1)] = None
-    """Stop after this many evaluations without a new best eval/score (None: never)."""
-    stop_on_reward_hacking: bool = False
-    """Stop when eval/score falls while the training reward rises (runtime.health's
-    reward_hacking rule)."""
-    final_model: Literal["last", "best"] = "last"
-    """The policy saved in output_dir at the end: the last one, or the best by eval/score (best/
-    holds that one either way)."""
-
-    def validate_held_out(self) -> None:
-        if self.eval_data is not None:
-            return
-        for name, on in (
-            ("early_stopping_patience", self.early_stopping_patience is not None),
-            ("stop_on_reward_hacking", self.stop_on_reward_hacking),
-            ("eval_reward_fn", self.eval_reward_fn is not None),
-            ("final_model", self.final_model == "best"),
-        ):
-            if on:
-                raise ProxrlError(f"{name}: needs eval_data (held-out prompts to score)")
 
 
 def evaluations_without_improvement(scores: list[float], threshold: float = 0.0) -> int:
@@ -190,18 +152,10 @@ class HeldOut:
     def evaluate(self, models: Any, done: int) -> dict[str, float]:
         """Answer every held-out prompt once (a whole episode, with an environment) and score
         the answers."""
-        from proxrl.algos.online.episodes import sample_responses
-
         cfg, tokenizer, actor = self.cfg, models.tokenizer, models.actor
-        settings = SamplingSettings(
-            cfg.max_new_tokens,
-            cfg.temperature,
-            cfg.top_k,
-            cfg.top_p,
-            cfg.stop_strings,
-            greedy=cfg.eval_greedy,
-            min_p=cfg.min_p,
-        )
+        settings = replace(sampling_settings(cfg), greedy=cfg.eval_greedy)
+        # the built-in samplers of the policy itself, whichever engine the rollouts use
+        engine = PolicySampling(tokenizer, generate=bool(cfg.stop_strings))
         device = next(actor.parameters()).device
         was_training = actor.training
         actor.eval()
@@ -217,14 +171,9 @@ class HeldOut:
             for start in range(0, len(self.prompt_ids), cfg.eval_batch_size):
                 ids = self.prompt_ids[start : start + cfg.eval_batch_size]
                 with dist.gathered_for_generation(actor) as whole:
-                    sampler = (
-                        HFSampler(whole, tokenizer)
-                        if cfg.stop_strings
-                        else CachedSampler(whole, tokenizer)
-                    )
                     out = sample_responses(
                         cfg,
-                        sampler,
+                        engine.sampler(whole),
                         tokenizer,
                         self.prompts[start : start + cfg.eval_batch_size],
                         pad_left(ids, tokenizer.pad_token_id).to(device),

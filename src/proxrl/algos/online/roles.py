@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import environment_tools
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
@@ -41,7 +42,6 @@ class Models:
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
-    engines: Any = None  # a Sampler with weights of its own (placement ray); None: the policy's
 
 
 def measures_kl(cfg: OnlineConfig) -> bool:

@@ -1,22 +1,33 @@
-"""The rollout half of the online loop: sample prompts, generate, score, run the reference /
-critic forward passes and estimate advantages."""
+"""The rollout stages of the online loop: sample → score → forward passes → gather.
+
+Each stage hands the next a typed record; the result is an ``Experience`` without advantages
+(the loop estimates them once, after any dynamic-sampling filter: ``advantages.estimate``).
+- ``sample``: G responses per prompt (whole episodes, with an environment), decoded;
+- ``score``: the reward sources' scores, then the shaping rules (no-stop penalty, DAPO's
+  overlong punishment, clipping), and ReMax's greedy baseline;
+- ``forward_passes``: log π_old (or the sampler's), log π_ref, V_old and entropy over the
+  sampled tokens, and a rollout correction's weights;
+- ``gather_rollout``: several processes join their rows, so every later average is global.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import responses_stopped, sample_responses, score_responses
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.samplers import make_sampler
+from proxrl.algos.online.samplers import make_engine, sampling_settings
 from proxrl.core import (
     combine_correction_stats,
     correction_stats,
@@ -29,30 +40,16 @@ from proxrl.core import (
     sequence_kl,
     tis_weights,
 )
-from proxrl.data.batching import pad_left
+from proxrl.data.batching import pad_left, pad_to
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
+from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass
-from proxrl.rollout.generation import SamplingSettings
+from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
-
-
-def prompt_order(n_prompts: int, batch: int, iteration: int, seed: int) -> list[int]:
-    """The prompt indices of ``iteration`` (0-based): a fresh seeded permutation per pass over
-    the data, so the data position is a pure function of the iteration (exact resume)."""
-    start = iteration * batch
-    order: list[int] = []
-    while len(order) < batch:
-        epoch, offset = divmod(start + len(order), n_prompts)
-        permutation = torch.randperm(
-            n_prompts, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)
-        ).tolist()
-        order.extend(permutation[offset : offset + batch - len(order)])
-    return order
-
 
 CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torch.Tensor]] = {
     "tis": lambda log_ratio, mask, cfg: tis_weights(log_ratio, mask, cfg.rollout_correction_cap),
@@ -68,6 +65,375 @@ CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torc
     ),
 }
 """``rollout_correction`` → (log π_old − log π_sampler, mask, config) → (B, T) weights."""
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], key: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``timings[key]``."""
+    started = time.perf_counter()
+    yield
+    timings[key] = time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class OldPolicySource:
+    """Where the rollout's log π_old comes from."""
+
+    from_sampler: bool  # the sampler's log-probs stand in for π_old (no forward pass)
+    correct: bool  # a rollout correction: the pass gives π_old, the sampler's give the weights
+    forward_pass: bool  # the rollout runs its own pass (else, without from_sampler, the update)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> OldPolicySource:
+        correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
+        return cls(
+            # a value head reads the pass's hidden state
+            from_sampler=cfg.sampler_logprobs and not critic.needs_hidden and not correct,
+            correct=correct,
+            forward_pass=old_logprobs_pass(cfg, algo, critic),
+        )
+
+    @property
+    def sampler_logprobs(self) -> bool:
+        return self.from_sampler or self.correct
+
+
+@dataclass
+class Sampled:
+    """Stage sample → score: one batch's responses, a prompt's G consecutive."""
+
+    prompts: list[PromptExample]  # (B,) each row's prompt
+    prompt_ids: Tensor  # (B, P) left-padded
+    prompt_mask: Tensor  # (B, P)
+    samples: Samples  # (B, T) responses, or whole episodes with an environment
+    completions: list[str]  # (B,) the responses decoded
+
+
+@dataclass
+class Scored:
+    """Stage score → forward passes."""
+
+    raw: Tensor  # (B,) the reward sources' scores (+ an episode's environment reward)
+    scores: Tensor  # (B,) after the shaping rules
+    ended: Tensor  # (B,) bool, the response stopped by itself (CPU)
+    parts: dict[str, float]  # each source's mean score
+    greedy_scores: Tensor | None  # (B,) ReMax's baseline: the score of the prompt's greedy decode
+
+
+@dataclass
+class Passes:
+    """Stage forward passes → gather: the rollout's per-token model outputs."""
+
+    experience: Experience  # without advantages
+    entropy: Tensor | None  # (B, T) entropy of π_old's processed distribution (None: no pass)
+    correction: dict[str, float]  # the rollout correction's statistics ({} without one)
+    correction_tokens: float  # the valid tokens those statistics average over
+
+
+@dataclass
+class RolloutBatch:
+    """What the rollout of one iteration hands the loop."""
+
+    experience: Experience  # (B = rollout_batch_size · G rows), without advantages
+    completions: list[str]  # (B,) the responses decoded
+    rows: list[int]  # (B,) each row's prompt index
+    metrics: dict[str, float]  # the rollout side of the iteration's metrics row
+    extra_rounds: int = 0  # sampling rounds past the first (dynamic sampling)
+
+
+@torch.no_grad()
+def collect_rollout(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    kl_coef: float,
+    timings: dict[str, float],
+    engine: RolloutEngine | None = None,
+) -> tuple[Experience, list[str], dict[str, float]]:
+    """Sample, score and evaluate one batch of prompts with ``engine`` (default: the run's
+    sampler on the policy itself); returns the rollout without advantages, the completions and
+    the rollout-side metrics."""
+    engine = engine or make_engine(cfg, models.tokenizer)
+    source = OldPolicySource.of(cfg, algo, models.critic)
+    with timed(timings, "time/rollout_s"):
+        sampled = sample(cfg, models, engine, prompts, prompt_ids, source.sampler_logprobs)
+    with timed(timings, "time/score_s"):
+        scored = score(cfg, algo, models, engine, rewards, sampled, prompt_ids)
+    with timed(timings, "time/forward_s"):
+        passes = forward_passes(cfg, models, sampled, scored, source)
+    experience, entropy, completions = passes.experience, passes.entropy, sampled.completions
+    raw, ended, parts, correction = scored.raw, scored.ended, scored.parts, passes.correction
+    if dist.world_size() > 1:  # advantages, baselines and metrics are over every rank's rows
+        experience, raw, ended, entropy, completions = gather_rollout(
+            experience,
+            raw,
+            ended,
+            torch.zeros_like(experience.loss_mask.float()) if entropy is None else entropy,
+            completions,
+            models.tokenizer.pad_token_id,
+        )
+        parts = dist.all_reduce_mean(dict(parts))
+        if correction:
+            correction = gathered_correction_stats(correction, passes.correction_tokens)
+    metrics = {
+        **rollout_metrics(experience, raw, ended, kl_coef, source),
+        **parts,
+        **{f"rollout/{k}": v for k, v in correction.items()},
+    }
+    if experience.logprobs is not None:  # else the update logs them (update.OnPolicyRecord)
+        assert entropy is not None
+        mask = experience.loss_mask.float()
+        metrics |= old_policy_metrics(
+            experience.logprobs,
+            experience.ref_logprobs,
+            entropy,
+            experience.scores,
+            mask,
+            kl_coef,
+            models.tracks_kl,
+        )
+    return experience, completions, metrics
+
+
+def rollout_metrics(
+    experience: Experience, raw: Tensor, ended: Tensor, kl_coef: float, source: OldPolicySource
+) -> dict[str, float]:
+    """What the rollout's scores and lengths say, before any model output is read."""
+    return {
+        "objective/scores": raw.mean().item(),
+        "objective/scores_after_penalty": experience.scores.mean().item(),
+        "response/length_mean": experience.loss_mask.float().sum(-1).mean().item(),
+        "response/eos_rate": ended.float().mean().item(),
+        "policy/kl_coef": kl_coef,
+        # 1: the trainer ran a forward pass for π_old (0: the sampler's or the update's)
+        "perf/old_logprobs_pass": float(source.forward_pass and not source.from_sampler),
+    }
+
+
+def sample(
+    cfg: OnlineConfig,
+    models: Models,
+    engine: RolloutEngine,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    with_logprobs: bool,
+) -> Sampled:
+    """Stage 1: G responses per prompt, consecutive, decoded."""
+    tokenizer, actor = models.tokenizer, models.actor
+    device = next(actor.parameters()).device
+    ids = [row for row in prompt_ids for _ in range(cfg.group_size)]
+    batch_prompts = [p for p in prompts for _ in range(cfg.group_size)]
+    prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
+    prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
+    with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
+        samples = sample_responses(  # (or whole episodes, with an environment)
+            cfg,
+            engine.sampler(whole),
+            tokenizer,
+            batch_prompts,
+            prompt_tensor,
+            prompt_mask,
+            sampling_settings(cfg),
+            with_logprobs=with_logprobs,
+        )
+    response_ids, response_mask = samples.response_ids, samples.response_mask
+    if not response_mask.any(-1).all():  # an empty response cannot carry a score
+        response_mask[:, 0] = 1
+    completions = tokenizer.batch_decode(
+        response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask),
+        skip_special_tokens=True,
+    )
+    return Sampled(batch_prompts, prompt_tensor, prompt_mask, samples, completions)
+
+
+def prompt_columns(prompts: list[PromptExample]) -> dict[str, list[Any]]:
+    """The data set's other fields, one list per column (what reward functions receive)."""
+    columns: dict[str, list[Any]] = defaultdict(list)
+    for p in prompts:
+        for key, value in getattr(p, "columns", {}).items():
+            columns[key].append(value)
+    return dict(columns)
+
+
+def shaped_scores(cfg: OnlineConfig, scores: Tensor, ended: Tensor, lengths: Tensor) -> Tensor:
+    """The score-shaping rules in order: the no-stop penalty for a response that did not stop,
+    DAPO's soft overlong punishment by its ``lengths`` (B,), then clipping to ±reward_clip."""
+    if cfg.no_stop_penalty is not None:
+        penalised = (
+            scores - cfg.no_stop_penalty
+            if cfg.no_stop_mode == "subtract"
+            else torch.full_like(scores, cfg.no_stop_penalty)
+        )
+        scores = torch.where(ended, scores, penalised)
+    if cfg.overlong_buffer:
+        scores = scores + overlong_penalty(
+            lengths.to(scores.dtype), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+        )
+    if cfg.reward_clip:
+        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    return scores
+
+
+def score(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    engine: RolloutEngine,
+    rewards: WeightedRewards,
+    sampled: Sampled,
+    prompt_ids: list[list[int]],
+) -> Scored:
+    """Stage 2: the reward sources' scores, shaped; ReMax's greedy baseline."""
+    columns = prompt_columns(sampled.prompts)
+    samples = sampled.samples
+    raw, parts = score_responses(samples, rewards, sampled.prompts, sampled.completions, columns)
+    ended = responses_stopped(samples, models.tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    lengths = samples.response_mask.sum(-1).cpu()
+    scores = shaped_scores(cfg, raw.clone(), ended, lengths)
+    greedy_scores = None
+    if algo.needs_greedy:
+        prompts = sampled.prompts[:: cfg.group_size]
+        once = {k: v[:: cfg.group_size] for k, v in columns.items()}
+        greedy_scores = greedy_baseline(cfg, models, engine, rewards, prompts, prompt_ids, once)
+        device = next(models.actor.parameters()).device
+        greedy_scores = greedy_scores.repeat_interleave(cfg.group_size).to(device)
+    return Scored(raw, scores, ended, parts, greedy_scores)
+
+
+def greedy_baseline(
+    cfg: OnlineConfig,
+    models: Models,
+    engine: RolloutEngine,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    columns: dict[str, list[Any]],
+) -> Tensor:
+    """(N,) the score of each prompt's greedy decode (ReMax's baseline)."""
+    tokenizer, actor = models.tokenizer, models.actor
+    device = next(actor.parameters()).device
+    settings = SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings)
+    with dist.gathered_for_generation(actor) as whole:
+        greedy = sample_responses(
+            cfg,
+            engine.sampler(whole),
+            tokenizer,
+            prompts,
+            pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
+            pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
+            settings,
+            with_logprobs=False,
+        )
+    text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
+    return score_responses(greedy, rewards, prompts, text, columns)[0]
+
+
+def forward_passes(
+    cfg: OnlineConfig,
+    models: Models,
+    sampled: Sampled,
+    scored: Scored,
+    source: OldPolicySource,
+) -> Passes:
+    """Stage 3: the policy's, the reference's and the critic's passes over the sampled tokens,
+    in the micro-batches of the update (packed or padded); the rollout correction's weights."""
+    samples, P = sampled.samples, sampled.prompt_ids.shape[1]
+    response_ids, response_mask = samples.response_ids, samples.response_mask
+    device = next(models.actor.parameters()).device
+    input_ids = torch.cat([sampled.prompt_ids, response_ids], 1)
+    attention_mask = torch.cat([sampled.prompt_mask, response_mask], 1)
+    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    columns: dict[str, list[Tensor]] = defaultdict(list)
+    for rows in plan:
+        for name, value in micro_batch_passes(
+            cfg, models, samples, input_ids[rows], attention_mask[rows], rows, P, source
+        ).items():
+            columns[name].append(value)
+    order = torch.cat(plan).argsort()  # packed micro-batches take rows out of order
+    joined = {name: torch.cat(parts)[order] for name, parts in columns.items()}
+    mask = (response_mask if samples.action_mask is None else samples.action_mask).float()
+    experience = Experience(
+        prompt_ids=sampled.prompt_ids,
+        prompt_mask=sampled.prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        logprobs=joined.get("logprobs"),
+        ref_logprobs=joined.get("ref_logprobs"),
+        values=joined["values"] * mask,
+        scores=scored.scores.to(device),
+        greedy_scores=scored.greedy_scores,
+        truncated=~scored.ended.to(device),
+        action_mask=samples.action_mask,
+    )
+    if not source.correct:
+        return Passes(experience, joined.get("entropy"), {}, 0.0)
+    behaviour = samples.logprobs.float()  # type: ignore[union-attr]
+    old = experience.logprobs
+    assert old is not None
+    experience.rollout_weights = CORRECTIONS[cfg.rollout_correction](old - behaviour, mask, cfg)
+    stats = correction_stats(
+        old, behaviour, experience.rollout_weights, mask, cfg.rollout_correction_cap
+    )
+    correction = {k: float(v) for k, v in stats.items()}
+    return Passes(experience, joined.get("entropy"), correction, float(mask.sum()))
+
+
+def micro_batch_passes(
+    cfg: OnlineConfig,
+    models: Models,
+    samples: Samples,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    rows: Tensor,
+    P: int,
+    source: OldPolicySource,
+) -> dict[str, Tensor]:
+    """One micro-batch's log π_old and entropy (the sampler's or a pass's; none where the
+    update's forward gives them), log π_ref and V_old."""
+    actor, critic = models.actor, models.critic
+    settings = sampling_settings(cfg)
+    packed = bool(cfg.max_tokens_per_micro_batch)
+    out: dict[str, Tensor] = {}
+    hidden = None
+    if source.from_sampler:
+        out["logprobs"] = samples.logprobs[rows]  # type: ignore[index]
+        out["entropy"] = (  # NaN for a sampler that gives none: logged, never used
+            samples.entropy[rows]
+            if samples.entropy is not None
+            else torch.full_like(out["logprobs"], float("nan"))
+        )
+    elif source.forward_pass:
+        policy = policy_forward(
+            actor,
+            input_ids,
+            attention_mask,
+            P,
+            cfg.temperature,
+            with_entropy=True,
+            with_hidden=critic.needs_hidden,
+            **settings.truncation,
+            packed=packed,
+        )
+        out["logprobs"] = at_least_float32(policy.logprobs)
+        out["entropy"] = at_least_float32(policy.entropy)  # type: ignore[arg-type]
+        hidden = policy.hidden
+    if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
+        if "logprobs" in out:  # (without the pass π_ref stays empty too: nothing reads it)
+            out["ref_logprobs"] = out["logprobs"]
+    else:
+        with (
+            adapter_disabled(actor)
+            if models.reference is None
+            else contextlib.nullcontext(models.reference) as ref
+        ):
+            out["ref_logprobs"] = reference_pass(
+                ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
+            ).to(input_ids.device)
+    out["values"] = critic.values(input_ids, attention_mask, P, hidden)
+    return out
 
 
 def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
@@ -124,251 +490,12 @@ def old_policy_metrics(
     return metrics
 
 
-@torch.no_grad()
-def collect_rollout(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    rewards: WeightedRewards,
-    prompts: list[PromptExample],
-    prompt_ids: list[list[int]],
-    kl_coef: float,
-    timings: dict[str, float],
-) -> tuple[Experience, list[str], dict[str, float]]:
-    """Sample, score and evaluate one batch of prompts; returns the rollout, the completions
-    and the rollout-side metrics."""
-    tokenizer, actor = models.tokenizer, models.actor
-    device = next(actor.parameters()).device
-    group = cfg.group_size
-    started = time.perf_counter()
-    # Generate: G samples per prompt, consecutive.
-    ids = [row for row in prompt_ids for _ in range(group)]
-    batch_prompts = [p for p in prompts for _ in range(group)]
-    prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
-    prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
-    settings = SamplingSettings(
-        cfg.max_new_tokens,
-        cfg.temperature,
-        cfg.top_k,
-        cfg.top_p,
-        cfg.stop_strings,
-        min_p=cfg.min_p,
-    )
-    critic = models.critic
-    # A rollout correction weighs π_old (the trainer's, from the forward pass below) against the
-    # sampler's log-probs; without one the sampler's stand in for π_old and save that pass.
-    correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
-    use_sampler_logprobs = (
-        cfg.sampler_logprobs and not critic.needs_hidden and not correct
-    )  # a value head needs the forward pass
-    old_pass = old_logprobs_pass(cfg, algo, critic)  # False: the update's forward gives π_old
-    with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
-        samples = sample_responses(  # (or whole episodes, with an environment)
-            cfg,
-            models.engines or make_sampler(cfg, whole, tokenizer),
-            tokenizer,
-            batch_prompts,
-            prompt_tensor,
-            prompt_mask,
-            settings,
-            with_logprobs=use_sampler_logprobs or correct,
-        )
-    response_ids, response_mask = samples.response_ids, samples.response_mask
-    if not response_mask.any(-1).all():  # an empty response cannot carry a score
-        response_mask[:, 0] = 1
-    completions = tokenizer.batch_decode(
-        response_ids * response_mask + tokenizer.pad_token_id * (1 - response_mask),
-        skip_special_tokens=True,
-    )
-    timings["time/rollout_s"] = time.perf_counter() - started
-
-    # Score.
-    started = time.perf_counter()
-    columns: dict[str, list[Any]] = defaultdict(list)
-    for p in batch_prompts:
-        for key, value in getattr(p, "columns", {}).items():
-            columns[key].append(value)
-    scores, parts = score_responses(samples, rewards, batch_prompts, completions, dict(columns))
-    raw_scores = scores.clone()
-    ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
-    if cfg.no_stop_penalty is not None:
-        penalised = (
-            scores - cfg.no_stop_penalty
-            if cfg.no_stop_mode == "subtract"
-            else torch.full_like(scores, cfg.no_stop_penalty)
-        )
-        scores = torch.where(ended, scores, penalised)
-    if cfg.overlong_buffer:  # DAPO's soft overlong punishment
-        lengths = response_mask.sum(-1).cpu().to(scores.dtype)
-        scores = scores + overlong_penalty(
-            lengths, cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
-        )
-    if cfg.reward_clip:
-        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
-    greedy_scores = None
-    if algo.needs_greedy:
-        with dist.gathered_for_generation(actor) as whole:
-            greedy = sample_responses(
-                cfg,
-                models.engines or make_sampler(cfg, whole, tokenizer),
-                tokenizer,
-                prompts,
-                pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
-                pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
-                SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings),
-                with_logprobs=False,
-            )
-        greedy_text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
-        prompt_columns = {k: v[::group] for k, v in columns.items()}
-        greedy_scores = score_responses(greedy, rewards, prompts, greedy_text, prompt_columns)
-        greedy_scores = greedy_scores[0].repeat_interleave(group).to(device)
-    timings["time/score_s"] = time.perf_counter() - started
-
-    # Forward passes of the policy, the reference and the critic over the sampled tokens.
-    started = time.perf_counter()
-    P = prompt_tensor.shape[1]
-    input_ids = torch.cat([prompt_tensor, response_ids], 1)
-    attention_mask = torch.cat([prompt_mask, response_mask], 1)
-    logprobs, ref_logprobs, values, entropy = [], [], [], []
-    packed = bool(cfg.max_tokens_per_micro_batch)
-    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
-    for rows in plan:
-        hidden = None
-        if use_sampler_logprobs:
-            logprobs.append(samples.logprobs[rows])  # type: ignore[index]
-            entropy.append(  # NaN for a sampler that gives none: logged, never used
-                samples.entropy[rows]
-                if samples.entropy is not None
-                else torch.full_like(logprobs[-1], float("nan"))
-            )
-        elif old_pass:
-            out = policy_forward(
-                actor,
-                input_ids[rows],
-                attention_mask[rows],
-                P,
-                cfg.temperature,
-                with_entropy=True,
-                with_hidden=critic.needs_hidden,
-                **settings.truncation,
-                packed=packed,
-            )
-            logprobs.append(at_least_float32(out.logprobs))
-            entropy.append(at_least_float32(out.entropy))  # type: ignore[arg-type]
-            hidden = out.hidden
-        if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
-            if logprobs:  # (without the pass π_ref stays empty too: nothing reads it)
-                ref_logprobs.append(logprobs[-1])
-        else:
-            with (
-                adapter_disabled(actor)
-                if models.reference is None
-                else contextlib.nullcontext(models.reference) as ref
-            ):
-                ref_logprobs.append(
-                    reference_pass(
-                        ref,
-                        input_ids[rows],
-                        attention_mask[rows],
-                        P,
-                        cfg.temperature,
-                        settings.truncation,
-                        packed,
-                    ).to(device)
-                )
-        values.append(critic.values(input_ids[rows], attention_mask[rows], P, hidden))
-    order = torch.cat(plan).argsort()  # packed micro-batches take rows out of order
-    logprobs, ref_logprobs, values, entropy = (
-        [torch.cat(x)[order]] if x else [] for x in (logprobs, ref_logprobs, values, entropy)
-    )
-    mask = (response_mask if samples.action_mask is None else samples.action_mask).float()
-    experience = Experience(
-        prompt_ids=prompt_tensor,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        logprobs=torch.cat(logprobs) if logprobs else None,
-        ref_logprobs=torch.cat(ref_logprobs) if ref_logprobs else None,
-        values=torch.cat(values) * mask,
-        scores=scores.to(device),
-        rewards=torch.zeros_like(mask),
-        advantages=torch.zeros_like(mask),
-        returns=torch.zeros_like(mask),
-        greedy_scores=greedy_scores,
-        truncated=~ended.to(device),
-        action_mask=samples.action_mask,
-    )
-    correction_metrics: dict[str, float] = {}
-    correction_tokens = 0.0
-    if correct:
-        log_ratio = experience.logprobs - samples.logprobs.float()  # type: ignore[union-attr]
-        experience.rollout_weights = CORRECTIONS[cfg.rollout_correction](log_ratio, mask, cfg)
-        stats = correction_stats(
-            experience.logprobs,
-            samples.logprobs.float(),  # type: ignore[union-attr]
-            experience.rollout_weights,
-            mask,
-            cfg.rollout_correction_cap,
-        )
-        correction_metrics = {k: float(v) for k, v in stats.items()}
-        correction_tokens = float(mask.sum())
-    timings["time/forward_s"] = time.perf_counter() - started
-
-    # Several processes: each sampled its own prompts (whole groups); gather the rollout so that
-    # advantages, whitening, group baselines, the KL measurement and metrics are global.
-    if dist.world_size() > 1:
-        entropy = [torch.cat(entropy) if entropy else torch.zeros_like(mask)]
-        experience, raw_scores, ended, entropy[0], completions = gather_rollout(
-            experience, raw_scores, ended, entropy[0], completions, tokenizer.pad_token_id
-        )
-        scores, mask = experience.scores, experience.loss_mask.float()
-        parts = dist.all_reduce_mean(dict(parts))
-        if correction_metrics:
-            correction_metrics = gathered_correction_stats(correction_metrics, correction_tokens)
-
-    # Advantages.
-    experience.rewards, experience.advantages, experience.returns = algo.estimate(
-        experience, kl_coef
-    )
-    lengths = mask.sum(-1)
-    metrics = {
-        "objective/scores": raw_scores.mean().item(),
-        "objective/scores_after_penalty": scores.mean().item(),
-        "response/length_mean": lengths.mean().item(),
-        "response/eos_rate": ended.float().mean().item(),
-        "policy/kl_coef": kl_coef,
-        # 1: the trainer ran a forward pass for π_old (0: the sampler's or the update's)
-        "perf/old_logprobs_pass": float(old_pass and not use_sampler_logprobs),
-        **parts,
-        **{f"rollout/{k}": v for k, v in correction_metrics.items()},
-    }
-    if experience.logprobs is not None:  # else the update logs them (update.OnPolicyRecord)
-        metrics |= old_policy_metrics(
-            experience.logprobs,
-            experience.ref_logprobs,
-            torch.cat(entropy),
-            scores,
-            mask,
-            kl_coef,
-            models.tracks_kl,
-        )
-    return experience, completions, metrics
-
-
 def gathered_correction_stats(stats: dict[str, float], tokens: float) -> dict[str, float]:
     """This rank's ``correction_stats`` over its ``tokens`` valid tokens → the whole rollout's,
     on every rank: token means weighted by each rank's tokens, the ratio's min and max as the
     least and greatest over ranks (``core.combine_correction_stats``)."""
     shards = dist.all_gather_objects((stats, tokens))
     return combine_correction_stats([part for part, _ in shards], [n for _, n in shards])
-
-
-def pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
-    extra = width - x.shape[1]
-    if extra == 0:
-        return x
-    pad = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x] if left else [x, pad], dim=1)
 
 
 def gather_rollout(

@@ -1,16 +1,30 @@
-"""Which sampler an online run draws its responses from (``sampler:``), and the inference
-engine of one that keeps its own copy of the weights (vLLM)."""
+"""Which engine an online run samples its responses from (``sampler:``): one table, each entry
+building a ``rollout.engines.RolloutEngine`` from the run's config."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.models.lora import adapter_base
-from proxrl.rollout.generation import CachedSampler, HFSampler, Sampler
+from proxrl.rollout.engines import PolicySampling, RolloutEngine, VLLMEngine
+from proxrl.rollout.generation import Sampler, SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
+
+
+def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
+    """The distribution a run samples from, as the trainer's log-probs replay it."""
+    return SamplingSettings(
+        cfg.max_new_tokens,
+        cfg.temperature,
+        cfg.top_k,
+        cfg.top_p,
+        cfg.stop_strings,
+        min_p=cfg.min_p,
+    )
 
 
 def engine_options(cfg: OnlineConfig) -> Any:
@@ -28,32 +42,27 @@ def engine_options(cfg: OnlineConfig) -> Any:
     )
 
 
-def rollout_engine(cfg: OnlineConfig) -> Any:
-    """The run's inference engine when the sampler keeps its own copy of the weights (vllm),
-    started here once; None for the samplers that read the policy itself."""
-    if cfg.sampler != "vllm":
-        return None
-    from proxrl.rollout.vllm_sampler import start_engine
-
+def _vllm(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
     if dist.world_size() > 1:
         raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
-    return start_engine(engine_options(cfg))
+    return VLLMEngine(engine_options(cfg), tokenizer)
 
 
-def _vllm(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
-    from proxrl.rollout.vllm_sampler import VLLMSampler
-
-    return VLLMSampler(rollout_engine(cfg), tokenizer)
-
-
-SAMPLERS: dict[str, Any] = {
-    "cached": lambda cfg, model, tok: CachedSampler(model, tok, compile_step=cfg.compile_sampler),
-    "hf": lambda cfg, model, tok: HFSampler(model, tok),
+ENGINES: dict[str, Callable[[OnlineConfig, Any], RolloutEngine]] = {
+    "cached": lambda cfg, tok: PolicySampling(tok, compile_step=cfg.compile_sampler),
+    "hf": lambda cfg, tok: PolicySampling(tok, generate=True),
     "vllm": _vllm,
 }
+"""``sampler`` → (config, tokenizer) → the engine; ``hf`` whenever stop strings need
+generate's text matching."""
+
+
+def make_engine(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
+    """The engine ``cfg.sampler`` names (``hf`` with stop strings)."""
+    return ENGINES["hf" if cfg.stop_strings else cfg.sampler](cfg, tokenizer)
 
 
 def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
-    """The sampler ``cfg.sampler`` names; ``generate`` whenever stop strings need its text
-    matching."""
-    return SAMPLERS["hf" if cfg.stop_strings else cfg.sampler](cfg, model, tokenizer)
+    """One sampler of ``model`` as ``make_engine``'s engine gives it (started: vLLM's engine
+    starts from ``cfg.model``; a caller syncs the weights it wants)."""
+    return make_engine(cfg, tokenizer).sampler(model)

@@ -1,4 +1,4 @@
-"""The update half of the online loop: epochs × shuffled minibatches × micro-batches of the
+"""The update stage of the online loop: epochs × shuffled minibatches × micro-batches of the
 algorithm's policy loss, the KL and entropy terms, and the critic's value loss, with a guard
 that skips any optimizer step whose loss, statistics or gradient is not finite."""
 
@@ -8,13 +8,14 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollout import old_policy_metrics
@@ -30,17 +31,57 @@ from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class UpdateStep:
+    """What the loop tells one iteration's update."""
+
+    kl_coef: float  # β of a KL paid in the loss
+    train_policy: bool  # False while the critic warms up alone
+    iteration: int  # 1-based: the guard's count of the iteration
+
+
+@dataclass(frozen=True)
+class Losses:
+    """What every micro-batch's loss reads besides its rows."""
+
+    cfg: OnlineConfig
+    algo: Algorithm
+    models: Models
+    prompt_width: int  # P: the prompt columns before the response's
+    step: UpdateStep
+
+
+@dataclass
+class Optimization:
+    """The trained parameters and their optimizers, as the steps need them."""
+
+    optimizers: list[torch.optim.Optimizer]
+    parameters: list[Tensor]  # every optimizer's parameters, in order
+    named: list[tuple[str, Tensor]]  # the actor's and the critic's, for the guard's report
+
+    @classmethod
+    def of(cls, models: Models, optimizers: list[torch.optim.Optimizer]) -> Optimization:
+        return cls(
+            optimizers,
+            [p for opt in optimizers for group in opt.param_groups for p in group["params"]],
+            list(models.actor.named_parameters())
+            + [(f"critic.{n}", p) for n, p in models.critic.named_parameters()],
+        )
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+
 def update(
     cfg: OnlineConfig,
     algo: Algorithm,
     models: Models,
     experience: Experience,
     optimizers: list[torch.optim.Optimizer],
-    kl_coef: float,
-    train_policy: bool,
+    step: UpdateStep,
     generator: torch.Generator,
     guard: NonFiniteGuard,
-    iteration: int,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
     loss or gradient is not finite is skipped by ``guard``. Returns the mean of each stat over
@@ -58,16 +99,37 @@ def update(
     A rollout without log π_old (``experience.logprobs`` None: ``rollout.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
     computed from that forward and returned with the stats."""
-    actor, critic = models.actor, models.critic
-    record = None
-    if experience.logprobs is None:
-        if cfg.ppo_epochs > 1 or cfg.mini_batch_size < len(experience):
-            raise ValueError(
-                "a rollout without log π_old takes exactly one optimizer step (π moves after it)"
-            )
-        record = OnPolicyRecord(experience)
-    world, rank = dist.world_size(), dist.rank()
-    sharded = dist.is_sharded()
+    record = check_update(cfg, experience)
+    losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], step)
+    optimization = Optimization.of(models, optimizers)
+    totals: dict[str, float] = defaultdict(float)
+    steps = 0
+    for _ in range(cfg.ppo_epochs):
+        epoch_kl = []
+        for minibatch in torch.randperm(len(experience), generator=generator).split(
+            cfg.responses_per_step
+        ):
+            stats = optimizer_step(losses, experience, minibatch, optimization, guard, record)
+            if stats is None:
+                continue
+            steps += 1
+            for key, value in stats.items():
+                totals[key] += value
+            epoch_kl.append(stats.get("approx_kl", 0.0))
+        if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
+            totals["early_stopped"] = 1.0
+            break
+    stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
+    stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
+    stats_out["steps"] = float(steps)
+    if record is not None:
+        stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
+    return stats_out
+
+
+def check_update(cfg: OnlineConfig, experience: Experience) -> OnPolicyRecord | None:
+    """Refuse what the update cannot do; the record of π where the rollout ran no pass."""
+    world, sharded = dist.world_size(), dist.is_sharded()
     if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
         raise ProxrlError(
             f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step "
@@ -78,107 +140,98 @@ def update(
             "max_tokens_per_micro_batch: not under FSDP/DeepSpeed (each process must run as "
             "many forwards as the others); use grad_accum"
         )
-    parameters = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
-    named = list(actor.named_parameters()) + [
-        (f"critic.{n}", p) for n, p in critic.named_parameters()
-    ]
-    totals: dict[str, float] = defaultdict(float)
-    steps = 0
-    P = experience.prompt_ids.shape[1]
-    for _ in range(cfg.ppo_epochs):
-        epoch_kl = []
-        for minibatch in torch.randperm(len(experience), generator=generator).split(
-            cfg.responses_per_step
-        ):
-            # The normaliser of every loss term is counted on the whole minibatch before its
-            # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
-            total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
-            if total_units == 0:  # every row masked out (mask_truncated): nothing to learn from
-                continue
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            step_stats: dict[str, float] = defaultdict(float)
-            micro_batches = [
-                minibatch[rows]
-                for rows in micro_batch_plan(
-                    experience.attention_mask[minibatch],
-                    cfg.micro_batch_size,
-                    cfg.max_tokens_per_micro_batch,
-                )
-            ]
-            no_sync = contextlib.ExitStack()
-            for model in (actor, *critic.modules()) if world > 1 else ():
-                no_sync.enter_context(dist.no_sync(model))
-            mine = micro_batches[rank::world]
-            units = partial(_units, cfg, experience)
-            # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
-            step_units = float(total_units) / world if sharded else float(total_units)
-            # A critic in its own process runs its forward and backward meanwhile.
-            critic.start_step(experience, mine, units, step_units, cfg.aggregation)
-            with no_sync:
-                step_stats.update(
-                    accumulate_gradients(
-                        actor,
-                        mine,
-                        partial(
-                            _rows_loss,
-                            cfg,
-                            algo,
-                            models,
-                            P,
-                            kl_coef,
-                            train_policy,
-                            experience,
-                            record,
-                        ),
-                        units,
-                        step_units,
-                    )
-                )
-            elsewhere = critic.finish_step()
-            for key, value in elsewhere.stats.items() if elsewhere is not None else ():
-                step_stats[key] += value  # (its ``loss``: the value loss's share of the step's)
-            if world > 1:  # one all-reduce per optimizer step
-                if not sharded:
-                    dist.all_reduce_gradients(parameters)
-                step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
-                if sharded:
-                    step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
-            # The global norm doubles as the finiteness check: only a non-finite one makes the
-            # guard look for the culprit tensor.
-            grad_norm, coefficient = clip_global_norm(
-                parameters, elsewhere, cfg.max_grad_norm or float("inf")
+    if experience.logprobs is not None:
+        return None
+    if cfg.ppo_epochs > 1 or cfg.mini_batch_size < len(experience):
+        raise ValueError(
+            "a rollout without log π_old takes exactly one optimizer step (π moves after it)"
+        )
+    return OnPolicyRecord(experience)
+
+
+def optimizer_step(
+    losses: Losses,
+    experience: Experience,
+    minibatch: Tensor,
+    optimization: Optimization,
+    guard: NonFiniteGuard,
+    record: OnPolicyRecord | None,
+) -> dict[str, float] | None:
+    """One optimizer step on the rows ``minibatch``: this rank's micro-batches accumulated (a
+    critic in its own process meanwhile), gradients summed over ranks, the global norm clipped,
+    the guard asked. Returns the step's stats, or None where no step was taken."""
+    cfg, critic = losses.cfg, losses.models.critic
+    world, rank, sharded = dist.world_size(), dist.rank(), dist.is_sharded()
+    # The normaliser of every loss term is counted on the whole minibatch before its
+    # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
+    total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
+    if total_units == 0:  # every row masked out (mask_truncated): nothing to learn from
+        return None
+    optimization.zero_grad()
+    plan = micro_batch_plan(
+        experience.attention_mask[minibatch], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+    )
+    mine = [minibatch[rows] for rows in plan][rank::world]
+    units = partial(_units, cfg, experience)
+    # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
+    step_units = float(total_units) / world if sharded else float(total_units)
+    no_sync = contextlib.ExitStack()
+    for model in (losses.models.actor, *critic.modules()) if world > 1 else ():
+        no_sync.enter_context(dist.no_sync(model))
+    critic.start_step(experience, mine, units, step_units, cfg.aggregation)
+    with no_sync:
+        step_stats: dict[str, float] = defaultdict(float)
+        step_stats.update(
+            accumulate_gradients(
+                losses.models.actor,
+                mine,
+                partial(_rows_loss, losses, experience, record),
+                units,
+                step_units,
             )
-            tensors = dict(step_stats)
-            if not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None:
-                culprit = elsewhere.nonfinite if elsewhere is not None else None
-                # an overflowed norm, or the gradient of the critic in its own process
-                tensors["gradient norm" if culprit is None else f"grad of critic.{culprit}"] = (
-                    grad_norm
-                )
-            if not guard.check(
-                iteration, tensors=tensors, parameters=None if math.isfinite(grad_norm) else named
-            ):
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                continue
-            step_stats["grad_norm"] = grad_norm
-            critic.clip(coefficient)
-            for opt in optimizers:
-                opt.step()
-            steps += 1
-            for key, value in step_stats.items():
-                totals[key] += value
-            epoch_kl.append(step_stats.get("approx_kl", 0.0))
-        if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
-            totals["early_stopped"] = 1.0
-            break
-    stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
-    stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
-    stats_out["steps"] = float(steps)
-    if record is not None:
-        stats_out |= record.metrics(experience, kl_coef, models.tracks_kl)
-    return stats_out
+        )
+    elsewhere = critic.finish_step()
+    for key, value in elsewhere.stats.items() if elsewhere is not None else ():
+        step_stats[key] += value  # (its ``loss``: the value loss's share of the step's)
+    if world > 1:  # one all-reduce per optimizer step
+        if not sharded:
+            dist.all_reduce_gradients(optimization.parameters)
+        step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
+        if sharded:
+            step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
+    return clipped_step(losses, step_stats, elsewhere, optimization, guard)
+
+
+def clipped_step(
+    losses: Losses,
+    step_stats: dict[str, float],
+    elsewhere: CriticGradient | None,
+    optimization: Optimization,
+    guard: NonFiniteGuard,
+) -> dict[str, float] | None:
+    """Clip the accumulated gradients by their global norm and step, unless the guard finds a
+    non-finite stat or gradient (then the step is skipped: None)."""
+    # The global norm doubles as the finiteness check: only a non-finite one makes the
+    # guard look for the culprit tensor.
+    grad_norm, coefficient = clip_global_norm(
+        optimization.parameters, elsewhere, losses.cfg.max_grad_norm or float("inf")
+    )
+    tensors = dict(step_stats)
+    named = optimization.named
+    if not math.isfinite(grad_norm) and first_nonfinite_grad(named) is None:
+        culprit = elsewhere.nonfinite if elsewhere is not None else None
+        # an overflowed norm, or the gradient of the critic in its own process
+        tensors["gradient norm" if culprit is None else f"grad of critic.{culprit}"] = grad_norm
+    finite = math.isfinite(grad_norm)
+    iteration = losses.step.iteration
+    if not guard.check(iteration, tensors=tensors, parameters=None if finite else named):
+        optimization.zero_grad()
+        return None
+    step_stats["grad_norm"] = grad_norm
+    losses.models.critic.clip(coefficient)
+    for opt in optimization.optimizers:
+        opt.step()
+    return dict(step_stats)
 
 
 def _units(cfg: OnlineConfig, experience: Experience, rows: Tensor) -> float:
@@ -234,64 +287,34 @@ class OnPolicyRecord:
         )
 
 
-def _minibatch_loss(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    P: int,
-    kl_coef: float,
-    train_policy: bool,
-    model: torch.nn.Module,
-    mb: Experience,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
-    micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units.
-    ``model`` is ``models.actor`` (the accumulation helper's signature)."""
-    with cfg.autocast():  # the forward passes and losses; the backward runs outside
-        loss, stats, _ = _terms(cfg, algo, models, P, kl_coef, train_policy, mb)
-    return loss, stats
-
-
 def _rows_loss(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    P: int,
-    kl_coef: float,
-    train_policy: bool,
+    losses: Losses,
     experience: Experience,
     record: OnPolicyRecord | None,
     model: torch.nn.Module,
     rows: Tensor,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """``_minibatch_loss`` on the rows ``rows`` of ``experience``, π at them kept in
-    ``record`` (when the rollout ran no pass for π_old)."""
-    with cfg.autocast():
-        loss, stats, out = _terms(
-            cfg, algo, models, P, kl_coef, train_policy, experience.select(rows)
-        )
+    """``terms`` on the rows ``rows`` of ``experience``, π at them kept in ``record`` (when the
+    rollout ran no pass for π_old). ``model`` is the actor (the accumulation's signature)."""
+    with losses.cfg.autocast():  # the forward passes and losses; the backward runs outside
+        loss, stats, out = terms(losses, experience.select(rows))
     if record is not None:
         record.add(rows, out)
     return loss, stats
 
 
-def _terms(
-    cfg: OnlineConfig,
-    algo: Algorithm,
-    models: Models,
-    P: int,
-    kl_coef: float,
-    train_policy: bool,
-    mb: Experience,
-) -> tuple[Tensor, dict[str, Tensor], PolicyOutput]:
-    actor, critic = models.actor, models.critic
+def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], PolicyOutput]:
+    """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
+    micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units."""
+    cfg, algo, step = losses.cfg, losses.algo, losses.step
+    actor, critic = losses.models.actor, losses.models.critic
     agg = cfg.aggregation
     mask = mb.loss_mask.float()  # model tokens: observations take no loss
     out = policy_forward(
         actor,
         mb.input_ids,
         mb.attention_mask,
-        P,
+        losses.prompt_width,
         cfg.temperature,
         with_entropy=cfg.entropy_coef > 0 or mb.logprobs is None,
         with_hidden=critic.needs_hidden,
@@ -304,11 +327,11 @@ def _terms(
         mb = replace(mb, logprobs=out.logprobs.detach())
     loss = torch.zeros((), device=mask.device)
     stats: dict[str, Tensor] = {}
-    if train_policy:
+    if step.train_policy:
         loss, stats = algo.policy_loss(out.logprobs, corrected(mb))
-        if algo.kl_loss is not None and kl_coef:
+        if algo.kl_loss is not None and step.kl_coef:
             kl_loss = agg(algo.kl_loss(out.logprobs, mb.ref_logprobs), mask)
-            loss = loss + kl_coef * kl_loss
+            loss = loss + step.kl_coef * kl_loss
             stats["kl_loss"] = kl_loss.detach()
         if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
             bonus, entropy_stats = entropy_bonus(out.entropy, mask, agg)  # type: ignore[arg-type]

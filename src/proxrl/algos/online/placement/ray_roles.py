@@ -25,14 +25,12 @@ from torch import Tensor, nn
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement.ray_weights import Layout, ObjectStoreWeights, WeightReceiver
 from proxrl.algos.online.roles import load_rewards, place_rewards
-from proxrl.algos.online.rollout import pad_to
-from proxrl.algos.online.samplers import make_sampler, rollout_engine
-from proxrl.data.batching import pad_left
+from proxrl.algos.online.samplers import make_engine
+from proxrl.data.batching import pad_left, pad_to
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.forward import reference_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
-from proxrl.rollout.vllm_sampler import sync_weights
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
@@ -197,8 +195,8 @@ class EngineActor(RoleActor):
         try:
             # under vLLM the module only stages the weights vLLM reloads from: on the CPU
             self.model, tokenizer = frozen_model(cfg, on_cpu=cfg.sampler == "vllm")
-            self.sampler = make_sampler(cfg, self.model, tokenizer)
-            self.vllm = rollout_engine(cfg)
+            self.engine = make_engine(cfg, tokenizer)
+            self.sampler = self.engine.sampler(self.model)
         except ProxrlError as error:
             self.error = str(error)
 
@@ -214,8 +212,7 @@ class EngineActor(RoleActor):
 
     def apply(self, state: dict[str, Tensor], version: int) -> None:
         self.model.load_state_dict(state)
-        if self.vllm is not None:
-            sync_weights(self.vllm, self.model)
+        self.engine.after_update(self.model, version)  # vLLM's copy of the weights: synced
         self.version = version
 
     def join_weights(

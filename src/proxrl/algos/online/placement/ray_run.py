@@ -4,7 +4,7 @@ The driver (the ``proxrl`` process) starts a local Ray or joins a cluster (``ray
 else ``$RAY_ADDRESS``), checks the cluster can give every role its resources, and runs
 ``loop.train_online`` in a trainer actor, which holds the policy and its optimizer (and a value
 head: ``critic: head``); ``ray_trainer_processes`` of them run it data parallel (``ray_group``).
-From there ``RayRoles`` starts the other roles as actors (rank 0's) that go when the trainer
+From there ``RayPlacement`` starts the other roles as actors (rank 0's) that go when the trainer
 does: the reward sources, the reference, the separate critic (``ray_critic``) and
 ``ray_engines`` generation engines. A trainer that dies ends the run with a one-line error; its
 checkpoints are written atomically, so the last one is whole and ``--resume`` continues it.
@@ -17,29 +17,27 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from torch import nn
 
-from proxrl.algos.online.config import Algorithm, OnlineConfig
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement import ray_group
 from proxrl.algos.online.placement.fields import RAY_INSTALL
+from proxrl.algos.online.prompts import per_response, prompt_order
 from proxrl.algos.online.roles import Models, load_models, measures_kl
-from proxrl.algos.online.rollout import prompt_order
-from proxrl.rollout.generation import SamplingSettings
+from proxrl.algos.online.samplers import sampling_settings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
-_ROLES: RayRoles | None = None  # set in the trainer actor while it runs the loop
-
-
-def trainer_roles() -> RayRoles | None:
-    return _ROLES
+OnlineLoop = Callable[..., dict[str, float]]  # (cfg, algo, placement) → the last metrics row
 
 
 def has_reference(cfg: OnlineConfig) -> bool:
@@ -192,20 +190,15 @@ class TrainerActor:
         """The signal forwarded so far (None: none)."""
         return self.stop.signum
 
-    def train(self, cfg: OnlineConfig, algo: Algorithm) -> tuple[str, Any]:
-        """("ok", the last metrics row), or ("error", (class name, message, exit code)) for
-        an error the user can act on, re-raised by the driver as the same one line."""
-        global _ROLES
-        from proxrl.algos.online.loop import train_online
-
+    def train(self, cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> tuple[str, Any]:
+        """``loop`` (the online loop) with this actor's placement: ("ok", the last metrics
+        row), or ("error", (class name, message, exit code)) for an error the user can act on,
+        re-raised by the driver as the same one line."""
         logging.basicConfig(level=logging.INFO)
-        _ROLES = RayRoles(cfg, self.stop, self.run, self.published)
         try:
-            return "ok", train_online(cfg, algo)
+            return "ok", loop(cfg, algo, RayPlacement(cfg, self.stop, self.run, self.published))
         except ProxrlError as error:
             return "error", (type(error).__name__, str(error), error.exit_code)
-        finally:
-            _ROLES = None
 
 
 def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
@@ -216,8 +209,8 @@ def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
     return ProxrlError(message)
 
 
-def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
-    """Run the loop in ``ray_trainer_processes`` trainer actors; the driver waits, and leaves
+def train_on_ray(cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> dict[str, float]:
+    """Run ``loop`` in ``ray_trainer_processes`` trainer actors; the driver waits, and leaves
     the Ray it started."""
     import ray
 
@@ -248,7 +241,7 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
         for rank, pid in enumerate(ray_group.connect_group(trainers)):
             log.info("placement: trainer rank %d of %d in process %d", rank, len(trainers), pid)
         status, value = ray_group.wait_forwarding_signals(
-            trainers, [t.train.remote(cfg, algo) for t in trainers], cfg.output_dir
+            trainers, [t.train.remote(cfg, algo, loop) for t in trainers], cfg.output_dir
         )
         if status == "error":
             raise reraised(*value)
@@ -262,18 +255,7 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm) -> dict[str, float]:
             ray.shutdown()
 
 
-def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
-    return SamplingSettings(
-        cfg.max_new_tokens,
-        cfg.temperature,
-        cfg.top_k,
-        cfg.top_p,
-        cfg.stop_strings,
-        min_p=cfg.min_p,
-    )
-
-
-class RayRoles:
+class RayPlacement:
     """The trainer actor's roles: the reward sources, the reference, the separate critic and the
     engines in actors of their own, started here (so owned by the trainer); with several
     trainers, by rank 0 and shared (``ray_group``)."""
@@ -286,7 +268,6 @@ class RayRoles:
         self.run = run
         self.published = published  # [weights, version] rank 0 handed this rank
         self.pool: Any = None
-        self.update_started = 0.0
 
     def _actor(self, cls: type, role: str, *args: Any, **options: Any) -> Any:
         import ray
@@ -371,8 +352,10 @@ class RayRoles:
         return replace(
             models,
             reference=RemoteReference(reference) if reference is not None else models.reference,
-            engines=self.pool,
         )
+
+    def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
+        return RayEngines(self, prompt_ids)
 
     def stop(self) -> GracefulStop:
         return self.graceful
@@ -401,27 +384,44 @@ class RayRoles:
             self.pool.weights, self.pool.version = weights, version
         return time.perf_counter() - started
 
-    def start(self, actor: nn.Module, iteration: int) -> None:
-        self.publish(actor, iteration)
 
-    def before_update(self, iteration: int, prompt_ids: list[list[int]]) -> None:
+class RayEngines:
+    """The engine actors' pool as the loop's engine: the policy's weights published at the
+    start and after each update, batches launched ahead while the trainer updates."""
+
+    def __init__(self, placement: RayPlacement, prompt_ids: list[list[int]]) -> None:
+        self.placement = placement
+        self.prompt_ids = prompt_ids
+        self.update_started = 0.0
+
+    def sampler(self, policy: nn.Module) -> Any:
+        return self.placement.pool
+
+    def start(self, policy: nn.Module, iteration: int) -> None:
+        self.placement.publish(policy, iteration)
+
+    def before_update(self, iteration: int) -> None:
         """Launch the batches up to ``max_staleness`` iterations ahead (async_rollout) with the
         weights the engines hold now, then note when the update starts."""
-        cfg = self.cfg
+        cfg, pool = self.placement.cfg, self.placement.pool
         if cfg.async_rollout:
-            self.pool.pending = [p for p in self.pool.pending if p.iteration > iteration]
+            pool.pending = [p for p in pool.pending if p.iteration > iteration]
             ahead = range(iteration + 1, min(iteration + cfg.max_staleness, cfg.iterations - 1) + 1)
             for later in ahead:
-                if later in self.pool.launched():
+                if later in pool.launched():
                     continue
-                order = prompt_order(len(prompt_ids), cfg.rollout_batch_size, later, cfg.seed)
-                ids = [prompt_ids[i] for i in order for _ in range(cfg.group_size)]
-                self.pool.prefetch(later, ids, sampling_settings(cfg), with_logprobs=True)
+                order = prompt_order(len(self.prompt_ids), cfg.rollout_batch_size, later, cfg.seed)
+                ids = [self.prompt_ids[i] for i in per_response(order, cfg.group_size)]
+                pool.prefetch(later, ids, sampling_settings(cfg), with_logprobs=True)
         self.update_started = time.time()
 
-    def after_update(self, actor: nn.Module, iteration: int) -> dict[str, float]:
+    def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
         ended = time.time()
-        metrics = ray_group.group_metrics(dist.all_gather_objects(self.pool.metrics(iteration - 1)))
+        pool = self.placement.pool
+        metrics = ray_group.group_metrics(dist.all_gather_objects(pool.metrics(iteration - 1)))
         metrics["time/update_start"], metrics["time/update_end"] = self.update_started, ended
-        metrics["time/weight_sync_s"] = self.publish(actor, iteration)
+        metrics["time/weight_sync_s"] = self.placement.publish(policy, iteration)
         return metrics
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,212 @@
+"""What one online run holds across its iterations (``OnlineRun``), and how it is opened: the
+user's input checked before the output directory is touched, the roles loaded and placed, the
+optimizers, controllers and checkpoint registered, a resumed run restored, the engine started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.heldout import HeldOut
+from proxrl.algos.online.placement.base import Placement
+from proxrl.algos.online.roles import Models, load_prompts, place_roles
+from proxrl.core import FixedKL, ProportionalKL
+from proxrl.data.formats import PromptExample
+from proxrl.rollout.engines import RolloutEngine
+from proxrl.rollout.generation import CachedSampler, static_cache
+from proxrl.rollout.rewards import WeightedRewards
+from proxrl.runtime import distributed as dist
+from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir, record_planned_steps
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
+from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.health import HealthMonitor
+from proxrl.runtime.metrics import MetricsLogger, read_metrics
+from proxrl.runtime.resume import check_not_finished, check_resume
+from proxrl.runtime.seeding import seed_everything
+
+log = logging.getLogger(__name__)
+
+
+def kl_controller(cfg: OnlineConfig) -> FixedKL:
+    if cfg.kl_controller == "proportional":
+        return ProportionalKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    return FixedKL(cfg.kl_coef)
+
+
+def check_run(cfg: OnlineConfig) -> None:
+    """Everything about the output directory the user asked for, before it is touched."""
+    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    check_resume(cfg)
+    check_not_finished(cfg, cfg.iterations, "iteration", "--iterations")
+
+
+@dataclass
+class OnlineRun:
+    """The state of one online run; every stage of an iteration reads it."""
+
+    cfg: OnlineConfig
+    algo: Algorithm
+    models: Models  # as loaded: the rollout and the controllers read these
+    train_models: Models  # the trained roles as the update runs them (FSDP-wrapped)
+    rewards: WeightedRewards
+    prompts: list[PromptExample]
+    prompt_ids: list[list[int]]  # each prompt encoded (chat template, tools)
+    held_out: HeldOut | None
+    output_dir: Path
+    optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
+    base_rates: list[float]  # each optimizer's learning rate before the schedule
+    kl: FixedKL  # β of the KL to the reference (fixed or proportional)
+    generator: torch.Generator  # the minibatch order
+    checkpointer: Checkpointer
+    guard: NonFiniteGuard
+    logger: MetricsLogger
+    engine: RolloutEngine = field(init=False)
+    start: int = 0  # the first iteration this process runs (a resumed run's restored count)
+    extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
+    last: dict[str, float] = field(default_factory=dict)  # the latest metrics row
+
+    def save(self, done: int) -> Path:
+        return self.checkpointer.save(done, iteration=done, extra_rounds=self.extra_rounds)
+
+    def set_learning_rates(self, iteration: int) -> None:
+        """lr_schedule linear: each rate decays to 0 over the run; constant: as given."""
+        cfg = self.cfg
+        fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
+        for opt, rate in zip(self.optimizers, self.base_rates, strict=True):
+            for group in opt.param_groups:
+                group["lr"] = rate * fraction_left
+
+
+def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> OnlineRun:
+    """1. seeds, roles, prompts (a bad input fails before the output directory is touched);
+    2. the output directory; 3. optimizers and what a checkpoint holds; 4. a resumed run
+    restored; 5. the engine started with the policy's weights."""
+    seed_everything(cfg.seed)
+    rewards = placement.rewards(cfg)  # first: a reward function that does not import fails fast
+    models = placement.models(cfg, algo)
+    if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
+        static_cache(models.actor, CachedSampler.CACHE_BUCKET)
+    prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
+    if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
+        dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
+    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    if dist.is_main():
+        save_config_file(cfg, output_dir / "config.yaml")
+        record_planned_steps(output_dir, cfg.iterations)
+    run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, output_dir)
+    _register_state(run)
+    if cfg.resume:
+        _restore(run)
+    run.engine = placement.engine(cfg, models, prompt_ids)
+    run.engine.start(models.actor, run.start)  # a resumed run's weights differ from the model's
+    return run
+
+
+def _with_optimizers(
+    cfg: OnlineConfig,
+    algo: Algorithm,
+    models: Models,
+    rewards: WeightedRewards,
+    prompts: list[PromptExample],
+    prompt_ids: list[list[int]],
+    held_out: HeldOut | None,
+    output_dir: Path,
+) -> OnlineRun:
+    """The roles placed, the optimizers, controllers, checkpointer, guard and metrics.
+
+    Several processes: data parallel (DDP) keeps the plain modules, the update summing
+    gradients over ranks itself once per optimizer step (critic_forward calls the backbone and
+    head directly, past any wrapper's forward); FSDP shards the trained roles in place (launch
+    config), the rollout gathering full weights to generate. Each rank samples with seed +
+    rank."""
+    place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
+    train_models = models
+    if dist.world_size() > 1 and dist.is_sharded():
+        train_models = replace(
+            models,
+            actor=dist.wrap_model(models.actor),
+            critic=models.critic.wrapped(dist.wrap_model),
+        )
+    actor_params = [p for p in models.actor.parameters() if p.requires_grad]
+    optimizers = [
+        torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
+        *models.critic.optimizers(),
+    ]
+    base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
+    kl = kl_controller(cfg)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    checkpointer = Checkpointer(
+        output_dir,
+        keep=cfg.keep_checkpoints,
+        rank_rng=True,
+        # another world size: a fresh stream per rank, still a function of the iteration
+        reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
+    )
+    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpointer.root)
+    logger = MetricsLogger(
+        output_dir, dist.is_main(), report_to=cfg.report_to, config=config_to_dict(cfg)
+    )
+    if dist.world_size() > 1:
+        seed_everything(dist.sampler_seed(cfg.seed))
+    return OnlineRun(
+        cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out, output_dir,
+        optimizers, base_rates, kl, generator, checkpointer, guard, logger,
+    )  # fmt: skip
+
+
+def _register_state(run: OnlineRun) -> None:
+    """What a checkpoint holds, registered once: the trained weights, optimizers, controllers,
+    RNGs (each rank's sampler stream too) and, as a counter, the iteration (which fixes the
+    data position). Resume restores all of it."""
+    checkpointer, models = run.checkpointer, run.models
+    checkpointer.track(actor=TrainableWeights(models.actor))
+    checkpointer.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
+    if run.cfg.ref_reset_every:  # a reference that moves is state; a frozen one is reloaded
+        checkpointer.track(reference=models.reference)
+    checkpointer.track(
+        optimizers=run.optimizers,
+        kl=run.kl,
+        penalty=run.algo.penalty,
+        rng=GlobalRNG(),
+        generator=run.generator,
+        guard=run.guard,
+    )
+    checkpointer.track(held_out=run.held_out)  # the early-stop history (None without eval_data)
+
+
+def _restore(run: OnlineRun) -> None:
+    """The latest checkpoint's state; the metrics and samples it did not reach are dropped."""
+    restored = run.checkpointer.restore()
+    run.start = int(restored.counters["iteration"])
+    run.extra_rounds = int(restored.counters.get("extra_rounds", 0))  # older checkpoints: none
+    run.logger.truncate_after(run.start)
+    if dist.is_main():
+        truncate_samples(run.output_dir, run.start)
+    log.info("resumed from %s at iteration %d", restored.path, run.start)
+
+
+def health_monitor(run: OnlineRun) -> HealthMonitor:
+    """The health rules, warning once each when they first fire, fed a resumed run's past."""
+    resumed = run.start and dist.is_main()
+    return HealthMonitor(read_metrics(run.output_dir) if resumed else ())
+
+
+def truncate_samples(output_dir: Path, iteration: int) -> None:
+    """Drop samples written after ``iteration`` (a resumed run writes them again)."""
+    path = output_dir / "samples.jsonl"
+    if path.exists():
+        kept = [
+            line
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if json.loads(line)["iteration"] <= iteration
+        ]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

@@ -1,0 +1,109 @@
+"""Where an online run's responses come from, behind one lifecycle the loop drives without
+asking which engine it has.
+
+An engine ``start``s with the policy's weights, hands the rollout a ``Sampler``, is told when
+the update begins (``before_update``: a GPU engine frees its memory, an asynchronous one
+launches later batches) and ends (``after_update``: it takes the new weights and returns the
+seconds that took), and ``close``s. ``PolicySampling`` samples the policy module itself (the
+built-in samplers); ``VLLMEngine`` keeps vLLM's copy of the weights; the Ray engine pool lives
+with its placement (``algos.online.placement.ray_run``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch import nn
+
+from proxrl.rollout.generation import CachedSampler, HFSampler, Sampler
+
+if TYPE_CHECKING:
+    from proxrl.rollout.vllm_sampler import EngineOptions
+
+
+class RolloutEngine(Protocol):
+    def start(self, policy: nn.Module, iteration: int) -> None:
+        """The run (or its resumed part) begins at ``iteration`` with ``policy``'s weights."""
+
+    def sampler(self, policy: nn.Module) -> Sampler:
+        """The sampler of one rollout; ``policy`` is the module to sample from where the
+        engine samples the policy itself (gathered whole under FSDP)."""
+        ...
+
+    def before_update(self, iteration: int) -> None:
+        """The update of ``iteration`` (0-based) is about to start."""
+
+    def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
+        """``policy`` holds the weights after ``iteration`` updates; returns the engine's
+        metrics for that iteration's row (its weight sync's seconds)."""
+        ...
+
+    def close(self) -> None:
+        """The run is over."""
+
+
+@dataclass
+class PolicySampling:
+    """The built-in samplers: they read the policy module itself, so nothing is synced."""
+
+    tokenizer: Any
+    generate: bool = False  # transformers' generate (sampler hf; any run with stop strings)
+    compile_step: bool = False  # the cached sampler's decoding step through torch.compile
+
+    def start(self, policy: nn.Module, iteration: int) -> None:
+        pass
+
+    def sampler(self, policy: nn.Module) -> Sampler:
+        if self.generate:
+            return HFSampler(policy, self.tokenizer)
+        return CachedSampler(policy, self.tokenizer, compile_step=self.compile_step)
+
+    def before_update(self, iteration: int) -> None:
+        pass
+
+    def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class VLLMEngine:
+    """A vLLM engine in this process with its own copy of the weights, synced after each
+    update; on a GPU it sleeps through the update."""
+
+    def __init__(self, options: EngineOptions, tokenizer: Any) -> None:
+        self.options = options
+        self.tokenizer = tokenizer
+        self.llm: Any = None
+
+    def _started(self) -> Any:
+        from proxrl.rollout.vllm_sampler import start_engine
+
+        if self.llm is None:
+            self.llm = start_engine(self.options)
+        return self.llm
+
+    def start(self, policy: nn.Module, iteration: int) -> None:
+        from proxrl.rollout.vllm_sampler import sync_weights
+
+        sync_weights(self._started(), policy)  # a resumed run's weights differ from the model's
+
+    def sampler(self, policy: nn.Module) -> Sampler:
+        from proxrl.rollout.vllm_sampler import VLLMSampler
+
+        return VLLMSampler(self._started(), self.tokenizer)
+
+    def before_update(self, iteration: int) -> None:
+        from proxrl.rollout.vllm_sampler import release_memory
+
+        release_memory(self._started())
+
+    def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
+        from proxrl.rollout.vllm_sampler import sync_weights
+
+        return {"time/weight_sync_s": sync_weights(self._started(), policy)}
+
+    def close(self) -> None:
+        pass
