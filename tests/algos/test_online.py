@@ -566,7 +566,7 @@ def test_nan_rewards_and_gradients_are_skipped_counted_and_stop_the_run(
             for p in algo_models[0].actor.parameters():
                 p.grad = torch.full_like(p, float("nan"))
 
-    import proxrl.algos.online.placement.base as online_module  # LocalRoles loads the models
+    import proxrl.algos.online.placement.base as online_module  # LocalPlacement loads the models
 
     algo_models = []
     real_load = online_module.load_models
@@ -790,7 +790,7 @@ def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(
         for p in model_params:
             p.grad = torch.full_like(p, float("nan"))
 
-    import proxrl.algos.online.placement.base as online_module  # LocalRoles loads the models
+    import proxrl.algos.online.placement.base as online_module  # LocalPlacement loads the models
 
     real_load, model_params = online_module.load_models, []
 

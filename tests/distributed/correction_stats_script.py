@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from proxrl.algos.online.rollout import gathered_correction_stats
+from proxrl.algos.online.gather import gathered_correction_stats
 from proxrl.core import correction_stats, mis_weights
 from proxrl.runtime import distributed as dist
 

@@ -16,6 +16,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from proxrl.data.encoding import check_round_trip
 from proxrl.models.causal_lm import disable_dropout, load_causal_lm
 from proxrl.models.lora import adapter_disabled, apply_lora, trainable_state_dict
 from proxrl.models.scalar_head import (
@@ -27,7 +28,6 @@ from proxrl.models.scalar_head import (
 )
 from proxrl.models.tiny import build_tiny_tokenizer
 from proxrl.models.tokenizer import (
-    check_round_trip,
     load_tokenizer,
     padding_side,
     resize_for_tokenizer,

@@ -34,7 +34,6 @@ from proxrl.data.formats import (
     SFTExample,
     Text,
 )
-from proxrl.models.tokenizer import check_round_trip
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -400,3 +399,42 @@ def encode_prompts(
             ids = ids[-max_length:]
         encoded.append(ids)
     return _finish(encoded, report, name, max_length)
+
+
+def check_round_trip(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], source: str | None = None
+) -> None:
+    """Judge the tokenizer on ``texts``, the run's own (the first rows' prompts and responses):
+    raise if none of them encodes to a token, or if all decode to empty text; warn when some do
+    not come back exactly (tokens it does not know, normalised whitespace)."""
+    source = source or getattr(tokenizer, "name_or_path", "") or "tokenizer"
+    samples = [t for t in texts if t.strip()]
+    if not samples:
+        return
+    encoded = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in samples]
+    if not any(encoded):
+        raise ProxrlError(
+            f"tokenizer from '{source}' encodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to zero tokens; it is broken (transformers may have "
+            "loaded it with the wrong tokenizer class)"
+        )
+    decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in encoded]
+    if not any(d.strip() for d in decoded):
+        raise ProxrlError(
+            f"tokenizer from '{source}' decodes the data's first {len(samples)} texts "
+            f"({_shown(samples[0])}, ...) to empty text: it knows none of their tokens"
+        )
+    changed = [(t, d) for t, d in zip(samples, decoded, strict=True) if d.strip() != t.strip()]
+    if changed:
+        log.warning(
+            "tokenizer from '%s' does not round-trip %d of the data's first %d texts exactly "
+            "(first: %r -> %r)",
+            source,
+            len(changed),
+            len(samples),
+            *changed[0],
+        )
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 30 else repr(text[:27] + "...")

@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from proxrl.models.tokenizer import looks_like_local_path, unreachable_hub_host, use_hub_cache_only
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.hub import looks_like_local_path, unreachable_hub_host, use_hub_cache_only
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 def check_data_source(source: str) -> None:
     """Fail early (before a run starts) when ``source`` names a local file or directory that is
     missing: a data file by its suffix, a path by its look (``./x``, ``runs/x`` when ``runs/``
-    exists: ``models.tokenizer.looks_like_local_path``)."""
+    exists: ``runtime.hub.looks_like_local_path``)."""
     if objects.is_handle(source):
         return
     path = os.path.expanduser(source)

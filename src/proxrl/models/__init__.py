@@ -14,7 +14,6 @@ from proxrl.models.scalar_head import (
     token_values,
 )
 from proxrl.models.tokenizer import (
-    check_round_trip,
     load_tokenizer,
     padding_side,
     resize_for_tokenizer,
@@ -23,7 +22,6 @@ from proxrl.models.tokenizer import (
 __all__ = [
     "adapter_disabled",
     "apply_lora",
-    "check_round_trip",
     "disable_dropout",
     "last_token_index",
     "load_causal_lm",

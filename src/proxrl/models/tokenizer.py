@@ -5,8 +5,8 @@
   "last non-pad token" both confuse the real end of a response with padding.
 - Padding side is a choice made where padding happens: right for training (this module leaves
   the tokenizer on the right), left for batched generation (``padding_side("left")``).
-- A tokenizer is judged on the run's own data (``check_round_trip`` on the first rows' texts,
-  called by ``data.encoding``), not on a fixed English sentence that a domain- or
+- A tokenizer is judged on the run's own data (``data.encoding.check_round_trip`` on the first
+  rows' texts), not on a fixed English sentence that a domain- or
   language-specific tokenizer need not cover. transformers 5.x can load a tokenizer that
   encodes any text to nothing (seen with a custom tokenizer saved beside a Qwen2-type config);
   training on empty sequences would then "work" and learn nothing.
@@ -17,31 +17,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-from collections.abc import Iterator, Sequence
+import socket  # noqa: F401  (tests reach the resolver through it)
+from collections.abc import Iterator
 
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from proxrl.models.lora import adapter_base
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.hub import (  # noqa: F401  (also this module's public names)
+    PROXY_VARIABLES,
+    looks_like_local_path,
+    unreachable_hub_host,
+    use_hub_cache_only,
+)
 
 log = logging.getLogger(__name__)
 
 PAD_TOKEN = "<|pad|>"
-
-
-def looks_like_local_path(name_or_path: str) -> bool:
-    """A string the user meant as a directory rather than a hub id (``org/name``): absolute,
-    ``./`` or ``~``-relative, deeper than ``org/name``, or under a directory that exists here
-    (``runs/sft`` when ``runs/`` exists). Such a string is never sent to the hub, whose
-    offline retries take about a minute to fail."""
-    return (
-        os.path.isabs(name_or_path)
-        or name_or_path.startswith((".", "~"))
-        or name_or_path.count("/") > 1
-        or ("/" in name_or_path and os.path.isdir(name_or_path.split("/", 1)[0]))
-    )
 
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -72,16 +65,6 @@ def check_model_source(name_or_path: str) -> None:
         check_hub_model_reachable(name_or_path)
 
 
-PROXY_VARIABLES = (
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "ALL_PROXY",
-    "all_proxy",
-)
-
-
 def check_hub_model_reachable(repo_id: str) -> None:
     """When the hub's host does not even resolve (an air-gapped machine), every download would
     retry for ~50 s before giving up: a hub id in the local cache is then loaded from it alone
@@ -103,44 +86,6 @@ def check_hub_model_reachable(repo_id: str) -> None:
         f"and {host} cannot be reached from here; download it on a connected machine "
         "(huggingface-cli download) or pass a local directory"
     )
-
-
-def unreachable_hub_host() -> str | None:
-    """The hub's host name when it does not resolve from here (so a download would only retry
-    until it times out), else None: also None in offline mode (the libraries then read the cache
-    only and fail at once) and behind a proxy (which may resolve what this machine cannot)."""
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return None
-    if any(os.environ.get(name) for name in PROXY_VARIABLES):
-        return None
-    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
-    return None if host_resolves(host) else host
-
-
-def use_hub_cache_only(host: str, name: str) -> None:
-    """Switch this process (and those it starts) to Hugging Face's offline mode, so ``name`` is
-    read from the local cache without a request."""
-    from huggingface_hub import constants
-
-    log.warning(
-        "%s cannot be reached: loading %s from the local Hugging Face cache (offline mode)",
-        host,
-        name,
-    )
-    constants.HF_HUB_OFFLINE = True
-    os.environ["HF_HUB_OFFLINE"] = "1"
-
-
-def host_resolves(host: str) -> bool:
-    try:
-        socket.getaddrinfo(host, 443)
-    except OSError:
-        return False
-    return True
 
 
 def load_tokenizer(
@@ -213,45 +158,6 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
         tokenizer.pad_token_id,
     )
     return True
-
-
-def check_round_trip(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], source: str | None = None
-) -> None:
-    """Judge the tokenizer on ``texts``, the run's own (the first rows' prompts and responses):
-    raise if none of them encodes to a token, or if all decode to empty text; warn when some do
-    not come back exactly (tokens it does not know, normalised whitespace)."""
-    source = source or getattr(tokenizer, "name_or_path", "") or "tokenizer"
-    samples = [t for t in texts if t.strip()]
-    if not samples:
-        return
-    encoded = [list(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in samples]
-    if not any(encoded):
-        raise ProxrlError(
-            f"tokenizer from '{source}' encodes the data's first {len(samples)} texts "
-            f"({_shown(samples[0])}, ...) to zero tokens; it is broken (transformers may have "
-            "loaded it with the wrong tokenizer class)"
-        )
-    decoded = [tokenizer.decode(ids, skip_special_tokens=True) for ids in encoded]
-    if not any(d.strip() for d in decoded):
-        raise ProxrlError(
-            f"tokenizer from '{source}' decodes the data's first {len(samples)} texts "
-            f"({_shown(samples[0])}, ...) to empty text: it knows none of their tokens"
-        )
-    changed = [(t, d) for t, d in zip(samples, decoded, strict=True) if d.strip() != t.strip()]
-    if changed:
-        log.warning(
-            "tokenizer from '%s' does not round-trip %d of the data's first %d texts exactly "
-            "(first: %r -> %r)",
-            source,
-            len(changed),
-            len(samples),
-            *changed[0],
-        )
-
-
-def _shown(text: str) -> str:
-    return repr(text) if len(text) <= 30 else repr(text[:27] + "...")
 
 
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

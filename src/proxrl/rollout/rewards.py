@@ -23,10 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.data.batching import pack_lengths, pad_right
-from proxrl.data.encoding import encode_prompt_text, encode_response_text
+from proxrl.data.encoding import check_round_trip, encode_prompt_text, encode_response_text
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import sequence_scores
-from proxrl.models.tokenizer import check_round_trip
 from proxrl.rollout.forward import packed_sequence_scores
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError

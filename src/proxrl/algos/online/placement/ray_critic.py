@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, CriticGradient, CriticLoader, value_metrics
-from proxrl.algos.online.placement.ray_roles import RoleActor, answer, join_paths
+from proxrl.algos.online.placement.ray_group import answer, join_paths
+from proxrl.algos.online.placement.ray_roles import RoleActor
 from proxrl.core import Aggregation
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.experience import Experience

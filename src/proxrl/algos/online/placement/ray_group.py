@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any
 
 from proxrl.algos.online.config import OnlineConfig
@@ -27,6 +28,25 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.signals import GracefulStop
 
 PLACEMENT_TIMEOUT_S = 120.0
+
+
+def answer(refs: Any) -> Any:
+    """``ray.get``, with a role's ``ProxrlError`` raised here as the same one line (Ray wraps
+    it in a traceback of the actor's)."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as error:
+        if isinstance(error.cause, ProxrlError):
+            raise ProxrlError(str(error.cause)) from None
+        raise
+
+
+def join_paths(paths: list[str]) -> None:
+    """The driver's import path (reward functions' modules) in this worker too."""
+    sys.path.extend(p for p in paths if p not in sys.path)
 
 
 def free_address() -> tuple[str, int]:

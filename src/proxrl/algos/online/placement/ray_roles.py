@@ -13,7 +13,6 @@ batch.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.placement.ray_group import answer, join_paths
 from proxrl.algos.online.placement.ray_weights import Layout, ObjectStoreWeights, WeightReceiver
 from proxrl.algos.online.roles import load_rewards, place_rewards
 from proxrl.algos.online.samplers import make_engine
@@ -33,24 +33,6 @@ from proxrl.rollout.forward import reference_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
-
-
-def answer(refs: Any) -> Any:
-    """``ray.get``, with a role's ``ProxrlError`` raised here as the same one line (Ray wraps
-    it in a traceback of the actor's)."""
-    from ray.exceptions import RayTaskError
-
-    try:
-        return ray.get(refs)
-    except RayTaskError as error:
-        if isinstance(error.cause, ProxrlError):
-            raise ProxrlError(str(error.cause)) from None
-        raise
-
-
-def join_paths(paths: list[str]) -> None:
-    """The driver's import path (reward functions' modules) in this worker too."""
-    sys.path.extend(p for p in paths if p not in sys.path)
 
 
 class RoleActor:

@@ -27,7 +27,8 @@ from torch import nn
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement import ray_group
-from proxrl.algos.online.placement.fields import RAY_INSTALL
+from proxrl.algos.online.placement.ray_group import join_paths
+from proxrl.algos.online.placement_fields import RAY_INSTALL
 from proxrl.algos.online.prompts import per_response, prompt_order
 from proxrl.algos.online.roles import Models, load_models, measures_kl
 from proxrl.algos.online.samplers import sampling_settings
@@ -164,7 +165,6 @@ class TrainerActor:
     the policy it published) reach it while ``train`` runs."""
 
     def __init__(self, paths: list[str], run: str) -> None:
-        from proxrl.algos.online.placement.ray_roles import join_paths
 
         join_paths(paths)
         self.run = run

@@ -143,8 +143,7 @@ class ProcessGroupWeights:
         self.sent: list[Tensor] = []  # its buffers, alive until it is done
 
     def connect(self, layout: Layout, device: str) -> None:
-        from proxrl.algos.online.placement.ray_group import free_address
-        from proxrl.algos.online.placement.ray_roles import answer
+        from proxrl.algos.online.placement.ray_group import answer, free_address
 
         world = 1 + len(self.handles)
         address, _ = free_address()
@@ -173,7 +172,7 @@ class ProcessGroupWeights:
         return []  # the engines hold the weights when a request reaches them: nothing to carry
 
     def settle(self) -> None:
-        from proxrl.algos.online.placement.ray_roles import answer
+        from proxrl.algos.online.placement.ray_group import answer
 
         works, receives = self.pending[: len(self.sent)], self.pending[len(self.sent) :]
         for work in works:
