@@ -2,19 +2,20 @@ import math
 
 import pytest
 import torch
-from helpers import close, prefix_mask, t
 
 from proxrl.core import (
     discounted_returns,
     gae,
     gae_env,
-    grpo_advantages,
+    group_centred_advantages,
+    group_scaled_advantages,
     mixed_group_advantages,
     rank_advantages,
     reinforce_pp_advantages,
     remax_advantages,
     rloo_advantages,
 )
+from tests.core.helpers import close, prefix_mask, t
 
 # ---------------------------------------------------------------- naive references
 
@@ -192,18 +193,18 @@ def test_gae_env_in_float32_equals_the_step_by_step_recursion_to_the_bit():
 # ---------------------------------------------------------------- group baselines
 
 
-def test_grpo_advantages_by_hand():
+def test_group_scaled_advantages_by_hand():
     """Groups (1, 2, 3): mean 2, unbiased std 1 → (−1, 0, 1).
     (0, 0, 4): mean 4/3, deviations (−4/3, −4/3, 8/3), unbiased var (16+16+64)/9/2 = 16/3,
-    std 4/√3 → (−1/√3, −1/√3, 2/√3). scale="none" keeps the deviations."""
+    std 4/√3 → (−1/√3, −1/√3, 2/√3). Scale "none" keeps the deviations."""
     scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
     r3 = 3**0.5
-    close(grpo_advantages(scores, 3, eps=0.0), [-1.0, 0.0, 1.0, -1 / r3, -1 / r3, 2 / r3])
-    close(grpo_advantages(scores, 3, scale="none"), [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
+    close(group_scaled_advantages(scores, 3, 0.0), [-1.0, 0.0, 1.0, -1 / r3, -1 / r3, 2 / r3])
+    close(group_centred_advantages(scores, 3), [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
 
 
-def test_grpo_advantages_of_a_uniform_group_are_zero():
-    close(grpo_advantages(t([1.0, 1.0, 1.0, 1.0]), 2), [0.0, 0.0, 0.0, 0.0])
+def test_group_scaled_advantages_of_a_uniform_group_are_zero():
+    close(group_scaled_advantages(t([1.0, 1.0, 1.0, 1.0]), 2), [0.0, 0.0, 0.0, 0.0])
 
 
 def test_group_functions_match_naive_loops():
@@ -215,7 +216,7 @@ def test_group_functions_match_naive_loops():
         std = (sum((s - mean) ** 2 for s in group) / 3) ** 0.5
         expected_grpo += [(s - mean) / (std + 1e-6) for s in group]
         expected_rloo += [s - (sum(group) - s) / 3 for s in group]
-    close(grpo_advantages(scores, 4), expected_grpo)
+    close(group_scaled_advantages(scores, 4), expected_grpo)
     close(rloo_advantages(scores, 4), expected_rloo)
 
 
@@ -263,7 +264,7 @@ def test_reinforce_pp_advantages_by_hand():
     close(advantages, expected * mask)
 
 
-@pytest.mark.parametrize("fn", [grpo_advantages, rank_advantages, rloo_advantages])
+@pytest.mark.parametrize("fn", [group_scaled_advantages, rank_advantages, rloo_advantages])
 def test_group_functions_reject_bad_groups(fn):
     with pytest.raises(ValueError, match="at least 2"):
         fn(t([1.0, 2.0]), 1)
@@ -280,16 +281,39 @@ def test_batch_scaled_advantages_by_hand():
     scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
     centred = t([-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
     close(batch_scaled_advantages(scores, 3), centred / (math.sqrt(8 / 3) + 1e-6))
-    close(grpo_advantages(scores, 3, scale="batch"), centred / (math.sqrt(8 / 3) + 1e-6))
 
 
-def test_scale_names_pick_their_function():
-    """group = GRPO's per-group std (the older spelling std too); none = centred only."""
-    scores = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
-    close(grpo_advantages(scores, 3, scale="group"), grpo_advantages(scores, 3, scale="std"))
-    close(grpo_advantages(scores, 3, scale="none"), [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3])
-    with pytest.raises(ValueError, match="unknown scale 'max'"):
-        grpo_advantages(scores, 3, scale="max")
+SCORES = t([1.0, 2.0, 3.0, 0.0, 0.0, 4.0])
+R3 = 3**0.5
+REWARD_SCALE_CASES = {
+    # (1, 2, 3) | (0, 0, 4): group stds 1 and 4/√3 (see test_group_scaled_advantages_by_hand)
+    "group": [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6)]
+    + [-4 / 3 / (4 / R3 + 1e-6), -4 / 3 / (4 / R3 + 1e-6), 8 / 3 / (4 / R3 + 1e-6)],
+    # one batch std √(8/3) (see test_batch_scaled_advantages_by_hand)
+    "batch": [c / (math.sqrt(8 / 3) + 1e-6) for c in (-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3)],
+    "none": [-1.0, 0.0, 1.0, -4 / 3, -4 / 3, 8 / 3],
+}
+
+
+def test_every_reward_scale_has_a_case():
+    from proxrl.core import REWARD_SCALES
+
+    assert set(REWARD_SCALE_CASES) == set(REWARD_SCALES)
+
+
+@pytest.mark.parametrize("scale", sorted(REWARD_SCALE_CASES))
+def test_reward_scales_by_hand(scale):
+    """Each entry of REWARD_SCALES on scores 1, 2, 3 | 0, 0, 4 in groups of 3, eps 1e-6."""
+    from proxrl.core import REWARD_SCALES
+
+    close(REWARD_SCALES[scale](SCORES, 3, 1e-6), REWARD_SCALE_CASES[scale])
+
+
+def test_an_unknown_scale_names_the_closest():
+    from proxrl.core import REWARD_SCALES
+
+    with pytest.raises(ValueError, match="unknown reward scale 'grop'.*did you mean group"):
+        REWARD_SCALES["grop"]
 
 
 def test_reinforce_pp_baseline_by_hand():

@@ -1,6 +1,6 @@
 import math
 
-from helpers import close, t
+import pytest
 
 from proxrl.core import (
     combine_correction_stats,
@@ -11,6 +11,7 @@ from proxrl.core import (
     seq_tis_weights,
     tis_weights,
 )
+from tests.core.helpers import close, t
 
 # Two responses; ρ_t = π_old / π_sampler per token, the last token of row 1 is padding.
 # Row 0: ρ = (0.4, 1.0, 3.0)  → Π = 1.2
@@ -104,3 +105,26 @@ def test_combined_shards_equal_the_whole_rollout():
     assert combined.keys() == whole.keys()
     for key, value in whole.items():
         assert math.isclose(combined[key], float(value), rel_tol=1e-12, abs_tol=1e-15), key
+
+
+# Every entry of ROLLOUT_CORRECTIONS on LOG_RATIO, MASK with α = 0.5, C = 2 (the cases above).
+CORRECTION_CASES = {
+    "tis": [[0.4, 1.0, 2.0], [1.5, 2.0, 0.0]],
+    "seq_tis": [[1.2, 1.2, 1.2], [2.0, 2.0, 0.0]],
+    "mis": [[0.4, 1.0, 0.0], [1.5, 0.0, 0.0]],
+    "seq_mis": [[1.2, 1.2, 1.2], [0.0, 0.0, 0.0]],
+    "icepop": [[0.0, 1.0, 0.0], [1.5, 0.0, 0.0]],
+}
+
+
+def test_every_rollout_correction_has_a_case():
+    from proxrl.core import ROLLOUT_CORRECTIONS
+
+    assert set(CORRECTION_CASES) == set(ROLLOUT_CORRECTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(CORRECTION_CASES))
+def test_rollout_corrections_by_name_by_hand(name):
+    from proxrl.core import ROLLOUT_CORRECTIONS
+
+    close(ROLLOUT_CORRECTIONS[name](LOG_RATIO, MASK, 0.5, 2.0), CORRECTION_CASES[name])

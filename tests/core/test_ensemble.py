@@ -2,7 +2,6 @@
 mean − k·std over the members, on hand-computed float64 cases."""
 
 import pytest
-from helpers import close, t
 
 from proxrl.core import (
     ENSEMBLE_COMBINATIONS,
@@ -12,6 +11,7 @@ from proxrl.core import (
     ensemble_spread,
     standardised_scores,
 )
+from tests.core.helpers import close, t
 
 # Three members (rows) × two responses (columns).
 SCORES = t([[1.0, 4.0], [2.0, 0.0], [6.0, 2.0]])
@@ -45,10 +45,21 @@ def test_mean_min_and_spread_by_hand():
     close(ensemble_spread(t([[5.0, -1.0]])), [0.0, 0.0])  # one member: no disagreement
 
 
-def test_the_table_picks_each_combination():
-    close(ENSEMBLE_COMBINATIONS["mean"](SCORES, 9.0), [3.0, 2.0])  # k does not apply
-    close(ENSEMBLE_COMBINATIONS["min"](SCORES, 9.0), [1.0, 0.0])
-    close(ENSEMBLE_COMBINATIONS["mean_minus_std"](SCORES, 1.0), ensemble_mean_minus_std(SCORES))
+# Every entry of ENSEMBLE_COMBINATIONS on SCORES with k = 0.5 (k does not apply to mean, min).
+COMBINATION_CASES = {
+    "mean": [3.0, 2.0],
+    "min": [1.0, 0.0],
+    "mean_minus_std": [3 - 0.5 * (14 / 3) ** 0.5, 2 - 0.5 * (8 / 3) ** 0.5],
+}
+
+
+def test_every_combination_has_a_case():
+    assert set(COMBINATION_CASES) == set(ENSEMBLE_COMBINATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATION_CASES))
+def test_the_table_picks_each_combination(name):
+    close(ENSEMBLE_COMBINATIONS[name](SCORES, 0.5), COMBINATION_CASES[name])
 
 
 def test_inputs_are_not_mutated():

@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from helpers import close, t
 
 from proxrl.core import (
     AdaptiveKL,
@@ -14,6 +13,7 @@ from proxrl.core import (
     sequence_kl,
     shaped_rewards,
 )
+from tests.core.helpers import close, t
 
 
 def test_estimators_by_hand():
@@ -139,3 +139,35 @@ def test_kl_estimators_table_by_name():
     close(kl_per_token(lp, ref, "k1"), [0.5, -0.5])
     close(kl_per_token(lp, ref, "k2"), [0.125, 0.125])
     close(kl_per_token(lp, ref, "k3+"), kl_per_token(lp, ref, "k3"))
+
+
+# π = 0.5, π_ref = 0.25 (test_estimators_by_hand): every entry of KL_ESTIMATORS by hand.
+KL_CASES = {
+    "k1": math.log(2),
+    "k2": 0.5 * math.log(2) ** 2,
+    "k3": math.log(2) - 0.5,
+    "k3+": math.log(2) - 0.5,  # k3's value (its gradient: test_k3_plus_...)
+}
+
+
+def test_every_kl_estimator_has_a_case():
+    from proxrl.core import KL_ESTIMATORS, REWARD_KL_ESTIMATORS
+
+    assert set(KL_CASES) == set(KL_ESTIMATORS)
+    assert set(REWARD_KL_ESTIMATORS) == set(KL_ESTIMATORS) - {"k3+"}
+
+
+@pytest.mark.parametrize("name", sorted(KL_CASES))
+def test_kl_estimators_by_name_by_hand(name):
+    from proxrl.core import kl_per_token
+
+    close(kl_per_token(t([math.log(0.5)]), t([math.log(0.25)]), name), [KL_CASES[name]])
+
+
+def test_an_unknown_kl_estimator_names_the_closest():
+    from proxrl.core import kl_per_token
+
+    with pytest.raises(ValueError, match=r"unknown KL estimator 'k4'.*expected one of"):
+        kl_per_token(t([0.0]), t([0.0]), "k4")
+    with pytest.raises(KeyError, match="did you mean k3"):
+        kl_per_token(t([0.0]), t([0.0]), "k3-")

@@ -1,11 +1,22 @@
-"""GSPO, GSPO-token and CISPO on hand-computed cases, values and gradients (float64)."""
+"""GSPO, GSPO-token, CISPO and SAPO on hand-computed cases, values and gradients (float64), and
+every entry of POLICY_LOSSES on one case."""
 
 import math
 
+import pytest
 import torch
-from helpers import close, t
 
-from proxrl.core import cispo_loss, gspo_loss, gspo_token_loss, ppo_clip_loss
+from proxrl.core import (
+    POLICY_LOSSES,
+    PolicyLossSettings,
+    aggregation,
+    cispo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    ppo_clip_loss,
+    sapo_loss,
+)
+from tests.core.helpers import close, t
 
 MASK = t([[1, 1], [1, 0]])
 
@@ -100,9 +111,90 @@ def test_policy_losses_ignore_padding():
     old = t([[0.0, float("nan")], [0.1, 0.2]])
     advantages = t([[1.0, float("nan")], [-1.0, -1.0]])
     mask = t([[1, 0], [1, 1]])
-    for fn in (gspo_loss, gspo_token_loss, cispo_loss):
+    for fn in (gspo_loss, gspo_token_loss, cispo_loss, sapo_loss):
         logprobs = _leaf([[0.2, float("nan")], [0.0, 0.1]])
         loss, _ = fn(logprobs, old, advantages, mask)
         loss.backward()
         assert torch.isfinite(loss)
         assert torch.isfinite(logprobs.grad[mask.bool()]).all()
+
+
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_soft_gate_by_hand():
+    """τ_pos = 2, τ_neg = 0.5 (apart, so a swapped τ shows). Row 0: log-ratios ln 1.5, 0 (r =
+    1.5, 1), A = +2 → τ = 2: f(r) = σ(τ(r − 1))·4/τ = 2σ(1), 2σ(0) = 1; token losses −f·A =
+    −4σ(1), −2; row mean −2σ(1) − 1. Row 1: r = 0.5, A = −1 → τ = 0.5: f = 8σ(−0.25), loss
+    8σ(−0.25). seq-mean-token-mean: (−2σ(1) − 1 + 8σ(−0.25))/2.
+    Gradient in log π: −A·f′(r)·r with f′(r) = 4σ(1 − σ), times the aggregation's weight (¼ on
+    row 0's tokens, ½ on row 1's): −2·4σ(1)(1 − σ(1))·1.5/4 = −3σ(1)(1 − σ(1)); −2·4·¼·1/4 =
+    −0.5; +4·s(1 − s)·0.5/2 = s(1 − s) with s = σ(−0.25); padding (A = 0) 0."""
+    old = t([[0.0, 0.0], [0.0, 0.0]])
+    logprobs = _leaf([[math.log(1.5), 0.0], [math.log(0.5), 7.0]])  # 7.0 sits in padding
+    advantages = t([[2.0, 2.0], [-1.0, 0.0]])
+    loss, stats = sapo_loss(logprobs, old, advantages, MASK, 2.0, 0.5, "seq-mean-token-mean")
+    s1, s = _sigmoid(1.0), _sigmoid(-0.25)
+    close(loss, (-2 * s1 - 1 + 8 * s) / 2)
+    loss.backward()
+    close(logprobs.grad, [[-3 * s1 * (1 - s1), -0.5], [s * (1 - s), 0.0]])
+    close(stats["ratio_mean"], (1.5 + 1 + 0.5) / 3)
+
+
+def test_sapo_on_policy_gradient_is_ppos():
+    """At r = 1 the gate's slope is 4σ(0)(1 − σ(0)) = 1 for every τ: SAPO's gradient is PPO's,
+    −A per token (here ÷ 3 tokens, token-mean), while its value is −(2/τ)·A."""
+    old, mask, advantages = t([[0.3, -0.2, 0.1]]), t([[1, 1, 1]]), t([[1.5, -2.0, 0.5]])
+    sapo_logprobs, ppo_logprobs = _leaf([[0.3, -0.2, 0.1]]), _leaf([[0.3, -0.2, 0.1]])
+    loss, _ = sapo_loss(sapo_logprobs, old, advantages, mask, 1.0, 1.05, "token-mean")
+    close(loss, -(2 / 1.0 * 1.5 + 2 / 1.05 * -2.0 + 2 / 1.0 * 0.5) / 3)
+    loss.backward()
+    ppo_clip_loss(ppo_logprobs, old, advantages, mask)[0].backward()
+    close(sapo_logprobs.grad, ppo_logprobs.grad)
+    close(sapo_logprobs.grad, -advantages / 3)
+
+
+def test_sapo_defaults_are_verl_and_trl():
+    """τ_pos 1.0, τ_neg 1.05 (veRL's tau_pos / tau_neg, TRL's sapo_temperature_pos / _neg)."""
+    settings = PolicyLossSettings()
+    assert (settings.sapo_tau_pos, settings.sapo_tau_neg) == (1.0, 1.05)
+
+
+def test_sapo_a_huge_ratio_stays_finite():
+    """log r = 1000 overflows exp to inf (float64 too): clamped at 20 (as veRL), the gate's
+    gradient is ≈ 0, not ∞·0 = NaN."""
+    logprobs = _leaf([[1000.0, 0.0]])
+    loss, _ = sapo_loss(logprobs, t([[0.0, 0.0]]), t([[1.0, -1.0]]), t([[1, 1]]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+
+
+# Every entry of POLICY_LOSSES on one row: log-ratios ln 1.5, ln 0.5 (old log-probs 0, so log π
+# = log r), A = (1, 1), default settings (ε = 0.2, τ_pos = 1), token-mean over 2 tokens.
+POLICY_LOSS_CASES = {
+    # max(−A·r, −A·clip(r, 0.8, 1.2)): max(−1.5, −1.2) = −1.2, max(−0.5, −0.8) = −0.5
+    "ppo": (-1.2 - 0.5) / 2,
+    # sequence ratio s = exp((ln 1.5 + ln 0.5)/2) = √0.75 inside [0.8, 1.2]: −s per token
+    "gspo": -math.sqrt(0.75),
+    "gspo_token": -math.sqrt(0.75),
+    # weights min(r, 1.2) = 1.2, 0.5 (stop-gradient) × A × log π
+    "cispo": -(1.2 * math.log(1.5) + 0.5 * math.log(0.5)) / 2,
+    # −4σ(r − 1) per token: −4σ(0.5), −4σ(−0.5), mean −2(σ(0.5) + σ(−0.5)) = −2
+    "sapo": -2.0,
+}
+
+
+def test_every_policy_loss_has_a_case():
+    assert set(POLICY_LOSS_CASES) == set(POLICY_LOSSES)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSS_CASES))
+def test_policy_losses_by_name_by_hand(name):
+    logprobs = _leaf([[math.log(1.5), math.log(0.5)]])
+    old, advantages, mask = t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1, 1]])
+    loss, stats = POLICY_LOSSES[name](
+        logprobs, old, advantages, mask, PolicyLossSettings(), aggregation("token-mean")
+    )
+    close(loss, POLICY_LOSS_CASES[name])
+    close(stats["policy_loss"], POLICY_LOSS_CASES[name])

@@ -11,7 +11,6 @@ from proxrl.core.advantages import (
     gae_env,
     group_centred_advantages,
     group_scaled_advantages,
-    grpo_advantages,
     mixed_group_advantages,
     rank_advantages,
     reinforce_pp_advantages,
@@ -20,6 +19,7 @@ from proxrl.core.advantages import (
     rloo_advantages,
 )
 from proxrl.core.correction import (
+    ROLLOUT_CORRECTIONS,
     combine_correction_stats,
     correction_stats,
     icepop_weights,
@@ -38,6 +38,7 @@ from proxrl.core.ensemble import (
 )
 from proxrl.core.kl import (
     KL_ESTIMATORS,
+    REWARD_KL_ESTIMATORS,
     AdaptiveKL,
     FixedKL,
     ProportionalKL,
@@ -83,7 +84,15 @@ from proxrl.core.masked import (
     token_mean,
     valid_tokens,
 )
-from proxrl.core.policy_losses import cispo_loss, gspo_loss, gspo_token_loss
+from proxrl.core.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossSettings,
+    cispo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    sapo_loss,
+)
+from proxrl.core.registry import Bound, Registry, UnknownName, literal
 from proxrl.core.sampling import (
     processed_entropy,
     processed_logprobs,
@@ -93,6 +102,15 @@ from proxrl.core.sampling import (
 from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
+    "POLICY_LOSSES",
+    "REWARD_KL_ESTIMATORS",
+    "ROLLOUT_CORRECTIONS",
+    "Bound",
+    "PolicyLossSettings",
+    "Registry",
+    "UnknownName",
+    "literal",
+    "sapo_loss",
     "AGGREGATIONS",
     "ENSEMBLE_COMBINATIONS",
     "ensemble_mean",
@@ -123,7 +141,6 @@ __all__ = [
     "gae_env",
     "group_centred_advantages",
     "group_scaled_advantages",
-    "grpo_advantages",
     "icepop_weights",
     "gspo_loss",
     "gspo_token_loss",

@@ -10,11 +10,18 @@ consecutively, as every generator here produces them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from proxrl.core.kl import last_valid_index
 from proxrl.core.masked import masked_whiten
+from proxrl.core.registry import Registry
+
+GroupAdvantages = Callable[[Tensor, int, float], Tensor]
+REWARD_SCALES: Registry[GroupAdvantages] = Registry("reward scale")
+"""``scale_rewards`` → ((N,) scores, group size G, eps) → (N,) group-centred advantages."""
 
 
 def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
@@ -107,6 +114,7 @@ def _groups(scores: Tensor, group_size: int) -> Tensor:
     return scores.view(-1, group_size)
 
 
+@REWARD_SCALES.register("group", "÷ the group std (GRPO)")
 def group_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     """GRPO (Shao et al. 2024): ``(s − mean_g) / (std_g + eps)``, the std of the prompt's own
     group (unbiased, as TRL). TRL ``scale_rewards="group"``. (N,) → (N,)."""
@@ -115,6 +123,7 @@ def group_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) 
     return (centred / (groups.std(dim=1, keepdim=True) + eps)).reshape(-1)
 
 
+@REWARD_SCALES.register("batch", "÷ the batch std (Lite PPO)")
 def batch_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     """Lite PPO (Liu et al. 2025, "Tricks or Traps?"): ``(s − mean_g) / (std_batch + eps)``,
     the group mean but the std of every score of the batch (unbiased), so a prompt that is
@@ -124,31 +133,13 @@ def batch_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) 
     return (centred / (scores.std() + eps)).reshape(-1)
 
 
+@REWARD_SCALES.register("none", "no std: the group-centred score (Dr. GRPO)")
 def group_centred_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     """Dr. GRPO (Liu et al. 2025): ``s − mean_g``, no std (dividing by it over-weights prompts
     that are nearly always right or wrong). TRL ``scale_rewards="none"``. ``eps`` is unused (the
     table's signature). (N,) → (N,)."""
     groups = _groups(scores, group_size)
     return (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
-
-
-REWARD_SCALES = {
-    "group": group_scaled_advantages,
-    "batch": batch_scaled_advantages,
-    "none": group_centred_advantages,
-    "std": group_scaled_advantages,  # proxrl's older spelling of "group"
-}
-
-
-def grpo_advantages(
-    scores: Tensor, group_size: int, scale: str = "group", eps: float = 1e-6
-) -> Tensor:
-    """Group-relative advantages with the reward scale named ``scale`` (a key of
-    ``REWARD_SCALES``): ``group`` (GRPO), ``batch`` (Lite PPO) or ``none`` (Dr. GRPO). (N,) →
-    (N,)."""
-    if scale not in REWARD_SCALES:
-        raise ValueError(f"unknown scale {scale!r}; expected one of {tuple(REWARD_SCALES)}")
-    return REWARD_SCALES[scale](scores, group_size, eps)
 
 
 def rank_advantages(scores: Tensor, group_size: int) -> Tensor:
@@ -168,7 +159,8 @@ def rank_advantages(scores: Tensor, group_size: int) -> Tensor:
 def mixed_group_advantages(
     scores: Tensor, group_size: int, rank_weight: float, eps: float = 1e-6
 ) -> Tensor:
-    """``(1 − w)·grpo_advantages + w·rank_advantages``: a weighted mix of the two signals."""
+    """``(1 − w)·group_scaled_advantages + w·rank_advantages``: a weighted mix of the two
+    signals."""
     if not 0.0 <= rank_weight <= 1.0:
         raise ValueError(f"rank_weight must lie in [0, 1], got {rank_weight}")
     return (1 - rank_weight) * group_scaled_advantages(

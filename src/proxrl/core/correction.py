@@ -15,11 +15,19 @@ Inputs are read, never changed; nothing here carries a gradient (callers pass de
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from proxrl.core.kl import kl_k1, kl_k3
 from proxrl.core.masked import masked_mean, masked_sum
+from proxrl.core.registry import Registry
+
+Correction = Callable[[Tensor, Tensor, float, float], Tensor]
+ROLLOUT_CORRECTIONS: Registry[Correction] = Registry("rollout correction")
+"""``rollout_correction`` → (log_ratio (B, T), mask (B, T), low α, cap C) → (B, T) weights; an
+entry reads the bounds it needs (``low``: IcePop's only)."""
 
 
 def _ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
@@ -93,6 +101,27 @@ def correction_stats(
         "masked_share": zero if empty else (kept == 0).to(ratio.dtype).mean(),
         "truncated_share": zero if empty else ((kept == cap) & (kept > 0)).to(ratio.dtype).mean(),
     }
+
+
+ROLLOUT_CORRECTIONS.add(
+    "tis", lambda log_ratio, mask, low, cap: tis_weights(log_ratio, mask, cap), "min(ρ_t, C)"
+)
+ROLLOUT_CORRECTIONS.add(
+    "seq_tis",
+    lambda log_ratio, mask, low, cap: seq_tis_weights(log_ratio, mask, cap),
+    "min(ρ(y), C) for every token of a response",
+)
+ROLLOUT_CORRECTIONS.add(
+    "mis",
+    lambda log_ratio, mask, low, cap: mis_weights(log_ratio, mask, cap),
+    "ρ_t, or 0 above C",
+)
+ROLLOUT_CORRECTIONS.add(
+    "seq_mis",
+    lambda log_ratio, mask, low, cap: seq_mis_weights(log_ratio, mask, cap),
+    "ρ(y), or 0 above C: a response dropped whole",
+)
+ROLLOUT_CORRECTIONS.add("icepop", icepop_weights, "ρ_t, or 0 outside [α, C]")
 
 
 EXTREMES = {"is_ratio_min": min, "is_ratio_max": max}

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from torch import Tensor
 
+from proxrl.core.registry import Registry
+
 
 def standardised_scores(scores: Tensor, mean: float, std: float) -> Tensor:
     """(B,) one member's scores → (B,) ``(scores − mean) / std``: in units of that member's
@@ -43,9 +45,13 @@ def ensemble_mean_minus_std(scores: Tensor, k: float = 1.0) -> Tensor:
     return ensemble_mean(scores) - k * ensemble_spread(scores)
 
 
-ENSEMBLE_COMBINATIONS: dict[str, Callable[[Tensor, float], Tensor]] = {
-    "mean": lambda scores, k: ensemble_mean(scores),
-    "min": lambda scores, k: ensemble_min(scores),
-    "mean_minus_std": ensemble_mean_minus_std,
-}
+Combination = Callable[[Tensor, float], Tensor]
+ENSEMBLE_COMBINATIONS: Registry[Combination] = Registry("reward ensemble")
 """``reward_ensemble`` → ((K, B) standardised member scores, k) → (B,) the ensemble's score."""
+ENSEMBLE_COMBINATIONS.add("mean", lambda scores, k: ensemble_mean(scores), "the members' mean")
+ENSEMBLE_COMBINATIONS.add(
+    "min", lambda scores, k: ensemble_min(scores), "the lowest member's score (the worst case)"
+)
+ENSEMBLE_COMBINATIONS.add(
+    "mean_minus_std", ensemble_mean_minus_std, "mean − k × the members' std (disagreement costs)"
+)

@@ -9,22 +9,32 @@ and ``log r = log π_ref(a) − log π(a)``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from proxrl.core.masked import masked_sum
+from proxrl.core.registry import Registry
+
+KLEstimator = Callable[[Tensor, Tensor], Tensor]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+"""``kl_estimator`` / ``kl_loss_type`` → (log π (B, T), log π_ref (B, T)) → (B, T) per-token KL."""
 
 
+@KL_ESTIMATORS.register("k1", "log π − log π_ref: unbiased, can be negative per token")
 def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """``log π − log π_ref`` per token. (B, T), (B, T) → (B, T)."""
     return logprobs - ref_logprobs
 
 
+@KL_ESTIMATORS.register("k2", "½(log π − log π_ref)²: biased, low variance")
 def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """``½(log π − log π_ref)²`` per token. (B, T), (B, T) → (B, T)."""
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
+@KL_ESTIMATORS.register("k3", "(r − 1) − log r, r = π_ref/π: unbiased, ≥ 0")
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """``exp(log r) − 1 − log r`` with ``log r = log π_ref − log π``, per token; ≥ 0.
 
@@ -34,6 +44,7 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+@KL_ESTIMATORS.register("k3+", "k3's value with k2's gradient (veRL's low_var_kl+)")
 def kl_k3_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """k3's value with k2's gradient ("k3+", veRL's ``low_var_kl+``): ``k2 + sg(k3 − k2)``.
 
@@ -45,16 +56,14 @@ def kl_k3_plus(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return k2 + (kl_k3(logprobs, ref_logprobs) - k2).detach()
 
 
-KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "k3+": kl_k3_plus}
+REWARD_KL_ESTIMATORS = KL_ESTIMATORS.names(exclude=("k3+",))
+"""The estimators of the KL paid in the reward: k3+ differs from k3 only in its gradient, and a
+reward carries none."""
 
 
 def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
     """The estimator named ``estimator`` (a key of ``KL_ESTIMATORS``), for configs that choose
     one by name."""
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"unknown KL estimator {estimator!r}; expected one of {tuple(KL_ESTIMATORS)}"
-        )
     return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
 
 

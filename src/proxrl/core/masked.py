@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from proxrl.core.registry import Registry
+
 
 def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), x, 0.0)  # a Python 0.0 takes x's dtype
@@ -113,7 +115,8 @@ def token_mean(
 ) -> Tensor:
     """``Σ_{i,t} m·ℓ / Σ_{i,t} m``: every valid token of the mini-batch weighs the same (DAPO,
     Yu et al. 2025; TRL's ``dapo``, and ``bnpo``, which TRL normalises per device micro-batch
-    and proxrl over the whole mini-batch). Long responses weigh more than short ones.
+    and proxrl over the whole mini-batch; those two spellings are aliases of the config's). Long
+    responses weigh more than short ones.
 
     Args:
         loss: (B, T) per-token loss. mask: (B, T) 1 at valid tokens.
@@ -178,26 +181,30 @@ class Aggregation:
         return self.count(mask, self.horizon)
 
 
-AGGREGATIONS: dict[str, tuple[Reduce, Units]] = {
-    "token-mean": (token_mean, valid_tokens),
-    "seq-mean-token-mean": (seq_mean_token_mean, nonempty_sequences),
-    "seq-mean-token-sum": (seq_mean_token_sum, sequences),
-    "seq-mean-token-sum-norm": (seq_mean_token_sum_norm, sequence_horizons),
-    # TRL's loss_type spellings of the same reductions
-    "dapo": (token_mean, valid_tokens),
-    "bnpo": (token_mean, valid_tokens),
-    "grpo": (seq_mean_token_mean, nonempty_sequences),
-    "dr_grpo": (seq_mean_token_sum_norm, sequence_horizons),
-}
-AGGREGATION_MODES = tuple(AGGREGATIONS)
+AGGREGATIONS: Registry[tuple[Reduce, Units]] = Registry("aggregation mode")
+"""``loss_aggregation`` → (reduce, units): the reduction and the count of its normaliser."""
+AGGREGATIONS.add("token-mean", (token_mean, valid_tokens), "every valid token weighs the same")
+AGGREGATIONS.add(
+    "seq-mean-token-mean",
+    (seq_mean_token_mean, nonempty_sequences),
+    "each sequence's token mean, then the mean over sequences (GRPO)",
+)
+AGGREGATIONS.add(
+    "seq-mean-token-sum",
+    (seq_mean_token_sum, sequences),
+    "each sequence's token sum, then the mean over sequences",
+)
+AGGREGATIONS.add(
+    "seq-mean-token-sum-norm",
+    (seq_mean_token_sum_norm, sequence_horizons),
+    "token sums ÷ a constant horizon, the generation budget (Dr. GRPO)",
+)
 
 
 def aggregation(mode: str | Aggregation, horizon: int | None = None) -> Aggregation:
     """The aggregation named ``mode`` (a key of ``AGGREGATIONS``), with Dr. GRPO's horizon."""
     if isinstance(mode, Aggregation):
         return mode
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATION_MODES}")
     reduce, count = AGGREGATIONS[mode]
     return Aggregation(reduce, count, horizon)
 

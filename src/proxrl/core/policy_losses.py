@@ -1,19 +1,60 @@
-"""Policy surrogates published after PPO-Clip for language models: GSPO, GSPO-token, CISPO.
+"""The policy losses an online algorithm picks by name (``POLICY_LOSSES``), and the surrogates
+published after PPO-Clip for language models: GSPO, GSPO-token, CISPO, SAPO.
 
 Each takes the per-token log-probabilities of the sampled tokens under the policy being trained
 (``logprobs``, with gradient) and under the sampling policy (``old_logprobs``), (B, T)
 advantages, a 0/1 ``mask`` and an aggregation (``agg``, see ``core.masked``), and returns
 ``(loss, stats)`` like ``ppo_clip_loss``. Every one builds a per-token loss and leaves the
 reduction to the aggregation, so that all of them split over micro-batches the same way.
+
+A policy loss is one function here plus one registration in ``POLICY_LOSSES``; its knobs are
+fields of ``PolicyLossSettings`` (with their ``Bound``), which the online config inherits: the
+option, its knobs, ``--help``, YAML and the range checks all follow from this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
 import torch
 from torch import Tensor
 
-from proxrl.core.losses import Stats, _ratio_stats
+from proxrl.core.losses import Stats, _ratio_stats, ppo_clip_loss
 from proxrl.core.masked import Aggregation, aggregate_loss, masked_mean
+from proxrl.core.registry import Bound, Registry
+
+
+@dataclass
+class PolicyLossSettings:
+    """The knobs of the policy losses (the online commands' fields of the same names)."""
+
+    clip: Annotated[float, Bound(gt=0)] = 0.2
+    """PPO clip range ε (lower side)."""
+    clip_high: Annotated[float | None, Bound(gt=0)] = None
+    """Upper clip range (default: clip); DAPO uses 0.28."""
+    dual_clip: Annotated[float | None, Bound(gt=1)] = None
+    """Dual-clip bound c on negative-advantage losses, past the clip range: c > 1 + clip_high
+    (None: off)."""
+    sapo_tau_pos: Annotated[float, Bound(gt=0)] = 1.0
+    """sapo: temperature τ of the soft gate on tokens with a positive advantage."""
+    sapo_tau_neg: Annotated[float, Bound(gt=0)] = 1.05
+    """sapo: temperature τ of the soft gate on tokens with a zero or negative advantage (larger:
+    their off-policy gradient fades faster)."""
+
+    @property
+    def upper_clip(self) -> float:
+        """ε_hi: clip_high, or clip when it is not set."""
+        return self.clip if self.clip_high is None else self.clip_high
+
+
+PolicyLoss = Callable[
+    [Tensor, Tensor, Tensor, Tensor, PolicyLossSettings, Aggregation], tuple[Tensor, Stats]
+]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+"""``policy_loss`` → (log π (B, T) with gradient, log π_old (B, T), advantages (B, T), mask
+(B, T), settings, aggregation) → (loss, stats)."""
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -135,3 +176,106 @@ def cispo_loss(
     stats["clipfrac"] = masked_mean((weight != ratio.detach()).to(ratio.dtype), mask).detach()
     stats["policy_loss"] = loss.detach()
     return loss, stats
+
+
+def sapo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    agg: str | Aggregation = "seq-mean-token-mean",
+) -> tuple[Tensor, Stats]:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", eq. 5–6): a soft gate in
+    place of PPO's hard clip, per token ``−f(r)·A`` with ``r = π_θ/π_old`` and
+    ``f(r) = σ(τ·(r − 1))·4/τ``, ``τ = tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere.
+    Its gradient with respect to log π_θ is ``−4·σ(1 − σ)·r·A`` (σ at τ(r − 1)): exactly
+    PPO's ``−A`` on-policy (r = 1), fading smoothly as r leaves 1, faster for a larger τ.
+
+    As veRL (``loss_mode: sapo``) and TRL (``loss_type="sapo"``): the token ratio, τ picked by
+    the sign of each token's advantage, defaults τ_pos 1.0 and τ_neg 1.05, and
+    ``log r`` clamped to [−20, 20] before the exp (veRL's guard: ``exp`` of a large log-ratio
+    would be inf, and ∞·σ(1 − σ) NaN). The paper's reduction is ``seq-mean-token-mean``.
+    Stats: the ratio diagnostics of ``ppo_clip_loss``.
+
+    Args:
+        logprobs: (B, T) log π_θ, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T).
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    positive = torch.as_tensor(tau_pos, dtype=ratio.dtype, device=ratio.device)
+    negative = torch.as_tensor(tau_neg, dtype=ratio.dtype, device=ratio.device)
+    tau = torch.where(advantages > 0, positive, negative)
+    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
+    loss = aggregate_loss(-gate * advantages, mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
+@POLICY_LOSSES.register("ppo", "token ratio, clipped (PPO-Clip; dual_clip bounds A < 0)")
+def _ppo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    clip, clip_high, dual_clip = settings.clip, settings.clip_high, settings.dual_clip
+    return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, dual_clip, agg)
+
+
+@POLICY_LOSSES.register("gspo", "sequence ratio, clipped per sequence (Zheng et al. 2025)")
+def _gspo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    clip, clip_high = settings.clip, settings.clip_high
+    return gspo_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
+
+
+@POLICY_LOSSES.register("gspo_token", "GSPO's sequence ratio, each token its own gradient")
+def _gspo_token(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    clip, clip_high = settings.clip, settings.clip_high
+    return gspo_token_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
+
+
+@POLICY_LOSSES.register("cispo", "clipped stop-gradient IS weight × log π (MiniMax-M1)")
+def _cispo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
+    upper = settings.upper_clip
+    return cispo_loss(logprobs, old_logprobs, advantages, mask, upper, None, agg)
+
+
+@POLICY_LOSSES.register("sapo", "token ratio through a soft sigmoid gate (Gao et al. 2025)")
+def _sapo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    tau_pos, tau_neg = settings.sapo_tau_pos, settings.sapo_tau_neg
+    return sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos, tau_neg, agg)

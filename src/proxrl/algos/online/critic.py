@@ -20,7 +20,7 @@ import yaml
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from proxrl.core import Aggregation, explained_variance, value_loss
+from proxrl.core import Aggregation, Registry, explained_variance, value_loss
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import resize_for_tokenizer
 from proxrl.models.value_head import ValueHead
@@ -370,8 +370,9 @@ CriticLoader = Callable[["OnlineConfig", nn.Module, Any], Critic]
 """(config, actor, tokenizer) → the critic, its model loaded (``roles.load_models`` calls it
 after the actor and reference, so the random stream is consumed in the same order)."""
 
-CRITICS: dict[str, Callable[[CriticSettings, OnlineConfig, nn.Module, Any], Critic]] = {
-    "separate": SeparateCritic.load,
-    "head": ValueHeadCritic.load,
-}
+CRITICS: Registry[Callable[[CriticSettings, OnlineConfig, nn.Module, Any], Critic]] = Registry(
+    "critic"
+)
 """PPO's ``critic`` option → the load function of that critic (bind its settings first)."""
+CRITICS.add("separate", SeparateCritic.load, "a separate value model")
+CRITICS.add("head", ValueHeadCritic.load, "a value head on the policy's backbone")

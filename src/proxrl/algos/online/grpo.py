@@ -21,22 +21,23 @@ Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on toke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.config import surrogate
-from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
+from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.config import OnlineConfig, canonical
+from proxrl.algos.online.loop import train_online
 from proxrl.core import (
+    KL_ESTIMATORS,
     REWARD_SCALES,
+    Registry,
     discounted_returns,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    kl_k3_plus,
     last_valid_index,
+    literal,
     mixed_group_advantages,
     policy_gradient_loss,
     rank_advantages,
@@ -52,29 +53,30 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+SCALE_REWARDS_ALIASES = {"std": "group"}
+"""proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
+Estimate = tuple[Tensor, Tensor, Tensor]
+ESTIMATORS: Registry[Callable[[Config, Experience, float], Estimate]] = Registry("estimator")
+"""``estimator`` → (config, rollout, β) → (rewards, advantages, returns), each (B, T)."""
 
 
 @dataclass
 class Config(OnlineConfig):
     """proxrl grpo: critic-free policy optimisation with a group or batch baseline."""
 
-    estimator: Literal[
-        "grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "reinforce"
-    ] = "grpo"
+    estimator: EstimatorChoice = "grpo"
     """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline or
     reinforce."""
     group_size: int = 4
     """Responses sampled per prompt (at least 2 for grpo, rloo and reinforce_pp_baseline)."""
-    scale_rewards: Annotated[Literal["group", "batch", "none", "std"], alias("group_scale")] = (
-        "group"
-    )
+    scale_rewards: Annotated[ScaleRewardsChoice, alias("group_scale")] = "group"
     """grpo: divide group-centred scores by the group std (group: GRPO), the batch std (batch:
     Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: float = 0.0
     """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
-    kl_loss_type: Literal["k1", "k2", "k3", "k3+"] = "k3"
+    kl_loss_type: KLLossChoice = "k3"
     """grpo: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or k3+ (k3's
     value, k2's gradient; veRL's low_var_kl+)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
@@ -105,9 +107,7 @@ def _at_last_token(returns: Tensor, mask: Tensor) -> Tensor:
     )
 
 
-Estimate = tuple[Tensor, Tensor, Tensor]
-
-
+@ESTIMATORS.register("grpo", "group mean baseline, scaled by scale_rewards; KL in the loss")
 def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     """Group baseline; the KL is paid in the loss, so the return is the score."""
     mask, returns = exp.loss_mask.float(), exp.scores
@@ -116,7 +116,8 @@ def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     elif cfg.rank_weight:
         advantages = mixed_group_advantages(returns, cfg.group_size, cfg.rank_weight)
     else:
-        advantages = REWARD_SCALES[cfg.scale_rewards](returns, cfg.group_size)
+        scale = REWARD_SCALES[canonical(cfg.scale_rewards, SCALE_REWARDS_ALIASES)]
+        advantages = scale(returns, cfg.group_size)
     return _at_last_token(returns, mask), _per_token(advantages, mask), _per_token(returns, mask)
 
 
@@ -184,15 +185,32 @@ def _reinforce_pp_baseline(cfg: Config, exp: Experience, kl_coef: float) -> Esti
     )
 
 
-ESTIMATORS = {
-    "grpo": _grpo,
-    "rloo": _sequence_estimator(lambda cfg, exp, r: rloo_advantages(r, cfg.group_size)),
-    "remax": _sequence_estimator(_remax_baseline),
-    "reinforce": _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
-    "reinforce_pp": _reinforce_pp,
-    "reinforce_pp_baseline": _reinforce_pp_baseline,
-}
-KL_LOSSES = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3, "k3+": kl_k3_plus}
+ESTIMATORS.add(
+    "rloo",
+    _sequence_estimator(lambda cfg, exp, r: rloo_advantages(r, cfg.group_size)),
+    "the mean of the prompt's other samples; KL in the sequence reward",
+)
+ESTIMATORS.add(
+    "remax",
+    _sequence_estimator(_remax_baseline),
+    "the score of the prompt's greedy decode; KL in the sequence reward",
+)
+ESTIMATORS.add(
+    "reinforce_pp", _reinforce_pp, "per-token KL rewards, reward-to-go whitened over the batch"
+)
+ESTIMATORS.add(
+    "reinforce_pp_baseline",
+    _reinforce_pp_baseline,
+    "reinforce_pp after the group mean is subtracted from each score",
+)
+ESTIMATORS.add(
+    "reinforce",
+    _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
+    "the batch mean; KL in the sequence reward; the plain policy-gradient loss",
+)
+EstimatorChoice = ESTIMATORS.literal()
+ScaleRewardsChoice = literal(*REWARD_SCALES, *SCALE_REWARDS_ALIASES)
+KLLossChoice = KL_ESTIMATORS.literal()
 
 
 def build(cfg: Config) -> Algorithm:
@@ -213,7 +231,7 @@ def build(cfg: Config) -> Algorithm:
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
-        kl_loss=KL_LOSSES[cfg.kl_loss_type] if cfg.estimator == "grpo" else None,
+        kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator == "grpo" else None,
         needs_greedy=cfg.estimator == "remax",
     )
 

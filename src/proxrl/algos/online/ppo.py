@@ -21,9 +21,10 @@ from typing import Annotated, Literal
 
 from torch import Tensor
 
-from proxrl.algos.online.config import surrogate
+from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CRITICS, CriticSettings
-from proxrl.algos.online.loop import Algorithm, OnlineConfig, train_online
+from proxrl.algos.online.loop import train_online
 from proxrl.core import (
     AdaptiveKL,
     aggregate_loss,
@@ -60,7 +61,7 @@ class Config(OnlineConfig):
     """Scale per-token rewards to unit variance over the batch (mean kept)."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the batch."""
-    critic: Literal["separate", "head"] = "separate"
+    critic: CriticChoice = "separate"
     """A separate value model (placement ray: in a critic actor of its own), or a value head on
     the policy's backbone (part of the policy, in its process)."""
     critic_model: str | None = None
@@ -94,18 +95,26 @@ class Config(OnlineConfig):
             )
 
 
+CriticChoice = CRITICS.literal()
+
+
+def gae_estimate(cfg: Config, exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's estimator: KL-shaped per-token rewards (whitened if asked), GAE over the critic's
+    values, advantages whitened over the batch if asked. → (rewards, advantages, returns)."""
+    mask = exp.loss_mask.float()
+    rewards = shaped_rewards(
+        exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+    )
+    if cfg.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False)
+    advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return rewards, advantages, returns
+
+
 def build(cfg: Config) -> Algorithm:
-    def estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
-        mask = exp.loss_mask.float()
-        rewards = shaped_rewards(
-            exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
-        )
-        if cfg.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
-        advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
-        if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
-        return rewards, advantages, returns
+    estimate = partial(gae_estimate, cfg)
 
     clipped = surrogate(cfg)
     penalty = (

@@ -1,0 +1,54 @@
+"""The ``Algorithm`` record: the small, explicit choices that make one online algorithm differ
+from another (how advantages are estimated, the policy loss, where the KL is paid, the critic),
+and ``surrogate``, the policy loss a config names, bound to its knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from proxrl.algos.online.critic import CriticLoader, NoCritic
+from proxrl.core import POLICY_LOSSES, AdaptiveKL
+from proxrl.rollout.experience import Experience
+
+if TYPE_CHECKING:
+    from proxrl.algos.online.config import OnlineConfig
+
+
+@dataclass
+class Algorithm:
+    """The small, explicit choices that make one online algorithm differ from another."""
+
+    name: str
+    estimate: Callable[[Experience, float], tuple[Tensor, Tensor, Tensor]]
+    """(rollout, β) → (rewards, advantages, returns), each (B, T)."""
+    policy_loss: Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+    """(new log-probs (B, T), minibatch) → (loss, stats)."""
+    kl_loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    """(log π (B, T), log π_ref (B, T)) → per-token KL estimate paid as β × a loss term (None:
+    the KL is paid in the reward)."""
+    needs_greedy: bool = False
+    """Also decode each prompt greedily and score it (ReMax's baseline), in
+    ``Experience.greedy_scores``."""
+    critic: CriticLoader = NoCritic.load
+    """Loads the critic (``critic.CRITICS[option]`` bound to its settings; none by default)."""
+    penalty: AdaptiveKL | None = None
+    """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
+
+
+PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+
+
+def surrogate(cfg: OnlineConfig) -> PolicyLoss:
+    """The policy loss ``cfg.policy_loss`` names (``core.POLICY_LOSSES``), bound to cfg's knobs
+    (its ``PolicyLossSettings`` fields) and aggregation."""
+    loss = POLICY_LOSSES[cfg.policy_loss]
+
+    def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb.loss_mask.float()
+        return loss(logprobs, mb.logprobs, mb.advantages, mask, cfg, cfg.aggregation)  # type: ignore[arg-type]
+
+    return policy_loss

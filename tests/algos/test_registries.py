@@ -1,0 +1,206 @@
+"""The registries are the only source of option names: each config choice is its registry's
+names (plus the config edge's aliases, each mapped to a registered name), an old spelling
+trains exactly as its canonical name, and every online estimator has a hand-computed case."""
+
+from __future__ import annotations
+
+import math
+import typing
+
+import pytest
+import torch
+
+from proxrl.algos.online import config, grpo, ppo
+from proxrl.algos.online.critic import CRITICS
+from proxrl.core import (
+    AGGREGATIONS,
+    ENSEMBLE_COMBINATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    REWARD_KL_ESTIMATORS,
+    REWARD_SCALES,
+    ROLLOUT_CORRECTIONS,
+    aggregate_loss,
+)
+from proxrl.rollout.experience import Experience
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fields import field_table
+
+BASE = {"model": "m", "prompts": "p", "reward_fn": "online_rewards:target_fraction"}
+
+
+def choices(cls: type, field: str) -> tuple[str, ...]:
+    return typing.get_args(field_table(cls)[field].type)
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "names"),
+    [
+        (ppo.Config, "policy_loss", (*POLICY_LOSSES,)),
+        (ppo.Config, "loss_aggregation", (*AGGREGATIONS, *config.LOSS_AGGREGATION_ALIASES)),
+        (ppo.Config, "kl_estimator", REWARD_KL_ESTIMATORS),
+        (ppo.Config, "rollout_correction", ("none", *ROLLOUT_CORRECTIONS)),
+        (ppo.Config, "reward_ensemble", (*ENSEMBLE_COMBINATIONS,)),
+        (ppo.Config, "critic", (*CRITICS,)),
+        (grpo.Config, "estimator", (*grpo.ESTIMATORS,)),
+        (grpo.Config, "scale_rewards", (*REWARD_SCALES, *grpo.SCALE_REWARDS_ALIASES)),
+        (grpo.Config, "kl_loss_type", (*KL_ESTIMATORS,)),
+    ],
+)
+def test_config_choices_are_the_registry_names(cls, field, names):
+    assert choices(cls, field) == names
+
+
+@pytest.mark.parametrize(
+    ("aliases", "registry"),
+    [
+        (config.LOSS_AGGREGATION_ALIASES, AGGREGATIONS),
+        (grpo.SCALE_REWARDS_ALIASES, REWARD_SCALES),
+    ],
+)
+def test_aliases_name_registered_entries_and_never_shadow_one(aliases, registry):
+    assert set(aliases.values()) <= set(registry)
+    assert not set(aliases) & set(registry)
+
+
+def test_the_help_choices_did_not_change():
+    """The choices users saw before the registries (and sapo, the one new policy loss)."""
+    assert choices(ppo.Config, "loss_aggregation") == (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+        "dapo",
+        "bnpo",
+        "grpo",
+        "dr_grpo",
+    )
+    assert choices(ppo.Config, "policy_loss") == ("ppo", "gspo", "gspo_token", "cispo", "sapo")
+    assert choices(ppo.Config, "kl_estimator") == ("k1", "k2", "k3")
+    assert choices(ppo.Config, "rollout_correction") == (
+        "none",
+        "tis",
+        "seq_tis",
+        "mis",
+        "seq_mis",
+        "icepop",
+    )
+    assert choices(grpo.Config, "estimator") == (
+        "grpo",
+        "rloo",
+        "remax",
+        "reinforce_pp",
+        "reinforce_pp_baseline",
+        "reinforce",
+    )
+    assert choices(grpo.Config, "scale_rewards") == ("group", "batch", "none", "std")
+
+
+@pytest.mark.parametrize(("alias", "name"), sorted(config.LOSS_AGGREGATION_ALIASES.items()))
+def test_an_aggregation_alias_reduces_as_its_name(alias, name):
+    loss, mask = torch.randn(3, 4, dtype=torch.float64), torch.tensor([[1, 1, 0, 0]] * 3)
+    aliased = ppo.Config(**BASE, loss_aggregation=alias).aggregation
+    canonical = ppo.Config(**BASE, loss_aggregation=name).aggregation
+    assert aliased == canonical
+    assert torch.equal(aliased(loss, mask), aggregate_loss(loss, mask, name, horizon=64))
+
+
+def test_the_sapo_knobs_are_config_fields_with_ranges():
+    cfg = grpo.Config(**BASE, policy_loss="sapo", sapo_tau_pos=0.5, sapo_tau_neg=2.0)
+    cfg.validate()
+    for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        with pytest.raises(ProxrlError, match=f"^{name}: expected > 0, got 0.0$"):
+            grpo.Config(**BASE, **{name: 0.0}).validate()
+
+
+def test_the_sapo_knobs_reach_yaml_and_the_command_line(tmp_path):
+    from proxrl.runtime.config import parse_config
+
+    path = tmp_path / "grpo.yaml"
+    path.write_text("model: m\nprompts: p\nreward_fn: a:f\npolicy_loss: sapo\nsapo_tau_neg: 2\n")
+    argv = ["--config", str(path), "--sapo-tau-pos", "0.25"]
+    cfg = parse_config(grpo.Config, argv, "proxrl grpo")
+    assert (cfg.policy_loss, cfg.sapo_tau_pos, cfg.sapo_tau_neg) == ("sapo", 0.25, 2.0)
+
+
+def test_the_policy_loss_binding_reads_the_config_knobs():
+    """surrogate(cfg) with sapo: the config's τ reach the core loss (r = 1: loss −(2/τ)·A)."""
+    from proxrl.algos.online.algorithm import surrogate
+
+    cfg = grpo.Config(**BASE, policy_loss="sapo", sapo_tau_pos=4.0, sapo_tau_neg=0.5)
+    mb = _experience(scores=[1.0, 3.0, 0.0, 2.0])
+    mb.advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]])
+    loss, _ = surrogate(cfg)(mb.logprobs, mb)
+    # token-mean over 8 tokens: 4 tokens at −(2/4)·1, 4 at −(2/0.5)·(−1) = +4
+    assert math.isclose(loss.item(), (4 * -0.5 + 4 * 4.0) / 8, rel_tol=1e-6)
+
+
+# -- every grpo estimator by hand ------------------------------------------------------------
+
+
+def _experience(scores: list[float], greedy: list[float] | None = None) -> Experience:
+    """One-turn responses of two tokens (prompts × two samples), π_old = π_ref (every KL 0),
+    V = 0; float32, as the loop's masks (``loss_mask.float()``) are."""
+    n, width = len(scores), 2
+    zeros = torch.zeros(n, width)
+    return Experience(
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        response_ids=torch.zeros(n, width, dtype=torch.long),
+        response_mask=torch.ones(n, width, dtype=torch.long),
+        logprobs=zeros - 0.5,
+        ref_logprobs=zeros - 0.5,
+        values=zeros,
+        scores=torch.tensor(scores),
+        greedy_scores=None if greedy is None else torch.tensor(greedy),
+    )
+
+
+R2 = math.sqrt(2)
+# Scores 1, 3 | 0, 2 (groups of 2), greedy baselines 0.5 | 1, KL 0, γ = 1: the (N,) advantage
+# each estimator puts on both tokens of a response.
+ESTIMATOR_CASES = {
+    # group mean 2 | 1, unbiased std √2 | √2: ±1/(√2 + 1e-6)
+    "grpo": [-1 / (R2 + 1e-6), 1 / (R2 + 1e-6), -1 / (R2 + 1e-6), 1 / (R2 + 1e-6)],
+    # s_i − the other sample's score
+    "rloo": [-2.0, 2.0, -2.0, 2.0],
+    # s_i − the prompt's greedy score
+    "remax": [0.5, 2.5, -1.0, 1.0],
+    # s_i − the batch mean 1.5
+    "reinforce": [-0.5, 1.5, -1.5, 0.5],
+    # returns (s, s) per row, whitened over 8 tokens: mean 1.5, unbiased var (4·0.25 + 4·2.25)/7
+    "reinforce_pp": [d / math.sqrt(10 / 7 + 1e-8) for d in (-0.5, 1.5, -1.5, 0.5)],
+    # group-centred ±1 at the last token, returns (c, c), whitened: mean 0, var 8/7
+    "reinforce_pp_baseline": [c / math.sqrt(8 / 7 + 1e-8) for c in (-1.0, 1.0, -1.0, 1.0)],
+}
+
+
+def test_every_estimator_has_a_case():
+    assert set(ESTIMATOR_CASES) == set(grpo.ESTIMATORS)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATOR_CASES))
+def test_estimators_by_hand(name):
+    cfg = grpo.Config(**BASE, estimator=name, group_size=2)
+    exp = _experience([1.0, 3.0, 0.0, 2.0], greedy=[0.5, 1.0])
+    _, advantages, _ = grpo.ESTIMATORS[name](cfg, exp, 0.0)
+    expected = torch.tensor(ESTIMATOR_CASES[name])
+    torch.testing.assert_close(advantages, expected[:, None].expand(4, 2), rtol=1e-6, atol=1e-7)
+
+
+def test_the_old_scale_spelling_is_group():
+    exp = _experience([1.0, 3.0, 0.0, 5.0])
+    old = grpo.ESTIMATORS["grpo"](grpo.Config(**BASE, scale_rewards="std"), exp, 0.0)
+    new = grpo.ESTIMATORS["grpo"](grpo.Config(**BASE, scale_rewards="group"), exp, 0.0)
+    for a, b in zip(old, new, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_ppo_gae_estimate_by_hand():
+    """No whitening, γ = 1, λ = 0.5, V = 0, KL 0: the score s at the last token; A = s there
+    and δ + γλ·A = 0 + 0.5·s one token earlier; returns = A + V = A."""
+    cfg = ppo.Config(**BASE, whiten_advantages=False, lam=0.5)
+    rewards, advantages, returns = ppo.gae_estimate(cfg, _experience([1.0, 3.0]), 0.0)
+    torch.testing.assert_close(rewards, torch.tensor([[0.0, 1.0], [0.0, 3.0]]))
+    torch.testing.assert_close(advantages, torch.tensor([[0.5, 1.0], [1.5, 3.0]]))
+    torch.testing.assert_close(returns, advantages)
