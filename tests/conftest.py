@@ -39,9 +39,9 @@ import signal
 import pytest
 from hypothesis import settings
 
-# tests/ is on sys.path, so tests/vllm itself is found as a namespace package (no origin).
-_spec = importlib.util.find_spec("vllm")
-collect_ignore = [] if _spec is not None and _spec.origin is not None else ["vllm"]
+# tests/ is the package `tests` (pytest puts the repository root on sys.path: `pythonpath` in
+# pyproject.toml), so `vllm` here is the vllm package, never tests/vllm.
+collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
 
 settings.register_profile("proxrl", database=None)
 settings.load_profile("proxrl")

@@ -8,19 +8,13 @@ runs them on the CPU (to keep the tests themselves working where no GPU is lent)
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent.parent / "algos")
-)  # lm_tasks, online_rewards
-
-from lm_tasks import CORPUS  # noqa: E402
-
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
+from tests.algos.lm_tasks import CORPUS  # noqa: E402
 
 DEVICE = os.environ.get("PROXRL_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
 

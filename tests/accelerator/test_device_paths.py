@@ -8,10 +8,7 @@ import math
 
 import pytest
 import torch
-from lm_tasks import sft_rows, write_jsonl
 from safetensors.torch import load_file
-from test_mixed_precision import linear_output_dtypes
-from test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 from proxrl.algos.offline import sft
 from proxrl.algos.online import grpo, ppo
@@ -22,6 +19,9 @@ from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.lm_tasks import sft_rows, write_jsonl
+from tests.algos.test_mixed_precision import linear_output_dtypes
+from tests.algos.test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 
 @pytest.mark.parametrize("sampler", ["hf", "cached", "compiled"])

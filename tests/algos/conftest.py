@@ -4,9 +4,9 @@ import logging
 
 import pytest
 import torch
-from lm_tasks import CORPUS
 
 from proxrl.models.tiny import build_tiny_lm
+from tests.algos.lm_tasks import CORPUS
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Held-out metrics the held-out-evaluation tests import as ``heldout_rewards:<name>``."""
+"""Held-out metrics the held-out-evaluation tests name as
+``tests.algos.heldout_rewards:<name>``."""
 
 from __future__ import annotations
 

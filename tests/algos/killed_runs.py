@@ -10,14 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"  # this checkout's proxrl, not an installed one
+REPO = Path(__file__).resolve().parents[2]  # the tests package (reward functions)
+SRC = REPO / "src"  # this checkout's proxrl, not an installed one
 
 
 def sigkill_after_first_checkpoint(argv: list[str], run: Path, log: Path) -> None:
     """``python -m proxrl ARGV`` writing into ``run``, killed as soon as a checkpoint's manifest
     exists; its stderr goes to ``log``. Fails if the run ends, finishes or never saves first."""
     env = os.environ | {
-        "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)]),
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(REPO)]),
         "OMP_NUM_THREADS": "1",
     }
     with log.open("w") as stderr:

@@ -1,4 +1,4 @@
-"""Environments the multi-turn tests name as ``mt_envs:<factory>``."""
+"""Environments the multi-turn tests name as ``tests.algos.mt_envs:<factory>``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward functions the online-RL tests import as ``online_rewards:<name>``."""
+"""Reward functions the online-RL tests import as ``tests.algos.online_rewards:<name>``."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import datasets
 import pytest
 import torch
 import yaml
-from errors_cases import API_CASES
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import proxrl
@@ -18,6 +17,7 @@ from proxrl.cli import main
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.errors_cases import API_CASES
 
 WORDS = ["abc", "bca", "cab", "dab", "bad", "fed", "ace", "cafe"]
 SFT_ROWS = [{"prompt": f"copy: {w} =", "completion": f" {w}"} for w in WORDS]
@@ -174,7 +174,7 @@ def test_a_yaml_file_and_options_on_top(tiny_lm, tmp_path):
 
 @pytest.fixture(scope="module")
 def error_workspace(tiny_lm, tmp_path_factory) -> Path:
-    from errors_cases import build_workspace
+    from tests.algos.errors_cases import build_workspace
 
     return build_workspace(tmp_path_factory.mktemp("api-errors") / "ws", tiny_lm)
 

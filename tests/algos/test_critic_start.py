@@ -14,7 +14,7 @@ from proxrl.algos.online.roles import load_models
 from proxrl.models.scalar_head import load_score_model, score_head
 from proxrl.runtime.errors import ProxrlError
 
-REWARD = ("online_rewards:target_fraction",)
+REWARD = ("tests.algos.online_rewards:target_fraction",)
 
 
 @pytest.fixture(scope="module")

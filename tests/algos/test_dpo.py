@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, write_jsonl
 from peft import PeftModel
 
 from proxrl.algos.offline import dpo
@@ -19,6 +18,7 @@ from proxrl.data.formats import parse_preference
 from proxrl.data.readers import Row
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer
+from tests.algos.lm_tasks import preference_rows, write_jsonl
 
 
 def _config(tiny_lm: str, tmp_path: Path, **overrides) -> dpo.Config:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_online import REWARD, prompts, small  # noqa: F401  (the module's prompt fixture)
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.critic import critic_start
@@ -21,6 +20,7 @@ from proxrl.rollout.ensemble import EnsembleReward
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.test_online import REWARD, prompts, small  # noqa: F401  (the module's prompt fixture)
 
 # (seed, training-score mean, training-score std) of each member
 MEMBERS = [(0, 0.3, 2.0), (1, -1.0, 0.5), (2, 0.0, 4.0)]

@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from errors_cases import CASES, build_workspace, render
 
 from proxrl.cli import main
+from tests.algos.errors_cases import CASES, build_workspace, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 

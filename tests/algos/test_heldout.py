@@ -9,9 +9,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from killed_runs import comparable, sigkill_after_first_checkpoint
 from safetensors.torch import load_file
-from test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.heldout import (
@@ -20,6 +18,8 @@ from proxrl.algos.online.heldout import (
     stop_reason,
 )
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
+from tests.algos.test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
 
 
 def test_evaluations_without_improvement_by_hand():
@@ -65,7 +65,7 @@ def heldout_run(tiny_lm, prompts, out, config=ppo.Config, **overrides):  # noqa:
         group_size=2,
         eval_data=prompts,
         eval_every=1,
-        eval_reward_fn="heldout_rewards:length",
+        eval_reward_fn="tests.algos.heldout_rewards:length",
     )
     return config.__module__, small(config, tiny_lm, prompts, out, **(fields | overrides))
 
@@ -116,7 +116,7 @@ def test_patience_stops_the_run_and_a_resume_keeps_it_stopped(tiny_lm, prompts, 
         out,
         config=grpo.Config,
         iterations=8,
-        eval_reward_fn="heldout_rewards:constant",
+        eval_reward_fn="tests.algos.heldout_rewards:constant",
         early_stopping_patience=2,
         final_model="best",
     )
@@ -176,7 +176,7 @@ def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path)
         fields = {
             "model": tiny_lm,
             "prompts": prompts,
-            "reward_fn": ["online_rewards:target_fraction"],
+            "reward_fn": ["tests.algos.online_rewards:target_fraction"],
             "output_dir": str(out),
             "iterations": 6,
             "rollout_batch_size": 8,
@@ -191,7 +191,7 @@ def test_sigkill_and_resume_keeps_the_held_out_state(tiny_lm, prompts, tmp_path)
             "eval_data": prompts,
             "eval_every": 1,
             "eval_greedy": False,
-            "eval_reward_fn": "heldout_rewards:length",
+            "eval_reward_fn": "tests.algos.heldout_rewards:length",
             "stop_on_reward_hacking": True,
             "early_stopping_patience": 4,
         }

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 from safetensors.torch import load_file
 
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
 
 VOLATILE = ("time/", "perf/")
 ENV = {

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
@@ -17,6 +16,7 @@ from proxrl.algos.offline import dpo, sft
 from proxrl.algos.online import grpo, loop
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import load_tokenizer
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
 
 TEXTS = ["copy: abc = abc", "say: def -> abcd.", "copy: ghij = ghij"]
 ATOL = 2e-5  # float32: merging W + BA and running x·W + (x·A)·B round differently at ~1e-6
@@ -133,7 +133,7 @@ def test_lora_sft_then_lora_dpo_then_lora_grpo_save_the_policies_they_trained(
             # from "adapter": DPO's adapter alone, whose base is the SFT adapter directory
             model=str(dpo_out / "adapter") if start == "adapter" else str(dpo_out),
             prompts=str(prompts),
-            reward_fn=("online_rewards:target_fraction",),
+            reward_fn=("tests.algos.online_rewards:target_fraction",),
             output_dir=str(grpo_out),
             lora_r=4,
             iterations=2,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 from safetensors.torch import load_file
-from test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 from proxrl.algos.offline import dpo, reward, sft
 from proxrl.algos.online import grpo, ppo
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
+from tests.algos.test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
 
 
 @contextmanager

@@ -8,10 +8,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 from transformers import AutoModelForCausalLM
 
 from proxrl.cli import main
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import sft_rows, write_jsonl
 from safetensors.torch import load_file
 
 from proxrl.algos.offline import loop as offline_loop
@@ -22,6 +21,7 @@ from proxrl.algos.offline import sft
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import Interrupted
+from tests.algos.lm_tasks import sft_rows, write_jsonl
 
 VOLATILE = ("time/", "perf/")  # wall-clock keys: differ between any two runs
 

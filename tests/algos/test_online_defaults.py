@@ -13,13 +13,15 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
-BASE = {"model": "m", "prompts": "p", "reward_fn": "online_rewards:target_fraction"}
+BASE = {"model": "m", "prompts": "p", "reward_fn": "tests.algos.online_rewards:target_fraction"}
 
 
 def test_one_reward_function_as_a_string_is_a_list_of_one():
     cfg = ppo.Config(**BASE, reward_weights=2)
     cfg.validate()
-    assert cfg.reward_fn == ("online_rewards:target_fraction",) and cfg.reward_weights == (2.0,)
+    assert cfg.reward_fn == (
+        "tests.algos.online_rewards:target_fraction",
+    ) and cfg.reward_weights == (2.0,)
     listed = ppo.Config(**BASE | {"reward_fn": ["a:f", "b:g"]})
     assert list(listed.reward_fn) == ["a:f", "b:g"]
 
@@ -75,14 +77,17 @@ def test_ppo_with_rollout_batch_size_8_and_one_reward_string_runs(tiny_lm, tmp_p
     prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in "abcd"))
     config = tmp_path / "ppo.yaml"
     config.write_text(
-        f"model: {tiny_lm}\nprompts: {prompts}\nreward_fn: online_rewards:target_fraction\n"
+        f"model: {tiny_lm}\nprompts: {prompts}\n"
+        "reward_fn: tests.algos.online_rewards:target_fraction\n"
         "rollout_batch_size: 8\niterations: 1\nmax_new_tokens: 4\nprogress: false\n"
     )
     out = tmp_path / "run"
     assert main(["ppo", "--config", str(config), "--output-dir", str(out)]) == 0
     assert len(read_metrics(out)) == 1
     saved = (out / "config.yaml").read_text()
-    assert "- online_rewards:target_fraction" in saved and "mini_batch_size: null" in saved
+    assert (
+        "- tests.algos.online_rewards:target_fraction" in saved and "mini_batch_size: null" in saved
+    )
     again = tmp_path / "run2"
     argv = ["ppo", "--config", str(config), "--output-dir", str(again)]
-    assert main([*argv, "--reward-fn", "online_rewards:target_fraction"]) == 0
+    assert main([*argv, "--reward-fn", "tests.algos.online_rewards:target_fraction"]) == 0

@@ -26,7 +26,7 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import field_table
 
-BASE = {"model": "m", "prompts": "p", "reward_fn": "online_rewards:target_fraction"}
+BASE = {"model": "m", "prompts": "p", "reward_fn": "tests.algos.online_rewards:target_fraction"}
 
 
 def choices(cls: type, field: str) -> tuple[str, ...]:

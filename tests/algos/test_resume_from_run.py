@@ -10,14 +10,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import RUN_MARKER, CheckpointManager, planned_steps
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
 
 PROMPTS = [{"prompt": f"say: {w} ->"} for w in ["abc", "def", "ghi", "jkl"]]
-REWARD = "online_rewards:target_fraction"
+REWARD = "tests.algos.online_rewards:target_fraction"
 
 
 def _snapshot(run: Path) -> dict[str, bytes]:
@@ -114,7 +114,7 @@ def test_a_run_whose_first_iteration_failed_can_be_started_afresh(tiny_lm, tmp_p
     argv = ["grpo", "--model", tiny_lm, "--prompts", prompts, "--output-dir", str(run)]
     argv += ["--iterations", "1", "--rollout-batch-size", "4", "--mini-batch-size", "4"]
     argv += ["--max-new-tokens", "4", "--no-progress"]
-    assert main([*argv, "--reward-fn", "online_rewards:raises"]) == 2
+    assert main([*argv, "--reward-fn", "tests.algos.online_rewards:raises"]) == 2
     assert (run / RUN_MARKER).exists() and not read_metrics(run)
     capsys.readouterr()
 

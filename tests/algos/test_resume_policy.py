@@ -10,13 +10,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from lm_tasks import sft_rows, write_jsonl
 
 from proxrl.algos.offline import dpo, reward, sft
 from proxrl.algos.online import grpo, ppo
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import RUN_MARKER, CheckpointManager
 from proxrl.runtime.config import save_config_file
+from tests.algos.lm_tasks import sft_rows, write_jsonl
 
 CONFIGS = {
     "sft": sft.Config,

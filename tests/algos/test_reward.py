@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, write_jsonl
 from transformers import AutoModelForSequenceClassification
 
 from proxrl.algos.offline import reward
@@ -19,6 +18,7 @@ from proxrl.data.encoding import encode_preferences
 from proxrl.data.formats import load_preference_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores
 from proxrl.models.tokenizer import load_tokenizer
+from tests.algos.lm_tasks import preference_rows, write_jsonl
 
 
 def _config(tiny_lm: str, tmp_path: Path, **overrides) -> reward.Config:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 
 from proxrl.cli import COMMANDS, main
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "proxrl"
 PY_FILES = sorted(SRC.rglob("*.py"))

@@ -160,7 +160,7 @@ def grpo_config(tiny_lm, prompts, out, **overrides):
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(out),
         iterations=2,
         rollout_batch_size=4,

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from lm_tasks import sft_rows, write_jsonl
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -20,6 +19,7 @@ from proxrl.data.encoding import encode_sft
 from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer
+from tests.algos.lm_tasks import sft_rows, write_jsonl
 
 
 def _config(tiny_lm: str, tmp_path: Path, **overrides) -> sft.Config:

@@ -102,7 +102,7 @@ def test_online_commands_take_prompts_from_every_layout(command, tiny_lm, tmp_pa
         "--prompts",
         prompts,
         "--reward-fn",
-        "online_rewards:target_fraction",
+        "tests.algos.online_rewards:target_fraction",
         "--output-dir",
         str(tmp_path / "run"),
         "--iterations",

@@ -1,9 +1,9 @@
 import math
 
 import torch
-from helpers import close, t
 
 from proxrl.core import entropy_from_logits, entropy_from_logprobs, logprobs_from_logits
+from tests.core.helpers import close, t
 
 
 def test_logprobs_by_hand():

@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from helpers import close, t
 
 from proxrl.core import (
     bradley_terry_loss,
@@ -17,6 +16,7 @@ from proxrl.core import (
     simpo_loss,
     value_loss,
 )
+from tests.core.helpers import close, t
 
 
 def softplus(x):

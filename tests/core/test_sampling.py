@@ -2,7 +2,6 @@ import math
 
 import pytest
 import torch
-from helpers import close, t
 
 from proxrl.core import (
     entropy_from_logits,
@@ -12,6 +11,7 @@ from proxrl.core import (
     truncate_logits,
     truncates,
 )
+from tests.core.helpers import close, t
 
 # logits l = (2, 1.5, 1.2, 0.9, 0.5, 0.3, −0.2, −1) at temperature 0.7, s = l / 0.7.
 # softmax(s) = (.4389, .2148, .1400, .0912, .0515, .0387, .0189, .0060): mass before each token

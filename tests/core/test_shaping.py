@@ -3,9 +3,9 @@ token, on hand-computed float64 cases."""
 
 import pytest
 import torch
-from helpers import close, prefix_mask, t
 
 from proxrl.core import gae, informative_groups, overlong_penalty
+from tests.core.helpers import close, prefix_mask, t
 
 
 def test_overlong_penalty_is_zero_before_the_buffer_then_linear_to_the_factor():

@@ -1,16 +1,9 @@
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ALGOS_TESTS = Path(__file__).resolve().parent.parent / "algos"
-sys.path.insert(0, str(ALGOS_TESTS))  # lm_tasks, online_rewards
-
-from lm_tasks import CORPUS  # noqa: E402
-
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
+from tests.algos.lm_tasks import CORPUS  # noqa: E402
 
 
 @pytest.fixture(scope="session")

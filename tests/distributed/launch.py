@@ -16,7 +16,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-ALGOS_TESTS = REPO / "tests" / "algos"
 GLOO_CONFIG = REPO / "configs" / "accelerate" / "cpu_gloo_2proc.yaml"
 FSDP_CONFIG = REPO / "configs" / "accelerate" / "cpu_fsdp_2proc.yaml"
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}  # what accelerate launch exports
@@ -31,7 +30,8 @@ def free_port() -> int:
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ) | (extra or {})
     env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(ALGOS_TESTS), env.get("PYTHONPATH", "")])
+    # the repository root: the tests package (tests.algos.online_rewards:<name>) in each rank
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return env

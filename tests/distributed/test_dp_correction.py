@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 
 import torch
-from launch import check, torchrun
 
 from proxrl.core import correction_stats, mis_weights
+from tests.distributed.launch import check, torchrun
 
 SCRIPT = Path(__file__).with_name("correction_stats_script.py")
 RATIOS = [[0.4, 1.0, 3.0], [1.5, 2.5, 7.0]]

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
-from dapo_rewards import WORDS, replay_dynamic_sampling
-from launch import accelerate_launch, check
-
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.dapo_rewards import WORDS, replay_dynamic_sampling
+from tests.distributed.launch import accelerate_launch, check
 
 
 def test_dynamic_sampling_on_two_processes_matches_the_hand_replay(tiny_lm, tmp_path):
@@ -20,7 +19,7 @@ def test_dynamic_sampling_on_two_processes_matches_the_hand_replay(tiny_lm, tmp_
     fields = {
         "model": tiny_lm,
         "prompts": str(prompts),
-        "reward_fn": ["dapo_rewards:constant_for_early_words"],
+        "reward_fn": ["tests.algos.dapo_rewards:constant_for_early_words"],
         "iterations": 5,
         "rollout_batch_size": 2,
         "group_size": 4,

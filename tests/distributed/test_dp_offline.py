@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launch import accelerate_launch, check, torchrun
-from lm_tasks import preference_rows, sft_rows, write_jsonl
 from safetensors.torch import load_file
 
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
+from tests.distributed.launch import accelerate_launch, check, torchrun
 
 LOSS_TOL = 1e-10
 WEIGHT_TOL = 1e-9

@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 
 import pytest
-from launch import accelerate_launch, check, torchrun
-from online_update_script import main as update_script
 from safetensors.torch import load_file
 
 from proxrl import cli
 from proxrl.runtime.metrics import read_metrics
+from tests.distributed.launch import accelerate_launch, check, torchrun
+from tests.distributed.online_update_script import main as update_script
 
 SCRIPT = Path(__file__).with_name("online_update_script.py")
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -131,7 +131,7 @@ def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
             for k, v in {
                 "model": tiny_lm,
                 "prompts": prompts,
-                "reward_fn": ["online_rewards:target_fraction"],
+                "reward_fn": ["tests.algos.online_rewards:target_fraction"],
                 "iterations": 30,
                 "rollout_batch_size": 8,
                 "group_size": 4,
@@ -175,7 +175,7 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
     fields = {
         "model": tiny_lm,
         "prompts": prompts,
-        "reward_fn": ["online_rewards:target_fraction"],
+        "reward_fn": ["tests.algos.online_rewards:target_fraction"],
         "rollout_batch_size": 4,
         "group_size": 4,
         "max_new_tokens": 8,

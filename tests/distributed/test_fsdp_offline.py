@@ -14,11 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from launch import FSDP_CONFIG, accelerate_launch, check
-from lm_tasks import preference_rows, sft_rows, write_jsonl
-from test_dp_offline import LOSS_TOL, WEIGHT_TOL, _compare, _run_one_process, _write_config
 
 from proxrl.runtime.checkpoint import CheckpointManager
+from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
+from tests.distributed.launch import FSDP_CONFIG, accelerate_launch, check
+from tests.distributed.test_dp_offline import (
+    LOSS_TOL,
+    WEIGHT_TOL,
+    _compare,
+    _run_one_process,
+    _write_config,
+)
 
 
 def _sharded(command: str, cfg: str, output_dir: Path, *extra: str) -> None:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launch import FSDP_CONFIG, FSDP_ENV, accelerate_launch, check, torchrun
 from safetensors.torch import load_file
-from test_dp_online import SCRIPT, WEIGHT_TOL, _one_process, prompts  # noqa: F401 (a fixture)
+
+from tests.distributed.launch import FSDP_CONFIG, FSDP_ENV, accelerate_launch, check, torchrun
+from tests.distributed.test_dp_online import SCRIPT, WEIGHT_TOL, _one_process, prompts  # noqa: F401 (a fixture)
 
 GENERATION_SCRIPT = Path(__file__).with_name("sharded_generation_script.py")
 
@@ -83,7 +84,7 @@ def test_ppo_run_sharded_saves_whole_weights_that_resume_on_one_process(
     fields = {
         "model": tiny_lm,
         "prompts": prompts,
-        "reward_fn": ["online_rewards:target_fraction"],
+        "reward_fn": ["tests.algos.online_rewards:target_fraction"],
         "iterations": 2,
         "rollout_batch_size": 4,
         "group_size": 2,

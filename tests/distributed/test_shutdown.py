@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch import check, torchrun
+
+from tests.distributed.launch import check, torchrun
 
 SCRIPT = Path(__file__).with_name("shutdown_script.py")
 

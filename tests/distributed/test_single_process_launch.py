@@ -8,10 +8,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from launch import BIN, REPO, _env, free_port
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
+from tests.distributed.launch import BIN, REPO, _env, free_port
 
 
 def test_accelerate_cpu_with_two_processes_is_refused_with_the_command_that_works(tmp_path):

@@ -4,18 +4,11 @@ is seconds on a shared machine); without the ray package these tests are not col
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ALGOS_TESTS = Path(__file__).resolve().parent.parent / "algos"
-sys.path.insert(0, str(ALGOS_TESTS))  # lm_tasks, online_rewards
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # ray_rewards
-
-from lm_tasks import CORPUS  # noqa: E402
-
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
+from tests.algos.lm_tasks import CORPUS  # noqa: E402
 
 collect_ignore_glob = [] if importlib.util.find_spec("ray") is not None else ["test_*.py"]
 

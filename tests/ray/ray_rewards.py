@@ -7,7 +7,7 @@ from zero again.
 
 from __future__ import annotations
 
-from online_rewards import target_fraction
+from tests.algos.online_rewards import target_fraction
 
 CALLS = {"n": 0}
 

@@ -36,7 +36,7 @@ def config(tiny_lm: str, prompts: str, out: Path, **overrides) -> ppo.Config:
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(out),
         iterations=3,
         rollout_batch_size=4,
@@ -102,7 +102,7 @@ def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart
     same final weights as the run in one process, on the same seed, even though engine 0 is
     killed after the second batch is sampled: Ray restarts it, it loads the latest weights
     before it samples again, and the third batch is the one the undisturbed engine would draw."""
-    reward = ("ray_rewards:kill_engine_at_second_call",)
+    reward = ("tests.ray.ray_rewards:kill_engine_at_second_call",)
     ppo.train(config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward))
     rows = read_metrics(tmp_path)
     assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0]
@@ -199,7 +199,7 @@ def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
 ):
     """The trainer actor is killed in the third iteration: one-line error, the checkpoint of
     iteration 2 whole; --resume continues from it to the run an undisturbed one gives."""
-    reward = ("ray_rewards:kill_trainer_at_third_call",)
+    reward = ("tests.ray.ray_rewards:kill_trainer_at_third_call",)
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward, save_every=1)
     with pytest.raises(ProxrlError, match="the trainer actor died.*--resume continues"):
         ppo.train(cfg)
@@ -223,7 +223,7 @@ def test_a_signal_to_the_driver_checkpoints_stops_and_resume_finishes_the_run(
     rows = [{"prompt": f"say: {w} ->", "driver": os.getpid(), "signum": signum} for w in WORDS]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
-    reward = ("ray_rewards:signal_driver_at_second_call",)
+    reward = ("tests.ray.ray_rewards:signal_driver_at_second_call",)
     cfg = config(
         tiny_lm,
         str(prompts),
@@ -268,7 +268,7 @@ def test_async_rollout_overlaps_the_update_within_the_staleness_bound_and_learns
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         output_dir=str(tmp_path),
         iterations=30,
         rollout_batch_size=8,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_placement import WORDS, assert_same_run, config
 
 from proxrl.algos.online import ppo
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.ray.test_placement import WORDS, assert_same_run, config
 
 MAX_GRAD_NORM = 0.005
 CRITIC = dict(
@@ -72,7 +72,7 @@ def test_the_critic_actor_trains_as_the_critic_in_one_process(
     final policy and the final critic."""
     pids = tmp_path / "pids.json"
     prompts = prompts_with(tmp_path / "prompts.jsonl", pids=str(pids))
-    reward = ("ray_rewards:record_pids_at_first_call",)
+    reward = ("tests.ray.ray_rewards:record_pids_at_first_call",)
     out = tmp_path / "run"
     ppo.train(config(tiny_lm, prompts, out, placement="ray", reward_fn=reward, **CRITIC))
     found = json.loads(pids.read_text())
@@ -88,7 +88,7 @@ def test_a_killed_critic_stops_the_run_and_resume_finishes_it(
     checkpoint of iteration 2 whole (the critic's weights and AdamW state fetched into it);
     --resume puts them back in a fresh critic actor and gives the undisturbed run, critic too."""
     prompts = prompts_with(tmp_path / "prompts.jsonl")
-    reward = ("ray_rewards:kill_critic_at_third_call",)
+    reward = ("tests.ray.ray_rewards:kill_critic_at_third_call",)
     out = tmp_path / "run"
     cfg = config(tiny_lm, prompts, out, placement="ray", reward_fn=reward, **CRITIC)
     with pytest.raises(ProxrlError, match="the critic actor died.*--resume continues"):

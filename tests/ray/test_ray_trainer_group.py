@@ -13,20 +13,17 @@ import json
 import logging
 import os
 import signal
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_placement import WORDS, assert_same_run
 
 from proxrl.algos.online import grpo
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import Interrupted
 from proxrl.runtime.metrics import read_metrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "distributed"))
-from launch import check, torchrun  # noqa: E402
+from tests.distributed.launch import check, torchrun
+from tests.ray.test_placement import WORDS, assert_same_run
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,7 +32,7 @@ def fields(tiny_lm: str, prompts: Path) -> dict[str, object]:
     return dict(
         model=tiny_lm,
         prompts=str(prompts),
-        reward_fn=["ray_rewards:list_actors"],
+        reward_fn=["tests.ray.ray_rewards:list_actors"],
         iterations=3,
         rollout_batch_size=4,  # 2 prompts per rank
         group_size=2,
@@ -132,7 +129,7 @@ def test_a_signal_stops_both_trainers_after_one_iteration_and_resume_finishes_th
     stop after the same iteration with one checkpoint (rank 0's, both ranks' streams in it),
     exit code 143, and --resume on two trainers again continues to the torchrun run."""
     out = tmp_path / "ray"
-    cfg = on_ray(tiny_lm, prompts, out, reward_fn=["ray_rewards:signal_driver_at_call"])
+    cfg = on_ray(tiny_lm, prompts, out, reward_fn=["tests.ray.ray_rewards:signal_driver_at_call"])
     with pytest.raises(Interrupted) as info:
         grpo.train(cfg)
     assert info.value.exit_code == 143

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_placement import assert_same_run, config
 
 from proxrl.algos.online import ppo
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.runtime.metrics import read_metrics
+from tests.ray.test_placement import assert_same_run, config
 
 TWO_ENGINES = {
     "placement": "ray",
@@ -76,7 +76,7 @@ def test_process_group_weights_reach_engines_generating_ahead(
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("online_rewards:target_fraction",),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
         iterations=4,
         rollout_batch_size=4,
         group_size=2,

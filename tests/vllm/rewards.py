@@ -1,4 +1,4 @@
-"""Reward functions the vLLM runs import as ``rewards:<name>``."""
+"""Reward functions the vLLM runs import as ``tests.vllm.rewards:<name>``."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from test_vllm_training import _engine_matches_saved_policy, small
 
 from proxrl.algos.online import grpo
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
+from tests.vllm.test_vllm_training import _engine_matches_saved_policy, small
 
 HERE = Path(__file__).parent
 

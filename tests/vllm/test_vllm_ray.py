@@ -3,7 +3,6 @@ trainer's weights after every update (through the object store)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from proxrl.algos.online import grpo
 from proxrl.runtime.metrics import read_metrics
 
 pytest.importorskip("ray")
-HERE = Path(__file__).parent
 
 
 def test_vllm_engine_actors_sample_with_the_latest_weights(tiny_lm, prompts, tmp_path):
@@ -23,13 +21,12 @@ def test_vllm_engine_actors_sample_with_the_latest_weights(tiny_lm, prompts, tmp
     update (a stale engine's log-probs lag the trainer's by a whole update)."""
     import ray
 
-    sys.path.insert(0, str(HERE))  # rewards, for the reward actor
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         cfg = grpo.Config(
             model=tiny_lm,
             prompts=prompts,
-            reward_fn=("rewards:target_fraction",),
+            reward_fn=("tests.vllm.rewards:target_fraction",),
             output_dir=str(tmp_path),
             iterations=3,
             rollout_batch_size=4,
@@ -50,7 +47,6 @@ def test_vllm_engine_actors_sample_with_the_latest_weights(tiny_lm, prompts, tmp
         grpo.train(cfg)
     finally:
         ray.shutdown()
-        sys.path.remove(str(HERE))
     rows = read_metrics(tmp_path)
     assert len(rows) == 3
     for row in rows:  # measured: KL ≤ 6e-14, ratios within 1e-6 of 1

@@ -36,7 +36,7 @@ def small(config_cls, tiny_lm, prompts, out, **overrides):
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=("rewards:target_fraction",),
+        reward_fn=("tests.vllm.rewards:target_fraction",),
         output_dir=str(out),
         iterations=3,
         rollout_batch_size=8,
@@ -142,7 +142,7 @@ def test_sigterm_saves_exits_143_and_the_run_resumes(tiny_lm, prompts, tmp_path,
     fields = dict(
         model=tiny_lm,
         prompts=prompts,
-        reward_fn=["rewards:target_fraction"],
+        reward_fn=["tests.vllm.rewards:target_fraction"],
         iterations=200,
         rollout_batch_size=8,
         group_size=2,
