@@ -34,10 +34,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The architecture (docs/architecture.md, "Layers") is checked by tools, not by memory:
+# lint-imports reads .importlinter (the layer contracts, core imports only torch, classic only
+# core/runtime, no import cycles anywhere in proxrl); flake8 runs flake8-functions' CFQ001 alone
+# (--isolated: no flake8 config; ruff does the style) on algos/, whose functions stay <= 80 lines
+# (counted from the first statement after the docstring).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard benchmarks)
 	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
 	$(BIN)/mypy src/proxrl/core
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/flake8 --isolated --select CFQ001 --max-function-length 80 src/proxrl/algos
 
 # The main suite on one pytest-xdist worker per core (-n auto: 2 here; tests/conftest.py lists
 # what keeps a test safe beside another); --dist worksteal lets an idle worker take queued tests
