@@ -27,6 +27,7 @@ import math
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +44,15 @@ from proxrl.classic.envs import (
     snapshot_supported,
 )
 from proxrl.classic.ppo import ppo_update
-from proxrl.classic.rollout import Collector
+from proxrl.classic.rollout import Batch, Collector, Rollout
 from proxrl.classic.trpo import trpo_update
 from proxrl.core import AdaptiveKL, FixedKL, explained_variance, gae_env
-from proxrl.runtime.checkpoint import prepare_output_dir, record_planned_steps
-from proxrl.runtime.checkpointer import Accessors, Checkpointer, GlobalRNG
-from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.checkpointer import Accessors
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
-from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.resume import check_not_finished, check_resume
+from proxrl.runtime.lr_schedule import warmup_then_decay
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
-from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +73,46 @@ def _action_kind(env_id: str) -> tuple[bool, int, int]:
     raise ProxrlError(f"--env {env_id}: action space {act_space} is not supported")
 
 
-def train(cfg: ClassicConfig) -> dict[str, Any]:
-    """Train, write metrics, checkpoints and summary.json; return the summary."""
-    # 1. Fill the defaults of this kind of environment and check the result.
-    discrete, obs_dim, action_dim = _action_kind(cfg.env)
-    cfg = cfg.resolved(discrete)
-    assert cfg.num_envs and cfg.num_steps and cfg.learning_rate and cfg.total_steps
+@dataclass
+class Learner:
+    """What the loop trains and samples with."""
 
-    # 2. Output directory (with the resolved config), one torch thread, seeds.
-    check_resume(cfg)  # compared with the resolved options the run wrote
-    check_not_finished(cfg, cfg.num_iterations * cfg.batch_size, "step", "--total-steps")
-    out = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    save_config_file(cfg, out / "config.yaml")
-    record_planned_steps(out, cfg.num_iterations * cfg.batch_size)
-    torch.set_num_threads(cfg.torch_threads)
-    torch.distributions.Distribution.set_default_validate_args(False)
-    seed_everything(cfg.seed)
+    envs: gym.vector.VectorEnv
+    agent: Agent
+    optimizer: torch.optim.Optimizer
+    kl_ctrl: FixedKL  # AdaptiveKL for the adaptive-kl objective
+    collector: Collector
+    exact: bool  # whether every env can be snapshot (else episodes restart on resume)
 
-    # 3. Environments, networks, optimiser, KL-penalty controller, non-finite guard.
-    envs = make_vec_env(cfg.env, cfg.num_envs)
+
+@dataclass
+class Progress:
+    """The counters a checkpoint carries (``counters``) and the recent returns."""
+
+    iteration: int = 0
+    global_step: int = 0
+    episodes: int = 0
+    elapsed_before: float = 0.0  # wall time of the sessions before this one
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+
+    def load(self, counters: dict[str, Any]) -> None:
+        self.iteration, self.global_step = counters["iteration"], counters["global_step"]
+        self.episodes, self.elapsed_before = counters["episodes"], counters["elapsed_s"]
+        self.recent.extend(counters["recent_returns"])
+
+    def counters(self, session_s: float) -> dict[str, Any]:
+        return dict(
+            iteration=self.iteration,
+            global_step=self.global_step,
+            episodes=self.episodes,
+            elapsed_s=self.elapsed_before + session_s,
+            recent_returns=list(self.recent),
+        )
+
+
+def build_learner(cfg: ClassicConfig, obs_dim: int, action_dim: int, discrete: bool) -> Learner:
+    """Environments, networks, optimiser and KL-penalty controller."""
+    envs = make_vec_env(cfg.env, cfg.num_envs)  # type: ignore[arg-type]
     agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
     trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
     # fused: one kernel per step instead of ~10 per parameter tensor (the update's largest
@@ -112,142 +131,181 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         cfg.gamma,
         cfg.seed,
     )
-    metrics = MetricsLogger(out, report_to=cfg.report_to, config=config_to_dict(cfg))
-    checkpointer = Checkpointer(out, keep=cfg.keep_checkpoints)
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpointer.root)
-    recent: deque[float] = deque(maxlen=100)
-    iteration, global_step, episodes_done, elapsed_before = 0, 0, 0, 0.0
-
-    # 4. What a checkpoint holds (weights, optimiser, controller, guard, normalisers and the
-    #    running episodes, RNGs; the counters at save) and the resume from the newest one. Envs
-    #    that cannot be snapshot restart their episodes.
     exact = all(snapshot_supported(e) for e in envs.envs)
-    collector_state = Accessors(
-        collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=exact)
-    )
-    checkpointer.track(
-        agent=agent,
-        optimizer=optimizer,
-        kl_ctrl=kl_ctrl,
-        guard=guard,
-        collector=collector_state,
-        rng=GlobalRNG(),
-    )
-    if cfg.resume:
-        restored = checkpointer.restore()
-        if not exact:
-            warnings.warn(f"{cfg.env}: episodes in progress restart on resume", stacklevel=2)
-        counters = restored.counters
-        iteration, global_step = counters["iteration"], counters["global_step"]
-        episodes_done, elapsed_before = counters["episodes"], counters["elapsed_s"]
-        recent.extend(counters["recent_returns"])
-        metrics.truncate_after(global_step)
-        log.info("resumed %s at step %d", restored.path, global_step)
+    return Learner(envs, agent, optimizer, kl_ctrl, collector, exact)
 
-    def save() -> Path:
-        return checkpointer.save(
-            global_step,
-            iteration=iteration,
-            global_step=global_step,
-            episodes=episodes_done,
-            elapsed_s=elapsed_before + time.perf_counter() - start,
-            recent_returns=list(recent),
-        )
+
+def train(cfg: ClassicConfig) -> dict[str, Any]:
+    """Train, write metrics, checkpoints and summary.json; return the summary."""
+    # 1. Fill the defaults of this kind of environment and check the result.
+    discrete, obs_dim, action_dim = _action_kind(cfg.env)
+    cfg = cfg.resolved(discrete)
+    assert cfg.num_envs and cfg.num_steps and cfg.learning_rate and cfg.total_steps
+    planned = cfg.num_iterations * cfg.batch_size
+
+    # 2. Output directory (with the resolved config), one torch thread, seeds.
+    run = Run(cfg)
+    run.check_resume()  # compared with the resolved options the run wrote
+    run.check_not_finished(planned, "step", "--total-steps")
+    out = run.prepare()
+    run.write_config(planned)
+    torch.set_num_threads(cfg.torch_threads)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    seed_everything(cfg.seed)
+
+    # 3. Environments, networks, optimiser (its learning rate annealed per iteration),
+    #    KL-penalty controller.
+    learner = build_learner(cfg, obs_dim, action_dim, discrete)
+    decay = "linear" if cfg.anneal_lr else "constant"
+    run.schedule(learner.optimizer, warmup_then_decay(cfg.num_iterations, decay=decay))
+
+    # 4. What a checkpoint holds (weights, optimiser, controller, normalisers and the running
+    #    episodes; the run adds its guard, RNGs and schedule; the counters at save) and the
+    #    resume from the newest one. Envs that cannot be snapshot restart their episodes.
+    collector = learner.collector
+    collector_state = Accessors(
+        collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=learner.exact)
+    )
+    run.track(
+        agent=learner.agent,
+        optimizer=learner.optimizer,
+        kl_ctrl=learner.kl_ctrl,
+        collector=collector_state,
+    )
+    progress = Progress()
+    restored = run.start(planned)
+    if restored is not None:
+        if not learner.exact:
+            warnings.warn(f"{cfg.env}: episodes in progress restart on resume", stacklevel=2)
+        progress.load(restored.counters)
+        log.info("resumed %s at step %d", restored.path, progress.global_step)
 
     # 5. The loop: collect → GAE → update → log → checkpoint (→ stop on SIGINT/SIGTERM).
     start = time.perf_counter()
-    steps_at_start = global_step
-    stop_at = min(cfg.stop_at_step or cfg.total_steps, cfg.num_iterations * cfg.batch_size)
-    bar = progress_bar(cfg.num_iterations * cfg.batch_size, cfg.env, global_step, cfg.progress)
-    with bar, metrics, GracefulStop() as stop:
-        while iteration < cfg.num_iterations and global_step < stop_at:
-            iteration += 1
-            lr = (
-                cfg.learning_rate * (1.0 - (iteration - 1) / cfg.num_iterations)
-                if cfg.anneal_lr
-                else cfg.learning_rate
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+    steps_at_start = progress.global_step
 
-            # 5a. Collect N×T steps with the current policy.
-            t0 = time.perf_counter()
-            rollout = collector.collect(cfg.num_steps)
-            global_step += cfg.batch_size
-            rollout_s = time.perf_counter() - t0
+    def save() -> Path:
+        counters = progress.counters(time.perf_counter() - start)
+        return run.save(progress.global_step, **counters)
 
-            # 5b. Advantages and returns (core GAE; truncations bootstrapped in the rewards).
-            advantages, returns = gae_env(
-                rollout.rewards,
-                rollout.values,
-                rollout.dones,
-                rollout.next_value,
-                cfg.gamma,
-                cfg.lam,
-            )
-            batch = rollout.flatten(advantages, returns)
+    stop_at = min(cfg.stop_at_step or cfg.total_steps, planned)
+    with run.running(planned, cfg.env, completed=progress.global_step):
+        while progress.iteration < cfg.num_iterations and progress.global_step < stop_at:
+            progress.iteration += 1
+            iteration = progress.iteration
+            lr = run.learning_rate(iteration)
 
-            # 5c. Update the policy and the critic. A batch whose advantages or returns hold a
-            #     NaN/Inf is skipped whole (counted by the guard); a finite one is only looked
-            #     at, so that it does not reset the count of skipped steps in a row.
-            t1 = time.perf_counter()
-            stats: dict[str, float] = {}
-            targets = {"advantages": advantages, "returns": returns}
-            if guard.problem(tensors=targets) is None or guard.check(iteration, tensors=targets):
-                if cfg.algo == "ppo":
-                    stats = ppo_update(cfg, agent, optimizer, batch, kl_ctrl, guard, iteration)
-                else:
-                    stats = trpo_update(cfg, agent, optimizer, batch, guard, iteration)
-            update_s = time.perf_counter() - t1
+            # 5a-c. Collect N×T steps, advantages and returns, update.
+            step = iterate(cfg, learner, run.guard, iteration)
+            progress.global_step += cfg.batch_size
+            progress.episodes += len(step.rollout.episodes)
+            progress.recent.extend(r for r, _ in step.rollout.episodes)
 
             # 5d. Log one row per iteration.
-            episodes_done += len(rollout.episodes)
-            recent.extend(r for r, _ in rollout.episodes)
-            row: dict[str, float] = {"global_step": global_step, "iteration": iteration}
-            if rollout.episodes:
-                row["charts/episodic_return"] = float(np.mean([r for r, _ in rollout.episodes]))
-                row["charts/episodic_length"] = float(np.mean([n for _, n in rollout.episodes]))
-            row["charts/learning_rate"] = lr
-            row["charts/SPS"] = (global_step - steps_at_start) / (time.perf_counter() - start)
-            row.update(stats)
-            mask = torch.ones_like(batch.values)
-            row["losses/explained_variance"] = float(
-                explained_variance(batch.values, batch.returns, mask)
-            )
-            row["time/rollout_s"], row["time/update_s"] = rollout_s, update_s
-            row.update(guard.metrics())
-            metrics.log(global_step, {k: v for k, v in row.items() if math.isfinite(v)})
-            shown = {"SPS": row["charts/SPS"]}
-            if recent:
-                shown["return"] = float(np.mean(recent))
-            bar.update(cfg.batch_size, **shown)
+            sps = (progress.global_step - steps_at_start) / (time.perf_counter() - start)
+            row = iteration_row(progress, step, lr, sps) | run.guard.metrics()
+            run.log(progress.global_step, {k: v for k, v in row.items() if math.isfinite(v)})
+            shown = {"SPS": sps}
+            if progress.recent:
+                shown["return"] = float(np.mean(progress.recent))
+            run.bar.update(cfg.batch_size, **shown)  # type: ignore[union-attr]
 
-            # 5e. Checkpoint.
+            # 5e. Checkpoint; on SIGINT/SIGTERM the iteration is complete: save it and stop
+            #     (exit 130/143).
             saved = save() if cfg.save_every and iteration % cfg.save_every == 0 else None
-
-            # 5f. SIGINT/SIGTERM: the iteration is complete; save it and stop (exit 130/143).
-            if stop.requested and iteration < cfg.num_iterations and global_step < stop_at:
-                raise stop.interrupted(saved or save())
-    latest = checkpointer.manager.latest()
-    final = latest if latest and checkpointer.manager.step_of(latest) == global_step else save()
-    envs.close()
+            more = iteration < cfg.num_iterations and progress.global_step < stop_at
+            if run.stop_requested and more:
+                raise run.interrupted(saved or save())
+    latest = run.checkpointer.manager.latest()
+    step_of = run.checkpointer.manager.step_of
+    final = latest if latest and step_of(latest) == progress.global_step else save()
+    run.close()
+    learner.envs.close()
 
     # 6. Summary: mean return of the last 100 training episodes.
-    wall = elapsed_before + time.perf_counter() - start
-    summary: dict[str, Any] = {
+    summary = summarize(cfg, progress, time.perf_counter() - start, steps_at_start, final)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+@dataclass
+class Iteration:
+    """One iteration's rollout, its flattened batch, the update's statistics and timings."""
+
+    rollout: Rollout
+    batch: Batch
+    stats: dict[str, float]
+    rollout_s: float
+    update_s: float
+
+
+def iterate(
+    cfg: ClassicConfig, learner: Learner, guard: NonFiniteGuard, iteration: int
+) -> Iteration:
+    """Collect N×T steps with the current policy, GAE (``core.gae_env``; truncations bootstrapped
+    in the rewards), then update the policy and the critic. A batch whose advantages or returns
+    hold a NaN/Inf is skipped whole (counted by the guard); a finite one is only looked at, so
+    that it does not reset the count of skipped steps in a row."""
+    t0 = time.perf_counter()
+    rollout = learner.collector.collect(cfg.num_steps)  # type: ignore[arg-type]
+    rollout_s = time.perf_counter() - t0
+    advantages, returns = gae_env(
+        rollout.rewards,
+        rollout.values,
+        rollout.dones,
+        rollout.next_value,
+        cfg.gamma,
+        cfg.lam,
+    )
+    batch = rollout.flatten(advantages, returns)
+
+    t1 = time.perf_counter()
+    stats: dict[str, float] = {}
+    targets = {"advantages": advantages, "returns": returns}
+    agent, optimizer = learner.agent, learner.optimizer
+    if guard.problem(tensors=targets) is None or guard.check(iteration, tensors=targets):
+        if cfg.algo == "ppo":
+            stats = ppo_update(cfg, agent, optimizer, batch, learner.kl_ctrl, guard, iteration)
+        else:
+            stats = trpo_update(cfg, agent, optimizer, batch, guard, iteration)
+    return Iteration(rollout, batch, stats, rollout_s, time.perf_counter() - t1)
+
+
+def iteration_row(progress: Progress, step: Iteration, lr: float, sps: float) -> dict[str, float]:
+    """The metrics row of an iteration (CleanRL's names)."""
+    row: dict[str, float] = {"global_step": progress.global_step, "iteration": progress.iteration}
+    episodes = step.rollout.episodes
+    if episodes:
+        row["charts/episodic_return"] = float(np.mean([r for r, _ in episodes]))
+        row["charts/episodic_length"] = float(np.mean([n for _, n in episodes]))
+    row["charts/learning_rate"] = lr
+    row["charts/SPS"] = sps
+    row.update(step.stats)
+    mask = torch.ones_like(step.batch.values)
+    row["losses/explained_variance"] = float(
+        explained_variance(step.batch.values, step.batch.returns, mask)
+    )
+    row["time/rollout_s"], row["time/update_s"] = step.rollout_s, step.update_s
+    return row
+
+
+def summarize(
+    cfg: ClassicConfig, progress: Progress, session_s: float, steps_at_start: int, final: Path
+) -> dict[str, Any]:
+    """summary.json: the run, its counters and the mean return of the last 100 episodes."""
+    recent = progress.recent
+    return {
         "env": cfg.env,
         "algo": cfg.algo,
         "objective": cfg.objective,
         "seed": cfg.seed,
-        "global_step": global_step,
-        "iterations": iteration,
-        "episodes": episodes_done,
-        "complete": iteration >= cfg.num_iterations,
+        "global_step": progress.global_step,
+        "iterations": progress.iteration,
+        "episodes": progress.episodes,
+        "complete": progress.iteration >= cfg.num_iterations,
         "mean_return_last_100": float(np.mean(recent)) if recent else math.nan,
         "std_return_last_100": float(np.std(recent)) if recent else math.nan,
-        "wall_time_s": wall,
-        "sps_this_session": (global_step - steps_at_start) / max(time.perf_counter() - start, 1e-9),
+        "wall_time_s": progress.elapsed_before + session_s,
+        "sps_this_session": (progress.global_step - steps_at_start) / max(session_s, 1e-9),
         "checkpoint": str(final),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary

@@ -57,12 +57,11 @@ from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
-from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import ProxrlError, RunFinished
 from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.metrics import read_metrics
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -252,12 +251,25 @@ RESUME_ALSO_FREE = {
 }  # the demo's own option that may change on resume (runtime.resume has the rest)
 
 
-def check_same_demo(cfg: Config) -> None:
+def demo_run(cfg: Config) -> Run:
+    """The demo's run context (``runtime.run``): its own config file and resume-free options, and
+    ``overwrite`` (on by default) off when resuming. It owns the directory and the config; each
+    stage is a run of its own."""
+    return Run(
+        cfg,
+        config_file=DEMO_CONFIG,
+        what="demo",
+        also_free=RESUME_ALSO_FREE,
+        overwrite=cfg.overwrite and not cfg.resume,
+    )
+
+
+def check_same_demo(cfg: Config, run: Run | None = None) -> None:
     """``--resume`` continues the demo in ``output_dir`` with the options it started with, unless
     ``--resume-with-changes`` (``runtime.resume``: one policy for every command)."""
     if not (Path(cfg.output_dir) / DEMO_CONFIG).is_file():
         raise ProxrlError(f"--resume: {cfg.output_dir} holds no demo to resume (no {DEMO_CONFIG})")
-    check_resume(cfg, config_file=DEMO_CONFIG, what="demo", also_free=RESUME_ALSO_FREE)
+    (run or demo_run(cfg)).check_resume()
     if (Path(cfg.output_dir) / "summary.json").is_file() and not cfg.resume_with_changes:
         raise RunFinished(
             f"the demo in {cfg.output_dir} is already finished (its summary.json is written); "
@@ -355,26 +367,24 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run every stage; write ``summary.json`` and ``report.md``; return the summary."""
-    from proxrl.report import write_report
-
+    # 1. Checks, the output directory and its demo_config.yaml (kept as it was on a resume).
     cfg.validate()
     hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    run = demo_run(cfg)
     if cfg.resume:
-        check_same_demo(cfg)
-    out = prepare_output_dir(
-        cfg.output_dir, resume=cfg.resume, overwrite=cfg.overwrite and not cfg.resume
-    )
+        check_same_demo(cfg, run)
+    out = run.prepare()
     if not cfg.resume or cfg.resume_with_changes:
-        save_config_file(cfg, out / DEMO_CONFIG)
+        run.write_config()
     watch = Stopwatch()
-    run = StageRunner(resume=cfg.resume, resume_with_changes=cfg.resume_with_changes)
+    run_stage = StageRunner(resume=cfg.resume, resume_with_changes=cfg.resume_with_changes)
     seed_everything(cfg.seed)
 
+    # 2. The task's data and the tiny base model.
     with watch.stage("data"):
         data = task.generate(out / "data", cfg.task_sizes, cfg.seed)
-
     with watch.stage("base_model"):
         build_tiny_lm(
             out / "base",
@@ -387,15 +397,27 @@ def train(cfg: Config) -> dict[str, Any]:
             seed=cfg.seed,
         )
 
-    offline = offline_fields(cfg, out)
-    with watch.stage("sft"):
-        run(sft.train, sft_config(cfg, out, data["sft"]))
+    # 3. SFT and the reward model; PPO with and without KL, GRPO.
+    rm_accuracy = offline_stages(cfg, out, data, watch, run_stage)
+    rl_stages(cfg, out, watch, run_stage)
 
+    # 4. Every policy on the held-out prompts; summary.json and report.md.
+    with watch.stage("evaluate"):
+        scores = evaluate_all(cfg, out)
+    return write_summary(out, watch, rm_accuracy, scores)
+
+
+def offline_stages(
+    cfg: Config, out: Path, data: dict[str, Path], watch: Stopwatch, run_stage: StageRunner
+) -> float:
+    """SFT, then the reward model; returns its held-out accuracy."""
+    with watch.stage("sft"):
+        run_stage(sft.train, sft_config(cfg, out, data["sft"]))
     with watch.stage("reward_model"):
-        rm_metrics = run(
+        rm_metrics = run_stage(
             reward.train,
             reward.Config(
-                **offline,
+                **offline_fields(cfg, out),
                 output_dir=str(out / "rm"),
                 data=str(data["preferences"]),
                 eval_data=str(data["preferences_eval"]),
@@ -403,9 +425,14 @@ def train(cfg: Config) -> dict[str, Any]:
                 learning_rate=cfg.rm_learning_rate,
             ),
         )
-    rm_accuracy = rm_metrics["eval/accuracy"]
+    rm_accuracy: float = rm_metrics["eval/accuracy"]
     log.info("[demo] reward model held-out accuracy %.3f", rm_accuracy)
+    return rm_accuracy
 
+
+def rl_stages(cfg: Config, out: Path, watch: Stopwatch, run_stage: StageRunner) -> None:
+    """PPO against the reward model with KL ``kl_coef`` and with none; GRPO on the gold reward
+    (the other signal logged at weight 0)."""
     rm_dir = str(out / "rm")
     ppo_fields = dict(
         reward_model=rm_dir,
@@ -416,16 +443,16 @@ def train(cfg: Config) -> dict[str, Any]:
         critic_learning_rate=cfg.critic_learning_rate,
     )
     with watch.stage("ppo"):
-        run(
+        run_stage(
             ppo.train,
             ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef),
         )
     with watch.stage("ppo_no_kl"):
-        run(
+        run_stage(
             ppo.train, ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0)
         )
     with watch.stage("grpo"):
-        run(
+        run_stage(
             grpo.train,
             grpo.Config(
                 **online_fields(cfg, out, "grpo"),
@@ -439,8 +466,12 @@ def train(cfg: Config) -> dict[str, Any]:
             ),
         )
 
-    with watch.stage("evaluate"):
-        scores = evaluate_all(cfg, out)
+
+def write_summary(
+    out: Path, watch: Stopwatch, rm_accuracy: float, scores: dict[str, PolicyScores]
+) -> dict[str, Any]:
+    """The table, eval_samples.jsonl, report.md and summary.json; returns the summary."""
+    from proxrl.report import write_report
 
     summary: dict[str, Any] = {
         "reward_model": {"heldout_accuracy": round(rm_accuracy, 4)},

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
@@ -45,10 +44,9 @@ from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -186,8 +184,8 @@ def train(cfg: Config) -> dict[str, float]:
     """Run DPO / IPO / SimPO; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
-    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    check_resume(cfg)  # changed options are refused before anything loads
+    run = Run(cfg)
+    run.check()  # the output directory, and changed options refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id
 
@@ -240,7 +238,7 @@ def train(cfg: Config) -> dict[str, float]:
                 reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
             )
     # Every input has loaded: now the output directory (a bad input leaves no run behind).
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    output_dir = run.prepare()
     # The policy's log-probs come out in float32 for half-precision weights (core.logprobs).
     dtype = torch.promote_types(next(policy.parameters()).dtype, torch.float32)
 
@@ -262,7 +260,7 @@ def train(cfg: Config) -> dict[str, float]:
         evaluate=evaluate if eval_batches else None,
         nonpad_share=lambda b: b.pairs.sequences.nonpad_share,
     )
-    metrics = fit(cfg, policy, task, output_dir)
+    metrics = fit(cfg, policy, task, run)
 
     # 6. Save the policy (or its LoRA adapter) and the tokenizer.
     save_final(policy, tokenizer, output_dir)

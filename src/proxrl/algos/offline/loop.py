@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -39,14 +39,11 @@ from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import save_tokenizer
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import COUNT_STATS, LossFn, UnitsFn, accumulate_gradients
-from proxrl.runtime.checkpoint import record_planned_steps
-from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.checkpointer import TrainableWeights
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
-from proxrl.runtime.metrics import MetricsLogger, progress_bar
-from proxrl.runtime.resume import check_not_finished
-from proxrl.runtime.signals import GracefulStop
+from proxrl.runtime.lr_schedule import warmup_then_decay
+from proxrl.runtime.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -88,17 +85,6 @@ def evaluate_batches(
     return {key: value if key in COUNT_STATS else value / total for key, value in sums.items()}
 
 
-def learning_rate_at(step: int, total_steps: int, cfg: OfflineConfig) -> float:
-    """Linear warm-up to ``cfg.learning_rate``, then constant or linear decay to 0 (``step`` is
-    the 1-based index of the optimizer step about to be taken)."""
-    if cfg.warmup_steps and step <= cfg.warmup_steps:
-        return cfg.learning_rate * step / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
-        return cfg.learning_rate
-    remaining = max(total_steps - cfg.warmup_steps, 1)
-    return cfg.learning_rate * max(0.0, 1 - (step - 1 - cfg.warmup_steps) / remaining)
-
-
 # ------------------------------------------------------------------------------------------
 # The loop
 
@@ -120,184 +106,216 @@ def _namespaced(stats: dict[str, float], prefix: str) -> dict[str, float]:
     return {key if "/" in key else f"{prefix}/{key}": value for key, value in stats.items()}
 
 
-def fit(cfg: OfflineConfig, model: nn.Module, task: Task, output_dir: Path) -> dict[str, float]:
-    """Train ``model`` on ``task`` for ``cfg.epochs`` (or ``cfg.max_steps``) optimizer steps,
-    logging to ``output_dir/metrics.jsonl``, checkpointing every ``cfg.save_every`` steps and
-    resuming from the newest checkpoint when ``cfg.resume``. Returns the last logged row."""
+def fit(cfg: OfflineConfig, model: nn.Module, task: Task, run: Run) -> dict[str, float]:
+    """Train ``model`` on ``task`` for ``cfg.epochs`` (or ``cfg.max_steps``) optimizer steps in
+    the prepared ``run`` (``runtime.run``): metrics to ``metrics.jsonl``, a checkpoint every
+    ``cfg.save_every`` steps, resumed from the newest one with ``cfg.resume``. Returns the last
+    logged row."""
     # 1. The step plan: micro-batches of similar length, grad_accum of them per step.
     lengths = [len(item) for item in task.train_items]
-    micro_per_epoch = math.ceil(len(lengths) / cfg.batch_size)
+    total_steps = plan_steps(cfg, task.name, len(lengths))
+    run.check_not_finished(total_steps, "step", "--epochs")
+
+    # 2. Optimizer over what trains, its schedule and what a checkpoint holds: trainable
+    #    weights, optimizer (with the run's guard, RNG and schedule) and, as a counter, the step
+    #    (which fixes the data position). The resume comes before anything in output_dir is
+    #    touched, so a failed one leaves the run as it was.
+    opt = make_optimization(cfg, model, task)
+    run.track(model=TrainableWeights(model), optimizer=opt.optimizer)
+    run.schedule(opt.optimizer, warmup_then_decay(total_steps, cfg.warmup_steps, cfg.lr_schedule))
+    restored = run.start(total_steps)
+    step = restored.step if restored is not None else 0
+    if restored is not None:
+        log.info("resumed from %s at step %d of %d", restored.path, step, total_steps)
+
+    # 3. Train: one optimizer step per group of micro-batches, then its row, checkpoint, stop.
+    model.train()
+    last: dict[str, float] = {}
+    done = step  # the last optimizer step taken
+    started = time.perf_counter()
+    tokens_seen = 0
+    with run.running(total_steps, task.name, completed=step):
+        for done, epoch, group in step_groups(cfg, lengths, total_steps, start=step):
+            lr = run.learning_rate(done)
+            batches, stats = accumulate(cfg, opt, task, group, done)
+            grad_norm = apply_step(cfg, opt, stats, run.guard, done)
+            tokens_seen += sum(lengths[i] for indices in group for i in indices)
+            figures = {
+                "train/lr": lr,
+                "train/grad_norm": float(grad_norm),
+                "train/epoch": epoch + 1,
+                "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
+            }
+            row = step_row(
+                cfg, task, model, stats, figures | run.guard.metrics(), batches, done, total_steps
+            )
+            if done % cfg.log_every == 0 or done == total_steps:
+                last = run.log(done, row)
+            run.bar.update(1, loss=stats["loss"])  # type: ignore[union-attr]
+            saved = None
+            if cfg.save_every and done % cfg.save_every == 0 and done < total_steps:
+                saved = run.save(done, step=done)
+            if run.stop_requested and done < total_steps:
+                saved = saved or run.save(done, step=done)
+                log.warning(
+                    "%s: stopping at step %d of %d on %s",
+                    task.name,
+                    done,
+                    total_steps,
+                    run.stop.signal_name,  # type: ignore[union-attr]
+                )
+                raise run.interrupted(saved)
+
+    # 4. Final checkpoint (the last step was evaluated and logged above).
+    if done > step:
+        run.save(done, step=done)
+    run.close()
+    return last
+
+
+def plan_steps(cfg: OfflineConfig, name: str, items: int) -> int:
+    """The optimizer steps of the run: ``ceil(ceil(items / batch_size) / grad_accum)`` per epoch,
+    at most ``cfg.max_steps``."""
+    micro_per_epoch = math.ceil(items / cfg.batch_size)
     steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
-    check_not_finished(cfg, total_steps, "step", "--epochs")
-
     log.info(
         "%s: %d items, %d per optimizer step (batch_size %d × grad_accum %d), %d steps",
-        task.name,
-        len(lengths),
+        name,
+        items,
         cfg.examples_per_step,
         cfg.batch_size,
         cfg.grad_accum,
         total_steps,
     )
+    return total_steps
 
-    # 2. Optimizer over what trains (LoRA: adapters and head only). Several processes: each
-    #    takes a 1/world share of every micro-batch (batch_size is global), the model is
-    #    sharded under FSDP (the launch config) and only rank 0 writes.
+
+def step_groups(
+    cfg: OfflineConfig, lengths: list[int], total_steps: int, start: int
+) -> Iterator[tuple[int, int, list[list[int]]]]:
+    """``(step, epoch, micro-batches)`` of every optimizer step after ``start`` (1-based steps).
+    An epoch's batch order depends only on ``(seed, epoch)``, so a resumed run skips the steps
+    its checkpoint took and sees exactly the batches an uninterrupted run would."""
+    done = 0
+    for epoch in range(cfg.epochs):
+        micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
+        for i in range(0, len(micro), cfg.grad_accum):
+            if done >= total_steps:
+                return
+            done += 1
+            if done > start:  # earlier ones were taken before the checkpoint we resumed from
+                yield done, epoch, micro[i : i + cfg.grad_accum]
+
+
+@dataclass
+class Optimization:
+    """What an optimizer step works on. Several processes: each takes a 1/world share of every
+    micro-batch (batch_size is global), the model is wrapped (DDP) or sharded (FSDP, the launch
+    config) for the forward passes, and only rank 0 writes."""
+
+    model: nn.Module  # the plain module: guard, clipping, evaluation, checkpoints
+    train_model: nn.Module  # what the forward passes go through (the DDP/FSDP wrapper)
+    params: list[Tensor]  # what trains (LoRA: adapters and head only)
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn  # the task's loss under cfg.autocast()
+    world: int
+    sharded: bool
+
+
+def make_optimization(cfg: OfflineConfig, model: nn.Module, task: Task) -> Optimization:
+    """AdamW over the parameters that train, at ``cfg.learning_rate`` (the schedule's base)."""
     world = dist.world_size()
     if world > 1:
         dist.split_global(cfg.batch_size, "batch_size")
     train_model = dist.wrap_model(model)
-    sharded = dist.is_sharded()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     loss_fn = under_autocast(task.loss_fn, cfg)
-    checkpointer = Checkpointer(output_dir, keep=cfg.keep_checkpoints)
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpoint_dir=checkpointer.root)
+    return Optimization(model, train_model, params, optimizer, loss_fn, world, dist.is_sharded())
 
-    # 3. What a checkpoint holds: trainable weights, optimizer, RNG, skip counters and, as a
-    #    counter, the step (which fixes the data position). Resume is checked before anything in
-    #    output_dir is touched, so a failed resume leaves the run as it was.
-    checkpointer.track(
-        model=TrainableWeights(model), optimizer=optimizer, rng=GlobalRNG(), guard=guard
+
+def accumulate(
+    cfg: OfflineConfig, opt: Optimization, task: Task, group: list[list[int]], step: int
+) -> tuple[list[Any], dict[str, float]]:
+    """The step's batches and the gradient of the mean loss over all their units (summed over
+    ranks: local sums weighted by the global unit count)."""
+    world, sharded = opt.world, opt.sharded
+    local = [dist.shard(indices) for indices in group] if world > 1 else group
+    batches = [task.make_batch(indices) for indices in local if indices]
+    if world == 1:
+        return batches, accumulate_gradients(opt.model, batches, opt.loss_fn, task.units_fn)
+    global_units = int(dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches))))
+    if sharded and len(batches) < len(group):  # FSDP: every rank must run every forward
+        raise ProxrlError(
+            "batch_size: under FSDP every micro-batch needs "
+            f">= {world} examples; step {step} has fewer (use a data size "
+            f"whose remainder by batch_size is 0 or >= {world})"
+        )
+    with dist.no_sync(opt.train_model):
+        # FSDP averages gradients over ranks: weigh by world / units.
+        stats = accumulate_gradients(
+            opt.train_model,
+            batches,
+            opt.loss_fn,
+            task.units_fn,
+            total_units=global_units / world if sharded else global_units,
+        )
+    if not sharded:
+        dist.all_reduce_gradients(opt.params)
+    stats = dist.all_reduce_sum(stats)
+    if sharded:
+        stats = {k: v if k in COUNT_STATS else v / world for k, v in stats.items()}
+    return batches, stats
+
+
+def apply_step(
+    cfg: OfflineConfig, opt: Optimization, stats: dict[str, float], guard: NonFiniteGuard, step: int
+) -> Tensor:
+    """Clip and take the optimizer step; return the gradient norm (NaN for a skipped step). A
+    NaN/Inf loss or gradient drops the step's gradients (checked before clipping, which would
+    spread a NaN over every gradient and hide where it came from)."""
+    finite = guard.check(step, loss=stats["loss"], parameters=opt.model)
+    grad_norm = (
+        (
+            torch.nn.utils.clip_grad_norm_(opt.params, cfg.max_grad_norm)
+            if cfg.max_grad_norm > 0
+            else torch.nn.utils.clip_grad_norm_(opt.params, float("inf"))
+        )
+        if finite
+        else torch.tensor(float("nan"))
     )
-    step = 0
-    if cfg.resume:
-        restored = checkpointer.restore()
-        step = int(restored.counters["step"])
-    logger = MetricsLogger(
-        output_dir, dist.is_main(), report_to=cfg.report_to, config=config_to_dict(cfg)
-    )
-    if dist.is_main():
-        save_config_file(cfg, output_dir / "config.yaml")
-        record_planned_steps(output_dir, total_steps)
-    if cfg.resume:
-        logger.truncate_after(step)
-        log.info("resumed from %s at step %d of %d", restored.path, step, total_steps)
+    if finite:
+        opt.optimizer.step()
+    opt.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
-    def save(at_step: int) -> Path:
-        return checkpointer.save(at_step, step=at_step)
 
-    # 4. Train.
-    model.train()
-    last: dict[str, float] = {}
-    done = 0  # optimizer steps counted from the start of the run (resumed ones skipped)
-    started = time.perf_counter()
-    tokens_seen = 0
-    with (
-        GracefulStop() as stop,
-        progress_bar(
-            total_steps, task.name, completed=step, enabled=cfg.progress and dist.is_main()
-        ) as bar,
-    ):
-        for epoch in range(cfg.epochs):
-            micro = bucket_batches(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch)
-            groups = [micro[i : i + cfg.grad_accum] for i in range(0, len(micro), cfg.grad_accum)]
-            for group in groups:
-                if done >= total_steps:
-                    break
-                done += 1
-                if done <= step:  # taken before the checkpoint we resumed from
-                    continue
-                local = [dist.shard(indices) for indices in group] if world > 1 else group
-                batches = [task.make_batch(indices) for indices in local if indices]
-                lr = learning_rate_at(done, total_steps, cfg)
-                for param_group in optimizer.param_groups:
-                    param_group["lr"] = lr
-                if world == 1:
-                    stats = accumulate_gradients(model, batches, loss_fn, task.units_fn)
-                else:  # local sums weighted by the global unit count, then summed over ranks
-                    global_units = int(
-                        dist.all_reduce_sum(float(sum(task.units_fn(b) for b in batches)))
-                    )
-                    if sharded and len(batches) < len(
-                        group
-                    ):  # FSDP: every rank must run every forward
-                        raise ProxrlError(
-                            "batch_size: under FSDP every micro-batch needs "
-                            f">= {world} examples; step {done} has fewer (use a data size "
-                            f"whose remainder by batch_size is 0 or >= {world})"
-                        )
-                    with dist.no_sync(train_model):
-                        # FSDP averages gradients over ranks: weigh by world / units.
-                        stats = accumulate_gradients(
-                            train_model,
-                            batches,
-                            loss_fn,
-                            task.units_fn,
-                            total_units=global_units / world if sharded else global_units,
-                        )
-                    if not sharded:
-                        dist.all_reduce_gradients(params)
-                    stats = dist.all_reduce_sum(stats)
-                    if sharded:
-                        stats = {k: v if k in COUNT_STATS else v / world for k, v in stats.items()}
-                # NaN/Inf loss or gradient: drop this step's gradients (checked before clipping,
-                # which would spread a NaN over every gradient and hide where it came from).
-                finite = guard.check(done, loss=stats["loss"], parameters=model)
-                grad_norm = (
-                    (
-                        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                        if cfg.max_grad_norm > 0
-                        else torch.nn.utils.clip_grad_norm_(params, float("inf"))
-                    )
-                    if finite
-                    else torch.tensor(float("nan"))
-                )
-                if finite:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                tokens_seen += sum(lengths[i] for indices in group for i in indices)
-                row = (
-                    _namespaced(stats, "train")
-                    | {
-                        "train/lr": lr,
-                        "train/grad_norm": float(grad_norm),
-                        "train/epoch": epoch + 1,
-                        "perf/tokens_per_s": tokens_seen / max(time.perf_counter() - started, 1e-9),
-                    }
-                    | guard.metrics()
-                )
-                if task.nonpad_share is not None and batches:
-                    row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(
-                        batches
-                    )
-                if world > 1 and task.nonpad_share is not None:
-                    row["perf/nonpad_share"] = dist.all_reduce_mean(
-                        row.get("perf/nonpad_share", 1.0)
-                    )
-                evaluate_now = done == total_steps or (
-                    cfg.eval_every and done % cfg.eval_every == 0
-                )
-                if task.evaluate is not None and evaluate_now:
-                    with cfg.autocast():
-                        row |= task.evaluate(model)
-                row = {k: v for k, v in row.items() if math.isfinite(v)}  # a skipped step's NaNs
-                if done % cfg.log_every == 0 or done == total_steps:
-                    last = logger.log(done, row)
-                bar.update(1, loss=stats["loss"])
-                saved = None
-                if cfg.save_every and done % cfg.save_every == 0 and done < total_steps:
-                    saved = save(done)
-                if dist.any_rank(stop.requested) and done < total_steps:
-                    saved = saved or save(done)
-                    logger.close()
-                    log.warning(
-                        "%s: stopping at step %d of %d on %s",
-                        task.name,
-                        done,
-                        total_steps,
-                        stop.signal_name,
-                    )
-                    raise stop.interrupted(saved)
-
-    # 5. Final checkpoint (the last step was evaluated and logged above).
-    if done > step:
-        save(done)
-    logger.close()
-    return last
+def step_row(
+    cfg: OfflineConfig,
+    task: Task,
+    model: nn.Module,
+    stats: dict[str, float],
+    figures: dict[str, float],
+    batches: list[Any],
+    step: int,
+    total_steps: int,
+) -> dict[str, float]:
+    """The metrics row of a step: ``train/`` stats, ``figures``, the non-pad share and, every
+    ``eval_every`` steps and at the last, the task's evaluation. A skipped step's NaNs are
+    left out."""
+    row = _namespaced(stats, "train") | figures
+    if task.nonpad_share is not None and batches:
+        row["perf/nonpad_share"] = sum(task.nonpad_share(b) for b in batches) / len(batches)
+    if dist.world_size() > 1 and task.nonpad_share is not None:
+        row["perf/nonpad_share"] = dist.all_reduce_mean(row.get("perf/nonpad_share", 1.0))
+    evaluate_now = step == total_steps or (cfg.eval_every and step % cfg.eval_every == 0)
+    if task.evaluate is not None and evaluate_now:
+        with cfg.autocast():
+            row |= task.evaluate(model)
+    return {k: v for k, v in row.items() if math.isfinite(v)}
 
 
 def log_summary(name: str, output_dir: Path, metrics: dict[str, float]) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -51,10 +50,9 @@ from proxrl.data.formats import RankingExample, load_comparison_examples
 from proxrl.models.scalar_head import load_score_model, sequence_scores, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -152,8 +150,8 @@ def train(cfg: Config) -> dict[str, float]:
     """Train a reward model; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
-    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    check_resume(cfg)  # changed options are refused before anything loads
+    run = Run(cfg)
+    run.check()  # the output directory, and changed options refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.
@@ -186,7 +184,7 @@ def train(cfg: Config) -> dict[str, float]:
     )
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg, task="seq_cls").to(dist.device())
-    output_dir = Path(prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite))
+    output_dir = run.prepare()
 
     # 4. Train with the Bradley–Terry loss (mean over the pairs of each optimizer step).
     task = Task(
@@ -200,7 +198,7 @@ def train(cfg: Config) -> dict[str, float]:
         else None,
         nonpad_share=lambda batch: batch.sequences.nonpad_share,
     )
-    metrics = fit(cfg, model, task, output_dir)
+    metrics = fit(cfg, model, task, run)
 
     # 5. Normalise: record the training-score mean/std; scores become centred on 0.
     if cfg.normalize:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from torch import Tensor, nn
 
@@ -37,8 +36,7 @@ from proxrl.data.formats import load_sft_examples
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir
-from proxrl.runtime.resume import check_resume
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -87,8 +85,8 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer: pad ≠ EOS, round-trip checked. Inputs are checked before anything is
     #    written, so a typo leaves no half-made run directory behind.
     cfg.validate()
-    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    check_resume(cfg)  # changed options are refused before anything loads
+    run = Run(cfg)
+    run.check()  # the output directory, and changed options refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: validated rows → token ids with the prompt masked; a held-out split.
@@ -115,7 +113,7 @@ def train(cfg: Config) -> dict[str, float]:
     )
     resize_for_tokenizer(model, tokenizer)
     model = maybe_lora(model, cfg).to(dist.device())
-    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
+    output_dir = run.prepare()
 
     # 4. Train: mean NLL over the completion tokens of each optimizer step, on padded
     #    length-bucketed batches or on packed rows.
@@ -139,9 +137,9 @@ def train(cfg: Config) -> dict[str, float]:
         evaluate=(lambda m: eval_metrics(m, eval_batches)) if eval_batches else None,
         nonpad_share=lambda batch: batch.nonpad_share,
     )
-    metrics = fit(cfg, model, task, Path(output_dir))
+    metrics = fit(cfg, model, task, run)
 
     # 5. Save: a plain transformers model (or peft adapter) plus tokenizer.
-    save_final(model, tokenizer, Path(output_dir))
-    log_summary("sft", Path(output_dir), metrics)
+    save_final(model, tokenizer, output_dir)
+    log_summary("sft", output_dir, metrics)
     return metrics
