@@ -84,6 +84,19 @@ class Learner:
     collector: Collector
     exact: bool  # whether every env can be snapshot (else episodes restart on resume)
 
+    def checkpoint_entries(self) -> dict[str, Any]:
+        """What a checkpoint holds of it, by the names checkpoints always used."""
+        collector = self.collector
+        collector_state = Accessors(
+            collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=self.exact)
+        )
+        return dict(
+            agent=self.agent,
+            optimizer=self.optimizer,
+            kl_ctrl=self.kl_ctrl,
+            collector=collector_state,
+        )
+
 
 @dataclass
 class Progress:
@@ -162,16 +175,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
     # 4. What a checkpoint holds (weights, optimiser, controller, normalisers and the running
     #    episodes; the run adds its guard, RNGs and schedule; the counters at save) and the
     #    resume from the newest one. Envs that cannot be snapshot restart their episodes.
-    collector = learner.collector
-    collector_state = Accessors(
-        collector.state_dict, lambda s: collector.load_state_dict(s, envs_too=learner.exact)
-    )
-    run.track(
-        agent=learner.agent,
-        optimizer=learner.optimizer,
-        kl_ctrl=learner.kl_ctrl,
-        collector=collector_state,
-    )
+    run.track(**learner.checkpoint_entries())
     progress = Progress()
     restored = run.start(planned)
     if restored is not None:

@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 
 import torch
 from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
@@ -180,6 +181,45 @@ def make_batch(
     return DPOBatch(pairs, ref[0][indices].to(dtype), ref[1][indices].to(dtype))
 
 
+def reference_pairs(
+    cfg: Config,
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    train_items: list[EncodedPair],
+    eval_items: list[EncodedPair],
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The (chosen, rejected) reference log-probs of the training and the eval pairs: zeros for
+    SimPO (no reference), else under ``cfg.ref_model`` or the starting policy (LoRA: the
+    adapter disabled)."""
+    average, pad_id = uses_average(cfg.loss), tokenizer.pad_token_id
+    if cfg.loss == "simpo":
+        ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
+        ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
+    elif cfg.ref_model:
+        reference = load_causal_lm(
+            cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
+        ).to(dist.device())
+        resize_for_tokenizer(reference, tokenizer)
+        with cfg.autocast():
+            ref_train = reference_logps(
+                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+            ref_eval = reference_logps(
+                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+        del reference
+        gc.collect()
+    else:
+        with adapter_disabled(policy) as reference, cfg.autocast():
+            ref_train = reference_logps(
+                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+            ref_eval = reference_logps(
+                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
+            )
+    return ref_train, ref_eval
+
+
 def train(cfg: Config) -> dict[str, float]:
     """Run DPO / IPO / SimPO; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
@@ -211,32 +251,7 @@ def train(cfg: Config) -> dict[str, float]:
     policy = maybe_lora(policy, cfg).to(dist.device())
 
     # 4. Reference log-probs, once: ref_model, or the starting policy (adapter disabled).
-    average = uses_average(cfg.loss)
-    if cfg.loss == "simpo":
-        ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
-        ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
-    elif cfg.ref_model:
-        reference = load_causal_lm(
-            cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
-        ).to(dist.device())
-        resize_for_tokenizer(reference, tokenizer)
-        with cfg.autocast():
-            ref_train = reference_logps(
-                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
-            )
-            ref_eval = reference_logps(
-                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
-            )
-        del reference
-        gc.collect()
-    else:
-        with adapter_disabled(policy) as reference, cfg.autocast():
-            ref_train = reference_logps(
-                reference, train_items, cfg.batch_size, pad_id, average, cfg.packing
-            )
-            ref_eval = reference_logps(
-                reference, eval_items, cfg.batch_size, pad_id, average, cfg.packing
-            )
+    ref_train, ref_eval = reference_pairs(cfg, policy, tokenizer, train_items, eval_items)
     # Every input has loaded: now the output directory (a bad input leaves no run behind).
     output_dir = run.prepare()
     # The policy's log-probs come out in float32 for half-precision weights (core.logprobs).
