@@ -464,7 +464,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 
     from proxrl.core import (
         gae,
-        grpo_advantages,
+        group_scaled_advantages,
         logprobs_from_logits,
         ppo_clip_loss,
         shaped_rewards,
@@ -585,7 +585,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                         opt.step()
                         opt.zero_grad()
         else:
-            advantages = grpo_advantages(scores, 4)[:, None].expand_as(old)
+            advantages = group_scaled_advantages(scores, 4)[:, None].expand_as(old)
             for rows in torch.arange(len(prompts)).split(16):
                 with autocast:
                     loss = ppo_clip_loss(

@@ -78,10 +78,7 @@ def test_ppo_raises_a_learnable_reward(tiny_lm, prompts, tmp_path):
     assert sum(history[-5:]) / 5 > sum(history[:5]) / 5 + 0.2, history
 
 
-@pytest.mark.parametrize(
-    "estimator",
-    ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "reinforce"],
-)
+@pytest.mark.parametrize("estimator", list(grpo.ESTIMATORS))
 def test_group_estimators_raise_a_learnable_reward(estimator, tiny_lm, prompts, tmp_path):
     _grpo_learns(tiny_lm, prompts, tmp_path, estimator=estimator)
 

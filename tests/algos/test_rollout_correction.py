@@ -15,11 +15,11 @@ from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import Losses, UpdateStep, terms
-from proxrl.core import tis_weights
+from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.metrics import read_metrics
 
-CORRECTIONS = ["tis", "seq_tis", "mis", "seq_mis", "icepop"]
+CORRECTIONS = list(ROLLOUT_CORRECTIONS)
 METRICS = [
     "rollout/mismatch_kl",
     "rollout/mismatch_kl_k1",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from proxrl.algos.online.heldout_fields import HeldOutFields
-from proxrl.algos.online.placement.fields import PlacementFields
+from proxrl.algos.online.placement_fields import PlacementFields
 from proxrl.core import (
     AGGREGATIONS,
     ENSEMBLE_COMBINATIONS,
@@ -423,13 +423,3 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             raise ProxrlError(
                 "ref_reset_every: not available with lora_r > 0 (the reference is the base model)"
             )
-
-
-def __getattr__(name: str) -> Any:
-    """``Algorithm`` moved to ``algorithm.py``; imported from here until its callers move (a
-    lazy import: this module no longer imports the critic)."""
-    if name == "Algorithm":
-        from proxrl.algos.online.algorithm import Algorithm
-
-        return Algorithm
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +30,11 @@ from proxrl.algos.online.gather import gather_rollout, gathered_correction_stats
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.samplers import make_engine, sampling_settings
 from proxrl.core import (
+    ROLLOUT_CORRECTIONS,
     correction_stats,
-    icepop_weights,
     masked_mean,
-    mis_weights,
     overlong_penalty,
-    seq_mis_weights,
-    seq_tis_weights,
     sequence_kl,
-    tis_weights,
 )
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
@@ -50,21 +46,6 @@ from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
-
-CORRECTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, OnlineConfig], torch.Tensor]] = {
-    "tis": lambda log_ratio, mask, cfg: tis_weights(log_ratio, mask, cfg.rollout_correction_cap),
-    "seq_tis": lambda log_ratio, mask, cfg: seq_tis_weights(
-        log_ratio, mask, cfg.rollout_correction_cap
-    ),
-    "mis": lambda log_ratio, mask, cfg: mis_weights(log_ratio, mask, cfg.rollout_correction_cap),
-    "seq_mis": lambda log_ratio, mask, cfg: seq_mis_weights(
-        log_ratio, mask, cfg.rollout_correction_cap
-    ),
-    "icepop": lambda log_ratio, mask, cfg: icepop_weights(
-        log_ratio, mask, cfg.rollout_correction_low, cfg.rollout_correction_cap
-    ),
-}
-"""``rollout_correction`` → (log π_old − log π_sampler, mask, config) → (B, T) weights."""
 
 
 @contextlib.contextmanager
@@ -373,7 +354,9 @@ def forward_passes(
     behaviour = samples.logprobs.float()  # type: ignore[union-attr]
     old = experience.logprobs
     assert old is not None
-    experience.rollout_weights = CORRECTIONS[cfg.rollout_correction](old - behaviour, mask, cfg)
+    correct = ROLLOUT_CORRECTIONS[cfg.rollout_correction]
+    low, cap = cfg.rollout_correction_low, cfg.rollout_correction_cap
+    experience.rollout_weights = correct(old - behaviour, mask, low, cap)
     stats = correction_stats(
         old, behaviour, experience.rollout_weights, mask, cfg.rollout_correction_cap
     )
