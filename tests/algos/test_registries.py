@@ -12,6 +12,9 @@ import torch
 
 from proxrl.algos.online import config, grpo, ppo
 from proxrl.algos.online.critic import CRITICS
+from proxrl.algos.online.rollout import NO_STOP_RULES
+from proxrl.algos.online.run import KL_CONTROLLERS
+from proxrl.algos.online.samplers import ENGINES
 from proxrl.core import (
     AGGREGATIONS,
     ENSEMBLE_COMBINATIONS,
@@ -45,6 +48,10 @@ def choices(cls: type, field: str) -> tuple[str, ...]:
         (grpo.Config, "estimator", (*grpo.ESTIMATORS,)),
         (grpo.Config, "scale_rewards", (*REWARD_SCALES, *grpo.SCALE_REWARDS_ALIASES)),
         (grpo.Config, "kl_loss_type", (*KL_ESTIMATORS,)),
+        (ppo.Config, "sampler", (*ENGINES,)),
+        (ppo.Config, "kl_controller", (*KL_CONTROLLERS,)),
+        (ppo.Config, "no_stop_mode", (*NO_STOP_RULES,)),
+        (ppo.Config, "surrogate", (*ppo.PPO_SURROGATES,)),
     ],
 )
 def test_config_choices_are_the_registry_names(cls, field, names):

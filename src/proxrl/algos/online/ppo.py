@@ -15,6 +15,7 @@ PPO-Penalty (adaptive β on KL(π_old‖π)) or both. Where this departs from th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Literal
@@ -113,27 +114,51 @@ def gae_estimate(cfg: Config, exp: Experience, kl_coef: float) -> tuple[Tensor, 
     return rewards, advantages, returns
 
 
+PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+
+
+def _clip(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    return clipped
+
+
+def _penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    assert penalty is not None
+
+    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb.loss_mask.float()
+        return ppo_penalty_loss(
+            logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
+        )
+
+    return loss
+
+
+def _clip_plus_penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    assert penalty is not None
+
+    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        total, stats = clipped(logprobs, mb)
+        # β·KL(π_old‖π), k3 of r = π/π_old
+        kl = aggregate_loss(kl_k3(mb.logprobs, logprobs), mb.loss_mask.float(), cfg.aggregation)
+        return total + penalty.value * kl, stats
+
+    return loss
+
+
+PPO_SURROGATES: dict[str, Callable[[Config, PolicyLoss, AdaptiveKL | None], PolicyLoss]] = {
+    "clip": _clip,
+    "penalty": _penalty,
+    "clip+penalty": _clip_plus_penalty,
+}
+"""``surrogate`` → (config, the clipped policy loss, PPO-Penalty's β or None) → the loss."""
+
+
 def build(cfg: Config) -> Algorithm:
     estimate = partial(gae_estimate, cfg)
-
-    clipped = surrogate(cfg)
     penalty = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
     )
-
-    def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        mask = mb.loss_mask.float()
-        if cfg.surrogate == "penalty":
-            return ppo_penalty_loss(
-                logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
-            )  # type: ignore[union-attr]
-        loss, stats = clipped(logprobs, mb)
-        if penalty is not None:  # clip+penalty: β·KL(π_old‖π), k3 of r = π/π_old
-            loss = loss + penalty.value * aggregate_loss(
-                kl_k3(mb.logprobs, logprobs), mask, cfg.aggregation
-            )
-        return loss, stats
-
+    policy_loss = PPO_SURROGATES[cfg.surrogate](cfg, surrogate(cfg), penalty)
     settings = CriticSettings(
         learning_rate=cfg.critic_learning_rate,
         vf_coef=cfg.vf_coef,

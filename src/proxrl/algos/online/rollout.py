@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,15 +239,19 @@ def prompt_columns(prompts: list[PromptExample]) -> dict[str, list[Any]]:
     return dict(columns)
 
 
+NO_STOP_RULES: dict[str, Callable[[Tensor, float], Tensor]] = {
+    "replace": lambda scores, penalty: torch.full_like(scores, penalty),
+    "subtract": lambda scores, penalty: scores - penalty,
+}
+"""``no_stop_mode`` → (scores (B,), no_stop_penalty) → the score of a response that did not
+stop."""
+
+
 def shaped_scores(cfg: OnlineConfig, scores: Tensor, ended: Tensor, lengths: Tensor) -> Tensor:
     """The score-shaping rules in order: the no-stop penalty for a response that did not stop,
     DAPO's soft overlong punishment by its ``lengths`` (B,), then clipping to ±reward_clip."""
     if cfg.no_stop_penalty is not None:
-        penalised = (
-            scores - cfg.no_stop_penalty
-            if cfg.no_stop_mode == "subtract"
-            else torch.full_like(scores, cfg.no_stop_penalty)
-        )
+        penalised = NO_STOP_RULES[cfg.no_stop_mode](scores, cfg.no_stop_penalty)
         scores = torch.where(ended, scores, penalised)
     if cfg.overlong_buffer:
         scores = scores + overlong_penalty(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,10 +36,12 @@ from proxrl.runtime.seeding import seed_everything
 log = logging.getLogger(__name__)
 
 
-def kl_controller(cfg: OnlineConfig) -> FixedKL:
-    if cfg.kl_controller == "proportional":
-        return ProportionalKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
-    return FixedKL(cfg.kl_coef)
+KL_CONTROLLERS: dict[str, Callable[[OnlineConfig], FixedKL]] = {
+    "fixed": lambda cfg: FixedKL(cfg.kl_coef),
+    "proportional": lambda cfg: ProportionalKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon),
+}
+"""``kl_controller`` → the β of the KL to the reference: fixed, or Ziegler et al.'s
+proportional controller."""
 
 
 def check_run(cfg: OnlineConfig) -> None:
@@ -142,7 +145,7 @@ def _with_optimizers(
         *models.critic.optimizers(),
     ]
     base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
-    kl = kl_controller(cfg)
+    kl = KL_CONTROLLERS[cfg.kl_controller](cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer(
         output_dir,
