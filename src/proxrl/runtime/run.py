@@ -44,9 +44,10 @@ What each piece does, and the rules it keeps:
   planned steps (rank 0), opens ``metrics.jsonl`` and its trackers and, on resume, drops the rows
   logged after the checkpoint.
 - ``running`` shows the progress bar (``cfg.progress``, rank 0) and turns SIGINT/SIGTERM into
-  ``stop_requested`` (true on every rank when any rank saw one); ``interrupted(path)`` closes the
-  metrics and returns the ``Interrupted`` to raise (exit 130/143). A ``stop`` context manager
-  yielding a ``GracefulStop`` may be passed instead (one that also hears a forwarded signal).
+  ``stop_requested`` (true on every rank when any rank saw one); ``interrupted(path)`` returns
+  the ``Interrupted`` to raise (exit 130/143). An exception leaving ``running`` closes the
+  metrics. A ``stop`` context manager yielding a ``GracefulStop`` may be passed instead (one
+  that also hears a forwarded signal: the online loop's ``roles.stop()``).
 
 ``cfg`` needs ``output_dir``, ``resume``, ``overwrite`` and ``resume_with_changes``; ``start`` and
 the checkpointer also read ``keep_checkpoints``, ``max_consecutive_skips``, ``report_to`` and
@@ -258,9 +259,9 @@ class Run:
         return self.checkpointer.save(step, **counters)
 
     def interrupted(self, checkpoint: str | Path | None) -> Interrupted:
-        """After a stop signal: close the metrics and return the exception to raise."""
+        """After a stop signal: the exception to raise (exit 128 + signal; ``running`` closes
+        the metrics as it leaves)."""
         assert self.stop is not None, "interrupted() outside running()"
-        self.close()
         return self.stop.interrupted(checkpoint)
 
     # -- 6. the end ----------------------------------------------------------------------------
