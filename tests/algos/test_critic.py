@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from proxrl.algos.online import collect as online_rollout
 from proxrl.algos.online import ppo
-from proxrl.algos.online import rollout as online_rollout
 from proxrl.algos.online.critic import (
     CRITICS,
     CriticSettings,

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped

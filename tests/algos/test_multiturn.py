@@ -13,8 +13,8 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import Losses, UpdateStep, terms, update
 from proxrl.core import masked_mean
 from proxrl.data.batching import pad_left

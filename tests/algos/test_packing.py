@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
+from proxrl.algos.online import collect as online_rollout
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online import rollout as online_rollout
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import UpdateStep, update

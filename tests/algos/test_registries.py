@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from proxrl.algos.online import config, grpo, ppo
+from proxrl.algos.online.collect import NO_STOP_RULES
 from proxrl.algos.online.critic import CRITICS
-from proxrl.algos.online.rollout import NO_STOP_RULES
 from proxrl.algos.online.run import KL_CONTROLLERS
 from proxrl.algos.online.samplers import ENGINES
 from proxrl.core import (

@@ -12,8 +12,8 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
 from proxrl.rollout.forward import policy_forward

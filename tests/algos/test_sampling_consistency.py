@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.rollout.forward import policy_forward, position_ids
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
 from proxrl.runtime.metrics import read_metrics

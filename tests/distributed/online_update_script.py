@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist

@@ -17,10 +17,10 @@ import torch
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout import collect_rollout
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from proxrl.algos.online.collect import RolloutBatch
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.prompts import PromptDraw, draw_prompts
-from proxrl.algos.online.rollout import RolloutBatch
 from proxrl.core import informative_groups
 from proxrl.data.batching import pad_to
 from proxrl.rollout.experience import Experience

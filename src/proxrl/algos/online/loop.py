@@ -21,12 +21,12 @@ from torch import Tensor
 
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.collect import RolloutBatch, collect_rollout
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.placement.base import LocalPlacement, Placement
 from proxrl.algos.online.prompts import PromptDraw, draw_prompts
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.rollout import RolloutBatch, collect_rollout
 from proxrl.algos.online.run import OnlineRun, check_run, health_monitor, open_run
 from proxrl.algos.online.update import NAMESPACES, UpdateStep, update
 from proxrl.core import informative_groups

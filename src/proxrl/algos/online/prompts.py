@@ -38,7 +38,7 @@ class PromptDraw:
 
     local: list[int]  # (rollout_batch_size / world,) the prompts this process samples
     rows: list[int]  # (rollout_batch_size · G,) the prompt of each row of the gathered rollout:
-    # rank 0's rows first, as ``rollout.gather_rollout`` joins them
+    # rank 0's rows first, as ``gather.gather_rollout`` joins them
 
 
 def draw_prompts(n_prompts: int, batch: int, draw: int, seed: int, group_size: int) -> PromptDraw:

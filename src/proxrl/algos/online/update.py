@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.rollout import old_policy_metrics
 from proxrl.core import entropy_bonus
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput, policy_forward
@@ -96,7 +96,7 @@ def update(
     the one global norm, and its step takes the same clip coefficient, or is skipped with the
     policy's.
 
-    A rollout without log π_old (``experience.logprobs`` None: ``rollout.old_logprobs_pass``)
+    A rollout without log π_old (``experience.logprobs`` None: ``collect.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
     computed from that forward and returned with the stats."""
     record = check_update(cfg, experience)
@@ -274,7 +274,7 @@ class OnPolicyRecord:
         self.seen[rows] += 1
 
     def metrics(self, experience: Experience, kl_coef: float, tracks_kl: bool) -> dict[str, float]:
-        """``rollout.old_policy_metrics`` over every row (each rank ran some: summed over them)."""
+        """``collect.old_policy_metrics`` over every row (each rank ran some: summed over them)."""
         logprobs, entropy, seen = (
             dist.all_reduce_sum(x) for x in (self.logprobs, self.entropy, self.seen)
         )
