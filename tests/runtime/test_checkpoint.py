@@ -9,14 +9,9 @@ import shutil
 import pytest
 import torch
 
-from proxrl.runtime.checkpoint import (
-    RUN_MARKER,
-    CheckpointManager,
-    CorruptCheckpointWarning,
-    check_output_dir,
-    prepare_output_dir,
-)
+from proxrl.runtime.checkpoint import CheckpointManager, CorruptCheckpointWarning
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.run_dir import RUN_MARKER, check_output_dir, prepare_output_dir
 
 
 def _model_and_optimizer():
@@ -119,7 +114,7 @@ def test_output_dir_guard(tmp_path):
 
 
 def test_check_output_dir_raises_what_prepare_would_and_touches_nothing(tmp_path):
-    from proxrl.runtime.checkpoint import check_output_dir
+    from proxrl.runtime.run_dir import check_output_dir
 
     run = prepare_output_dir(tmp_path / "run", resume=False, overwrite=False)
     (run / "metrics.jsonl").write_text("{}\n")
@@ -138,7 +133,7 @@ def test_a_run_that_stopped_before_its_first_step_holds_no_work(tmp_path):
     """Marker, config, an empty metrics file, TensorBoard's empty events and a save's leftovers
     are what a first iteration that failed leaves: a new start may replace them. A checkpoint,
     a logged row or any other file is work, and the directory stays protected."""
-    from proxrl.runtime.checkpoint import holds_work
+    from proxrl.runtime.run_dir import holds_work
 
     run = prepare_output_dir(tmp_path / "run", resume=False, overwrite=False)
     (run / "config.yaml").write_text("seed: 1\n")
