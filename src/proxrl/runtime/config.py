@@ -1,36 +1,24 @@
-"""Typed configs: a dataclass per command, loaded from YAML and overridden on the command line.
-
-Every field carries a docstring on the line below it; ``tyro`` turns those into ``--help`` and
-parses the flags (``--field_name`` and ``--field-name``, ``--x=v``, ``--flag`` / ``--no-flag``,
-lists as ``--names a b``). YAML values are checked with pydantic's strict validation, one field
-at a time, so ``1`` is no bool and ``"3"`` no int. The command line is
-``[--config file.yaml] [--field value ...]``: YAML values become the defaults, flags override
-them, then ``cfg.validate()`` checks values.
-
-What this module adds to the two libraries, and why:
-
-* a field's aliases (CleanRL's ``lr``) are accepted in YAML too, and its range is checked by
-  ``RunConfig.validate()`` (both declared beside the field: ``runtime.fields``);
-* tyro's parse errors (a boxed usage text and ``SystemExit``) are translated, through its
-  parse-error hook, into the one-line ``ProxrlError`` messages of docs/errors.md;
-* switches also take a value (``--resume true``) and optional fields take ``none``: two
-  spellings users already rely on that tyro does not read (``_tyro_spellings``).
-"""
+"""Typed configs: a dataclass per command; ``[--config file.yaml] [--field value ...]`` replaces
+its defaults by the file's values, then the flags'. pydantic reads each value (a YAML one strictly:
+``1`` is no bool, ``"3"`` no int), ``cfg.validate()`` checks ranges and rules, tyro prints
+``--help`` from the fields' docstrings; a refusal is one ``ProxrlError`` line naming the field."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
+import pydantic
+import tyro
 import yaml
 
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import (
+    FieldSpec,
     Range,
     check_ranges,
     field_table,
@@ -41,10 +29,18 @@ from proxrl.runtime.fields import (
 from proxrl.runtime.trackers import TrackerName, check_report_to
 
 T = TypeVar("T")
-
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
+_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 _NONE = {"none", "null", "~"}
+# A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+# Other libraries' names (TRL, CleanRL), suggested before the closest spelling (``lr`` is nearer
+# ``lora_r`` than ``learning_rate``), where the command has the field.
+KNOWN_SPELLINGS = dict(
+    lr="learning_rate", num_train_epochs="epochs", per_device_train_batch_size="batch_size",
+    gradient_accumulation_steps="grad_accum", max_seq_length="max_length", gae_lambda="lam",
+    ent_coef="entropy_coef", minibatch_size="mini_batch_size", target_kl="early_stop_kl",
+    norm_adv="whiten_advantages",
+)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -86,101 +82,35 @@ class RunConfig:
         check_report_to(self.report_to)
 
 
-# --------------------------------------------------------------------------------------------
-# Types: names in messages, and the strict check of a YAML value
-
-
-@functools.cache
-def _adapter(tp: Any) -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(tp)
-
-
-# A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
-_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
-
-
-def _as_written(tp: Any, value: Any) -> Any:
-    """The spellings people write that YAML does not type as the field does: ``1e-4`` (a
-    string to YAML 1.1) in a float field, and one value where a list is expected."""
-    inner = optional_inner(tp)[1]
-    listed = typing.get_origin(inner) in (tuple, list)
-    item = (typing.get_args(inner) or (Any,))[0] if listed else inner
-    if listed and value is not None and not isinstance(value, (list, tuple)):
-        value = [value]
-    if item is float:
-        value = [_number(v) for v in value] if isinstance(value, list) else _number(value)
-    return value
-
-
-def _number(value: Any) -> Any:
-    return float(value) if isinstance(value, str) and _NUMBER.fullmatch(value.strip()) else value
-
-
-def _check_value(name: str, tp: Any, value: Any) -> Any:
-    """A YAML value checked strictly against a field type (int → float, list → tuple, a
-    number written ``1e-4`` → float and one value → a one-item list are the only conversions);
-    a ``ProxrlError`` naming the field otherwise."""
-    from pydantic import ValidationError
-
-    written, value = value, _as_written(tp, value)
-    if isinstance(value, list) and typing.get_origin(optional_inner(tp)[1]) is tuple:
-        value = tuple(value)
+def _checked(tp: Any, value: Any, strict: bool, wrong: str, found: str | None = None) -> Any:
+    """``value`` as pydantic reads it for ``tp``, or ``ProxrlError(wrong + found)`` (by default
+    the offending item), with the closest choice of a ``Literal``."""
     try:
-        return _adapter(tp).validate_python(value, strict=True)
-    except ValidationError:
-        value = written  # the message shows what the file holds
-    literal = typing.get_origin(optional_inner(tp)[1]) is Literal
-    found = repr(value) if literal else f"{type(value).__name__} {value!r}"
-    if isinstance(value, tuple):
-        found = f"list {list(value)!r}"
-    return _raise(f"field {name} expects {type_name(tp)}, found {found}", value, tp)
+        return pydantic.TypeAdapter(tp).validate_python(value, strict=strict)
+    except pydantic.ValidationError as e:
+        bad = value if found else e.errors()[0]["input"]
+    choices = typing.get_args(optional_inner(tp)[1]) if _literal(tp) else ()
+    close = difflib.get_close_matches(str(bad), map(str, choices), 1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ProxrlError(f"{wrong}, found {found or repr(bad)}{hint}")
 
 
-def _raise(message: str, value: Any, tp: Any) -> Any:
-    """Raise ``message``, with the closest choice when ``tp`` is a ``Literal``."""
-    inner = optional_inner(tp)[1]
-    if typing.get_origin(inner) is Literal:
-        close = difflib.get_close_matches(str(value), [str(a) for a in typing.get_args(inner)], 1)
-        message += f"; did you mean {close[0]}?" if close else ""
-    raise ProxrlError(message)
+def _literal(tp: Any) -> bool:
+    return typing.get_origin(optional_inner(tp)[1]) is Literal
 
 
-# Other libraries' names for fields of ours (transformers/TRL, CleanRL), suggested before any
-# close spelling: the closest spelling can be another field (``lr`` is nearer ``lora_r`` than
-# ``learning_rate``). Only suggested where the command has the field.
-KNOWN_SPELLINGS = {
-    "lr": "learning_rate",
-    "num_train_epochs": "epochs",
-    "per_device_train_batch_size": "batch_size",
-    "gradient_accumulation_steps": "grad_accum",
-    "max_seq_length": "max_length",
-    "gae_lambda": "lam",
-    "ent_coef": "entropy_coef",
-    "minibatch_size": "mini_batch_size",
-    "target_kl": "early_stop_kl",
-    "norm_adv": "whiten_advantages",
-}
+def _listed(tp: Any) -> bool:
+    return typing.get_origin(optional_inner(tp)[1]) in (tuple, list)
 
 
-def _unknown(kind: str, name: str, valid: list[str], flag: bool) -> ProxrlError:
-    prefix = "--" if flag else ""
-    shown = name.replace("_", "-") if flag else name
-    pool = [v.replace("_", "-") for v in valid] if flag else valid
+def _unknown(kind: str, name: str, valid: list[str], prefix: str = "") -> ProxrlError:
+    spelt = (lambda n: n.replace("_", "-")) if prefix else (lambda n: n)
     known = KNOWN_SPELLINGS.get(name.replace("-", "_"))
-    if known in valid:
-        close = [known.replace("_", "-") if flag else known]
-    else:
-        close = difflib.get_close_matches(shown, pool, n=1, cutoff=0.5)
-    hint = f"; did you mean {prefix}{close[0]}?" if close else ""
-    if not shown.isprintable() or not shown or shown != shown.strip():
-        shown = repr(shown)  # keep the message on one line and the name visible
+    close = [known] if known in valid else difflib.get_close_matches(name, valid, 1, 0.5)
+    shown = spelt(name)
+    shown = shown if shown.isprintable() and shown and shown == shown.strip() else repr(shown)
+    hint = f"; did you mean {prefix}{spelt(close[0])}?" if close else ""
     return ProxrlError(f"unknown {kind} {prefix}{shown}{hint}")
-
-
-# --------------------------------------------------------------------------------------------
-# YAML files
 
 
 def _read_yaml(path: Path) -> dict[Any, Any]:
@@ -188,101 +118,83 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ProxrlError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        raise ProxrlError(f"config file {where} is not valid YAML: {problem}") from None
-    except UnicodeDecodeError as e:
-        raise ProxrlError(
-            f"config file {path} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
     except IsADirectoryError:
         raise ProxrlError(f"config file {path} is a directory; expected a YAML file") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
+    except UnicodeDecodeError as e:
+        why = f"{e.reason} at byte {e.start}"
+        raise ProxrlError(f"config file {path} is not UTF-8 text ({why})") from None
+    except yaml.YAMLError as e:
+        mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = problem or (str(e).splitlines() or [type(e).__name__])[0]
+        raise ProxrlError(f"config file {where} is not valid YAML: {problem}") from None
+    if not isinstance(raw, dict | None):
         raise ProxrlError(f"config file {path} must hold a mapping of field: value")
-    return raw
+    return raw or {}
 
 
-def load_config_file(
-    config_cls: type[T],
-    path: str | Path,
-    validate: bool = True,
-    overridden: frozenset[str] = frozenset(),
-) -> T:
-    """Build ``config_cls`` from a YAML mapping of field → value (missing fields keep defaults).
-
-    Keys may use dashes and a field's aliases. Unknown keys and values of the wrong type raise
-    ``ProxrlError`` naming the key. ``validate=False`` skips ``cfg.validate()``
-    (``parse_config`` validates after overrides). The values of ``overridden`` fields are not
-    read: a flag replaces them, so a bad one there is no error.
-    """
-    path = Path(path)
-    return config_from_mapping(
-        config_cls, _read_yaml(path), f"config file {path}", validate, overridden
-    )
+def _number(v: Any) -> Any:
+    return float(v) if isinstance(v, str) and _NUMBER.fullmatch(v.strip()) else v
 
 
-def config_from_mapping(
-    config_cls: type[T],
-    mapping: dict[Any, Any],
-    where: str,
-    validate: bool = True,
-    overridden: frozenset[str] = frozenset(),
-    base: T | None = None,
-) -> T:
-    """``config_cls`` (or ``base`` with these fields replaced) from a mapping of field → value,
-    with the checks of a YAML file: aliases and dashes accepted, unknown keys and values of
-    the wrong type refused in one line starting with ``where``."""
-    values = _mapping_values(config_cls, mapping, where, overridden)
-    cfg = config_cls(**values) if base is None else dataclasses.replace(base, **values)  # type: ignore[type-var]
-    if validate:
-        _validate(cfg)
-    return cfg
+def _yaml_value(name: str, tp: Any, value: Any) -> Any:
+    """A value checked strictly; the only conversions: int → float, a number written ``1e-4``
+    (a string to YAML 1.1) in a float field → float, one value → a one-item list."""
+    listed, inner, written = _listed(tp), optional_inner(tp)[1], value
+    kind = typing.get_origin(inner)  # list or tuple
+    if listed and value is not None:
+        value = kind(value) if isinstance(value, (list, tuple)) else kind([value])
+    if (typing.get_args(inner)[0] if listed else inner) is float:
+        value = kind(map(_number, value)) if listed and value is not None else _number(value)
+    found = repr(written) if _literal(tp) else f"{type(written).__name__} {written!r}"
+    found = f"list {list(written)!r}" if isinstance(written, tuple) else found
+    return _checked(tp, value, True, f"field {name} expects {type_name(tp)}", found)
 
 
-def _file_values(
-    config_cls: type, path: Path, overridden: frozenset[str], skip_unknown: bool = False
-) -> dict[str, Any]:
-    """Field → checked value of the YAML file at ``path`` (``_mapping_values``)."""
-    return _mapping_values(
-        config_cls, _read_yaml(path), f"config file {path}", overridden, skip_unknown
-    )
-
-
-def _mapping_values(
-    config_cls: type,
-    mapping: dict[Any, Any],
-    where: str,
-    overridden: frozenset[str],
-    skip_unknown: bool = False,
-) -> dict[str, Any]:
-    """Field → checked value of ``mapping``, ``overridden`` fields left out. ``skip_unknown``: a
-    key that is no field is passed over instead of refused (a run's saved config may hold an
-    option that a newer proxrl renamed or removed)."""
-    fields, names = field_table(config_cls), spellings(config_cls)
-    values: dict[str, Any] = {}
+def _mapping_values(cls: type, mapping: dict, where: str, skip: frozenset, lenient=False) -> dict:
+    """Field → checked value of ``mapping`` (dashes and aliases accepted), ``skip`` fields left
+    out; ``lenient``: a key that is no field (an option a newer proxrl renamed) is passed over."""
+    table, names, values = field_table(cls), spellings(cls), {}
     for key, value in mapping.items():
         name = names.get(str(key).replace("-", "_"))
         try:
-            if name is None and skip_unknown:
-                continue
-            if name is None:
-                raise _unknown("key", str(key), list(names), flag=False)
-            if name in overridden:
-                continue
-            values[name] = _check_value(name, fields[name].type, value)
+            if name is None and not lenient:
+                raise _unknown("key", str(key), list(names))
+            if name is not None and name not in skip:
+                values[name] = _yaml_value(name, table[name].type, value)
         except ProxrlError as e:
             raise ProxrlError(f"{where}: {e}") from None
     return values
 
 
+def file_values(cls: type, path: str | Path, given: frozenset[str], lenient=False) -> dict:
+    """Field → checked value of the YAML file at ``path``; the ``given`` fields (set elsewhere,
+    so a bad value there is no error) left out."""
+    return _mapping_values(cls, _read_yaml(Path(path)), f"config file {path}", given, lenient)
+
+
+def load_config_file(cls: type[T], path: str | Path, validate=True, overridden=frozenset()) -> T:
+    """``cls`` from a YAML file of field: value (the others keep their defaults)."""
+    return config_from_mapping(
+        cls, _read_yaml(Path(path)), f"config file {path}", validate, overridden
+    )
+
+
+def config_from_mapping(
+    cls: type[T], mapping: dict, where: str, validate=True, overridden=frozenset(), base=None
+) -> T:
+    """``cls`` (or ``base`` with these fields replaced) from a mapping of field → value, with a
+    YAML file's checks; a refusal is one line starting with ``where``."""
+    values = _mapping_values(cls, mapping, where, overridden)
+    cfg = cls(**values) if base is None else dataclasses.replace(base, **values)
+    if validate and callable(getattr(cfg, "validate", None)):
+        cfg.validate()
+    return cfg
+
+
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """A config as a plain dict (tuples become lists), ready for YAML or JSON."""
-    out = dataclasses.asdict(cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
 def save_config_file(cfg: Any, path: str | Path) -> None:
@@ -290,217 +202,106 @@ def save_config_file(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-# --------------------------------------------------------------------------------------------
-# Command line
-
-
-def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
-    """``--config FILE`` / ``--config=FILE`` out of argv (it is not a field of any config)."""
-    path: str | None = None
-    rest: list[str] = []
-    args = iter(argv)
-    for arg in args:
-        if arg == "--config":
-            path = next(args, None)
-            if path is None:
-                raise ProxrlError("--config needs a file path")
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    return path, rest
-
-
-def _tyro_spellings(config_cls: type, argv: list[str]) -> list[str]:
-    """Rewrite the spellings tyro does not read: a switch given a value (``--resume true``,
-    ``--resume=false``) becomes ``--resume`` / ``--no-resume``; ``none``/``null``/``~`` for an
-    optional field becomes tyro's ``None``, and ``true``/``false`` for a bool-or-None field
-    tyro's ``True``/``False``. Everything else passes through untouched."""
-    fields, names = field_table(config_cls), spellings(config_cls)
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg, i = argv[i], i + 1
-        name, eq, inline = arg[2:].partition("=")
-        field = names.get(name.replace("-", "_")) if arg.startswith("--") else None
-        if field is None:
-            out.append(arg)
-            continue
-        tp, flag = fields[field].type, "--" + field.replace("_", "-")
-        if fields[field].switch:
-            text = inline if eq else None
-            if not eq and i < len(argv) and not argv[i].startswith("-"):
-                text, i = argv[i], i + 1
-            if text is not None and text.lower() not in _TRUE | _FALSE:
-                raise ProxrlError(f"{flag} expects true or false, found {text!r}")
-            out.append(flag if text is None or text.lower() in _TRUE else "--no-" + flag[2:])
-        elif optional_inner(tp)[0] and (eq or (i < len(argv) and not argv[i].startswith("--"))):
-            text = inline if eq else argv[i]
-            i += 0 if eq else 1
-            lowered = text.lower()
-            if lowered in _NONE:
-                text = "None"
-            elif optional_inner(tp)[1] is bool and lowered in _TRUE | _FALSE:  # normalize_obs true
-                text = str(lowered in _TRUE)
-            out += [f"--{name}={text}"] if eq else [arg, text]
-        else:
-            out.append(arg)
-    return out
-
-
-def _flagged_fields(config_cls: type, argv: list[str]) -> frozenset[str]:
-    """The fields argv sets (``--name``, ``--name=v``, ``--no-name``, aliases included)."""
-    names = spellings(config_cls)
-    found = set()
-    for arg in argv:
-        if not arg.startswith("--"):
-            continue
-        name = arg[2:].partition("=")[0].replace("-", "_")
-        field = names.get(name) or (names.get(name[3:]) if name.startswith("no_") else None)
-        if field is not None:
-            found.add(field)
-    return frozenset(found)
-
-
-def _values_after(flags: tuple[str, ...], argv: list[str]) -> str:
-    """The text given to the last of ``flags`` in argv (for an error message)."""
-    spelt = {f.replace("_", "-") for f in flags}
-    for i in range(len(argv) - 1, -1, -1):
-        name, eq, inline = argv[i].partition("=")
-        if name.replace("_", "-") in spelt:
-            if eq:
-                return inline
-            values = [a for a in argv[i + 1 :]]
-            stop = next((k for k, a in enumerate(values) if a.startswith("--")), len(values))
-            return " ".join(values[:stop])
-    return ""
-
-
-def _translate(config_cls: type, argv: list[str]) -> Any:
-    """A tyro parse-error hook raising the one-line ``ProxrlError`` for each kind of event."""
-    from tyro import _errors as events
-
-    fields = field_table(config_cls)
-
-    def field_of(argument: Any) -> tuple[str, Any]:
-        name = argument.field.intern_name
-        return "--" + name.replace("_", "-"), fields[name].type if name in fields else str
-
-    def hook(event: Any) -> None:
-        if isinstance(event, events.UnrecognizedArgs):
-            token = event.tokens[0]
-            if token.startswith("--") and len(token) > 2:
-                name = token[2:].partition("=")[0]
-                raise _unknown(
-                    "option", name.replace("-", "_"), list(spellings(config_cls)), flag=True
-                )
-            raise ProxrlError(f"unexpected argument {token!r}; options look like --name value")
-        if isinstance(event, events.InvalidChoice):
-            flag, tp = field_of(event.argument)
-            _raise(f"{flag} expects {type_name(tp)}, found {event.value!r}", event.value, tp)
-        if isinstance(event, events.BadValue):
-            flag, tp = field_of(event.argument)
-            if event.reason == "too_few_values":
-                raise ProxrlError(f"{flag} needs a value ({type_name(tp)})")
-            raise ProxrlError(f"{flag} takes no value, found {event.offending_value!r}")
-        if isinstance(event, events.InstantiationFailure) and event.argument is not None:
-            flag, tp = field_of(event.argument)
-            text = _values_after(event.argument.lowered.name_or_flags, argv)
-            raise ProxrlError(f"{flag} expects {type_name(tp)}, found {text!r}")
-        if isinstance(event, events.MissingArgs):
-            names = [
-                a.arg.lowered.name_or_flags[-1].upper().replace("-", "_")
-                for a in event.missing_arguments
-            ]
-            raise ProxrlError(f"missing {', '.join(names)}")
-        raise ProxrlError(f"cannot parse the command line ({type(event).__name__})")
-
-    return hook
-
-
-def _given(config_cls: type, args: list[str], field: str) -> Any:
-    """What ``args`` (in ``_tyro_spellings``' form) last give ``field``: True / False for a
-    switch, the text after a value flag; None when they do not name it."""
-    names, switch = spellings(config_cls), field_table(config_cls)[field].switch
-    found: Any = None
-    for i, arg in enumerate(args):
-        name, eq, inline = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
-        key = name.replace("-", "_")
-        if names.get(key) == field:
-            found = True if switch else inline if eq else next(iter(args[i + 1 : i + 2]), None)
-        elif switch and key.startswith("no_") and names.get(key[3:]) == field:
-            found = False
-    return found
-
-
-def _resumed_run_values(
-    config_cls: type, args: list[str], file_values: dict[str, Any], flagged: frozenset[str]
-) -> dict[str, Any]:
-    """With ``--resume``: ``saved_run_values`` of the run in the ``--output-dir`` that ``args``
-    (or the ``--config`` file, or the default) name, flagged options left out."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
-    if "resume" not in defaults or "output_dir" not in defaults:
-        return {}
-    resume = _given(config_cls, args, "resume")
-    if resume is None:
-        resume = file_values.get("resume", defaults["resume"])
-    output_dir = _given(config_cls, args, "output_dir")
-    if output_dir is None:
-        output_dir = file_values.get("output_dir", defaults["output_dir"])
-    return saved_run_values(config_cls, bool(resume), output_dir, flagged)
-
-
-def saved_run_values(
-    config_cls: type, resume: bool, output_dir: Any, given: frozenset[str]
-) -> dict[str, Any]:
-    """When resuming: the options the run in ``output_dir`` saved (its config.yaml, or the file
-    ``config_cls.saved_config_file`` names), the starting point that a config file, flags or
-    the Python API's options then change (``runtime.resume`` decides which changes are
-    allowed). Options that describe this invocation rather than the run
-    (``runtime.resume.SESSION_OPTIONS``) and the ``given`` ones are left out; nothing when not
-    resuming or the directory saved no config."""
+def saved_run_values(cls: type, resume: bool, output_dir: Any, given: frozenset[str]) -> dict:
+    """With ``resume``: the options the run in ``output_dir`` saved (config.yaml, or
+    ``cls.saved_config_file``), less the ``given`` ones and those of this invocation
+    (``runtime.resume.SESSION_OPTIONS``): what a config file, flags or API options change."""
     from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
 
-    path = Path(str(output_dir)) / getattr(config_cls, "saved_config_file", CONFIG_FILE)
-    if not resume or not path.is_file():
-        return {}
-    return _file_values(config_cls, path, given | SESSION_OPTIONS, skip_unknown=True)
+    path = Path(str(output_dir)) / getattr(cls, "saved_config_file", CONFIG_FILE)
+    return (
+        file_values(cls, path, given | SESSION_OPTIONS, True) if resume and path.is_file() else {}
+    )
 
 
-def file_values(config_cls: type, path: str | Path, given: frozenset[str]) -> dict[str, Any]:
-    """Field → checked value of the YAML config file at ``path``, the ``given`` fields (set
-    elsewhere, so a bad value there is no error) left out."""
-    return _file_values(config_cls, Path(path), given)
+def _flag_value(flag: str, f: FieldSpec, texts: list[str]) -> Any:
+    """A flag's texts as its field's value: a switch's true/false word, ``none`` for an
+    optional field, else pydantic's reading of the text (of each item for a list)."""
+    optional, inner = optional_inner(f.type)
+    words = [t.lower() for t in texts]
+    if (f.switch or inner is bool) and words[:1] and words[0] in _TRUE | _FALSE:
+        return words[0] in _TRUE
+    if f.switch and words:
+        raise ProxrlError(f"{flag} expects true or false, found {texts[0]!r}")
+    if f.switch or (optional and words and words[0] in _NONE and len(words) == 1):
+        return True if f.switch else None
+    if not texts and not _listed(f.type):
+        raise ProxrlError(f"{flag} needs a value ({type_name(f.type)})")
+    value = texts if _listed(f.type) else texts[0]
+    return _checked(f.type, value, False, f"{flag} expects {type_name(f.type)}")
 
 
-def _validate(cfg: Any) -> None:
-    validate = getattr(cfg, "validate", None)
-    if callable(validate):
-        validate()
+def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, dict, list[str]]:
+    """``--config``'s path, field → the texts after its flag (``--no-x``: ``false``), and the
+    problems, in order; a token no flag takes fills the next positional field."""
+    table, names = field_table(cls), spellings(cls)
+    positional = [n for n, f in table.items() if f.positional]
+    path, texts, problems, i = None, {}, [], 0
+    while i < len(argv):
+        arg, i = argv[i], i + 1
+        key, eq, inline = arg[2:].partition("=")
+        name = key.replace("-", "_")
+        field, off = names.get(name), names.get(name[3:]) if name.startswith("no_") else None
+        if arg == "--config" and i == len(argv):
+            raise ProxrlError("--config needs a file path")
+        if arg == "--config" or arg.startswith("--config="):
+            path, i = (inline, i) if eq else (argv[i], i + 1)
+        elif not _flag_like(arg, False) and positional:
+            texts[positional.pop(0)] = [arg]
+        elif not arg.startswith("--"):
+            problems.append(f"unexpected argument {arg!r}; options look like --name value")
+        elif field is None and off is not None and table[off].switch:
+            texts[off] = ["false"]
+            problems += [f"--{key} takes no value, found {inline!r}"] if eq else []
+        elif field is None and arg != "--":
+            problems.append(str(_unknown("option", name, list(names), "--")))
+        elif field is not None:  # a list takes each value up to the next flag
+            taken, many, switch = (
+                [inline] if eq else [],
+                _listed(table[field].type),
+                table[field].switch,
+            )
+            while (
+                not eq and i < len(argv) and (many or not taken) and not _flag_like(argv[i], switch)
+            ):
+                taken, i = [*taken, argv[i]], i + 1
+            texts[field] = taken
+    return path, texts, problems
 
 
-def parse_config(config_cls: type[T], argv: list[str] | None, prog: str) -> T:
-    """Parse ``[--config file.yaml] [--field value ...]`` into a validated ``config_cls``.
+def _flag_like(arg: str, switch: bool) -> bool:
+    """Not a value: ``-x`` (a number such as ``-1`` or ``-inf`` is one, but not for a switch)."""
+    number = _NUMBER.fullmatch(arg) or arg.lower() in ("-inf", "-nan")
+    return arg.startswith("-") and arg != "-" and (switch or not number)
 
-    ``--help`` prints every field with its docstring and exits 0 (``SystemExit``).
-    """
-    import tyro
-    from tyro import _errors as events
 
-    config_path, rest = _split_config_flag(list(argv or []))
-    flagged = _flagged_fields(config_cls, rest)
-    values = _file_values(config_cls, Path(config_path), flagged) if config_path else {}
-    args = _tyro_spellings(config_cls, rest)
-    saved = _resumed_run_values(config_cls, args, values, flagged)
-    default: Any = tyro.MISSING_NONPROP
-    if config_path or saved:
-        default = config_cls(**(saved | values))
-    elif all(
-        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        for f in dataclasses.fields(config_cls)
-    ):  # type: ignore[arg-type]
-        default = config_cls()
-    with events.on_parse_error(_translate(config_cls, args)):
-        cfg: T = tyro.cli(config_cls, args=args, default=default, prog=prog)
-    _validate(cfg)
+def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
+    """Parse ``[--config file.yaml] [--field value ...]`` into a validated ``cls``; with
+    ``--resume``, the run's saved config (``saved_run_values``) is the starting point.
+    ``--help`` prints every field with its docstring and exits 0 (``SystemExit``)."""
+    table, args = field_table(cls), [a for a in argv or [] if a not in ("-h", "--help")]
+    path, texts, problems = _split_argv(cls, args)
+    values = file_values(cls, path, frozenset(texts)) if path else {}
+    flags, ranked = {}, [(3, p) for p in problems]
+    for n, t in texts.items():
+        try:
+            flags[n] = _flag_value("--" + n.replace("_", "-"), table[n], t)
+        except ProxrlError as e:  # in tyro's order: switch; choice or no value; unknown; type
+            f, inner = table[n], optional_inner(table[n].type)[1]
+            choice = "one of" in type_name(f.type) or inner is bool or not (t or _listed(f.type))
+            ranked.append((0 if f.switch else 1 if choice else 4, str(e)))
+    saved: dict[str, Any] = {}
+    if {"resume", "output_dir"} <= table.keys():
+        setting = {**{n: getattr(cls, n, None) for n in table}, **values, **flags}.get
+        saved = saved_run_values(cls, setting("resume"), setting("output_dir"), frozenset(texts))
+    missing = [n.upper() for n, f in table.items() if f.required and n not in values | flags]
+    if len(args) < len(argv or []):
+        default = tyro.MISSING_NONPROP if missing else cls(**(saved | values))
+        tyro.cli(cls, args=["--help"], default=default, prog=prog)
+    ranked += [(2, f"missing {', '.join(missing)}")] if missing else []
+    if ranked:
+        raise ProxrlError(min(ranked, key=lambda r: r[0])[1])
+    cfg = cls(**(saved | values | flags))
+    if callable(getattr(cfg, "validate", None)):
+        cfg.validate()
     return cfg

@@ -1,8 +1,5 @@
-"""What a config field declares beside its type, in ``Annotated`` metadata: other accepted
-spellings (``alias``) and the bounds of its value (``Range``). One declaration serves the
-command line, YAML files, ``--help`` and ``validate()``: ``check_ranges`` is the one place a
-range is checked and worded. The naming policy is the glossary in docs/architecture.md.
-"""
+"""What a config field declares beside its type, in ``Annotated`` metadata: other spellings
+(``alias``: tyro's aliases, so ``--help`` lists them) and bounds (``Range``, pydantic checks)."""
 
 from __future__ import annotations
 
@@ -11,25 +8,23 @@ import functools
 import math
 import types
 import typing
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, NamedTuple, Union
+
+import pydantic
+import tyro
 
 from proxrl.runtime.errors import ProxrlError
 
 
 def alias(*names: str) -> Any:
     """Other accepted spellings of a field, in flags and YAML (e.g. CleanRL's ``lr``)."""
-    import tyro
-
     return tyro.conf.arg(aliases=tuple("--" + n.replace("_", "-") for n in names))
 
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """Bounds a numeric field must lie within (``None`` values are not checked).
-
-    ``style`` picks the wording (``check_ranges``); ``None`` takes the config class's
-    ``range_style``. New fields use the default, ``"field"``.
-    """
+    """Bounds of a number (of each item of a list), which must also be finite (``Range()``: any
+    finite number). ``style``: the wording, else the config's ``range_style`` (new: "field")."""
 
     ge: float | None = None
     gt: float | None = None
@@ -37,95 +32,71 @@ class Range:
     lt: float | None = None
     style: Literal["field", "flag"] | None = None
 
+    @functools.cached_property
+    def _adapter(self) -> pydantic.TypeAdapter[float]:
+        bounds = pydantic.Field(gt=self.gt, ge=self.ge, lt=self.lt, le=self.le, allow_inf_nan=False)
+        return pydantic.TypeAdapter(Annotated[float, bounds])
+
     def holds(self, value: float) -> bool:
-        """Within the bounds, and finite: no formula takes NaN or ±inf (``Range()`` declares a
-        field that takes any finite number)."""
-        return math.isfinite(value) and not (
-            (self.ge is not None and value < self.ge)
-            or (self.gt is not None and value <= self.gt)
-            or (self.le is not None and value > self.le)
-            or (self.lt is not None and value >= self.lt)
-        )
+        try:
+            self._adapter.validate_python(value, strict=True)
+            return True
+        except pydantic.ValidationError:
+            return False
 
     def message(self, name: str, value: Any, style: str, integer: bool) -> str:
-        """``field``: ``name: expected >= 1, got 0`` / ``name: expected in [0, 1), got 1.5``;
-        ``flag`` (the classic commands' and RunConfig's wording, kept because docs/errors.md
-        shows it): ``--name must be > 0, got 0`` / ``--name must lie in [0, 1]``. NaN, ±inf
-        and ``Range()``: ``name: expected a finite number, got nan``."""
-        unbounded = all(b is None for b in (self.ge, self.gt, self.le, self.lt))
-        if unbounded or not math.isfinite(value):
-            if style == "flag":
-                return f"--{name.replace('_', '-')} must be a finite number, got {value}"
-            return f"{name}: expected a finite number, got {value}"
-        gt, ge = self.gt, self.ge
-        if style == "field" and integer and self.gt is not None:  # an int's > k reads as >= k + 1
-            gt, ge = None, int(self.gt) + 1
-        low = (">=", ge) if ge is not None else (">", gt) if gt is not None else None
-        high = (
-            ("<=", self.le)
-            if self.le is not None
-            else ("<", self.lt)
-            if self.lt is not None
-            else None
-        )
+        """``name: expected >= 1, got 0`` / ``name: expected in [0, 1), got 1.5`` (an int's
+        ``> k`` reads ``>= k + 1``); the "flag" style of docs/errors.md: ``--name must be > 0,
+        got 0`` / ``--name must lie in [0, 1]``; ``name: expected a finite number, got nan``."""
+        flag, gt = style == "flag", None if integer and style != "flag" else self.gt
+        ge = int(self.gt) + 1 if gt is None and self.gt is not None else self.ge
+        low = [(op, b) for op, b in ((">=", ge), (">", gt)) if b is not None][:1]
+        high = [(op, b) for op, b in (("<=", self.le), ("<", self.lt)) if b is not None][:1]
+        who = f"--{name.replace('_', '-')} must" if flag else f"{name}: expected"
+        if not (low or high) or not math.isfinite(value):
+            return f"{who}{' be' * flag} a finite number, got {value}"
         if low and high:
-            opening = "[" if low[0] == ">=" else "("
-            closing = "]" if high[0] == "<=" else ")"
-            interval = f"{opening}{_num(low[1])}, {_num(high[1])}{closing}"
-            if style == "flag":
-                return f"--{name.replace('_', '-')} must lie in {interval}"
-            return f"{name}: expected in {interval}, got {value}"
-        op, bound = low or high  # type: ignore[misc]
-        if style == "flag":
-            return f"--{name.replace('_', '-')} must be {op} {_num(bound)}, got {value}"
-        return f"{name}: expected {op} {_num(bound)}, got {value}"
+            span = f"{'[('[low[0][0] == '>']}{_num(low[0][1])}, {_num(high[0][1])}"
+            span += "])"[high[0][0] == "<"]
+            return f"{who} lie in {span}" if flag else f"{who} in {span}, got {value}"
+        return f"{who}{' be' * flag} {(low or high)[0][0]} {_num((low or high)[0][1])}, got {value}"
 
 
-def _num(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
 
 
-@dataclasses.dataclass(frozen=True)
-class FieldSpec:
+class FieldSpec(NamedTuple):
     type: Any  # without Annotated
     range: Range | None
     aliases: tuple[str, ...]  # snake_case
     switch: bool  # --name / --no-name: a bool, or a bool-or-None marked tyro.conf.DisallowNone
+    positional: bool  # tyro.conf.Positional
+    required: bool  # no default
 
 
 @functools.cache
 def field_table(config_cls: Any) -> dict[str, FieldSpec]:
-    """Field name → its type, range and aliases, for a dataclass type."""
-    import tyro
-
+    """Field name → its type, range and aliases. A subclass that only changes a field's default
+    keeps the range a base class declared."""
     if not dataclasses.is_dataclass(config_cls):
         raise TypeError(f"{config_cls!r} is not a dataclass")
-    hints = typing.get_type_hints(config_cls, include_extras=True)
-    # A subclass that only changes a field's default (``learning_rate: float = 2e-5``) keeps the
-    # range its base declared: ranges are looked up from the base classes down.
-    inherited: dict[str, Range] = {}
-    for base in reversed(config_cls.__mro__):  # type: ignore[union-attr]
-        if dataclasses.is_dataclass(base):
-            for name, hint in typing.get_type_hints(base, include_extras=True).items():
-                for meta in getattr(hint, "__metadata__", ()):
-                    if isinstance(meta, Range):
-                        inherited[name] = meta
-    table: dict[str, FieldSpec] = {}
-    for f in dataclasses.fields(config_cls):
-        if not f.init:
-            continue
-        tp, extras = hints[f.name], list[Any]()
-        if typing.get_origin(tp) is Annotated:
-            tp, *extras = typing.get_args(tp)
-        ranges = [m for m in extras if isinstance(m, Range)]
-        aliases = [
-            a.lstrip("-").replace("-", "_")
-            for m in extras
-            for a in (getattr(m, "aliases", None) or ())
+    hints = [typing.get_type_hints(b, include_extras=True) for b in reversed(config_cls.__mro__)]  # type: ignore[union-attr]
+    table = {}
+    for f in (f for f in dataclasses.fields(config_cls) if f.init):
+        hint = hints[-1][f.name]
+        tp, *extras = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
+        ranges = [m for h in hints for m in getattr(h.get(f.name), "__metadata__", ())]
+        names = [
+            a.lstrip("-").replace("-", "_") for m in extras for a in getattr(m, "aliases", 0) or ()
         ]
-        switch = tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras)
         table[f.name] = FieldSpec(
-            tp, ranges[0] if ranges else inherited.get(f.name), tuple(aliases), switch
+            tp,
+            ([None] + [m for m in ranges if isinstance(m, Range)])[-1],
+            tuple(names),
+            tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras),
+            tyro.conf.Positional in extras,
+            f.default is f.default_factory is dataclasses.MISSING,
         )
     return table
 
@@ -137,29 +108,22 @@ def spellings(config_cls: Any) -> dict[str, str]:
 
 def check_ranges(cfg: Any) -> None:
     """Raise ``ProxrlError`` for the first field whose value lies outside its ``Range``."""
-    style = getattr(cfg, "range_style", "field")
-    for name, f in field_table(type(cfg)).items():  # type: ignore[arg-type]
-        value = getattr(cfg, name)
-        if f.range is None or value is None or isinstance(value, bool):
-            continue
-        inner = optional_inner(f.type)[1]
-        if typing.get_origin(inner) in (tuple, list):  # a list field: the range of each item
-            items, inner = list(value), (typing.get_args(inner) or (float,))[0]
-        else:
-            items = [value]
-        for item in items:
+    for name, f in field_table(type(cfg)).items():
+        value, inner = getattr(cfg, name), optional_inner(f.type)[1]
+        listed = typing.get_origin(inner) in (tuple, list)
+        items = [] if value is None or isinstance(value, bool) else value if listed else [value]
+        for item in items if f.range else ():
             if not f.range.holds(item):
-                message = f.range.message(name, item, f.range.style or style, inner is int)
-                raise ProxrlError(message)
+                style = f.range.style or getattr(cfg, "range_style", "field")
+                is_int = (typing.get_args(inner)[0] if listed else inner) is int
+                raise ProxrlError(f.range.message(name, item, style, is_int))
 
 
 def optional_inner(tp: Any) -> tuple[bool, Any]:
     """``Optional[X]`` / ``X | None`` → (True, X); anything else → (False, tp)."""
-    origin = typing.get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
-            return True, args[0]
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return True, next(a for a in args if a is not type(None))
     return False, tp
 
 
@@ -170,6 +134,5 @@ def type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (list, tuple):
-        (arg, *_) = typing.get_args(tp) or (Any,)
-        return f"a list of {type_name(arg)}"
+        return f"a list of {type_name(typing.get_args(tp)[0])}"
     return getattr(tp, "__name__", str(tp))

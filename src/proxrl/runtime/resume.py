@@ -27,6 +27,7 @@ a change the user made.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -36,7 +37,6 @@ import yaml
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import MANIFEST, CheckpointManager
-from proxrl.runtime.config import config_to_dict
 from proxrl.runtime.errors import ProxrlError, RunFinished
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,9 @@ def check_resume(
         ) from None
     if not isinstance(saved, dict):
         raise ProxrlError(f"--resume: {path} does not hold a mapping of option: value")
-    # The new config as its YAML file would read back, so tuples, floats and paths compare alike.
-    now = yaml.safe_load(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    # The new config as its YAML file would read back (tuples as lists), so values compare alike;
+    # not through runtime.config, which reads SESSION_OPTIONS from here.
+    now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     changes = changed_options(saved, now, RESUME_FREE | set(also_free))
     if not changes:
         return {}
