@@ -37,7 +37,6 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.logs import rendered
-from proxrl.runtime.metrics import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +60,15 @@ def train_online(
     health = health_monitor(run)
     done = run.start
     end = run.start if run.held_out is not None and run.held_out.stopped else cfg.iterations
-    bar_on = cfg.progress and dist.is_main()
     # 3. Iterate; a stop signal ends an iteration with a checkpoint.
-    with (
-        progress_bar(cfg.iterations, algo.name, completed=run.start, enabled=bar_on) as bar,
-        placement.stop() as stop,
-    ):
+    stop = placement.stop()
+    with run.context.running(cfg.iterations, algo.name, run.start, stop) as context:
         for iteration in range(run.start, end):
             row, stop_early = run_iteration(run, iteration, health)
-            bar.update(1, score=row["objective/scores"], kl=row.get("objective/kl", 0.0))
-            if dist.any_rank(stop.requested) and iteration + 1 < cfg.iterations:
-                raise stop.interrupted(run.save(iteration + 1))
+            score, kl = row["objective/scores"], row.get("objective/kl", 0.0)
+            context.bar.update(1, score=score, kl=kl)  # type: ignore[union-attr]
+            if context.stop_requested and iteration + 1 < cfg.iterations:
+                raise context.interrupted(run.save(iteration + 1))
             if save_due(cfg, iteration + 1) and not stop_early:
                 run.save(iteration + 1)
             done = iteration + 1
@@ -88,7 +85,7 @@ def run_iteration(
     stops early (held-out patience)."""
     cfg, algo, models = run.cfg, run.algo, run.models
     started = time.perf_counter()
-    run.set_learning_rates(iteration)
+    run.context.learning_rate(iteration + 1)
     timings: dict[str, float] = {}
     # 1. Rollout: sample → score → forward passes → gather (dynamic sampling: rounds, filter).
     models.actor.eval()
@@ -120,7 +117,7 @@ def run_iteration(
     row["time/iteration_s"] = elapsed
     row.update(timings)
     stop_early = run.held_out is not None and run.held_out.step(iteration + 1, row, models)
-    run.last = run.logger.log(iteration + 1, row)
+    run.last = run.context.log(iteration + 1, row)
     if dist.is_main():
         health.observe(iteration + 1, run.last)
         write_samples_if_due(run, iteration, batch, experience)
@@ -251,7 +248,7 @@ def finish(run: OnlineRun, done: int) -> dict[str, float]:
         run.held_out.finish(run.output_dir)
     run.engine.close()
     dist.barrier()
-    run.logger.close()
+    run.context.close()
     return run.last
 
 

@@ -24,13 +24,12 @@ from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpoint import check_output_dir, prepare_output_dir, record_planned_steps
-from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.checkpointer import Restored, TrainableWeights
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.health import HealthMonitor
-from proxrl.runtime.metrics import MetricsLogger, read_metrics
-from proxrl.runtime.resume import check_not_finished, check_resume
+from proxrl.runtime.lr_schedule import warmup_then_decay
+from proxrl.runtime.metrics import read_metrics
+from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
@@ -44,11 +43,19 @@ KL_CONTROLLERS: dict[str, Callable[[OnlineConfig], FixedKL]] = {
 proportional controller."""
 
 
+def run_context(cfg: OnlineConfig) -> Run:
+    """The run context of an online run: each rank's sampler stream checkpointed, and reseeded
+    from the iteration when a resumed run has another world size."""
+    return Run(
+        cfg,
+        rank_rng=True,
+        reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
+    )
+
+
 def check_run(cfg: OnlineConfig) -> None:
     """Everything about the output directory the user asked for, before it is touched."""
-    check_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    check_resume(cfg)
-    check_not_finished(cfg, cfg.iterations, "iteration", "--iterations")
+    run_context(cfg).check(cfg.iterations, "iteration", "--iterations")
 
 
 @dataclass
@@ -64,28 +71,21 @@ class OnlineRun:
     prompt_ids: list[list[int]]  # each prompt encoded (chat template, tools)
     held_out: HeldOut | None
     output_dir: Path
+    context: Run  # output directory, checkpoint, guard, metrics, progress, signals, LR schedule
     optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
-    base_rates: list[float]  # each optimizer's learning rate before the schedule
     kl: FixedKL  # β of the KL to the reference (fixed or proportional)
     generator: torch.Generator  # the minibatch order
-    checkpointer: Checkpointer
-    guard: NonFiniteGuard
-    logger: MetricsLogger
     engine: RolloutEngine = field(init=False)
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
     last: dict[str, float] = field(default_factory=dict)  # the latest metrics row
 
-    def save(self, done: int) -> Path:
-        return self.checkpointer.save(done, iteration=done, extra_rounds=self.extra_rounds)
+    @property
+    def guard(self) -> NonFiniteGuard:
+        return self.context.guard
 
-    def set_learning_rates(self, iteration: int) -> None:
-        """lr_schedule linear: each rate decays to 0 over the run; constant: as given."""
-        cfg = self.cfg
-        fraction_left = 1 - iteration / cfg.iterations if cfg.lr_schedule == "linear" else 1.0
-        for opt, rate in zip(self.optimizers, self.base_rates, strict=True):
-            for group in opt.param_groups:
-                group["lr"] = rate * fraction_left
+    def save(self, done: int) -> Path:
+        return self.context.save(done, iteration=done, extra_rounds=self.extra_rounds)
 
 
 def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> OnlineRun:
@@ -101,14 +101,14 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
     if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
         dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
-    output_dir = prepare_output_dir(cfg.output_dir, cfg.resume, cfg.overwrite)
-    if dist.is_main():
-        save_config_file(cfg, output_dir / "config.yaml")
-        record_planned_steps(output_dir, cfg.iterations)
-    run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, output_dir)
+    context = run_context(cfg)
+    context.prepare()
+    context.write_config(cfg.iterations)
+    run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, context)
     _register_state(run)
-    if cfg.resume:
-        _restore(run)
+    restored = context.start()
+    if restored is not None:
+        _restored(run, restored)
     run.engine = placement.engine(cfg, models, prompt_ids)
     run.engine.start(models.actor, run.start)  # a resumed run's weights differ from the model's
     return run
@@ -122,9 +122,9 @@ def _with_optimizers(
     prompts: list[PromptExample],
     prompt_ids: list[list[int]],
     held_out: HeldOut | None,
-    output_dir: Path,
+    context: Run,
 ) -> OnlineRun:
-    """The roles placed, the optimizers, controllers, checkpointer, guard and metrics.
+    """The roles placed, the optimizers (their rates on the run's schedule) and controllers.
 
     Several processes: data parallel (DDP) keeps the plain modules, the update summing
     gradients over ranks itself once per optimizer step (critic_forward calls the backbone and
@@ -144,54 +144,38 @@ def _with_optimizers(
         torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
         *models.critic.optimizers(),
     ]
-    base_rates = [opt.param_groups[0]["lr"] for opt in optimizers]
+    # lr_schedule linear: each rate decays to 0 over the iterations (1 − iteration / iterations)
+    context.schedule(optimizers, warmup_then_decay(cfg.iterations, 0, cfg.lr_schedule))
     kl = KL_CONTROLLERS[cfg.kl_controller](cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    checkpointer = Checkpointer(
-        output_dir,
-        keep=cfg.keep_checkpoints,
-        rank_rng=True,
-        # another world size: a fresh stream per rank, still a function of the iteration
-        reseed=lambda iteration: seed_everything(dist.sampler_seed(cfg.seed) + 7919 * iteration),
-    )
-    guard = NonFiniteGuard(cfg.max_consecutive_skips, checkpointer.root)
-    logger = MetricsLogger(
-        output_dir, dist.is_main(), report_to=cfg.report_to, config=config_to_dict(cfg)
-    )
     if dist.world_size() > 1:
         seed_everything(dist.sampler_seed(cfg.seed))
     return OnlineRun(
-        cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out, output_dir,
-        optimizers, base_rates, kl, generator, checkpointer, guard, logger,
+        cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
+        context.output_dir, context, optimizers, kl, generator,
     )  # fmt: skip
 
 
 def _register_state(run: OnlineRun) -> None:
     """What a checkpoint holds, registered once: the trained weights, optimizers, controllers,
-    RNGs (each rank's sampler stream too) and, as a counter, the iteration (which fixes the
-    data position). Resume restores all of it."""
-    checkpointer, models = run.checkpointer, run.models
-    checkpointer.track(actor=TrainableWeights(models.actor))
-    checkpointer.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
+    (with the run context's own: the guard, the RNGs, each rank's sampler stream too, and the
+    LR schedule) and, as a counter, the iteration (which fixes the data position). Resume
+    restores all of it."""
+    context, models = run.context, run.models
+    context.track(actor=TrainableWeights(models.actor))
+    context.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
     if run.cfg.ref_reset_every:  # a reference that moves is state; a frozen one is reloaded
-        checkpointer.track(reference=models.reference)
-    checkpointer.track(
-        optimizers=run.optimizers,
-        kl=run.kl,
-        penalty=run.algo.penalty,
-        rng=GlobalRNG(),
-        generator=run.generator,
-        guard=run.guard,
-    )
-    checkpointer.track(held_out=run.held_out)  # the early-stop history (None without eval_data)
+        context.track(reference=models.reference)
+    context.track(optimizers=run.optimizers, kl=run.kl, penalty=run.algo.penalty)
+    context.track(generator=run.generator)
+    context.track(held_out=run.held_out)  # the early-stop history (None without eval_data)
 
 
-def _restore(run: OnlineRun) -> None:
-    """The latest checkpoint's state; the metrics and samples it did not reach are dropped."""
-    restored = run.checkpointer.restore()
+def _restored(run: OnlineRun, restored: Restored) -> None:
+    """Where a resumed run continues; the samples its checkpoint did not reach are dropped (the
+    run context drops the metrics)."""
     run.start = int(restored.counters["iteration"])
     run.extra_rounds = int(restored.counters.get("extra_rounds", 0))  # older checkpoints: none
-    run.logger.truncate_after(run.start)
     if dist.is_main():
         truncate_samples(run.output_dir, run.start)
     log.info("resumed from %s at iteration %d", restored.path, run.start)
