@@ -251,6 +251,9 @@ def _load(
         *((entry, saved[name]) if isinstance(entry, list) else ([entry], [saved[name]])),
         strict=True,
     ):
-        if isinstance(e, torch.optim.Optimizer):  # FSDP: each rank keeps its shard of the state
+        # FSDP: each rank keeps its shard of the state (an optimizer whose parameters live in
+        # another process, as a Ray critic actor's, holds none here to shard)
+        local = isinstance(e, torch.optim.Optimizer) and any(g["params"] for g in e.param_groups)
+        if local:
             s = fsdp.shard_optimizer_state(e, s)
         e.load_state_dict(s)

@@ -296,25 +296,30 @@ class RemoteWeights(TrainableWeights):
         self.critic.call("load_trainable", moved(state, "cpu"))
 
 
-class RemoteOptimizer:
-    """The critic actor's AdamW as one of the update's optimizers: the loop sets its learning
-    rate (``param_groups``, holding no parameter here), the update steps it after
-    ``RemoteCritic.clip``, and the checkpoint saves and restores its state."""
+class RemoteOptimizer(torch.optim.Optimizer):
+    """The critic actor's AdamW as one of the update's optimizers: the run's LR schedule sets
+    its learning rate (``param_groups``, holding no parameter here), the update steps it after
+    ``RemoteCritic.clip``, and the checkpoint saves and restores its state.
+
+    An ``Optimizer`` only so that torch's ``LRScheduler`` (``runtime.lr_schedule``) accepts it;
+    ``Optimizer.__init__`` is not called: it would ask for parameters, which live in the actor."""
 
     def __init__(self, critic: RemoteCritic, learning_rate: float) -> None:
         self.critic = critic
+        self.defaults: dict[str, Any] = {"lr": learning_rate}
+        self.state: dict[Any, Any] = {}
         self.param_groups: list[dict[str, Any]] = [{"lr": learning_rate, "params": []}]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         pass  # each step's backward starts from no gradient in the actor
 
-    def step(self) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         self.critic.send("step", self.param_groups[0]["lr"])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         state: dict[str, Any] = self.critic.call("optimizer_state")
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
         self.critic.call("load_optimizer_state", state)
         self.param_groups[0]["lr"] = state["param_groups"][0]["lr"]
