@@ -15,15 +15,15 @@ completions). Two snapshots, before and after a change, on the same machine, mus
     # the working tree
     PYTHONPATH=src .venv/bin/python benchmarks/behaviour_snapshot.py record --out after.json
     .venv/bin/python benchmarks/behaviour_snapshot.py compare baseline.json after.json
-    # `make demo`'s summary.json (minutes): recorded alone, compared when --against is given
+    # `make demo` alone (also the last run of record): compared when --against is given
     PYTHONPATH=src .venv/bin/python benchmarks/behaviour_snapshot.py demo --out demo.json \\
         --against /work/snapshots/baseline_demo.json
 
-``record --only NAME ...`` records some runs (and the runs they start from); ``--list`` names
-them. ``--src DIR`` puts DIR first on the subprocesses' PYTHONPATH (the same as setting
-PYTHONPATH), ``--python`` picks the interpreter, ``--vllm-python`` the one of the vLLM run
-(default .venv-vllm/bin/python beside this script's repository; the run is skipped, with a
-note, where it does not exist). A run that fails or passes its timeout is recorded with an
+``record --only NAME ...`` records some runs (and the runs they start from; ``compare --common``
+then compares only the runs both snapshots hold); ``--list`` names them. ``--src DIR`` puts DIR
+first on the subprocesses' PYTHONPATH (the same as setting PYTHONPATH), ``--python`` picks the
+interpreter, ``--vllm-python`` the one of the vLLM run (default .venv-vllm/bin/python beside
+this script's repository; the run is skipped, with a note, where it does not exist). A run that fails or passes its timeout is recorded with an
 error string; the others go on.
 
 Inputs (the tiny base models and data) are built by the sources under test
@@ -234,7 +234,7 @@ RUNS: tuple[Run, ...] = (
         timeout_s=300,
         vllm=True,
     ),
-    Run("demo", "demo", {"progress": False}, timeout_s=600, default=False),
+    Run("demo", "demo", {"progress": False}, timeout_s=600),  # make demo: about a minute
 )
 RUNS_BY_NAME = {run.name: run for run in RUNS}
 
@@ -425,11 +425,11 @@ def build_inputs(root: Path) -> None:
     calculator.build_base(root / "calc_base", seed=1, hidden_size=32)
 
 
-def selected_runs(only: Sequence[str] | None, include_demo: bool = False) -> list[Run]:
-    """The runs named (with the runs they start from), in the list's order; all by default
-    (the demo only when named or asked for)."""
+def selected_runs(only: Sequence[str] | None) -> list[Run]:
+    """The runs named (with the runs they start from), in the list's order; by default every
+    run but those marked ``default=False``."""
     if not only:
-        return [r for r in RUNS if r.default or (include_demo and r.name == "demo")]
+        return [r for r in RUNS if r.default]
     unknown = [n for n in only if n not in RUNS_BY_NAME]
     if unknown:
         raise SystemExit(f"unknown run(s) {unknown}; --list names them")
@@ -443,9 +443,11 @@ def selected_runs(only: Sequence[str] | None, include_demo: bool = False) -> lis
     return [r for r in RUNS if r.name in wanted]
 
 
-def git_head(src: str | None) -> str | None:
-    """The commit (with ``+dirty``) of the tree ``src`` lives in, if any."""
-    where = src or str(REPO)
+def git_head(file: str) -> str | None:
+    """The commit (with ``+dirty``) of the git tree ``file`` (proxrl's) lives in, if any."""
+    if not Path(file).is_file():
+        return None
+    where = str(Path(file).parent)
     try:
         head = subprocess.run(
             ["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -482,13 +484,13 @@ def record(runs: Sequence[Run], target: Target) -> dict[str, Any]:
         "format": FORMAT,
         "python": target.python,
         "src": target.src,
-        "git_head": git_head(target.src),
         "proxrl_files": {p: proxrl_file(p, target.env) for p in interpreters(runs, target)},
         "dropped_metric_prefixes": list(DROPPED_METRIC_PREFIXES),
         "dropped_metric_keys": sorted(DROPPED_METRIC_KEYS),
         "dropped_summary_keys": sorted(DROPPED_SUMMARY_KEYS),
         "runs": {},
     }
+    snapshot["git_head"] = git_head(snapshot["proxrl_files"][target.python])
     for python, file in snapshot["proxrl_files"].items():
         print(f"{python} imports proxrl from {file}", flush=True)
     inputs = prepare_inputs(target)
@@ -609,14 +611,15 @@ def flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def compare(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:
-    """Print identical / differs per run; 1 if any run differs (or is in one snapshot only)."""
+def compare(a: Mapping[str, Any], b: Mapping[str, Any], common: bool = False) -> int:
+    """Print identical / differs per run; 1 if any run differs (or is in one snapshot only,
+    unless ``common``: then only the runs in both count)."""
     runs_a, runs_b = a["runs"], b["runs"]
     failed = False
     for name in ordered_names(runs_a, runs_b):
         if name not in runs_a or name not in runs_b:
             print(f"{name}: only in {'A' if name in runs_a else 'B'}")
-            failed = True
+            failed = failed or not common
             continue
         ra, rb = runs_a[name], runs_b[name]
         difference = run_difference(ra, rb)
@@ -667,6 +670,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cmp_ = commands.add_parser("compare", help="compare two snapshots; exit 1 if any differs")
     cmp_.add_argument("a")
     cmp_.add_argument("b")
+    cmp_.add_argument(
+        "--common", action="store_true", help="only the runs in both count (after --only)"
+    )
     demo = commands.add_parser("demo", help="record `proxrl demo` (make demo) alone")
     add_target_options(demo)
     demo.add_argument("--against", default=None, help="a snapshot with a demo run to compare to")
@@ -696,7 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_inputs(Path(args.root))
         return 0
     if args.command == "compare":
-        return compare(json.loads(Path(args.a).read_text()), json.loads(Path(args.b).read_text()))
+        a, b = (json.loads(Path(p).read_text()) for p in (args.a, args.b))
+        return compare(a, b, common=args.common)
     if args.command == "record":
         snapshot = record_to_file(args, selected_runs(args.only))
         return 1 if any("error" in r for r in snapshot["runs"].values()) else 0
