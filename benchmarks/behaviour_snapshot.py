@@ -23,8 +23,8 @@ completions). Two snapshots, before and after a change, on the same machine, mus
 then compares only the runs both snapshots hold); ``--list`` names them. ``--src DIR`` puts DIR
 first on the subprocesses' PYTHONPATH (the same as setting PYTHONPATH), ``--python`` picks the
 interpreter, ``--vllm-python`` the one of the vLLM run (default .venv-vllm/bin/python beside
-this script's repository; the run is skipped, with a note, where it does not exist). A run that fails or passes its timeout is recorded with an
-error string; the others go on.
+this script's repository; the run is skipped, with a note, where it does not exist). A run that
+fails or passes its timeout is recorded with an error string; the others go on.
 
 Inputs (the tiny base models and data) are built by the sources under test
 (``proxrl.models.tiny``, ``proxrl.demo.task``, ``proxrl.demo.calculator``) and their hashes are
