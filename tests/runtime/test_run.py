@@ -141,7 +141,10 @@ def test_a_fresh_run_writes_config_marker_and_metrics(tmp_path):
     run.close()
     out = tmp_path / "run"
     assert (out / "config.yaml").is_file()
-    assert json.loads((out / ".proxrl-run").read_text()) == {"planned_steps": 10}
+    assert json.loads((out / ".proxrl-run").read_text()) == {
+        "planned_steps": 10,
+        "command": "test_run",  # named from the config class's module
+    }
     assert (out / "metrics.jsonl").read_text() == '{"step": 1, "train/loss": 1.0}\n'
 
 

@@ -13,10 +13,12 @@ truncations are bootstrapped with γ·V(final observation) rather than treated a
 Each iteration: collect N×T steps → GAE (``proxrl.core.gae_env``) → update → log → checkpoint.
 
 Reliability (``proxrl.runtime``): SIGINT/SIGTERM finish the current iteration, save a checkpoint
-and exit 130/143; a resumed run continues exactly as the uninterrupted one. A NaN/Inf in the
-advantages or returns skips the iteration's update, one in a loss or gradient skips that
-minibatch step (TRPO: the policy step); skips are counted in ``guard/skipped_updates`` and
-``max_consecutive_skips`` of them in a row stop the run with the last good checkpoint intact.
+and exit 130/143; an exception (an environment raising) saves the last finished iteration
+before it propagates (``runtime.run``: ``save_on_error``); a resumed run continues exactly as
+the uninterrupted one. A NaN/Inf in the advantages or returns skips the iteration's update,
+one in a loss or gradient skips that minibatch step (TRPO: the policy step); skips are
+counted in ``guard/skipped_updates`` and ``max_consecutive_skips`` of them in a row stop the
+run with the last good checkpoint intact.
 """
 
 from __future__ import annotations
@@ -193,7 +195,8 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
         return run.save(progress.global_step, **counters)
 
     stop_at = min(cfg.stop_at_step or cfg.total_steps, planned)
-    with run.running(planned, cfg.env, completed=progress.global_step):
+    finished = run.save_finished  # an exception saves the last finished iteration
+    with run.running(planned, cfg.env, completed=progress.global_step, save_on_error=finished):
         while progress.iteration < cfg.num_iterations and progress.global_step < stop_at:
             progress.iteration += 1
             iteration = progress.iteration
@@ -220,6 +223,7 @@ def train(cfg: ClassicConfig) -> dict[str, Any]:
             more = iteration < cfg.num_iterations and progress.global_step < stop_at
             if run.stop_requested and more:
                 raise run.interrupted(saved or save())
+            run.finished(progress.global_step, **progress.counters(time.perf_counter() - start))
     latest = run.checkpointer.manager.latest()
     step_of = run.checkpointer.manager.step_of
     final = latest if latest and step_of(latest) == progress.global_step else save()

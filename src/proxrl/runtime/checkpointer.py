@@ -35,6 +35,7 @@ and otherwise calls ``reseed(step)`` (a fresh stream per rank).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -228,6 +229,61 @@ class Checkpointer:
                 self.reseed(step)
         counters = {k: v for k, v in state.items() if k not in self._states and k != RANK_RNG}
         return Restored(path, step, counters)
+
+    # -- the state as of a finished step (``Run.finished``) ----------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """What ``put_back`` needs to return every tracked entry to this moment, as cheaply as
+        it can be had: a copy of each small state (everything but weights and optimizers: the
+        RNGs, the guard, the schedules, controllers, environment state), and of the weights and
+        optimizers only the version counters of their tensors — they are not copied, so
+        ``unchanged`` says whether they are still as they were."""
+        states = {
+            name: copy.deepcopy(_state_of(entry))
+            for name, entry in self._states.items()
+            if not _holds_optimizer(entry)
+        }
+        return Snapshot(states, self._versions())
+
+    def unchanged(self, snapshot: Snapshot) -> bool:
+        """Whether no weight or optimizer tensor was written since ``snapshot``."""
+        return self._versions() == snapshot.versions
+
+    def put_back(self, snapshot: Snapshot) -> None:
+        """Load ``snapshot``'s small states back into their entries (weights and optimizers are
+        left as they are: check ``unchanged`` first)."""
+        for name, state in snapshot.states.items():
+            entry = self._states[name]
+            for e, s in zip(
+                *((entry, state) if isinstance(entry, list) else ([entry], [state])), strict=True
+            ):
+                e.load_state_dict(copy.deepcopy(s))
+
+    def _versions(self) -> tuple[int, ...]:
+        tensors: list[Tensor] = []
+        for obj in self._weights.values():
+            module = obj.module if isinstance(obj, TrainableWeights) else obj
+            tensors += [*module.parameters(), *module.buffers()]  # type: ignore[union-attr]
+        for entry in self._states.values():
+            for e in entry if isinstance(entry, list) else [entry]:
+                if isinstance(e, torch.optim.Optimizer):
+                    tensors += [
+                        v for st in e.state.values() for v in st.values() if isinstance(v, Tensor)
+                    ]
+        return tuple(t._version for t in tensors)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """``Checkpointer.snapshot``: copies of the small states, version counters of the rest."""
+
+    states: dict[str, Any]
+    versions: tuple[int, ...]
+
+
+def _holds_optimizer(entry: Stateful | Sequence[Stateful]) -> bool:
+    entries = entry if isinstance(entry, list) else [entry]
+    return any(isinstance(e, torch.optim.Optimizer) for e in entries)
 
 
 def _state_of(entry: Stateful | Sequence[Stateful]) -> Any:

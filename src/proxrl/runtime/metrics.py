@@ -12,6 +12,7 @@ reads as one uninterrupted run.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -128,6 +129,9 @@ class ProgressBar:
     """
 
     def __init__(self, total: int, description: str, completed: int = 0, enabled: bool = True):
+        # Importing rich.progress draws from Python's global generator; the run's stream must
+        # not depend on whether this is the first bar of the process (a resumed run's is).
+        state = random.getstate()
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -137,6 +141,8 @@ class ProgressBar:
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
+
+        random.setstate(state)
 
         console = Console(stderr=True)
         self.enabled = enabled and console.is_terminal

@@ -23,6 +23,11 @@ learning-rate schedule, so extending a run needs ``--resume-with-changes``.
 
 Only options present in both configs are compared: one that a newer proxrl added or renamed is not
 a change the user made.
+
+A run is resumed by the command that made it: the run marker records it (``run_dir.record_run``)
+and ``check_command`` refuses another in one line naming both (a ``grpo`` run resumed with
+``ppo`` would otherwise pass for finished, or fail deep inside a restore). A run directory
+written before the command was recorded is accepted.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import yaml
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import MANIFEST, CheckpointManager
 from proxrl.runtime.errors import ProxrlError, RunFinished
+from proxrl.runtime.run_dir import run_command
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +126,30 @@ def check_resume(
         for key, (old, new) in changes.items():
             log.warning("--resume-with-changes: %s changed from %r to %r", key, old, new)
     return changes
+
+
+def command_of_config(cfg: Any) -> str:
+    """The command whose config ``cfg`` is, named from the module that defines its class
+    (``proxrl.algos.online.grpo`` → ``grpo``, ``proxrl.algos.offline.reward`` → ``rm``,
+    ``proxrl.classic.*`` → ``classic``, ``proxrl.demo.*`` → ``demo``)."""
+    parts = type(cfg).__module__.split(".")
+    if parts[:2] in (["proxrl", "classic"], ["proxrl", "demo"]):
+        return parts[1]
+    return {"reward": "rm"}.get(parts[-1], parts[-1])
+
+
+def check_command(cfg: Any, command: str) -> None:
+    """With ``cfg.resume``: refuse (``ProxrlError``) a run in ``cfg.output_dir`` that another
+    command made; one without a recorded command (older proxrl) is accepted."""
+    if not cfg.resume:
+        return
+    made_by = run_command(cfg.output_dir)
+    if made_by is not None and made_by != command:
+        raise ProxrlError(
+            f"--resume: the run in {cfg.output_dir} was made by proxrl {made_by}, not proxrl "
+            f"{command}; resume it with proxrl {made_by}, or start a new one in another "
+            "directory"
+        )
 
 
 def check_not_finished(cfg: Any, total: int, unit: str, longer: str) -> None:

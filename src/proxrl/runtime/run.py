@@ -13,12 +13,14 @@ A trainer reads as its algorithm between the calls below, in this order::
     run.schedule(optimizer, warmup_then_decay(total, cfg.warmup_steps, cfg.lr_schedule))
     restored = run.start(total)             # 4. restore → config.yaml → metrics.jsonl
     start = restored.step if restored else 0
-    with run.running(total, "sft", completed=start):       # 5. progress bar + signals
+    with run.running(total, "sft", completed=start,         # 5. progress bar + signals,
+                     save_on_error=run.save_finished):      #    a save when the loop raises
         for step in range(start + 1, total + 1):
             lr = run.learning_rate(step)    #    the schedule's rate for this step
             ...the algorithm...; run.guard.check(step, ...)
             run.log(step, row); run.bar.update(1, loss=...)
             if ...: run.save(step, step=step)
+            run.finished(step, step=step)   #    consistent here: what a save on error writes
             if run.stop_requested:          #    SIGINT/SIGTERM: save, exit 130/143
                 raise run.interrupted(run.save(step, step=step))
     run.save(total, step=total)             # 6. final checkpoint
@@ -31,7 +33,14 @@ What each piece does, and the rules it keeps:
   (``runtime.resume.check_resume``) and raises ``RunFinished`` for a resumed run that already took
   ``total`` steps. Each check is also a method of its own for a trainer that knows ``total``
   only after loading its data (``check_not_finished``) or keeps another order.
-- ``prepare`` makes the directory ready (fresh, ``--overwrite``, ``--resume``) on rank 0.
+- ``prepare`` takes the directory's lock (``runtime.run_dir.RunLock``: one live run per
+  directory; another — fresh, ``--resume`` or ``--overwrite`` — is refused naming the live
+  run's pid, host and command; ``check`` refuses it already) and makes the directory ready
+  (fresh, ``--overwrite``, ``--resume``) on rank 0. The lock is held until ``release`` or the
+  ``Run`` is collected (the kernel drops it when the process dies, SIGKILL included).
+- ``check`` and ``write_config`` also keep the command that made the run: the run marker
+  records it (``command``: by default named from the config's module,
+  ``runtime.resume.command_of_config``) and ``--resume`` with another command is refused.
 - ``track`` registers checkpoint entries by name (``runtime.checkpointer.Checkpointer``); the
   run adds ``guard`` (the ``NonFiniteGuard``), ``rng`` (the global generators) and, with a
   schedule, ``lr_scheduler`` (a list, one per optimizer) when it starts. Entry names are the
@@ -48,6 +57,22 @@ What each piece does, and the rules it keeps:
   the ``Interrupted`` to raise (exit 130/143). An exception leaving ``running`` closes the
   metrics. A ``stop`` context manager yielding a ``GracefulStop`` may be passed instead (one
   that also hears a forwarded signal: the online loop's ``roles.stop()``).
+- Saving on an exception. After each step (or iteration) is complete — its optimizer step
+  taken, its row logged, any save done — the trainer calls ``run.finished(step, **counters)``:
+  the state is consistent there. It notes ``step`` and ``counters`` and a snapshot of the small
+  tracked states (the RNGs as they were then, the guard, the schedules, controllers, environment
+  state; a failed partial step advances them) and the version counters of the weights' and
+  optimizers' tensors (``Checkpointer.snapshot``: nothing large is copied). When an exception
+  (any but ``Interrupted``, which saved already; ``KeyboardInterrupt`` from a second Ctrl-C
+  saves nothing) leaves ``running(..., save_on_error=fn)``, the run puts the snapshot back and
+  calls ``fn()`` — the trainer's save of the finished step; ``run.save_finished`` saves
+  ``finished_step`` with the noted counters — and logs where the checkpoint is, so ``--resume``
+  continues exactly as an uninterrupted run would from there. Nothing is saved (and the log
+  says why) when no step finished since the newest checkpoint, when the failed step already
+  changed the weights or an optimizer (its update was under way), or with several processes
+  (a rank that raised cannot join the others' collective save). The exception is re-raised.
+  The online loop: ``running(..., save_on_error=lambda: run.save(context.finished_step))``
+  after ``context.finished(iteration + 1)`` at the end of each iteration.
 
 ``cfg`` needs ``output_dir``, ``resume``, ``overwrite`` and ``resume_with_changes``; ``start`` and
 the checkpointer also read ``keep_checkpoints``, ``max_consecutive_skips``, ``report_to`` and
@@ -66,14 +91,20 @@ from typing import Any
 from torch.optim import Optimizer
 
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, Restored
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, Restored, Snapshot
 from proxrl.runtime.config import config_to_dict, save_config_file
-from proxrl.runtime.errors import Interrupted
+from proxrl.runtime.errors import Interrupted, RunFinished
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.lr_schedule import Rate, StepSchedule
 from proxrl.runtime.metrics import MetricsLogger, ProgressBar, progress_bar
-from proxrl.runtime.resume import CONFIG_FILE, check_not_finished, check_resume
-from proxrl.runtime.run_dir import check_output_dir, prepare_output_dir, record_planned_steps
+from proxrl.runtime.resume import (
+    CONFIG_FILE,
+    check_command,
+    check_not_finished,
+    check_resume,
+    command_of_config,
+)
+from proxrl.runtime.run_dir import RunLock, check_output_dir, prepare_output_dir, record_run
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -94,6 +125,8 @@ class Run:
         overwrite: the overwrite policy when it is not ``cfg.overwrite`` (the demo's).
         rank_rng, reseed: passed to the ``Checkpointer`` (several processes, each with its own
             sampler stream).
+        command: the command that makes the run, recorded in the run marker and compared on
+            ``--resume`` (default: named from ``cfg``'s module).
     """
 
     def __init__(
@@ -106,6 +139,7 @@ class Run:
         overwrite: bool | None = None,
         rank_rng: bool = False,
         reseed: Callable[[int], None] | None = None,
+        command: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.output_dir = Path(cfg.output_dir)
@@ -120,8 +154,11 @@ class Run:
         self.metrics: MetricsLogger | None = None
         self.bar: ProgressBar | None = None
         self.stop: GracefulStop | None = None
+        self.command = command or command_of_config(cfg)
+        self.lock = RunLock(self.output_dir)
         self._config_written = False
         self._started = False
+        self._finished: tuple[int, dict[str, Any], Snapshot] | None = None
 
     # -- 1. checks (read only) -----------------------------------------------------------------
 
@@ -130,12 +167,15 @@ class Run:
         check_output_dir(self.output_dir, self.resume, self.overwrite)
 
     def check_resume(self) -> dict[str, tuple[Any, Any]]:
-        """With ``--resume``: refuse changed options unless ``--resume-with-changes`` (then log
-        them); returns the changes."""
+        """With ``--resume``: refuse a run another command made, and changed options unless
+        ``--resume-with-changes`` (then log them); returns the changes."""
+        check_command(self.cfg, self.command)
         return check_resume(self.cfg, self.config_file, self.what, self.also_free)
 
     def check_not_finished(self, total: int, unit: str = "step", longer: str = "--epochs") -> None:
-        """With ``--resume``: raise ``RunFinished`` when the newest checkpoint is at ``total``."""
+        """With ``--resume``: raise ``RunFinished`` when the newest checkpoint is at ``total``
+        (a run another command made is refused first)."""
+        check_command(self.cfg, self.command)
         check_not_finished(self.cfg, total, unit, longer)
 
     def check(self, total: int | None = None, unit: str = "step", longer: str = "--epochs") -> None:
@@ -148,16 +188,22 @@ class Run:
     # -- 2. the directory ----------------------------------------------------------------------
 
     def prepare(self) -> Path:
-        """Create, clear (``--overwrite``) or keep (``--resume``) ``output_dir``; return it."""
-        return prepare_output_dir(self.output_dir, self.resume, self.overwrite)
+        """Take ``output_dir``'s lock, then create, clear (``--overwrite``) or keep
+        (``--resume``) it; return it."""
+        check_command(self.cfg, self.command)
+        return prepare_output_dir(self.output_dir, self.resume, self.overwrite, self.lock)
+
+    def release(self) -> None:
+        """Let another run have ``output_dir`` (idempotent; also when the ``Run`` is collected
+        or the process ends)."""
+        self.lock.release()
 
     def write_config(self, planned_steps: int | None = None) -> None:
-        """Write the config file and (with ``planned_steps``) the run marker's planned steps, on
-        rank 0. ``start`` calls it unless the trainer already did."""
+        """Write the config file and the run marker's command and (with ``planned_steps``)
+        planned steps, on rank 0. ``start`` calls it unless the trainer already did."""
         if dist.is_main():
             save_config_file(self.cfg, self.output_dir / self.config_file)
-            if planned_steps is not None:
-                record_planned_steps(self.output_dir, planned_steps)
+            record_run(self.output_dir, planned_steps, self.command)
         self._config_written = True
 
     # -- 3. what a checkpoint holds ------------------------------------------------------------
@@ -228,9 +274,11 @@ class Run:
         description: str,
         completed: int = 0,
         stop: AbstractContextManager[GracefulStop] | None = None,
+        save_on_error: Callable[[], object] | None = None,
     ) -> Iterator[Run]:
         """The progress bar (``total`` units, ``completed`` done) and the signal handlers around
-        the loop; ``stop``: another source of the stop flag. An exception closes the metrics."""
+        the loop; ``stop``: another source of the stop flag. An exception closes the metrics;
+        with ``save_on_error`` it first saves the last finished step (module docstring)."""
         enabled = bool(self.cfg.progress) and dist.is_main()
         with (
             stop if stop is not None else GracefulStop() as signals,
@@ -239,9 +287,66 @@ class Run:
             self.bar, self.stop = bar, signals
             try:
                 yield self
+            except (Interrupted, RunFinished):
+                self.close()
+                raise
+            except Exception as exc:
+                if save_on_error is not None:
+                    self._save_on_error(save_on_error, exc)
+                self.close()
+                raise
             except BaseException:
                 self.close()
                 raise
+
+    def finished(self, step: int, /, **counters: Any) -> None:
+        """Mark ``step`` as finished, the state consistent: what a save on an exception writes
+        (``counters`` as ``save`` takes them; the small states and the RNGs as they are now)."""
+        self._finished = (step, counters, self.checkpointer.snapshot())
+
+    @property
+    def finished_step(self) -> int | None:
+        """The step ``finished`` last marked; None before any."""
+        return self._finished[0] if self._finished is not None else None
+
+    def save_finished(self) -> Path:
+        """Checkpoint the step ``finished`` last marked, with its counters (the usual
+        ``save_on_error``)."""
+        assert self._finished is not None, "save_finished() before finished()"
+        step, counters, _ = self._finished
+        return self.save(step, **counters)
+
+    def _save_on_error(self, save: Callable[[], object], exc: Exception) -> None:
+        """Put the last finished step's state back and ``save`` it, unless that is not safe."""
+        failed = f"{type(exc).__name__} in the run"
+        newest = self.checkpointer.manager.latest()
+        saved_step = self.checkpointer.manager.step_of(newest) if newest is not None else 0
+        if self._finished is None or self._finished[0] <= saved_step:
+            where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved"
+            log.warning("%s before a step finished since the last save; %s", failed, where)
+            return
+        step, _, snapshot = self._finished
+        why = ""
+        if dist.world_size() > 1:
+            why = "several processes cannot save after one of them failed"
+        elif not self.checkpointer.unchanged(snapshot):
+            why = f"the weights changed after step {step} finished (its update was under way)"
+        if why:
+            kept = f"; the newest checkpoint is {newest}" if newest else ""
+            log.warning("%s; not saving step %d: %s%s", failed, step, why, kept)
+            return
+        self.checkpointer.put_back(snapshot)
+        try:
+            path = save()
+        except Exception as second:  # the first exception is the one to report
+            log.warning("%s; saving step %d failed too: %s", failed, step, second)
+            return
+        log.warning(
+            "%s after step %d finished; saved it in %s; continue with --resume",
+            failed,
+            step,
+            path,
+        )
 
     @property
     def stop_requested(self) -> bool:

@@ -12,7 +12,9 @@ Resume: the batch order of an epoch depends only on ``(seed, epoch)``, so a resu
 the steps its checkpoint already took and sees exactly the batches an uninterrupted run would.
 
 Reliability: SIGINT/SIGTERM finish the current step, save a checkpoint and exit 130/143
-(``runtime.signals``); a step whose loss or gradient holds a NaN/Inf is skipped and counted in
+(``runtime.signals``); an exception (a loss, a data reader, a callback raising) saves the last
+finished step before it propagates (``runtime.run``: ``save_on_error``); a step whose loss or
+gradient holds a NaN/Inf is skipped and counted in
 ``guard/skipped_updates``, and ``max_consecutive_skips`` of them in a row stop the run with the
 last good checkpoint intact (``runtime.guard``). Non-finite weights are never saved.
 """
@@ -134,7 +136,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, run: Run) -> dict[str,
     done = step  # the last optimizer step taken
     started = time.perf_counter()
     tokens_seen = 0
-    with run.running(total_steps, task.name, completed=step):
+    with run.running(total_steps, task.name, completed=step, save_on_error=run.save_finished):
         for done, epoch, group in step_groups(cfg, lengths, total_steps, start=step):
             lr = run.learning_rate(done)
             batches, stats = accumulate(cfg, opt, task, group, done)
@@ -165,6 +167,7 @@ def fit(cfg: OfflineConfig, model: nn.Module, task: Task, run: Run) -> dict[str,
                     run.stop.signal_name,  # type: ignore[union-attr]
                 )
                 raise run.interrupted(saved)
+            run.finished(done, step=done)  # consistent: an exception later saves this step
 
     # 4. Final checkpoint (the last step was evaluated and logged above).
     if done > step:
