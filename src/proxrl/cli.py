@@ -13,6 +13,11 @@ A ``ProxrlError`` prints ``proxrl <command>: error: <message>`` to stderr and ex
 SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where>``, exit code
 130 / 143 (``runtime.signals``). ``--resume`` of a run that is already complete prints
 ``proxrl <command>: the run in DIR is already finished ...`` on stdout, exit code 0.
+
+A trainer that returns ends with one line, whatever the output is (a terminal, a pipe, a file):
+``<command>: finished; model saved in DIR; <headline metrics>`` (``final_line``; classic names
+its final checkpoint). The exit code survives a closed pipe: Ctrl-C under ``| tee`` kills the
+reader too, and the last messages then go nowhere instead of turning exit 130 into a traceback.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any, TextIO
 
-from proxrl.api import COMMANDS, command_module, train
+from proxrl.api import COMMANDS, MODEL_COMMANDS, command_module, train
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.logs import configure_logging
 
@@ -39,14 +45,65 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+log = logging.getLogger(__name__)
+
+HEADLINE = (
+    "train/loss",
+    "eval/loss",
+    "eval/perplexity",
+    "eval/accuracy",
+    "eval/rewards/accuracies",
+    "objective/scores",
+    "objective/kl",
+    "mean_return_last_100",
+)
+"""The metrics a finished run's last line shows, when it has them."""
+
+
+def final_line(command: str, output_dir: Any, metrics: dict[str, Any]) -> str | None:
+    """The line a finished trainer ends with (None for a command that trains nothing)."""
+    figures = "".join(
+        f"; {key} {metrics[key]:.4g}"
+        for key in HEADLINE
+        if isinstance(metrics.get(key), (int, float))
+    )
+    if command in MODEL_COMMANDS:
+        return f"{command}: finished; model saved in {output_dir}{figures}"
+    if command == "classic" and metrics.get("checkpoint"):
+        return f"classic: finished; policy saved in {metrics['checkpoint']}{figures}"
+    return None
+
+
 def _run(command: str, argv: list[str]) -> int:
     from proxrl.runtime.config import parse_config
 
     module = command_module(command)
     if hasattr(module, "main"):
         return int(module.main(argv) or 0)
-    train(parse_config(module.Config, argv, prog=f"proxrl {command}"), command=command)
+    run = train(parse_config(module.Config, argv, prog=f"proxrl {command}"), command=command)
+    line = final_line(command, run.output_dir, run.metrics)
+    if line is not None:
+        log.info("%s", line)
     return 0
+
+
+def _say(text: str, stream: TextIO) -> None:
+    """Print ``text``; a closed pipe (its reader gone: Ctrl-C under ``| tee``) is not an
+    error — the stream is pointed at /dev/null so that nothing else fails on it either."""
+    try:
+        print(text, file=stream, flush=True)
+    except (BrokenPipeError, ValueError):  # ValueError: the stream is already closed
+        _silence(stream)
+
+
+def _silence(stream: TextIO) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing will flush it at exit
+    finally:
+        os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,16 +129,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(command, rest)
     except RunFinished as e:  # --resume of a complete run: nothing to do
-        print(f"proxrl {command}: {e}")
+        _say(f"proxrl {command}: {e}", sys.stdout)
         return e.exit_code
     except Interrupted as e:  # SIGINT/SIGTERM after the trainer saved a checkpoint
-        print(f"proxrl {command}: stopped: {e}", file=sys.stderr)
+        _say(f"proxrl {command}: stopped: {e}", sys.stderr)
         return e.exit_code
     except ProxrlError as e:
         if debug:
             traceback.print_exc()
-        print(f"proxrl {command}: error: {e}", file=sys.stderr)
+        _say(f"proxrl {command}: error: {e}", sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"proxrl {command}: interrupted", file=sys.stderr)
+        _say(f"proxrl {command}: interrupted", sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output is gone (killed with us by Ctrl-C)
+        _silence(sys.stdout)
+        _silence(sys.stderr)
+        return 141  # as a shell reports a process that SIGPIPE ended
+    finally:
+        _flush_quietly()
+
+
+def _flush_quietly() -> None:
+    """Flush stdout now, so that a closed pipe is not an error at interpreter exit (which
+    would print a warning and turn the exit code into 120)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            _silence(stream)

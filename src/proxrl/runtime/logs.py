@@ -4,12 +4,16 @@ Library code only logs (``logging.getLogger(__name__)``); this module decides wh
 the ``proxrl`` loggers at INFO (``--debug``: DEBUG, ``--quiet``: warnings only), every other
 library at WARNING, Python warnings included, all on stderr: through rich's handler on a
 terminal, as plain lines (never wrapped, so paths stay whole) when stderr is a file or a pipe.
+
+Several processes (``accelerate launch``, ``torchrun``: ``RANK`` is set): rank 0 alone shows
+INFO; every other rank shows warnings and errors only, so each message is printed once.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import warnings
 from typing import Any
@@ -34,7 +38,10 @@ def configure_logging(level: int = logging.INFO) -> None:
     Like ``logging.basicConfig``, it installs no handler when the root logger already has one
     (an application that embeds proxrl, or pytest, decides where records go then); the level
     of the ``proxrl`` loggers is set either way. Calling it again only changes that level.
+    A rank other than 0 of a multi-process launch logs warnings and above only.
     """
+    if _launch_rank() > 0:
+        level = max(level, logging.WARNING)
     logging.getLogger("proxrl").setLevel(level)
     root = logging.getLogger()
     if root.handlers:
@@ -58,6 +65,17 @@ def configure_logging(level: int = logging.INFO) -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     warnings.showwarning = _log_warning
+
+
+def _launch_rank() -> int:
+    """This process's rank in a multi-process launch, from the launcher's environment (read
+    before any process group exists); 0 without one."""
+    for name in ("RANK", "LOCAL_RANK"):
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 0
 
 
 def rendered(renderable: object, width: int = 100) -> str:

@@ -322,13 +322,14 @@ def step_row(
 
 
 def log_summary(name: str, output_dir: Path, metrics: dict[str, float]) -> None:
-    """The line a finished trainer ends with, also when no progress bar showed anything (piped
-    output, --no-progress): where the model is, the last training loss and the evaluation's
-    loss, perplexity and accuracy."""
+    """A DEBUG record of the trainer's end: where the model is, the last training loss and the
+    evaluation's loss, perplexity and accuracy. The line every command ends with, also when no
+    progress bar showed anything (piped output, --no-progress), is ``proxrl``'s: one place for
+    every trainer (``cli.final_line``)."""
     headline = ("train/loss", "eval/loss", "eval/perplexity", "eval/accuracy")
     shown = {k: v for k, v in metrics.items() if k in headline or k == "eval/rewards/accuracies"}
     figures = "".join(f"; {key} {value:.4g}" for key, value in shown.items())
-    log.info("%s: finished; model saved in %s%s", name, output_dir, figures)
+    log.debug("%s: finished; model saved in %s%s", name, output_dir, figures)
 
 
 def save_final(
