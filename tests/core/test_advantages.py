@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from proxrl.core import (
+    REWARD_SCALES,
     discounted_returns,
     gae,
     gae_env,
@@ -345,3 +346,22 @@ def test_gae_flows_across_observation_tokens_by_hand():
     advantages, returns = gae(rewards, values, mask, 0.9, 0.8)
     close(advantages, t([[0.82816, 0.928, 0, 0, 0.4], [0.82816, 0.928, 0.4, 0, 0]]))
     close(returns, t([[1.02816, 1.328, 0, 0, 1.0], [1.02816, 1.328, 1.0, 0, 0]]))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "group_size", "value"),
+    [(torch.float32, 7, 0.7), (torch.float32, 6, 0.3), (torch.float64, 3, 0.1)],
+)
+@pytest.mark.parametrize("baseline", [*REWARD_SCALES, "rloo"])
+def test_a_constant_group_has_exactly_zero_advantage(baseline, dtype, group_size, value):
+    """G equal scores carry no signal: every group baseline gives exactly 0, not the round-off of
+    their mean (in float32, 7 × 0.7 gives s − mean = 6e-8, which ÷ a std of ~0 made an advantage
+    of 0.056 and a full Adam step on nothing). A second, informative group keeps the batch std
+    (Lite PPO) away from 0."""
+    constant = torch.full((group_size,), value, dtype=dtype)
+    informative = torch.linspace(0, 1, group_size, dtype=dtype)
+    scores = torch.cat([constant, informative])
+    estimate = rloo_advantages if baseline == "rloo" else REWARD_SCALES[baseline]
+    advantages = estimate(scores, group_size)
+    assert torch.equal(advantages[:group_size], torch.zeros_like(constant))
+    assert advantages[group_size:].abs().sum() > 0

@@ -114,13 +114,21 @@ def _groups(scores: Tensor, group_size: int) -> Tensor:
     return scores.view(-1, group_size)
 
 
+def _centred(groups: Tensor) -> Tensor:
+    """(P, G) scores minus their group's mean, exactly 0 in a group whose scores are all equal:
+    the mean of G equal floats need not round back to them (G = 3, 5, 6, 7, ...), and ÷ a std
+    of ~0 would blow that round-off up into a full-size advantage of random sign."""
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    constant = (groups == groups[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred)
+
+
 @REWARD_SCALES.register("group", "÷ the group std (GRPO)")
 def group_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     """GRPO (Shao et al. 2024): ``(s − mean_g) / (std_g + eps)``, the std of the prompt's own
     group (unbiased, as TRL). TRL ``scale_rewards="group"``. (N,) → (N,)."""
     groups = _groups(scores, group_size)
-    centred = groups - groups.mean(dim=1, keepdim=True)
-    return (centred / (groups.std(dim=1, keepdim=True) + eps)).reshape(-1)
+    return (_centred(groups) / (groups.std(dim=1, keepdim=True) + eps)).reshape(-1)
 
 
 @REWARD_SCALES.register("batch", "÷ the batch std (Lite PPO)")
@@ -129,8 +137,7 @@ def batch_scaled_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) 
     the group mean but the std of every score of the batch (unbiased), so a prompt that is
     nearly always right or wrong is not blown up. TRL ``scale_rewards="batch"``. (N,) → (N,)."""
     groups = _groups(scores, group_size)
-    centred = groups - groups.mean(dim=1, keepdim=True)
-    return (centred / (scores.std() + eps)).reshape(-1)
+    return (_centred(groups) / (scores.std() + eps)).reshape(-1)
 
 
 @REWARD_SCALES.register("none", "no std: the group-centred score (Dr. GRPO)")
@@ -139,7 +146,7 @@ def group_centred_advantages(scores: Tensor, group_size: int, eps: float = 1e-6)
     that are nearly always right or wrong). TRL ``scale_rewards="none"``. ``eps`` is unused (the
     table's signature). (N,) → (N,)."""
     groups = _groups(scores, group_size)
-    return (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+    return _centred(groups).reshape(-1)
 
 
 def rank_advantages(scores: Tensor, group_size: int) -> Tensor:
@@ -172,7 +179,8 @@ def rloo_advantages(scores: Tensor, group_size: int) -> Tensor:
     """REINFORCE leave-one-out (Ahmadian et al. 2024): ``s_i − mean_{j≠i} s_j``. (N,) → (N,)."""
     groups = _groups(scores, group_size)
     others_mean = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
-    return (groups - others_mean).reshape(-1)
+    constant = (groups == groups[:, :1]).all(dim=1, keepdim=True)  # exactly 0, as ``_centred``
+    return torch.where(constant, 0.0, groups - others_mean).reshape(-1)
 
 
 def remax_advantages(scores: Tensor, greedy_scores: Tensor) -> Tensor:
