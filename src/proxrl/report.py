@@ -38,6 +38,7 @@ from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.health import render_markdown as health_section
 from proxrl.runtime.health import trailing_mean
 from proxrl.runtime.metrics import METRICS_FILE, read_metrics
+from proxrl.runtime.run_dir import not_writable
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)
 PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -288,6 +289,16 @@ def write_report(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ProxrlError(f"{run_dir}: not a directory")
+    try:
+        return _write_report(run_dir, summary, samples)
+    except OSError as exc:  # a read-only run directory: one line, not a traceback
+        refused = not_writable(run_dir, exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _write_report(run_dir: Path, summary: dict[str, Any] | None, samples: int) -> Path:
     runs = find_runs(run_dir)
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)

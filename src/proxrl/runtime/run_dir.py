@@ -29,6 +29,7 @@ another command is refused (``runtime.resume.check_command``).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -297,7 +298,25 @@ def prepare_output_dir(
     return _make_run_dir(d, resume, overwrite, lock)
 
 
+def not_writable(path: str | Path, exc: OSError) -> ProxrlError | None:
+    """The one-line error for ``exc`` when it says ``path`` cannot be written (no permission,
+    a read-only file system, a full disk); None for another error."""
+    if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+        return None
+    return ProxrlError(f"cannot write in {path}: {exc.strerror}; choose a writable directory")
+
+
 def _make_run_dir(d: Path, resume: bool, overwrite: bool, lock: RunLock | None) -> Path:
+    try:
+        return _make_run_dir_unchecked(d, resume, overwrite, lock)
+    except OSError as exc:
+        refused = not_writable(d, exc)
+        if refused is None:
+            raise
+        raise refused from None
+
+
+def _make_run_dir_unchecked(d: Path, resume: bool, overwrite: bool, lock: RunLock | None) -> Path:
     if lock is not None:
         lock.acquire()  # creates d; refuses a directory a live run holds
         check_output_dir(d, resume, overwrite)  # as it is now that no other run can change it
