@@ -1,6 +1,7 @@
-"""How flags are read (runtime.config's own tokenizer, pydantic reads the values): numbers that
-start with ``-`` are values, a switch takes no ``=value`` when negated, several refusals report
-the one tyro reported first, and ``--help`` shows a config file's values as the defaults."""
+"""How flags are read (argparse splits them, pydantic reads the values): numbers that start with
+``-`` are values, a switch takes no ``=value`` when negated, of several refusals the command
+line's shape comes first (a flag without its value, then an unknown option) and then the values
+in command-line order, and ``--help`` shows a config file's values as the defaults."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def test_numbers_starting_with_a_minus_are_values():
     assert parse_config(Flags, ["--names", "-", "a"], "t").names == ("-", "a")
     with pytest.raises(ProxrlError, match=r"^--target needs a value \(float or None\)$"):
         parse_config(Flags, ["--target", "-x"], "t")
-    with pytest.raises(ProxrlError, match=r"^unexpected argument '-1'"):
-        parse_config(Flags, ["--resume", "-1"], "t")  # a switch takes no number
+    with pytest.raises(ProxrlError, match=r"^--resume expects true or false, found '-1'$"):
+        parse_config(Flags, ["--resume", "-1"], "t")  # a switch's value is a word
 
 
 def test_a_negated_switch_takes_no_value():
@@ -48,13 +49,14 @@ def test_a_negated_switch_takes_no_value():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--bogus", "--mode", "fats"], "--mode expects one of fast, slow, found 'fats'"),
+        (["--bogus", "--mode", "fats"], "unknown option --bogus"),
         (["--lr", "x", "--bogus"], "unknown option --bogus"),
-        (["--lr", "x", "--target"], "--target needs a value (float or None)"),
-        (["--mode", "fats", "--resume", "maybe"], "--resume expects true or false, found 'maybe'"),
+        (["--bogus", "--lr", "x", "--target"], "--target needs a value (float or None)"),
+        (["--mode", "fats", "--resume", "maybe"], "--mode expects one of fast, slow, found 'fats'"),
+        (["--resume", "maybe", "--mode", "fats"], "--resume expects true or false, found 'maybe'"),
     ],
 )
-def test_of_several_refusals_the_first_in_tyros_order_is_reported(argv, message):
+def test_of_several_refusals_the_shape_comes_first_then_the_values_in_order(argv, message):
     with pytest.raises(ProxrlError) as e:
         parse_config(Flags, argv, "t")
     assert str(e.value).startswith(message)
@@ -66,3 +68,20 @@ def test_help_shows_the_config_files_values_as_defaults(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         parse_config(Flags, ["--config", str(path), "--help", "--bogus"], "t")
     assert e.value.code == 0 and "0.25" in capsys.readouterr().out
+
+
+def test_spellings_mix_dashes_and_underscores_and_abbreviations_are_refused():
+    cfg = parse_config(
+        Flags, ["--output_dir", "a", "--no_progress", "--max-consecutive_skips=2"], "t"
+    )
+    assert (cfg.output_dir, cfg.progress, cfg.max_consecutive_skips) == ("a", False, 2)
+    with pytest.raises(
+        ProxrlError, match=r"^unknown option --output; did you mean --output-dir\?$"
+    ):
+        parse_config(Flags, ["--output", "a"], "t")  # argparse's prefix matching is off
+
+
+def test_help_wins_over_a_bad_value(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_config(Flags, ["--lr", "x", "--mode", "fats", "--help"], "t")
+    assert e.value.code == 0 and "Learning rate." in capsys.readouterr().out

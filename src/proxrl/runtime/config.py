@@ -1,38 +1,30 @@
 """Typed configs: a dataclass per command; ``[--config file.yaml] [--field value ...]`` replaces
-its defaults by the file's values, then the flags'. pydantic reads each value (a YAML one strictly:
-``1`` is no bool, ``"3"`` no int), ``cfg.validate()`` checks ranges and rules, tyro prints
-``--help`` from the fields' docstrings; a refusal is one ``ProxrlError`` line naming the field."""
+its defaults by the file's values, then the flags'. argparse splits the flags, pydantic reads each
+value (a YAML one strictly: ``1`` is no bool, ``"3"`` no int), ``cfg.validate()`` checks ranges
+and rules, tyro prints ``--help``; a refusal is one ``ProxrlError`` line naming the field."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import re
 import typing
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pydantic
 import tyro
 import yaml
 
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import (
-    FieldSpec,
-    Range,
-    check_ranges,
-    field_table,
-    optional_inner,
-    spellings,
-    type_name,
-)
-from proxrl.runtime.trackers import TrackerName, check_report_to
+from proxrl.runtime.fields import FieldSpec, field_table, optional_inner, type_name
+from proxrl.runtime.run_config import RunConfig  # noqa: F401  (its old home: callers import it)
 
 T = TypeVar("T")
-_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
-_NONE = {"none", "null", "~"}
 # A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_NEGATIVE = re.compile(r"^-(\.?\d|inf$|nan$)", re.I)  # a flag's value, not an option: -1e-3, -inf
 # Other libraries' names (TRL, CleanRL), suggested before the closest spelling (``lr`` is nearer
 # ``lora_r`` than ``learning_rate``), where the command has the field.
 KNOWN_SPELLINGS = dict(
@@ -43,45 +35,6 @@ KNOWN_SPELLINGS = dict(
 )  # fmt: skip
 
 
-@dataclasses.dataclass
-class RunConfig:
-    """Fields every trainer shares; algorithm configs subclass it."""
-
-    range_style: ClassVar[Literal["field", "flag"]] = "field"
-
-    output_dir: str = "runs/run"
-    """Directory for metrics, TensorBoard events, checkpoints and the summary."""
-    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 1
-    """Random seed for Python, NumPy, torch and the environments."""
-    resume: bool = False
-    """Continue the run in output_dir from its newest complete checkpoint."""
-    resume_with_changes: bool = False
-    """With --resume: continue even though options differ from the run's config.yaml (without
-    it such a resume is refused, naming the changed options)."""
-    overwrite: bool = False
-    """Delete a previous run in output_dir and start afresh."""
-    save_every: Annotated[int, Range(ge=0, style="flag")] = 0
-    """Save a checkpoint every this many iterations (0: only at the end)."""
-    keep_checkpoints: Annotated[int, Range(ge=1, style="flag")] = 3
-    """How many of the newest checkpoints to keep on disk."""
-    max_consecutive_skips: Annotated[int, Range(gt=0)] = 5
-    """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
-    progress: bool = True
-    """Show a progress bar on a terminal."""
-    report_to: tuple[TrackerName, ...] = ("tensorboard",)
-    """Trackers that also get every metric: tensorboard, wandb, mlflow, trackio (several), none."""
-
-    def validate(self) -> None:
-        """Raise ``ProxrlError`` for values no run can use."""
-        from proxrl.runtime.distributed import check_launch
-
-        if self.resume and self.overwrite:
-            raise ProxrlError("--resume and --overwrite exclude each other; pick one")
-        check_ranges(self)
-        check_launch()  # a launch that asked for several processes and got one
-        check_report_to(self.report_to)
-
-
 def _checked(tp: Any, value: Any, strict: bool, wrong: str, found: str | None = None) -> Any:
     """``value`` as pydantic reads it for ``tp``, or ``ProxrlError(wrong + found)`` (by default
     the offending item), with the closest choice of a ``Literal``."""
@@ -89,28 +42,30 @@ def _checked(tp: Any, value: Any, strict: bool, wrong: str, found: str | None = 
         return pydantic.TypeAdapter(tp).validate_python(value, strict=strict)
     except pydantic.ValidationError as e:
         bad = value if found else e.errors()[0]["input"]
-    choices = typing.get_args(optional_inner(tp)[1]) if _literal(tp) else ()
+    inner = optional_inner(tp)[1]
+    choices = typing.get_args(inner) if typing.get_origin(inner) is Literal else ()
     close = difflib.get_close_matches(str(bad), map(str, choices), 1)
     hint = f"; did you mean {close[0]}?" if close else ""
     raise ProxrlError(f"{wrong}, found {found or repr(bad)}{hint}")
 
 
-def _literal(tp: Any) -> bool:
-    return typing.get_origin(optional_inner(tp)[1]) is Literal
-
-
-def _listed(tp: Any) -> bool:
-    return typing.get_origin(optional_inner(tp)[1]) in (tuple, list)
-
-
-def _unknown(kind: str, name: str, valid: list[str], prefix: str = "") -> ProxrlError:
-    spelt = (lambda n: n.replace("_", "-")) if prefix else (lambda n: n)
+def _unknown(kind: str, name: str, cls: type, prefix: str = "") -> ProxrlError:
+    valid, spelt = list(_spellings(cls)), (lambda n: n.replace("_", "-") if prefix else n)
     known = KNOWN_SPELLINGS.get(name.replace("-", "_"))
     close = [known] if known in valid else difflib.get_close_matches(name, valid, 1, 0.5)
     shown = spelt(name)
     shown = shown if shown.isprintable() and shown and shown == shown.strip() else repr(shown)
     hint = f"; did you mean {prefix}{spelt(close[0])}?" if close else ""
     return ProxrlError(f"unknown {kind} {prefix}{shown}{hint}")
+
+
+def _spellings(cls: type) -> dict[str, str]:
+    """Every accepted snake_case spelling (names and aliases) → field name."""
+    return {s: name for name, f in field_table(cls).items() for s in (name, *f.aliases)}
+
+
+def _listed(tp: Any) -> bool:
+    return typing.get_origin(optional_inner(tp)[1]) in (tuple, list)
 
 
 def _read_yaml(path: Path) -> dict[Any, Any]:
@@ -133,11 +88,7 @@ def _read_yaml(path: Path) -> dict[Any, Any]:
     return raw or {}
 
 
-def _number(v: Any) -> Any:
-    return float(v) if isinstance(v, str) and _NUMBER.fullmatch(v.strip()) else v
-
-
-def _yaml_value(name: str, tp: Any, value: Any) -> Any:
+def _yaml_value(wrong: str, tp: Any, value: Any) -> Any:
     """A value checked strictly; the only conversions: int → float, a number written ``1e-4``
     (a string to YAML 1.1) in a float field → float, one value → a one-item list."""
     listed, inner, written = _listed(tp), optional_inner(tp)[1], value
@@ -146,46 +97,44 @@ def _yaml_value(name: str, tp: Any, value: Any) -> Any:
         value = kind(value) if isinstance(value, (list, tuple)) else kind([value])
     if (typing.get_args(inner)[0] if listed else inner) is float:
         value = kind(map(_number, value)) if listed and value is not None else _number(value)
-    found = repr(written) if _literal(tp) else f"{type(written).__name__} {written!r}"
+    found = repr(written) if typing.get_origin(inner) is Literal else None
     found = f"list {list(written)!r}" if isinstance(written, tuple) else found
-    return _checked(tp, value, True, f"field {name} expects {type_name(tp)}", found)
+    return _checked(tp, value, True, wrong, found or f"{type(written).__name__} {written!r}")
 
 
-def _mapping_values(cls: type, mapping: dict, where: str, skip: frozenset, lenient=False) -> dict:
-    """Field → checked value of ``mapping`` (dashes and aliases accepted), ``skip`` fields left
-    out; ``lenient``: a key that is no field (an option a newer proxrl renamed) is passed over."""
-    table, names, values = field_table(cls), spellings(cls), {}
-    for key, value in mapping.items():
-        name = names.get(str(key).replace("-", "_"))
-        try:
-            if name is None and not lenient:
-                raise _unknown("key", str(key), list(names))
-            if name is not None and name not in skip:
-                values[name] = _yaml_value(name, table[name].type, value)
-        except ProxrlError as e:
-            raise ProxrlError(f"{where}: {e}") from None
-    return values
+def _number(v: Any) -> Any:
+    return float(v) if isinstance(v, str) and _NUMBER.fullmatch(v.strip()) else v
 
 
 def file_values(cls: type, path: str | Path, given: frozenset[str], lenient=False) -> dict:
     """Field → checked value of the YAML file at ``path``; the ``given`` fields (set elsewhere,
-    so a bad value there is no error) left out."""
+    so a bad value there is no error) left out; ``lenient``: a key that is no field (an option a
+    newer proxrl renamed) is passed over."""
     return _mapping_values(cls, _read_yaml(Path(path)), f"config file {path}", given, lenient)
 
 
-def load_config_file(cls: type[T], path: str | Path, validate=True, overridden=frozenset()) -> T:
+def _mapping_values(cls: type, mapping: dict, where: str, skip=frozenset(), lenient=False) -> dict:
+    """Field → checked value of ``mapping`` (dashes and aliases accepted), ``skip`` fields out."""
+    names, values = _spellings(cls), {}
+    for key, value in mapping.items():
+        name = names.get(str(key).replace("-", "_"))
+        if name is None and not lenient:
+            raise ProxrlError(f"{where}: {_unknown('key', str(key), cls)}")
+        if name is not None and name not in skip:
+            tp = field_table(cls)[name].type
+            values[name] = _yaml_value(f"{where}: field {name} expects {type_name(tp)}", tp, value)
+    return values
+
+
+def load_config_file(cls: type[T], path: str | Path, validate=True) -> T:
     """``cls`` from a YAML file of field: value (the others keep their defaults)."""
-    return config_from_mapping(
-        cls, _read_yaml(Path(path)), f"config file {path}", validate, overridden
-    )
+    return config_from_mapping(cls, _read_yaml(Path(path)), f"config file {path}", validate)
 
 
-def config_from_mapping(
-    cls: type[T], mapping: dict, where: str, validate=True, overridden=frozenset(), base=None
-) -> T:
+def config_from_mapping(cls: type[T], mapping: dict, where: str, validate=True, base=None) -> T:
     """``cls`` (or ``base`` with these fields replaced) from a mapping of field → value, with a
     YAML file's checks; a refusal is one line starting with ``where``."""
-    values = _mapping_values(cls, mapping, where, overridden)
+    values = _mapping_values(cls, mapping, where)
     cfg = cls(**values) if base is None else dataclasses.replace(base, **values)
     if validate and callable(getattr(cfg, "validate", None)):
         cfg.validate()
@@ -209,98 +158,79 @@ def saved_run_values(cls: type, resume: bool, output_dir: Any, given: frozenset[
     from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
 
     path = Path(str(output_dir)) / getattr(cls, "saved_config_file", CONFIG_FILE)
-    return (
-        file_values(cls, path, given | SESSION_OPTIONS, True) if resume and path.is_file() else {}
-    )
+    ok = resume and path.is_file()
+    return file_values(cls, path, given | SESSION_OPTIONS, True) if ok else {}
 
 
-def _flag_value(flag: str, f: FieldSpec, texts: list[str]) -> Any:
-    """A flag's texts as its field's value: a switch's true/false word, ``none`` for an
-    optional field, else pydantic's reading of the text (of each item for a list)."""
-    optional, inner = optional_inner(f.type)
-    words = [t.lower() for t in texts]
-    if (f.switch or inner is bool) and words[:1] and words[0] in _TRUE | _FALSE:
-        return words[0] in _TRUE
-    if f.switch and words:
-        raise ProxrlError(f"{flag} expects true or false, found {texts[0]!r}")
-    if f.switch or (optional and words and words[0] in _NONE and len(words) == 1):
-        return True if f.switch else None
-    if not texts and not _listed(f.type):
-        raise ProxrlError(f"{flag} needs a value ({type_name(f.type)})")
-    value = texts if _listed(f.type) else texts[0]
-    return _checked(f.type, value, False, f"{flag} expects {type_name(f.type)}")
+class _Flags(argparse.ArgumentParser):
+    """A config's flags as texts: ``--name v`` (a list ``--name v w``), a switch ``--name
+    [true|false]`` or ``--no-name``, aliases, positional fields; a refusal raises."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__(add_help=False, allow_abbrev=False, exit_on_error=False)
+        self.argument_default, self._negative_number_matcher = argparse.SUPPRESS, _NEGATIVE
+        self.add_argument("--config")
+        for name, f in field_table(cls).items():
+            flags = ["--" + n.replace("_", "-") for n in (name, *f.aliases)]
+            nargs = "*" if _listed(f.type) else "?" if f.switch or f.positional else None
+            dest = {} if f.positional else {"dest": name}
+            self.add_argument(*([name] if f.positional else flags), nargs=nargs, **dest)
+            if f.switch:
+                nos = ["--no-" + s[2:] for s in flags]
+                self.add_argument(*nos, dest=name, action="store_const", const="false")
 
 
-def _split_argv(cls: type, argv: list[str]) -> tuple[str | None, dict, list[str]]:
-    """``--config``'s path, field → the texts after its flag (``--no-x``: ``false``), and the
-    problems, in order; a token no flag takes fills the next positional field."""
-    table, names = field_table(cls), spellings(cls)
-    positional = [n for n, f in table.items() if f.positional]
-    path, texts, problems, i = None, {}, [], 0
-    while i < len(argv):
-        arg, i = argv[i], i + 1
-        key, eq, inline = arg[2:].partition("=")
-        name = key.replace("-", "_")
-        field, off = names.get(name), names.get(name[3:]) if name.startswith("no_") else None
-        if arg == "--config" and i == len(argv):
-            raise ProxrlError("--config needs a file path")
-        if arg == "--config" or arg.startswith("--config="):
-            path, i = (inline, i) if eq else (argv[i], i + 1)
-        elif not _flag_like(arg, False) and positional:
-            texts[positional.pop(0)] = [arg]
-        elif not arg.startswith("--"):
-            problems.append(f"unexpected argument {arg!r}; options look like --name value")
-        elif field is None and off is not None and table[off].switch:
-            texts[off] = ["false"]
-            problems += [f"--{key} takes no value, found {inline!r}"] if eq else []
-        elif field is None and arg != "--":
-            problems.append(str(_unknown("option", name, list(names), "--")))
-        elif field is not None:  # a list takes each value up to the next flag
-            taken, many, switch = (
-                [inline] if eq else [],
-                _listed(table[field].type),
-                table[field].switch,
-            )
-            while (
-                not eq and i < len(argv) and (many or not taken) and not _flag_like(argv[i], switch)
-            ):
-                taken, i = [*taken, argv[i]], i + 1
-            texts[field] = taken
-    return path, texts, problems
-
-
-def _flag_like(arg: str, switch: bool) -> bool:
-    """Not a value: ``-x`` (a number such as ``-1`` or ``-inf`` is one, but not for a switch)."""
-    number = _NUMBER.fullmatch(arg) or arg.lower() in ("-inf", "-nan")
-    return arg.startswith("-") and arg != "-" and (switch or not number)
+def _flag_value(name: str, f: FieldSpec, given: str | list[str] | None) -> Any:
+    """A flag's text(s) as its field's value: a switch's word, ``none`` for an optional field,
+    else pydantic's reading of the text (of each item for a list)."""
+    flag = "--" + name.replace("_", "-")
+    if f.switch:
+        return _checked(
+            bool, "true" if given is None else given, False, f"{flag} expects true or false"
+        )
+    if optional_inner(f.type)[0] and str(given).lower() in ("none", "null", "~"):
+        return None
+    return _checked(f.type, given, False, f"{flag} expects {type_name(f.type)}")
 
 
 def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
     """Parse ``[--config file.yaml] [--field value ...]`` into a validated ``cls``; with
     ``--resume``, the run's saved config (``saved_run_values``) is the starting point.
     ``--help`` prints every field with its docstring and exits 0 (``SystemExit``)."""
-    table, args = field_table(cls), [a for a in argv or [] if a not in ("-h", "--help")]
-    path, texts, problems = _split_argv(cls, args)
+    table, argv = field_table(cls), list(argv or [])
+    args = [a for a in argv if a not in ("-h", "--help")]
+    dashed = [re.sub(r"^(--[^=]*)", lambda m: m[1].replace("_", "-"), a) for a in args]
+    try:
+        texts, extras = _Flags(cls).parse_known_args(dashed)
+    except argparse.ArgumentError as e:
+        flag = (e.argument_name or "").split("/")[0]
+        tp = field_table(cls).get(flag[2:].replace("-", "_"))
+        need = f"a value ({type_name(tp.type)})" if tp else "a file path"
+        why = e.message.replace("ignored explicit argument", f"{flag} takes no value, found")
+        raise ProxrlError(f"{flag} needs {need}" if why.startswith("expected") else why) from None
+    texts = vars(texts)
+    path = texts.pop("config", None)
     values = file_values(cls, path, frozenset(texts)) if path else {}
-    flags, ranked = {}, [(3, p) for p in problems]
+    flags, bad = {}, []
     for n, t in texts.items():
         try:
-            flags[n] = _flag_value("--" + n.replace("_", "-"), table[n], t)
-        except ProxrlError as e:  # in tyro's order: switch; choice or no value; unknown; type
-            f, inner = table[n], optional_inner(table[n].type)[1]
-            choice = "one of" in type_name(f.type) or inner is bool or not (t or _listed(f.type))
-            ranked.append((0 if f.switch else 1 if choice else 4, str(e)))
+            flags[n] = _flag_value(n, table[n], t)
+        except ProxrlError as e:
+            bad.append(e)
     saved: dict[str, Any] = {}
     if {"resume", "output_dir"} <= table.keys():
         setting = {**{n: getattr(cls, n, None) for n in table}, **values, **flags}.get
         saved = saved_run_values(cls, setting("resume"), setting("output_dir"), frozenset(texts))
     missing = [n.upper() for n, f in table.items() if f.required and n not in values | flags]
-    if len(args) < len(argv or []):
+    if len(args) < len(argv):
         default = tyro.MISSING_NONPROP if missing else cls(**(saved | values))
         tyro.cli(cls, args=["--help"], default=default, prog=prog)
-    ranked += [(2, f"missing {', '.join(missing)}")] if missing else []
-    if ranked:
-        raise ProxrlError(min(ranked, key=lambda r: r[0])[1])
+    for arg in (a for a in extras if a != "--"):
+        if arg.startswith("--"):
+            raise _unknown("option", arg[2:].partition("=")[0].replace("-", "_"), cls, "--")
+        raise ProxrlError(f"unexpected argument {arg!r}; options look like --name value")
+    if missing or bad:
+        raise ProxrlError(f"missing {', '.join(missing)}") if missing else bad[0]
     cfg = cls(**(saved | values | flags))
     if callable(getattr(cfg, "validate", None)):
         cfg.validate()

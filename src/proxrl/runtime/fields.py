@@ -32,18 +32,6 @@ class Range:
     lt: float | None = None
     style: Literal["field", "flag"] | None = None
 
-    @functools.cached_property
-    def _adapter(self) -> pydantic.TypeAdapter[float]:
-        bounds = pydantic.Field(gt=self.gt, ge=self.ge, lt=self.lt, le=self.le, allow_inf_nan=False)
-        return pydantic.TypeAdapter(Annotated[float, bounds])
-
-    def holds(self, value: float) -> bool:
-        try:
-            self._adapter.validate_python(value, strict=True)
-            return True
-        except pydantic.ValidationError:
-            return False
-
     def message(self, name: str, value: Any, style: str, integer: bool) -> str:
         """``name: expected >= 1, got 0`` / ``name: expected in [0, 1), got 1.5`` (an int's
         ``> k`` reads ``>= k + 1``); the "flag" style of docs/errors.md: ``--name must be > 0,
@@ -56,7 +44,7 @@ class Range:
         if not (low or high) or not math.isfinite(value):
             return f"{who}{' be' * flag} a finite number, got {value}"
         if low and high:
-            span = f"{'[('[low[0][0] == '>']}{_num(low[0][1])}, {_num(high[0][1])}"
+            span = "[("[low[0][0] == ">"] + f"{_num(low[0][1])}, {_num(high[0][1])}"
             span += "])"[high[0][0] == "<"]
             return f"{who} lie in {span}" if flag else f"{who} in {span}, got {value}"
         return f"{who}{' be' * flag} {(low or high)[0][0]} {_num((low or high)[0][1])}, got {value}"
@@ -64,6 +52,13 @@ class Range:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@functools.cache
+def _bounds(r: Range) -> pydantic.TypeAdapter[float]:
+    return pydantic.TypeAdapter(
+        Annotated[float, pydantic.Field(gt=r.gt, ge=r.ge, lt=r.lt, le=r.le, allow_inf_nan=False)]
+    )
 
 
 class FieldSpec(NamedTuple):
@@ -79,31 +74,22 @@ class FieldSpec(NamedTuple):
 def field_table(config_cls: Any) -> dict[str, FieldSpec]:
     """Field name → its type, range and aliases. A subclass that only changes a field's default
     keeps the range a base class declared."""
-    if not dataclasses.is_dataclass(config_cls):
-        raise TypeError(f"{config_cls!r} is not a dataclass")
-    hints = [typing.get_type_hints(b, include_extras=True) for b in reversed(config_cls.__mro__)]  # type: ignore[union-attr]
+    hints = [typing.get_type_hints(b, include_extras=True) for b in reversed(config_cls.__mro__)]
     table = {}
     for f in (f for f in dataclasses.fields(config_cls) if f.init):
         hint = hints[-1][f.name]
         tp, *extras = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
-        ranges = [m for h in hints for m in getattr(h.get(f.name), "__metadata__", ())]
-        names = [
-            a.lstrip("-").replace("-", "_") for m in extras for a in getattr(m, "aliases", 0) or ()
-        ]
+        metadata = [m for h in hints for m in getattr(h.get(f.name), "__metadata__", ())]
+        names = [a[2:].replace("-", "_") for m in extras for a in getattr(m, "aliases", 0) or ()]
         table[f.name] = FieldSpec(
             tp,
-            ([None] + [m for m in ranges if isinstance(m, Range)])[-1],
+            ([None] + [m for m in metadata if isinstance(m, Range)])[-1],
             tuple(names),
             tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras),
             tyro.conf.Positional in extras,
             f.default is f.default_factory is dataclasses.MISSING,
         )
     return table
-
-
-def spellings(config_cls: Any) -> dict[str, str]:
-    """Every accepted snake_case spelling (names and aliases) → field name."""
-    return {s: name for name, f in field_table(config_cls).items() for s in (name, *f.aliases)}
 
 
 def check_ranges(cfg: Any) -> None:
@@ -113,10 +99,12 @@ def check_ranges(cfg: Any) -> None:
         listed = typing.get_origin(inner) in (tuple, list)
         items = [] if value is None or isinstance(value, bool) else value if listed else [value]
         for item in items if f.range else ():
-            if not f.range.holds(item):
+            try:
+                _bounds(f.range).validate_python(item, strict=True)
+            except pydantic.ValidationError:
                 style = f.range.style or getattr(cfg, "range_style", "field")
                 is_int = (typing.get_args(inner)[0] if listed else inner) is int
-                raise ProxrlError(f.range.message(name, item, style, is_int))
+                raise ProxrlError(f.range.message(name, item, style, is_int)) from None
 
 
 def optional_inner(tp: Any) -> tuple[bool, Any]:
