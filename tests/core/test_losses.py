@@ -141,6 +141,62 @@ def test_value_loss_by_hand():
     close(values.grad, [[0.0, 0.5]])  # d/dV₁ of ½·½(V₁ − 1)² = ½(V₁ − 1) = 0.5
 
 
+def test_value_loss_clips_below_by_hand():
+    """The lower bound: V = (−1, 0.1), V_old = (0, 0), R = (−2, 0), c = 0.2. Clipped V =
+    (max(−1, −0.2), 0.1) = (−0.2, 0.1): squares (3.24, 0.01) against (1, 0.01); the max
+    (3.24, 0.01), ½·mean = 0.8125. The first token's clipped branch is active (∂/∂V₀ = 0), the
+    second is not clipped (|0.1| < c): ∂/∂V₁ = ½·(V₁ − R₁) = 0.05, and clipfrac ½."""
+    values = t([[-1.0, 0.1]]).requires_grad_(True)
+    loss, stats = value_loss(values, t([[0.0, 0.0]]), t([[-2.0, 0.0]]), t([[1, 1]]), clip=0.2)
+    loss.backward()
+    close(loss, 0.8125)
+    close(stats["value_clipfrac"], 0.5)
+    close(values.grad, [[0.0, 0.05]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_value_clipfrac_counts_no_round_off(dtype):
+    """Nothing clipped (|V − V_old| < c everywhere): the clipped fraction is exactly 0, and the
+    loss and gradient are bit for bit those of the unclipped loss. The form
+    ``V_old + clamp(V − V_old, −c, c)`` differs from V by round-off, which counted ~10% of
+    float32 tokens (11% in bf16) as clipped."""
+    g = torch.Generator().manual_seed(0)
+    old = (0.1 * torch.randn(64, 32, generator=g)).to(dtype)
+    moved = old.float() + 0.38 * torch.rand(64, 32, generator=g) - 0.19  # |V − V_old| < c
+    values = moved.to(dtype).requires_grad_(True)
+    # returns near V (a critic that fits): the comparison that counts a token is sensitive
+    returns = (values.detach().float() + 1e-3 * torch.randn(64, 32, generator=g)).to(dtype)
+    mask = torch.ones(64, 32, dtype=dtype)
+    assert ((values - old).abs() < 0.2).all()
+    loss, stats = value_loss(values, old, returns, mask, clip=0.2)
+    assert stats["value_clipfrac"].item() == 0.0
+    (grad,) = torch.autograd.grad(loss, values)
+    plain = value_loss(values, old, returns, mask)[0]
+    (plain_grad,) = torch.autograd.grad(plain, values)
+    assert torch.equal(loss, plain) and torch.equal(grad, plain_grad)
+
+
+def test_value_loss_clamp_equals_the_baselines_form():
+    """float64, random inputs with clipping on both sides: the loss and gradient of
+    ``clamp(V, V_old − c, V_old + c)`` equal those of baselines' ``V_old + clamp(V − V_old, −c,
+    c)`` to round-off (the two differ only in how an unclipped V is rounded)."""
+    g = torch.Generator().manual_seed(1)
+    old = torch.randn(16, 8, generator=g, dtype=torch.float64)
+    values = (old + torch.randn(16, 8, generator=g, dtype=torch.float64)).requires_grad_(True)
+    returns = torch.randn(16, 8, generator=g, dtype=torch.float64)
+    mask = (torch.rand(16, 8, generator=g) < 0.8).double()
+    c = 0.3
+    loss, stats = value_loss(values, old, returns, mask, clip=c)
+    (grad,) = torch.autograd.grad(loss, values)
+    baseline_values = old + torch.clamp(values - old, -c, c)
+    expected = 0.5 * torch.maximum((values - returns) ** 2, (baseline_values - returns) ** 2)
+    expected = (expected * mask).sum() / mask.sum()
+    (expected_grad,) = torch.autograd.grad(expected, values)
+    close(loss, expected)
+    close(grad, expected_grad)
+    assert 0.2 < stats["value_clipfrac"].item() < 0.8  # both branches occur
+
+
 def test_entropy_bonus_by_hand():
     """Mean entropy over valid tokens (1 + 2)/2 = 1.5; the bonus loss is its negative."""
     loss, stats = entropy_bonus(t([[1.0, 2.0, 3.0]]), t([[1, 1, 0]]))

@@ -60,16 +60,23 @@ def timed(timings: dict[str, float], key: str) -> Iterator[None]:
 class OldPolicySource:
     """Where the rollout's log π_old comes from."""
 
-    from_sampler: bool  # the sampler's log-probs stand in for π_old (no forward pass)
+    from_sampler: bool  # the sampler's log-probs stand in for π_old (no pass for them)
     correct: bool  # a rollout correction: the pass gives π_old, the sampler's give the weights
     forward_pass: bool  # the rollout runs its own pass (else, without from_sampler, the update)
 
     @classmethod
     def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> OldPolicySource:
+        """A value head reads the pass's hidden state, so the pass runs anyway, and with
+        sampler_logprobs alone its log-probs are π_old: the same weights sampled. Not under
+        async_rollout: the batch was sampled by the policy one or more versions back, and the
+        pass would give the current policy's, leaving the lag uncorrected. π_old is then the
+        engine's (the behaviour policy's), as without a value head; the pass gives V_old."""
         correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
+        behind = cfg.async_rollout  # the samples may lag the policy they train
         return cls(
-            # a value head reads the pass's hidden state
-            from_sampler=cfg.sampler_logprobs and not critic.needs_hidden and not correct,
+            from_sampler=cfg.sampler_logprobs
+            and (behind or not critic.needs_hidden)
+            and not correct,
             correct=correct,
             forward_pass=old_logprobs_pass(cfg, algo, critic),
         )
@@ -392,20 +399,22 @@ def micro_batch_passes(
             if samples.entropy is not None
             else torch.full_like(out["logprobs"], float("nan"))
         )
-    elif source.forward_pass:
+    # (with the sampler's π_old a value head still needs the pass's hidden state)
+    if source.forward_pass and (not source.from_sampler or critic.needs_hidden):
         policy = policy_forward(
             actor,
             input_ids,
             attention_mask,
             P,
             cfg.temperature,
-            with_entropy=True,
+            with_entropy=not source.from_sampler,
             with_hidden=critic.needs_hidden,
             **settings.truncation,
             packed=packed,
         )
-        out["logprobs"] = at_least_float32(policy.logprobs)
-        out["entropy"] = at_least_float32(policy.entropy)  # type: ignore[arg-type]
+        if not source.from_sampler:
+            out["logprobs"] = at_least_float32(policy.logprobs)
+            out["entropy"] = at_least_float32(policy.entropy)  # type: ignore[arg-type]
         hidden = policy.hidden
     if not models.tracks_kl:  # β ≡ 0: π_ref would only be logged; KL reads 0 everywhere
         if "logprobs" in out:  # (without the pass π_ref stays empty too: nothing reads it)

@@ -48,7 +48,11 @@ def train_online(
 ) -> dict[str, float]:
     """Run ``cfg.iterations`` of the online loop for ``algo``; ``placement`` says where the
     roles live (default: this process, or Ray's actors with ``placement: ray``)."""
-    # 1. Everything the user handed us is checked before the output directory is touched.
+    # 1. Everything the user handed us is checked before the output directory is touched: the
+    # config (as the CLI and the Python API do; a module-level grpo.train / ppo.train skipped
+    # it, and ran transformers' generate for a sampler vllm with stop_strings), then the run.
+    if placement is None:  # (the trainer actors of placement ray run a validated config)
+        cfg.validate()
     check_run(cfg)
     if placement is None and cfg.placement == "ray":  # the loop runs again in trainer actors
         from proxrl.algos.online.placement.ray_run import train_on_ray
@@ -62,7 +66,10 @@ def train_online(
     end = run.start if run.held_out is not None and run.held_out.stopped else cfg.iterations
     # 3. Iterate; a stop signal ends an iteration with a checkpoint.
     stop = placement.stop()
-    with run.context.running(cfg.iterations, algo.name, run.start, stop) as context:
+    # An exception mid-run saves the last finished iteration (runtime.run: save_on_error).
+    with run.context.running(
+        cfg.iterations, algo.name, run.start, stop, save_on_error=run.context.save_finished
+    ) as context:
         for iteration in range(run.start, end):
             row, stop_early = run_iteration(run, iteration, health)
             score, kl = row["objective/scores"], row.get("objective/kl", 0.0)
@@ -72,6 +79,8 @@ def train_online(
             if save_due(cfg, iteration + 1) and not stop_early:
                 run.save(iteration + 1)
             done = iteration + 1
+            # the state is consistent: what a save on an exception writes (the data position)
+            context.finished(done, iteration=done, extra_rounds=run.extra_rounds)
             if stop_early:
                 break
     # 4. Final checkpoint and the policy (and critic) for transformers.
@@ -108,6 +117,9 @@ def run_iteration(
     timings |= run.engine.after_update(models.actor, iteration + 1)
     # 4. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
     update_controllers(run, row, stats, rollout_ok, train_policy, iteration)
+    if train_policy and rollout_ok:
+        empty = stats.get("skipped_steps", 0.0) > 0 and not stats.get("steps", 0.0)
+        warn_if_mostly_empty(run, iteration, empty)
     # 5. Metrics, samples.
     if rollout_ok:
         row.update(models.critic.rollout_metrics(experience))
@@ -213,6 +225,32 @@ def update_controllers(
     reset = cfg.ref_reset_every and (iteration + 1) % cfg.ref_reset_every == 0
     if reset and models.reference is not None:
         models.reference.load_state_dict(dist.full_state(models.actor.state_dict()))
+
+
+EMPTY_WARNING_AFTER = 3
+"""Iterations of policy training before ``warn_if_mostly_empty`` may warn."""
+
+
+def warn_if_mostly_empty(run: OnlineRun, iteration: int, empty: bool) -> None:
+    """Count the iterations whose update took no policy step (every group's scores equal, or
+    an exactly zero gradient: ``update.has_gradient``), and warn once, when most of those so
+    far (at least ``EMPTY_WARNING_AFTER``) were empty, that the policy is not learning."""
+    run.policy_iterations += 1
+    run.empty_iterations += empty
+    empty, total = run.empty_iterations, run.policy_iterations
+    if run.warned_empty or total < EMPTY_WARNING_AFTER or 2 * empty <= total:
+        return
+    run.warned_empty = True
+    if dist.is_main():
+        log.warning(
+            "iteration %d: %d of %d iterations so far took no policy step (every group's "
+            "scores equal: a zero gradient, see policy/skipped_steps); the policy learns "
+            "nothing from them: try dynamic_sampling: true, a larger group_size or a higher "
+            "temperature",
+            iteration + 1,
+            empty,
+            total,
+        )
 
 
 def save_due(cfg: OnlineConfig, done: int) -> bool:

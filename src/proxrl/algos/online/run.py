@@ -79,6 +79,9 @@ class OnlineRun:
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
     last: dict[str, float] = field(default_factory=dict)  # the latest metrics row
+    policy_iterations: int = 0  # iterations of this process that trained the policy
+    empty_iterations: int = 0  # … of which no update step moved it (a zero gradient)
+    warned_empty: bool = False  # loop.warn_if_mostly_empty has warned
 
     @property
     def guard(self) -> NonFiniteGuard:

@@ -58,7 +58,14 @@ generate's text matching."""
 
 
 def make_engine(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
-    """The engine ``cfg.sampler`` names (``hf`` with stop strings)."""
+    """The engine ``cfg.sampler`` names (``hf`` for ``cached`` with stop strings: the same
+    transformers policy in this process, generate matching the text, as the option says).
+    vLLM with stop strings is refused, never replaced: no path runs another engine than the
+    one asked for (the config's validation refuses it first; this holds where it was skipped)."""
+    if cfg.sampler == "vllm" and cfg.stop_strings:
+        raise ProxrlError(
+            "stop_strings: sampler vllm sees token ids only; use sampler hf, or drop stop_strings"
+        )
     return ENGINES["hf" if cfg.stop_strings else cfg.sampler](cfg, tokenizer)
 
 

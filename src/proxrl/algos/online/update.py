@@ -1,6 +1,7 @@
 """The update stage of the online loop: epochs × shuffled minibatches × micro-batches of the
 algorithm's policy loss, the KL and entropy terms, and the critic's value loss, with a guard
-that skips any optimizer step whose loss, statistics or gradient is not finite."""
+that skips any optimizer step whose loss, statistics or gradient is not finite, and no step for
+an optimizer whose gradient is exactly zero (``clipped_step``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from proxrl.rollout.packing import micro_batch_plan
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.fsdp import is_dtensor
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
 
 log = logging.getLogger(__name__)
@@ -84,8 +86,11 @@ def update(
     guard: NonFiniteGuard,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
-    loss or gradient is not finite is skipped by ``guard``. Returns the mean of each stat over
-    the steps taken.
+    loss or gradient is not finite is skipped by ``guard``, and an optimizer whose gradient is
+    exactly zero does not step (``clipped_step``). Returns the mean of each stat over the steps
+    past the guard, ``steps``: those in which the policy's optimizer (the first) stepped, and
+    ``skipped_steps``: those in which it did not, its gradient being exactly zero (0 while the
+    critic warms up alone: the policy is not trained then).
 
     Several processes: every rank holds the whole (gathered) rollout and draws the same
     minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
@@ -103,7 +108,7 @@ def update(
     losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], step)
     optimization = Optimization.of(models, optimizers)
     totals: dict[str, float] = defaultdict(float)
-    steps = 0
+    measured = taken = 0  # steps past the guard; those in which the policy's optimizer stepped
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
         for minibatch in torch.randperm(len(experience), generator=generator).split(
@@ -112,16 +117,19 @@ def update(
             stats = optimizer_step(losses, experience, minibatch, optimization, guard, record)
             if stats is None:
                 continue
-            steps += 1
+            measured += 1
+            taken += int(stats.pop(POLICY_STEPPED))
             for key, value in stats.items():
                 totals[key] += value
             epoch_kl.append(stats.get("approx_kl", 0.0))
         if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
             totals["early_stopped"] = 1.0
             break
-    stats_out = {k: v / max(steps, 1) for k, v in totals.items() if k != "early_stopped"}
+    stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k != "early_stopped"}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
-    stats_out["steps"] = float(steps)
+    stats_out["steps"] = float(taken)
+    # a policy trained this iteration whose gradient was exactly zero (no informative group)
+    stats_out["skipped_steps"] = float(measured - taken) if step.train_policy else 0.0
     if record is not None:
         stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
     return stats_out
@@ -229,9 +237,50 @@ def clipped_step(
         return None
     step_stats["grad_norm"] = grad_norm
     losses.models.critic.clip(coefficient)
-    for opt in optimization.optimizers:
-        opt.step()
+    stepped = [has_gradient(opt, elsewhere) for opt in optimization.optimizers]
+    for opt, moves in zip(optimization.optimizers, stepped, strict=True):
+        if moves:
+            opt.step()
+    step_stats[POLICY_STEPPED] = float(bool(stepped) and stepped[0])
     return dict(step_stats)
+
+
+POLICY_STEPPED = "_policy_stepped"
+"""The stat by which ``clipped_step`` tells ``update`` whether the policy's optimizer stepped."""
+
+
+def has_gradient(optimizer: torch.optim.Optimizer, elsewhere: CriticGradient | None) -> bool:
+    """Whether ``optimizer`` is to step: some gradient of its parameters is not exactly zero.
+
+    An optimizer whose parameters' gradients are all exactly zero or None does not step, so
+    neither its weights nor its state move: AdamW (weight decay 0 included) would still move
+    every weight by its first moment ``lr · m̂ / (√v̂ + ε)`` (the size of a real step, whatever
+    the gradient's), decay both moments and count the step in its bias correction. An update
+    with no informative group (every group's scores equal: every advantage 0, no KL or entropy
+    term in the loss) has an exactly zero policy gradient; stepping on it is a random walk on
+    the moments of earlier steps (issue 40: KL to the start 0.4 → 16 over 60 such iterations).
+
+    The decision is per optimizer: under PPO a zero policy gradient may come with a non-zero
+    value-loss gradient, and the critic's optimizer (the value head's, or a separate critic's)
+    steps then while the policy's does not. With a value head the value loss's gradient also
+    reaches the backbone, so the policy's optimizer steps on it, as it always did. A KL or
+    entropy term in the loss gives the policy a non-zero gradient, and it steps on that.
+
+    The learning-rate schedule is not moved by a step: the loop sets every rate from the
+    iteration number (``runtime.lr_schedule``, ``Run.learning_rate(iteration)``), so a skipped
+    step shifts no later rate.
+
+    An optimizer with no parameters here (placement ray's ``RemoteOptimizer``: the critic in its
+    own process) steps when that critic's reported gradient norm (``elsewhere``) is not 0.
+    Under FSDP each rank holds a shard of the gradient: the ranks agree (any rank's non-zero
+    shard steps every rank); under DDP the gradients are already summed over ranks."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params:
+        return elsewhere is not None and elsewhere.norm != 0.0
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if is_dtensor(g) else g for g in grads]
+    nonzero = bool(torch.stack([g.ne(0).any() for g in local]).any()) if local else False
+    return dist.any_rank(nonzero) if dist.is_sharded() else nonzero
 
 
 def _units(cfg: OnlineConfig, experience: Experience, rows: Tensor) -> float:
@@ -367,4 +416,5 @@ NAMESPACES = {
     "grad_norm": "policy/grad_norm",
     "early_stopped": "policy/early_stopped",
     "steps": "policy/optimizer_steps",
+    "skipped_steps": "policy/skipped_steps",
 }
