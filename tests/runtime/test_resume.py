@@ -82,6 +82,18 @@ def test_the_vllm_memory_share_may_change_on_resume_and_the_sampler_may_not(tmp_
         check_resume(dataclasses.replace(resumed, sampler="cached"))
 
 
+def test_the_ray_cluster_address_may_change_on_resume(tmp_path):
+    """A cluster address belongs to the invocation: a run started on one Ray cluster resumes on
+    another (issue 40: --ray-address was refused as a changed option)."""
+    from proxrl.algos.online.config import OnlineConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = OnlineConfig(output_dir=str(run), placement="ray", ray_address="10.0.0.1:6379")
+    save_config_file(cfg, run / "config.yaml")
+    assert check_resume(dataclasses.replace(cfg, resume=True, ray_address="10.0.0.2:6379")) == {}
+
+
 def test_nothing_to_compare_without_resume_or_without_a_saved_config(tmp_path):
     cfg = _run(tmp_path)
     assert check_resume(dataclasses.replace(cfg, resume=False, seed=9)) == {}

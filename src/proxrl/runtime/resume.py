@@ -73,6 +73,8 @@ RESUME_FREE = SESSION_OPTIONS | frozenset(
         # The engine's memory budget, the first thing to lower after it ran out of memory; it
         # bounds how many sequences decode at once, not what any of them decodes.
         "vllm_gpu_memory_utilization",
+        # placement ray: which cluster the invocation joins (a resumed run may run on another)
+        "ray_address",
     }
 )
 

@@ -23,7 +23,12 @@ from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement.ray_group import answer, join_paths
-from proxrl.algos.online.placement.ray_weights import Layout, ObjectStoreWeights, WeightReceiver
+from proxrl.algos.online.placement.ray_weights import (
+    Layout,
+    ObjectStoreWeights,
+    ProcessGroupWeights,
+    WeightReceiver,
+)
 from proxrl.algos.online.roles import load_rewards, place_rewards
 from proxrl.algos.online.samplers import make_engine
 from proxrl.data.batching import pad_left, pad_to
@@ -363,9 +368,15 @@ class EnginePool:
         try:
             return answer(futures)
         except RayActorError as error:  # Ray restarted it ray_engine_restarts times already
+            # process_group takes no restarts (a restarted engine has left the weight group)
+            advice = (
+                "use ray_weight_transport object_store with ray_engine_restarts > 0"
+                if isinstance(self.transport, ProcessGroupWeights)
+                else "raise ray_engine_restarts"
+            )
             raise ProxrlError(
                 f"placement: a generation engine died and could not be restarted "
-                f"({type(error).__name__}); raise ray_engine_restarts or check its node"
+                f"({type(error).__name__}); {advice}, or check its node"
             ) from error
 
     def metrics(self, iteration: int) -> dict[str, float]:
