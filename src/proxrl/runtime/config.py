@@ -204,7 +204,7 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
         texts, extras = _Flags(cls).parse_known_args(dashed)
     except argparse.ArgumentError as e:
         flag = (e.argument_name or "").split("/")[0]
-        tp = field_table(cls).get(flag[2:].replace("-", "_"))
+        tp = table.get(flag[2:].replace("-", "_"))
         need = f"a value ({type_name(tp.type)})" if tp else "a file path"
         why = e.message.replace("ignored explicit argument", f"{flag} takes no value, found")
         raise ProxrlError(f"{flag} needs {need}" if why.startswith("expected") else why) from None
