@@ -29,6 +29,7 @@ another command is refused (``runtime.resume.check_command``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -177,12 +178,9 @@ class RunLock:
             fd, count = _HELD[key]
             _HELD[key] = (fd, count + 1)
         else:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise _in_use(self.output_dir, _holder(self.path)) from None
+            fd = _locked(self.path)
+            if fd is None:
+                raise _in_use(self.output_dir, _holder(self.path))
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": _this_command()}
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
@@ -198,6 +196,27 @@ class RunLock:
         self._key = self._finalizer = None
 
 
+def _locked(path: Path) -> int | None:
+    """A descriptor of ``path`` holding its exclusive flock, or None while another process holds
+    it. The lock file is removed on release, so a descriptor opened just before another run
+    removed it may lock a file no longer at ``path``: then try the new one."""
+    assert fcntl is not None
+    for _ in range(3):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    return None
+
+
 def _release(key: Path) -> None:
     if key not in _HELD:
         return
@@ -206,6 +225,10 @@ def _release(key: Path) -> None:
         _HELD[key] = (fd, count - 1)
         return
     del _HELD[key]
+    # The file goes with the lock, while still held: a run that ends (or a refused --resume)
+    # leaves the directory as it found it.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(key)
     os.close(fd)  # closing the last descriptor drops the flock
 
 
