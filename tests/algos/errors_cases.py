@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerFast
 from proxrl.algos.offline import sft
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import save_config_file
+from proxrl.runtime.run_dir import record_run
 
 GOOD_SFT = [
     {"prompt": f"copy: {w} =", "completion": f" {w}"}
@@ -194,6 +195,7 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
         sft.Config(model="model", data="sft.jsonl", output_dir="runs/started"),
         started / "config.yaml",
     )
+    record_run(started, command="sft")
     return root
 
 
@@ -912,6 +914,20 @@ CASES: list[Case] = [
         "proxrl classic: error: --max-consecutive-skips must be > 0, got 0",
     ),
     # -- resume with changed options (runtime.resume) ----------------------------------------
+    Case(
+        "--resume with another command than the one that made the run",
+        (
+            "dpo",
+            "--model",
+            "model",
+            "--data",
+            "pairs.jsonl",
+            "--output-dir",
+            "runs/started",
+            "--resume",
+        ),
+        "proxrl dpo: error: --resume: the run in runs/started was made by proxrl sft, not proxrl dpo; resume it with proxrl sft, or start a new one in another directory",
+    ),
     Case(
         "--resume with changed options",
         (

@@ -41,6 +41,9 @@ class OfflineConfig(ModelRunConfig):
     """Micro-batches accumulated into one optimizer step."""
     epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over the training data."""
+    save_every: int = 500
+    """Save a checkpoint every this many optimizer steps (0: only at the end; an exception
+    saves the last finished one either way), as TRL's Trainer does by default."""
     max_steps: Annotated[int, Range(ge=0)] = 0
     """Stop after this many optimizer steps (0: run every epoch)."""
     weight_decay: Annotated[float, Range(ge=0)] = 0.0

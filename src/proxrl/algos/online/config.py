@@ -109,6 +109,9 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     """k of reward_ensemble mean_minus_std: how much the members' disagreement costs."""
     iterations: Annotated[int, Range(ge=1)] = 100
     """Rollout-and-update iterations."""
+    save_every: int = 10
+    """Save a checkpoint every this many iterations (0: only at the end; an exception saves the
+    last finished one either way). Each holds the trained weights and AdamW's moments."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Prompts sampled per iteration."""
     group_size: Annotated[int, Range(ge=1)] = 1
