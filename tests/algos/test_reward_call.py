@@ -1,0 +1,216 @@
+"""Reward functions are called as TRL's GRPOTrainer calls them, by keyword (``prompts=``,
+``completions=``, the data's columns), so TRL's ``def f(completions, **kwargs)`` and
+``def f(completions, answer, **kwargs)`` work unchanged; a function with no parameter named
+``completions`` keeps the positional call ``fn(prompts, completions, **columns)``. A function
+that cannot take the call is refused in one line, naming it and the parameter, before any
+sampling; numpy arrays, torch tensors and TRL's ``None`` ("not applicable") are accepted."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from proxrl.algos.online import grpo
+from proxrl.data.formats import PromptExample
+from proxrl.rollout.rewards import FunctionReward, WeightedRewards
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
+from tests.algos.test_online import WORDS, small
+
+PROMPTS = [
+    PromptExample("2+2=", None, "row 0", {"answer": "4", "level": 1}),
+    PromptExample("3+3=", None, "row 1", {"answer": "6", "level": 2}),
+]
+COMPLETIONS = ["4", "5"]
+COLUMNS = {"answer": ["4", "6"], "level": [1, 2]}
+
+
+def _score(fn, columns=COLUMNS) -> list[float]:
+    return FunctionReward("m:f", fn)(PROMPTS, COMPLETIONS, columns).tolist()
+
+
+def trl_kwargs_only(completions, **kwargs):
+    return [float(c == a) for c, a in zip(completions, kwargs["answer"], strict=True)]
+
+
+def trl_named_column(completions, answer, **kwargs):
+    assert kwargs["prompts"] == ["2+2=", "3+3="]
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def trl_no_kwargs(completions, answer):
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def keyword_only(*, prompts, completions, level, **kwargs):
+    return [float(n) for n in level]
+
+
+def positional(p, c, **columns):
+    assert p == ["2+2=", "3+3="] and c == COMPLETIONS
+    return [float(x == a) for x, a in zip(c, columns["answer"], strict=True)]
+
+
+def project_style(prompts, completions, **columns):
+    return [float(c == a) for c, a in zip(completions, columns["answer"], strict=True)]
+
+
+@pytest.mark.parametrize(
+    "fn", [trl_kwargs_only, trl_named_column, trl_no_kwargs, positional, project_style]
+)
+def test_each_call_shape_scores_the_same(fn):
+    assert _score(fn) == [1.0, 0.0]
+
+
+def test_keyword_only_parameters_get_their_column():
+    assert _score(keyword_only) == [1.0, 2.0]
+
+
+def test_a_lambda_and_a_callable_object():
+    class Scorer:
+        def __call__(self, completions, **kwargs):
+            return [len(c) for c in completions]
+
+    assert _score(Scorer()) == [1.0, 1.0]
+    assert _score(lambda prompts, completions, **kw: [0.5] * len(completions)) == [0.5, 0.5]
+
+
+def test_a_missing_column_is_named_before_the_call():
+    called = []
+
+    def needs_solution(completions, solution, **kwargs):
+        called.append(1)
+        return [0.0] * len(completions)
+
+    source = FunctionReward("mod:needs_solution", needs_solution)
+    rewards = WeightedRewards([source], [1.0])
+    with pytest.raises(ProxrlError) as e:
+        rewards.check_columns(["answer", "level"])
+    assert str(e.value) == (
+        "reward_fn 'mod:needs_solution': parameter 'solution' is not passed (proxrl passes "
+        "prompts, completions and the prompt data's columns: answer, level)"
+    )
+    with pytest.raises(ProxrlError, match="parameter 'solution' is not passed"):
+        rewards(PROMPTS, COMPLETIONS, COLUMNS)  # unchecked: the first call checks
+    assert not called
+
+
+def test_a_function_that_cannot_take_completions_is_refused_when_loaded():
+    def one_argument(text):
+        return [0.0]
+
+    with pytest.raises(ProxrlError) as e:
+        FunctionReward("mod:one_argument", one_argument)
+    assert str(e.value) == (
+        "reward_fn 'mod:one_argument': has no parameter named 'completions' and cannot take "
+        "(prompts, completions) by position; expected def f(completions, **kwargs) (TRL's) or "
+        "def f(prompts, completions, **columns)"
+    )
+
+
+def test_trainer_state_required_is_refused_when_loaded():
+    def staged(completions, trainer_state, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ProxrlError) as e:
+        FunctionReward("mod:staged", staged)
+    assert str(e.value).startswith(
+        "reward_fn 'mod:staged': requires parameter 'trainer_state', which proxrl does not pass"
+    )
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        np.array([1.0, 0.0]),
+        np.array([1.0, 0.0], dtype=np.float32),
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([1.0, 0.0], dtype=torch.bfloat16),
+        [True, False],
+        (np.float32(1.0), 0),
+    ],
+    ids=["numpy64", "numpy32", "torch", "torch-bf16", "bools", "numpy-scalars"],
+)
+def test_arrays_and_tensors_are_scores(returned):
+    assert _score(lambda completions, **kw: returned) == [1.0, 0.0]
+
+
+def test_a_2d_tensor_is_refused_in_one_line():
+    with pytest.raises(ProxrlError, match="returned \\[1.0\\] for prompt index 0"):
+        _score(lambda completions, **kw: torch.tensor([[1.0], [0.0]]))
+
+
+def test_none_is_not_applicable_as_in_trl():
+    """TRL: None → NaN, summed with nansum across functions; its mean leaves it out."""
+
+    def math_only(completions, level, **kwargs):
+        return [1.0 if n == 1 else None for n in level]
+
+    def code_only(completions, level, **kwargs):
+        return [None if n == 1 else 0.25 for n in level]
+
+    rewards = WeightedRewards(
+        [FunctionReward("m:math_only", math_only), FunctionReward("m:code_only", code_only)],
+        [1.0, 2.0],
+    )
+    total, parts = rewards(PROMPTS, COMPLETIONS, COLUMNS)
+    assert total.tolist() == [1.0, 0.5]
+    assert parts == {"reward/math_only": 1.0, "reward/code_only": 0.25}
+
+
+def test_none_everywhere_scores_zero_and_nan_is_still_refused():
+    total, parts = WeightedRewards(
+        [FunctionReward("m:f", lambda completions, **kw: [None] * 2)], [1.0]
+    )(PROMPTS, COMPLETIONS, COLUMNS)
+    assert total.tolist() == [0.0, 0.0] and parts == {}
+    with pytest.raises(ProxrlError, match="returned nan for prompt index 0"):
+        _score(lambda completions, **kw: [math.nan, 0.0])
+
+
+@pytest.fixture(scope="module")
+def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
+    )
+    return str(path)
+
+
+def test_a_trl_style_function_trains_grpo(tiny_lm, word_prompts, tmp_path):
+    grpo.train(
+        small(
+            grpo.Config,
+            tiny_lm,
+            word_prompts,
+            tmp_path,
+            reward_fn=("tests.algos.online_rewards:trl_echoes_word",),
+            iterations=1,
+            group_size=2,
+            mini_batch_size=16,
+        )
+    )
+    assert "reward/trl_echoes_word" in read_metrics(tmp_path)[0]
+
+
+def test_a_missing_column_stops_before_the_first_update(tiny_lm, word_prompts, tmp_path):
+    with pytest.raises(ProxrlError) as e:
+        grpo.train(
+            small(
+                grpo.Config,
+                tiny_lm,
+                word_prompts,
+                tmp_path,
+                reward_fn=("tests.algos.online_rewards:trl_needs_answer",),
+                iterations=1,
+                group_size=2,
+            )
+        )
+    assert str(e.value) == (
+        "reward_fn 'tests.algos.online_rewards:trl_needs_answer': parameter 'answer' is not "
+        "passed (proxrl passes prompts, completions and the prompt data's columns: word)"
+    )
+    assert not read_metrics(tmp_path)
