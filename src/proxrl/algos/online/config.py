@@ -62,10 +62,27 @@ def _ranged(hint: Any) -> Any:
     return Annotated[(tp, *extras)] if extras else tp
 
 
-def _config_annotations(settings: type) -> dict[str, Any]:
-    """The annotations of a core settings dataclass with its bounds made ranges."""
+def _config_annotations(settings: type, aliases: Mapping[str, Any]) -> dict[str, Any]:
+    """The annotations of a core settings dataclass with its bounds made ranges, and the
+    config-edge ``aliases`` (field → ``alias(...)``) added: core names one spelling only."""
     hints = typing.get_type_hints(settings, include_extras=True)
-    return {name: _ranged(hints[name]) for name in settings.__annotations__}
+    return {
+        name: _ranged(hints[name]) if name not in aliases else _aliased(hints[name], aliases[name])
+        for name in settings.__annotations__
+    }
+
+
+def _aliased(hint: Any, marker: Any) -> Any:
+    hint = _ranged(hint)
+    if typing.get_origin(hint) is Annotated:
+        return Annotated[(*typing.get_args(hint), marker)]
+    return Annotated[hint, marker]
+
+
+POLICY_LOSS_ALIASES = {"clip": alias("epsilon"), "clip_high": alias("epsilon_high")}
+"""TRL's spellings of the policy losses' knobs. ``epsilon_high`` is ``clip_high`` for the
+clipped losses (ppo, gspo); for cispo TRL caps the weight at ``epsilon_high`` itself and proxrl
+at 1 + ``clip_high`` (README's option table)."""
 
 
 @dataclass
@@ -74,7 +91,7 @@ class PolicyLossFields(PolicyLossSettings):
     sapo_tau_*) as config fields, each core ``Bound`` made a ``Range``: a knob declared there
     reaches --help (its docstring), YAML and the range checks with no line here."""
 
-    __annotations__ = _config_annotations(PolicyLossSettings)
+    __annotations__ = _config_annotations(PolicyLossSettings, POLICY_LOSS_ALIASES)
 
 
 PolicyLossChoice = literal(*POLICY_LOSSES)
@@ -98,8 +115,9 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     """Reward model (num_labels=1 sequence classifier): hub id or local directory; several form
     an ensemble (one reward source: each standardised by its training scores, then combined)."""
     reward_fn: tuple[str, ...] = ()
-    """Reward functions as module:function (one, or a list), called with (prompts, completions,
-    **columns)."""
+    """Reward functions as module:function (one, or a list), called as TRL does: prompts=,
+    completions= and the data's columns by keyword (by position without a completions
+    parameter)."""
     reward_weights: Annotated[tuple[float, ...], Range()] = ()
     """Weight of each reward source, reward model (or ensemble) first (default: all 1)."""
     reward_ensemble: RewardEnsembleChoice = "mean"
@@ -114,11 +132,11 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     last finished one either way). Each holds the trained weights and AdamW's moments."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Prompts sampled per iteration."""
-    group_size: Annotated[int, Range(ge=1)] = 1
+    group_size: Annotated[int, Range(ge=1), alias("num_generations")] = 1
     """Responses sampled per prompt."""
     max_prompt_length: Annotated[int, Range(ge=1)] = 256
     """Longest prompt in tokens; longer prompts are dropped (counted in the log)."""
-    max_new_tokens: Annotated[int, Range(ge=1)] = 64
+    max_new_tokens: Annotated[int, Range(ge=1), alias("max_completion_length")] = 64
     """Longest response in tokens."""
     temperature: Annotated[float, Range(gt=0)] = 0.7
     """Sampling temperature; log-probs are computed from logits divided by it."""
@@ -154,7 +172,7 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     max_sampling_rounds: Annotated[int, Range(ge=1)] = 4
     """dynamic_sampling: most sampling rounds per iteration, the first included; a batch still
     short after them is filled with dropped groups (counted in sampling/filled_groups)."""
-    ppo_epochs: Annotated[int, Range(ge=1)] = 1
+    ppo_epochs: Annotated[int, Range(ge=1), alias("num_iterations", "num_ppo_epochs")] = 1
     """Passes over each rollout batch."""
     mini_batch_size: Annotated[int | None, Range(ge=1)] = None
     """Responses per optimizer step (None: the largest divisor of an iteration's responses up to
@@ -182,7 +200,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """Surrogate: ppo (token ratio, clipped), gspo / gspo_token (sequence ratio, Zheng et al.
     2025), cispo (clipped stop-gradient IS weight × log π, MiniMax-M1), sapo (token ratio
     through a soft sigmoid gate, Gao et al. 2025; sapo_tau_pos / sapo_tau_neg)."""
-    kl_coef: Annotated[float, Range(ge=0)] = 0.05
+    kl_coef: Annotated[float, Range(ge=0), alias("beta")] = 0.05
     """Initial coefficient β of the KL to the reference policy."""
     kl_estimator: RewardKLChoice = "k1"
     """Per-token KL estimator for the KL paid in the reward."""
@@ -204,7 +222,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     never)."""
     sampler: Literal["cached", "hf", "vllm"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
-    with stop_strings); vllm: a vLLM engine in this process (pip install -e .[vllm])."""
+    with stop_strings); vllm: a vLLM engine in this process (its own environment: make setup-vllm)."""
     vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.3
     """sampler vllm: share of the GPU's memory the engine takes for weights and KV cache (on a
     CPU: share of the RAM for its KV cache)."""

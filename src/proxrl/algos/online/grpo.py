@@ -67,14 +67,14 @@ class Config(OnlineConfig):
     estimator: EstimatorChoice = "grpo"
     """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline or
     reinforce."""
-    group_size: int = 4
+    group_size: Annotated[int, alias("num_generations")] = 4
     """Responses sampled per prompt (at least 2 for grpo, rloo and reinforce_pp_baseline)."""
     scale_rewards: Annotated[ScaleRewardsChoice, alias("group_scale")] = "group"
     """grpo: divide group-centred scores by the group std (group: GRPO), the batch std (batch:
     Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
-    kl_coef: float = 0.0
+    kl_coef: Annotated[float, alias("beta")] = 0.0
     """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
     kl_loss_type: KLLossChoice = "k3"
     """grpo: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or k3+ (k3's

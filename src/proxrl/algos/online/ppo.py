@@ -37,14 +37,14 @@ from proxrl.core import (
 )
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.fields import Range, alias
 
 
 @dataclass
 class Config(OnlineConfig):
     """proxrl ppo: PPO with a critic, KL-shaped rewards and GAE."""
 
-    ppo_epochs: int = 4
+    ppo_epochs: Annotated[int, alias("num_iterations", "num_ppo_epochs")] = 4
     """Passes over each rollout batch."""
     surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
     """PPO-Clip (or the policy_loss chosen), PPO-Penalty (adaptive β on KL(π_old‖π)), or the
