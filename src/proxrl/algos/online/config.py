@@ -222,7 +222,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     never)."""
     sampler: Literal["cached", "hf", "vllm"] = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
-    with stop_strings); vllm: a vLLM engine in this process (its own environment: make setup-vllm)."""
+    with stop_strings); vllm: a vLLM engine in this process (in the environment make setup-vllm
+    builds)."""
     vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.3
     """sampler vllm: share of the GPU's memory the engine takes for weights and KV cache (on a
     CPU: share of the RAM for its KV cache)."""
@@ -339,14 +340,14 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both"
             )
-        if self.environment is not None:  # one environment made now: a bad factory fails here
-            from proxrl.rollout.environment import (
-                load_environment_factory,
-                new_environment,
-                tool_call_parser,
-            )
+        from proxrl.rollout.environment import (
+            load_environment_factory,
+            new_environment,
+            tool_call_parser,
+        )
 
-            tool_call_parser(self.tool_call_format)
+        tool_call_parser(self.tool_call_format)  # checked whether or not an environment is set
+        if self.environment is not None:  # one environment made now: a bad factory fails here
             new_environment(load_environment_factory(self.environment), self.tool_call_format)
             if self.overlong_buffer:
                 raise ProxrlError(
