@@ -14,6 +14,11 @@ SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where
 130 / 143 (``runtime.signals``). ``--resume`` of a run that is already complete prints
 ``proxrl <command>: the run in DIR is already finished ...`` on stdout, exit code 0.
 
+``proxrl --version`` prints the installed version. Before any command imports torch, the CPU
+thread count is chosen once (``cpu_threads``): ``PROXRL_NUM_THREADS`` if set, else
+``OMP_NUM_THREADS`` if set, else half the cores, at most ``DEFAULT_MAX_THREADS`` — torch's own
+default (every core) thrashes on a shared or loaded machine for the small models a CPU trains.
+
 A trainer that returns ends with one line, whatever the output is (a terminal, a pipe, a file):
 ``<command>: finished; model saved in DIR; <headline metrics>`` (``final_line``; classic names
 its final checkpoint). The exit code survives a closed pipe: Ctrl-C under ``| tee`` kills the
@@ -32,11 +37,50 @@ from proxrl.api import COMMANDS, MODEL_COMMANDS, command_module, train
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.logs import configure_logging
 
+DEFAULT_MAX_THREADS = 4
+"""CPU threads a command uses by default, at most (half the cores on a smaller machine)."""
+
+THREADS_VARIABLE = "PROXRL_NUM_THREADS"
+
+
+def cpu_threads(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """The CPU threads torch gets: ``PROXRL_NUM_THREADS``, else ``OMP_NUM_THREADS``, else
+    half the cores this process may use, at most ``DEFAULT_MAX_THREADS``, at least 1 (the other
+    half left to the tokenizer, data loading and whatever else the machine runs); a bad value is
+    one line."""
+    for name in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise ProxrlError(f"{name}: expected a whole number >= 1, got {value!r}")
+            return int(value)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min((cores or 1) // 2, DEFAULT_MAX_THREADS))
+
+
+def set_cpu_threads(threads: int) -> None:
+    """Before torch is imported: its OpenMP pool reads ``OMP_NUM_THREADS`` (child processes
+    inherit it too); after, ``torch.set_num_threads``."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"proxrl {version('proxrl')}"
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "proxrl (version unknown: not installed)"
+
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
     lines = [
         "usage: proxrl <command> [--config FILE] [--option value ...] [--debug | --quiet]",
+        "       proxrl --version",
         "",
         "commands:",
     ]
@@ -118,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(_version())
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         import difflib
@@ -127,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"proxrl: error: unknown command {command!r}{hint}", file=sys.stderr)
         return 2
     try:
+        set_cpu_threads(cpu_threads())
         return _run(command, rest)
     except RunFinished as e:  # --resume of a complete run: nothing to do
         _say(f"proxrl {command}: {e}", sys.stdout)
