@@ -66,6 +66,13 @@ def test_each_call_shape_scores_the_same(fn):
     assert _score(fn) == [1.0, 0.0]
 
 
+def test_a_column_named_as_a_positional_parameter_is_not_passed_twice():
+    def f(answer, c, **columns):  # by position: answer is the prompts here
+        return [float(x == a) for x, a in zip(c, columns["level"], strict=True)]
+
+    assert _score(f) == [0.0, 0.0]
+
+
 def test_keyword_only_parameters_get_their_column():
     assert _score(keyword_only) == [1.0, 2.0]
 

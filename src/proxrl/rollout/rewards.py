@@ -97,9 +97,10 @@ class CallShape:
     names: frozenset[str]  # the parameters that can be passed by name
     required: tuple[str, ...]  # names it needs besides what PASSED covers (data columns)
     any_keyword: bool  # it takes **kwargs
+    taken: frozenset[str] = frozenset()  # by position: the names of prompts and completions
 
     def accepts(self, name: str) -> bool:
-        return self.any_keyword or name in self.names
+        return name not in self.taken and (self.any_keyword or name in self.names)
 
 
 def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
@@ -110,6 +111,7 @@ def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
     except (TypeError, ValueError):
         return CallShape(False, frozenset(), (), True)
     kinds = inspect.Parameter
+    taken: frozenset[str] = frozenset()
     any_keyword = any(p.kind is kinds.VAR_KEYWORD for p in parameters)
     named = [p for p in parameters if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)]
     by_keyword = any(p.name == "completions" for p in named)
@@ -124,6 +126,7 @@ def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
                 "(TRL's) or def f(prompts, completions, **columns)"
             )
         named = [p for p in named if p not in positional[:2]]
+        taken = frozenset(p.name for p in positional[:2])
     names = frozenset(p.name for p in named)
     required = tuple(
         p.name
@@ -145,7 +148,7 @@ def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
                 "(it passes prompts, completions and the data's columns); give it a default "
                 "or take it from **kwargs"
             )
-    return CallShape(by_keyword, names, required, any_keyword)
+    return CallShape(by_keyword, names, required, any_keyword, taken)
 
 
 @dataclass
