@@ -262,8 +262,10 @@ class Checkpointer:
     def _versions(self) -> tuple[int, ...]:
         tensors: list[Tensor] = []
         for obj in self._weights.values():
-            module = obj.module if isinstance(obj, TrainableWeights) else obj
-            tensors += [*module.parameters(), *module.buffers()]  # type: ignore[union-attr]
+            module = getattr(obj, "module", obj)  # (a TrainableWeights' module, or the module)
+            if not isinstance(module, torch.nn.Module):  # weights in another process (a Ray
+                continue  # critic actor's RemoteWeights): nothing here tells whether they changed
+            tensors += [*module.parameters(), *module.buffers()]
         for entry in self._states.values():
             for e in entry if isinstance(entry, list) else [entry]:
                 if isinstance(e, torch.optim.Optimizer):

@@ -285,18 +285,23 @@ class Run:
             progress_bar(total, description, completed=completed, enabled=enabled) as bar,
         ):
             self.bar, self.stop = bar, signals
+            # A run that ends in an exception lets the directory go at once: a run resumed from
+            # another process (a new Ray trainer actor) must not wait for this one's collection.
             try:
                 yield self
             except (Interrupted, RunFinished):
                 self.close()
+                self.release()
                 raise
             except Exception as exc:
                 if save_on_error is not None:
                     self._save_on_error(save_on_error, exc)
                 self.close()
+                self.release()
                 raise
             except BaseException:
                 self.close()
+                self.release()
                 raise
 
     def finished(self, step: int, /, **counters: Any) -> None:

@@ -253,6 +253,9 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> dict[s
             ray.util.remove_placement_group(group)
         if owns:
             ray.shutdown()
+        # ray.kill (and shutdown) return before the trainer's process is gone: wait (bounded)
+        # until it has let the output directory's lock go, so a --resume right after starts
+        wait_for_release(cfg.output_dir, deadline_s=30.0)
 
 
 class RayPlacement:
@@ -425,3 +428,19 @@ class RayEngines:
 
     def close(self) -> None:
         pass
+
+
+def wait_for_release(output_dir: str, deadline_s: float) -> None:
+    """Return once no process holds ``output_dir``'s run lock, or after ``deadline_s`` seconds
+    (then the next run there says which process still holds it)."""
+    from proxrl.runtime.run_dir import check_not_locked
+
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            check_not_locked(output_dir)
+            return
+        except ProxrlError:
+            if time.monotonic() > end:
+                return
+            time.sleep(0.2)
