@@ -10,6 +10,7 @@ from proxrl.core import (
     gae_env,
     group_centred_advantages,
     group_scaled_advantages,
+    length_adaptive_lam,
     mixed_group_advantages,
     rank_advantages,
     reinforce_pp_advantages,
@@ -365,3 +366,56 @@ def test_a_constant_group_has_exactly_zero_advantage(baseline, dtype, group_size
     advantages = estimate(scores, group_size)
     assert torch.equal(advantages[:group_size], torch.zeros_like(constant))
     assert advantages[group_size:].abs().sum() > 0
+
+
+# ------------------------------------------------ GAE with a λ per response (issue 35)
+
+
+def test_gae_with_a_lambda_per_response_on_a_ragged_batch_by_hand():
+    """Two responses of 3 and 2 tokens, the reward at the end, γ = 1:
+    row 0: r = (0, 0, 1), V = (0.5, 0.6, 0.7), λ = 0.5: δ = (0.1, 0.1, 0.3),
+           A2 = 0.3, A1 = 0.1 + 0.5·0.3 = 0.25, A0 = 0.1 + 0.5·0.25 = 0.225;
+    row 1: r = (0, 2), V = (1.0, 0.5), λ = 1: δ = (−0.5, 1.5), A1 = 1.5, A0 = −0.5 + 1.5 = 1
+           (= 2 − 1: λ = 1 is the reward-to-go minus V). Returns A + V, 0 at the pad."""
+    rewards = t([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    values = t([[0.5, 0.6, 0.7], [1.0, 0.5, 9.0]])
+    mask = prefix_mask([3, 2], 3)
+    advantages, returns = gae(rewards, values, mask, 1.0, t([0.5, 1.0]))
+    close(advantages, [[0.225, 0.25, 0.3], [1.0, 1.5, 0.0]])
+    close(returns, [[0.725, 0.85, 1.0], [2.0, 2.0, 0.0]])
+
+
+def test_gae_with_two_lambdas_is_two_runs_each_of_its_own_lambda():
+    """Policy advantages with λ = 0.95, value targets with λ = 1 (VC-PPO's decoupled λ): each is
+    what one GAE at that λ gives; a (B,) λ equal in every row is the float's result exactly."""
+    rewards, values = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64)
+    mask = prefix_mask([6, 4, 2, 5], 6)
+    per_row, _ = gae(rewards, values, mask, 1.0, t([0.95] * 4))
+    same, _ = gae(rewards, values, mask, 1.0, 0.95)
+    assert torch.equal(per_row, same)
+    _, value_targets = gae(rewards, values, mask, 1.0, 1.0)
+    close(value_targets, discounted_returns(rewards, mask, 1.0))
+    mixed, _ = gae(rewards, values, mask, 1.0, t([0.95, 1.0, 0.0, 0.5]))
+    for row, lam in enumerate([0.95, 1.0, 0.0, 0.5]):
+        expected, _ = naive_gae(
+            rewards[row : row + 1], values[row : row + 1], mask[row : row + 1], 1.0, lam
+        )
+        close(mixed[row : row + 1], expected)
+
+
+def test_gae_refuses_a_lambda_of_the_wrong_shape():
+    with pytest.raises(ValueError, match=r"lam must be a float or \(2,\), got \(3,\)"):
+        gae(t([[0.0], [1.0]]), t([[0.0], [0.0]]), t([[1], [1]]), 1.0, t([0.9, 0.9, 0.9]))
+
+
+def test_length_adaptive_lam_by_hand():
+    """VAPO eq. 8, α = 0.05: l = 40 → 1 − 1/2 = 0.5; l = 100 → 1 − 1/5 = 0.8; l = 10 → 1 − 2 < 0
+    → 0; l = 0 → 0; holes (an episode's observations) do not count: 40 model tokens of 50."""
+    lengths = [40, 100, 10, 0]
+    mask = prefix_mask(lengths, 100)
+    close(length_adaptive_lam(mask, 0.05), [0.5, 0.8, 0.0, 0.0])
+    holes = prefix_mask([50], 100)
+    holes[0, 5:15] = 0
+    close(length_adaptive_lam(holes, 0.05), [0.5])
+    with pytest.raises(ValueError, match="alpha must be > 0, got 0"):
+        length_adaptive_lam(mask, 0.0)

@@ -43,7 +43,7 @@ def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
 
 
 def gae(
-    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float | Tensor
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over a batch of responses (Schulman et al. 2016).
 
@@ -54,20 +54,46 @@ def gae(
         rewards: (B, T) per-token rewards (e.g. from ``shaped_rewards``).
         values: (B, T) critic values V(s_t) at each response token.
         mask: (B, T) 1 at valid response tokens.
+        lam: λ, a float for every response or a (B,) tensor of one λ per response (VAPO's
+            length-adaptive λ: ``length_adaptive_lam``).
     Returns:
         ``(advantages, returns)``, both (B, T), 0 at masked positions; ``returns = A + V``.
     """
+    if isinstance(lam, Tensor) and lam.shape != values.shape[:1]:
+        raise ValueError(f"lam must be a float or ({values.shape[0]},), got {tuple(lam.shape)}")
+    decay = gamma * (lam.to(values.dtype) if isinstance(lam, Tensor) else lam)
     valid = mask.bool()
     next_value = torch.zeros_like(values[:, 0])
     running = torch.zeros_like(values[:, 0])
     advantages = torch.zeros_like(values)
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = torch.where(valid[:, t], delta + gamma * lam * running, running)
+        running = torch.where(valid[:, t], delta + decay * running, running)
         next_value = torch.where(valid[:, t], values[:, t], next_value)
         advantages[:, t] = torch.where(valid[:, t], running, 0.0)
     returns = torch.where(valid, advantages + values, 0.0)
     return advantages, returns
+
+
+def length_adaptive_lam(mask: Tensor, alpha: float) -> Tensor:
+    """VAPO's length-adaptive λ of the policy (Yue et al. 2025, eq. 8): per response
+    ``λ = 1 − 1/(α·l)``, ``l`` its number of valid tokens (the model's own: pass the loss mask,
+    so an episode's observation tokens do not count), clamped to [0, 1] (a response shorter
+    than 1/α gets λ = 0: one-step TD; an empty one too).
+
+    Args:
+        mask: (B, T) 1 at the response's model tokens.
+        alpha: α > 0 (VAPO: 0.05).
+    Returns:
+        (B,) λ per response, in ``mask``'s floating dtype (float32 for an integer mask).
+    """
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    dtype = mask.dtype if mask.is_floating_point() else torch.float32
+    lengths = mask.to(dtype).sum(dim=1)
+    scaled = alpha * lengths
+    lam = torch.where(scaled > 0, 1 - 1 / scaled.clamp_min(torch.finfo(dtype).tiny), 0.0)
+    return lam.clamp(0.0, 1.0)
 
 
 def gae_env(
