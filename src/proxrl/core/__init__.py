@@ -85,6 +85,7 @@ from proxrl.core.masked import (
     token_mean,
     valid_tokens,
 )
+from proxrl.core.nll import positive_nll, positive_responses, positive_scale
 from proxrl.core.policy_losses import (
     POLICY_LOSSES,
     PolicyLossSettings,
@@ -140,6 +141,9 @@ __all__ = [
     "explained_variance",
     "gae",
     "length_adaptive_lam",
+    "positive_nll",
+    "positive_responses",
+    "positive_scale",
     "gae_env",
     "group_centred_advantages",
     "group_scaled_advantages",
