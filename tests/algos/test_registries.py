@@ -99,6 +99,8 @@ def test_the_help_choices_did_not_change():
         "reinforce_pp",
         "reinforce_pp_baseline",
         "reinforce",
+        "maxrl",
+        "asymre",
     )
     assert choices(grpo.Config, "scale_rewards") == ("group", "batch", "none", "std")
 
@@ -179,6 +181,10 @@ ESTIMATOR_CASES = {
     "reinforce_pp": [d / math.sqrt(10 / 7 + 1e-8) for d in (-0.5, 1.5, -1.5, 0.5)],
     # group-centred ±1 at the last token, returns (c, c), whitened: mean 0, var 8/7
     "reinforce_pp_baseline": [c / math.sqrt(8 / 7 + 1e-8) for c in (-1.0, 1.0, -1.0, 1.0)],
+    # (s − mean) ÷ (mean + 1e-6): ±1/2 | ±1/1
+    "maxrl": [-1 / (2 + 1e-6), 1 / (2 + 1e-6), -1 / (1 + 1e-6), 1 / (1 + 1e-6)],
+    # s − (mean − 0.1), the default baseline_shift −0.1
+    "asymre": [-0.9, 1.1, -0.9, 1.1],
 }
 
 
@@ -193,6 +199,35 @@ def test_estimators_by_hand(name):
     _, advantages, _ = grpo.ESTIMATORS[name](cfg, exp, 0.0)
     expected = torch.tensor(ESTIMATOR_CASES[name])
     torch.testing.assert_close(advantages, expected[:, None].expand(4, 2), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["maxrl", "asymre"])
+def test_group_estimators_on_ragged_rows(name):
+    """Responses of 2 and 1 tokens (a length-1 response), a constant group (0, 0): the sequence
+    advantage on every valid token and 0 in padding; the score at the last valid token; the KL
+    paid in the loss (kl_loss set), as grpo's."""
+    cfg = grpo.Config(**BASE, estimator=name, group_size=2, baseline_shift=0.5)
+    exp = _experience([1.0, 0.0, 0.0, 0.0])
+    exp.response_mask = torch.tensor([[1, 1], [1, 0], [1, 0], [1, 1]])
+    rewards, advantages, returns = grpo.ESTIMATORS[name](cfg, exp, 0.0)
+    # maxrl: mean 1/2, (±1/2)/(1/2 + 1e-6); asymre: ±1/2 − 0.5; the constant group 0 | −0.5
+    a = 0.5 / (0.5 + 1e-6)
+    sequence = {"maxrl": [a, -a, 0.0, 0.0], "asymre": [0.0, -1.0, -0.5, -0.5]}[name]
+    per_token = torch.tensor(sequence)[:, None] * exp.response_mask
+    torch.testing.assert_close(advantages, per_token, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(
+        rewards, torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    )
+    torch.testing.assert_close(
+        returns, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    )
+    assert grpo.build(cfg).kl_loss is not None
+
+
+def test_maxrl_refuses_negative_rewards_naming_the_field():
+    cfg = grpo.Config(**BASE, estimator="maxrl", group_size=2)
+    with pytest.raises(ProxrlError, match=r"^reward_fn: maxrl takes rewards in \[0, 1\]; got -1 "):
+        grpo.ESTIMATORS["maxrl"](cfg, _experience([1.0, -1.0, 0.0, 0.0]), 0.0)
 
 
 def test_the_old_scale_spelling_is_group():

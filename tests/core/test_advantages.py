@@ -5,12 +5,14 @@ import torch
 
 from proxrl.core import (
     REWARD_SCALES,
+    asymre_advantages,
     discounted_returns,
     gae,
     gae_env,
     group_centred_advantages,
     group_scaled_advantages,
     length_adaptive_lam,
+    maxrl_advantages,
     mixed_group_advantages,
     rank_advantages,
     reinforce_pp_advantages,
@@ -366,6 +368,42 @@ def test_a_constant_group_has_exactly_zero_advantage(baseline, dtype, group_size
     advantages = estimate(scores, group_size)
     assert torch.equal(advantages[:group_size], torch.zeros_like(constant))
     assert advantages[group_size:].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- MaxRL, AsymRE
+
+
+def test_maxrl_divides_the_centred_score_by_the_group_mean():
+    """Groups (1, 0, 0, 0) | (1, 1, 0, 1) | (0, 0, 0, 0) | (1, 1, 1, 1) | (0.5, 0.25, 0, 0.25):
+    means 1/4, 3/4, 0, 1, 1/4. A = (r − r̄)/(r̄ + ε): 3/4 ÷ 1/4 = 3 for the one success of a hard
+    prompt, 1/4 ÷ 3/4 = 1/3 for a success of an easy one; the constant groups (all 0, all 1)
+    exactly 0 (not 0/ε)."""
+    eps = 1e-6
+    scores = t([1, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0.5, 0.25, 0, 0.25])
+    q, h = 0.25 + eps, 0.75 + eps
+    expected = [0.75 / q, -0.25 / q, -0.25 / q, -0.25 / q]
+    expected += [0.25 / h, 0.25 / h, -0.75 / h, 0.25 / h]
+    expected += [0.0] * 8
+    expected += [0.25 / q, 0.0, -0.25 / q, 0.0]
+    close(maxrl_advantages(scores, 4, eps), expected)
+
+
+def test_maxrl_refuses_a_negative_reward_in_one_line():
+    with pytest.raises(ValueError, match=r"^maxrl takes rewards in \[0, 1\]; got -0.5$"):
+        maxrl_advantages(t([1.0, -0.5, 0.0, 1.0]), 2)
+
+
+def test_asymre_shifts_the_group_mean_baseline():
+    """Groups (1, 3) | (2, 2, ...): means 2 | 2; δ = −0.1: A = r − 2 + 0.1; the constant group
+    gets exactly −δ = 0.1 at each sample (its centred score is exactly 0)."""
+    close(asymre_advantages(t([1.0, 3.0, 2.0, 2.0]), 2, -0.1), [-0.9, 1.1, 0.1, 0.1])
+    # a constant group of three 0.1s: the mean 0.1 need not round back to 0.1
+    close(asymre_advantages(t([0.1, 0.1, 0.1]), 3, 0.25), [-0.25] * 3, rtol=0, atol=0)
+
+
+def test_maxrl_a_constant_group_is_exactly_zero():
+    """Three 0.1s: their mean need not round back to 0.1, and ÷ (0.1 + ε) would blow that up."""
+    close(maxrl_advantages(t([0.1, 0.1, 0.1]), 3), [0.0] * 3, rtol=0, atol=0)
 
 
 # ------------------------------------------------ GAE with a λ per response (issue 35)

@@ -5,6 +5,7 @@ Importing this package needs only torch.
 
 from proxrl.core.advantages import (
     REWARD_SCALES,
+    asymre_advantages,
     batch_scaled_advantages,
     discounted_returns,
     gae,
@@ -12,6 +13,7 @@ from proxrl.core.advantages import (
     group_centred_advantages,
     group_scaled_advantages,
     length_adaptive_lam,
+    maxrl_advantages,
     mixed_group_advantages,
     rank_advantages,
     reinforce_pp_advantages,
@@ -113,6 +115,8 @@ __all__ = [
     "UnknownName",
     "literal",
     "sapo_loss",
+    "asymre_advantages",
+    "maxrl_advantages",
     "AGGREGATIONS",
     "ENSEMBLE_COMBINATIONS",
     "ensemble_mean",

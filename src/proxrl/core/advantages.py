@@ -257,3 +257,35 @@ def reinforce_pp_baseline_advantages(
         1, last.unsqueeze(1), centred.to(kl_rewards.dtype).unsqueeze(1)
     )
     return masked_whiten(discounted_returns(rewards, mask, gamma), mask)
+
+
+def maxrl_advantages(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """MaxRL (arXiv 2602.02710; SkyRL ``maxrl``, prime-rl ``max_rl``): the group-centred score
+    divided by the group's mean, ``A_i = (r_i − r̄) / (r̄ + eps)``. For pass/fail rewards r̄ is
+    the prompt's success rate p, so a correct answer weighs ``(1 − p)/p``: the gradient of
+    log p (maximum likelihood of success) rather than of p, which up-weights the hard prompts.
+    A constant group (every r equal, r̄ = 0 included) gives exactly 0.
+
+    Args:
+        scores: (N,) rewards in [0, 1], G consecutive samples per prompt.
+    Returns:
+        (N,) advantages.
+    Raises:
+        ValueError: a negative reward (its mean could be 0 or negative: the ratio is
+            meaningless there).
+    """
+    groups = _groups(scores, group_size)
+    if bool((scores < 0).any()):
+        low = float(scores.min())
+        raise ValueError(f"maxrl takes rewards in [0, 1]; got {low:g}")
+    return (_centred(groups) / (groups.mean(dim=1, keepdim=True) + eps)).reshape(-1)
+
+
+def asymre_advantages(scores: Tensor, group_size: int, baseline_shift: float) -> Tensor:
+    """AsymRE (Arnal et al. 2025, arXiv 2506.20520, "Asymmetric REINFORCE"): REINFORCE with the
+    group mean shifted by δ as the baseline, ``A_i = r_i − (r̄ + δ)``. δ < 0 (e.g. −0.1) puts
+    more weight on the positive samples than on the negative ones, which the paper finds
+    keeps off-policy REINFORCE stable. A constant group gives exactly −δ at every sample (its
+    centred score is exactly 0, as ``_centred``'s). (N,) → (N,)."""
+    groups = _groups(scores, group_size)
+    return (_centred(groups) - baseline_shift).reshape(-1)

@@ -12,7 +12,9 @@ What each estimator takes as its baseline, and where it pays the KL to the refer
 - ``reinforce_pp``: none — per-token KL-shaped rewards, reward-to-go, whitened over the batch;
 - ``reinforce_pp_baseline``: the group mean subtracted from each score, then as
   ``reinforce_pp`` (OpenRLHF ``reinforce_baseline``); KL in the per-token reward;
-- ``reinforce``: the batch mean; KL in the sequence reward; the plain policy-gradient loss.
+- ``reinforce``: the batch mean; KL in the sequence reward; the plain policy-gradient loss;
+- ``maxrl``: the group mean, ÷ the group mean (MaxRL, rewards in [0, 1]); KL as grpo's;
+- ``asymre``: the group mean + ``baseline_shift`` (AsymRE); KL as grpo's.
 All but ``reinforce`` minimise the surrogate ``policy_loss`` picks (PPO-Clip by default), so
 ``ppo_epochs > 1`` stays safe.
 Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on tokens sampled from
@@ -35,9 +37,11 @@ from proxrl.core import (
     KL_ESTIMATORS,
     REWARD_SCALES,
     Registry,
+    asymre_advantages,
     discounted_returns,
     last_valid_index,
     literal,
+    maxrl_advantages,
     mixed_group_advantages,
     policy_gradient_loss,
     rank_advantages,
@@ -52,7 +56,9 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "maxrl", "asymre")
+KL_IN_THE_LOSS = ("grpo", "maxrl", "asymre")
+"""The estimators that pay the KL as a loss term (``kl_loss_type``), not in the reward."""
 SCALE_REWARDS_ALIASES = {"std": "group"}
 """proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
 Estimate = tuple[Tensor, Tensor, Tensor]
@@ -65,22 +71,27 @@ class Config(OnlineConfig):
     """proxrl grpo: critic-free policy optimisation with a group or batch baseline."""
 
     estimator: EstimatorChoice = "grpo"
-    """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline or
-    reinforce."""
+    """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline,
+    reinforce, maxrl or asymre."""
     group_size: Annotated[int, alias("num_generations")] = 4
-    """Responses sampled per prompt (at least 2 for grpo, rloo and reinforce_pp_baseline)."""
+    """Responses sampled per prompt (at least 2 for grpo, rloo, reinforce_pp_baseline, maxrl
+    and asymre)."""
     scale_rewards: Annotated[ScaleRewardsChoice, alias("group_scale")] = "group"
     """grpo: divide group-centred scores by the group std (group: GRPO), the batch std (batch:
     Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: Annotated[float, alias("beta")] = 0.0
-    """Coefficient β of the KL to the reference (grpo: in the loss; the others: in the reward)."""
+    """Coefficient β of the KL to the reference (grpo, maxrl, asymre: in the loss; the others:
+    in the reward)."""
     kl_loss_type: KLLossChoice = "k3"
-    """grpo: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or k3+ (k3's
-    value, k2's gradient; veRL's low_var_kl+)."""
+    """grpo, maxrl, asymre: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or
+    k3+ (k3's value, k2's gradient; veRL's low_var_kl+)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """reinforce_pp, reinforce_pp_baseline: discount of the reward-to-go."""
+    baseline_shift: float = -0.1
+    """asymre: δ added to the group-mean baseline, A = r − (mean + δ); δ < 0 weighs the
+    positive samples more (AsymRE's −0.1)."""
 
     def validate(self) -> None:
         if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
@@ -119,6 +130,25 @@ def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
         scale = REWARD_SCALES[canonical(cfg.scale_rewards, SCALE_REWARDS_ALIASES)]
         advantages = scale(returns, cfg.group_size)
     return _at_last_token(returns, mask), _per_token(advantages, mask), _per_token(returns, mask)
+
+
+def _group_estimator(advantages_of):  # type: ignore[no-untyped-def]
+    """An estimator of grpo's shape (the KL paid in the loss, the return the score) whose (N,)
+    advantage is ``advantages_of(cfg, scores)``."""
+
+    def estimate(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+        mask, scores = exp.loss_mask.float(), exp.scores
+        advantages = advantages_of(cfg, scores)
+        return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
+
+    return estimate
+
+
+def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
+    try:
+        return maxrl_advantages(scores, cfg.group_size)
+    except ValueError as error:  # a reward outside [0, 1]: the run's data, not a bug
+        raise ProxrlError(f"reward_fn: {error} (estimator maxrl)") from None
 
 
 def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
@@ -208,6 +238,16 @@ ESTIMATORS.add(
     _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
     "the batch mean; KL in the sequence reward; the plain policy-gradient loss",
 )
+ESTIMATORS.add(
+    "maxrl",
+    _group_estimator(_maxrl),
+    "group mean baseline ÷ the group mean, rewards in [0, 1] (MaxRL); KL in the loss",
+)
+ESTIMATORS.add(
+    "asymre",
+    _group_estimator(lambda cfg, r: asymre_advantages(r, cfg.group_size, cfg.baseline_shift)),
+    "group mean + baseline_shift as the baseline (AsymRE); KL in the loss",
+)
 EstimatorChoice = ESTIMATORS.literal()
 ScaleRewardsChoice = literal(*REWARD_SCALES, *SCALE_REWARDS_ALIASES)
 KLLossChoice = KL_ESTIMATORS.literal()
@@ -231,7 +271,7 @@ def build(cfg: Config) -> Algorithm:
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
-        kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator == "grpo" else None,
+        kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator in KL_IN_THE_LOSS else None,
         needs_greedy=cfg.estimator == "remax",
     )
 
