@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import random
+import re
 
 import pytest
 
@@ -185,7 +186,12 @@ def test_diagnose_pairs_an_eval_metric_with_the_reward_of_its_iteration():
     for i, s in enumerate(range(5, 101, 5)):
         rows[s - 1]["eval/score"] = 0.3 + 0.05 * i if i < 5 else 0.5 - 0.1 * (i - 4)
     (finding,) = diagnose(rows)
-    assert finding.rule == "reward_hacking" and finding.since == 35
+    # As the live warning reads it: on the rows up to step 40 the evaluations are 0.3 … 0.5,
+    # 0.4, 0.3, 0.2; their differences' MAD is 0, so the floor holds: 1% of 0.5, a bar of
+    # 4 × 0.005 × √(2/2) = 0.02 (the whole series' floor, 1% of |−1.0|, makes it 0.04 and 35).
+    # At step 30 the mean 0.45 is 0.025 under the best 0.475 and the proxy's mean 4.5 is 1 over
+    # 3.5 (bar 4 × 1% of 5 = 0.2); 35 and 40 follow: three in a row, from 30.
+    assert finding.rule == "reward_hacking" and finding.since == 30
     assert finding.metric == "objective/scores vs eval/score"
 
 
@@ -230,3 +236,60 @@ def test_report_has_a_health_section_in_reading_order(tmp_path):
     section = report.split("## Health")[1].split("\n## ")[0]
     assert "sft" not in section  # no rule reads an SFT run's metrics
     assert section.index("`kl_runaway` since iteration 23") < section.index("`reward_hacking`")
+
+
+def noisier_later_run(seed):
+    """The hacked series, with the held-out score much noisier after iteration 70: the whole
+    series' noise (the significance bar) is larger than the noise up to the first firing."""
+    proxy, gold = hacked_series(seed)
+    rng = random.Random(seed + 100)
+    gold = [g + (rng.gauss(0, 0.4) if s > 70 else 0.0) for s, g in zip(STEPS, gold, strict=True)]
+    return rows_of(objective__scores=proxy, reward__gold=gold, objective__kl=[1.0] * 100)
+
+
+def test_the_report_gives_the_since_the_live_warning_gave(tmp_path, caplog):
+    """One run, its metrics.jsonl read by the report and fed row by row to the live monitor:
+    the same rules, with the same "since" (the whole series alone would say 56, the live warning
+    50: the report replays the rules whose bar is measured on the whole series)."""
+    from proxrl.report import write_report
+
+    rows = noisier_later_run(0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monitor, live = HealthMonitor(), []
+    with caplog.at_level(logging.WARNING, logger=health.__name__):
+        for row in rows:
+            fields = {k: v for k, v in row.items() if k != "step"}
+            live += [(f.rule, f.since) for f in monitor.observe(row["step"], fields)]
+    assert live == [("reward_hacking", 50)]
+    section = write_report(tmp_path).read_text().split("## Health")[1].split("\n## ")[0]
+    reported = [(r, int(s)) for r, s in re.findall(r"`(\w+)` since iteration (\d+)", section)]
+    assert reported == live
+    assert [(f.rule, f.since) for f in diagnose(rows)] == live
+    assert health.check(rows, health.RULES[-1]).since == 56  # the whole series' own answer
+
+
+def test_causal_rules_give_the_replayed_since_from_the_whole_series():
+    """``Rule.causal`` is true: a causal rule on the whole series says what it said when it
+    first fired on a prefix (so the report need not replay it)."""
+    rng = random.Random(3)
+    for trial in range(5):
+        walk = [0.0]
+        for _ in STEPS[1:]:
+            walk.append(walk[-1] + rng.gauss(0.05, 0.3))
+        rows = rows_of(
+            objective__kl=[abs(w) * 2 for w in walk],
+            policy__approx_kl=[abs(w) / 20 for w in walk],
+            policy__clipfrac=[min(1.0, abs(w) / 5) for w in walk],
+            objective__entropy=[math.exp(-abs(w)) for w in walk],
+            value__loss=[math.exp(w) for w in walk],
+            value__explained_var=[math.tanh(w) for w in walk],
+        )
+        for rule in health.RULES:
+            if not rule.causal:
+                continue
+            whole = health.check(rows, rule)
+            replayed = next(
+                (f for end in range(1, 101) if (f := health.check(rows[:end], rule))), None
+            )
+            assert whole == replayed, (trial, rule.name)

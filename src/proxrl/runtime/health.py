@@ -30,6 +30,19 @@ fixed from the textbook and common practice before any demo run was looked at:
 - reward hacking: the held-out (or verifiable) score fell significantly below its best while
   the trained reward rose significantly above its value at that best, at ``window + 1``
   consecutive points (a single outlier stays in a trailing mean for ``window`` points only).
+
+One computation for the live warning and the report: a finding's "since" is what the rule said
+the first time it fired on the rows logged so far, which is what ``HealthMonitor`` prints during
+training. Most rules read each point and those before it only, so the whole series gives the same
+answer; ``length_balloon`` and ``reward_hacking`` measure their significance bar on the whole
+series (more points, another noise estimate), so ``diagnose`` replays them point by point
+(``Rule.causal``).
+
+What the rules cannot tell apart: ``length_balloon`` fires whenever the reward rises with
+responses more than twice as long, also when the longer answer is the behaviour the reward asks
+for. On the calculator task (``benchmarks/calculator_task.py``) a tool episode is ~38 model
+tokens against the SFT policy's 2-token give-up, so the rule fires at iteration ~12-15 of PPO and
+GRPO on a run that is learning exactly what it should; the finding's text says so.
 """
 
 from __future__ import annotations
@@ -257,6 +270,9 @@ class Rule:
     check: Callable[..., int | None]
     what: str
     remedy: str
+    causal: bool = True
+    """Whether its verdict at a point reads only that point and those before it (then the whole
+    series gives the "since" the live warning gave; otherwise ``diagnose`` replays it)."""
 
 
 RULES = (
@@ -307,8 +323,11 @@ RULES = (
         "length_balloon",
         (REWARD_METRICS, LENGTH_METRICS),
         length_balloon,
-        f"the reward rises while responses grew past {LENGTH_GROWTH:g}× their start length",
-        "a length penalty (overlong_buffer, no_stop_penalty), a larger kl_coef",
+        f"the reward rises while responses grew past {LENGTH_GROWTH:g}× their start length "
+        "(a length exploit, or a longer behaviour the reward asks for, e.g. a tool call)",
+        "if longer is not what the task needs: a length penalty (overlong_buffer, "
+        "no_stop_penalty), a larger kl_coef",
+        causal=False,
     ),
     Rule(
         "reward_hacking",
@@ -317,29 +336,47 @@ RULES = (
         "the trained reward rises while the held-out score falls",
         "stop early (eval_data with stop_on_reward_hacking; best/ keeps the best policy), a "
         "larger kl_coef, a reward-model ensemble, reset the reference (ref_reset_every)",
+        causal=False,
     ),
 )
 
 
+def check(rows: Sequence[Row], rule: Rule) -> Finding | None:
+    """``rule`` on ``rows`` as they stand (what the live warning reads after each iteration)."""
+    names = [first_metric(rows, candidates) for candidates in rule.metrics]
+    if any(n is None for n in names):
+        return None
+    if len(names) == 1:
+        steps, values = finite_series(rows, names[0])  # type: ignore[arg-type]
+        since = rule.check(steps, values)
+    else:
+        steps, first, second = aligned(rows, names[0], names[1])  # type: ignore[arg-type]
+        window = EVAL_WINDOW if names[1].startswith("eval/") else WINDOW  # type: ignore[union-attr]
+        extra = {"window": window} if rule.check is reward_hacking else {}
+        since = rule.check(steps, first, second, **extra)
+    if since is None:
+        return None
+    return Finding(rule.name, " vs ".join(names), since, rule.what, rule.remedy)  # type: ignore[arg-type]
+
+
+def first_firing(rows: Sequence[Row], rule: Rule) -> Finding | None:
+    """The finding ``rule`` gave on the shortest prefix of ``rows`` it fired on: the one the
+    live warning printed. A causal rule's whole-series answer is that finding already."""
+    if rule.causal or any(first_metric(rows, names) is None for names in rule.metrics):
+        return check(rows, rule)
+    for end in range(1, len(rows) + 1):
+        if int(rows[end - 1].get("step", 0)) <= WARMUP:
+            continue  # no rule fires during warm-up
+        finding = check(rows[:end], rule)
+        if finding is not None:
+            return finding
+    return None
+
+
 def diagnose(rows: Sequence[Row]) -> list[Finding]:
-    """Every rule that fires on ``rows``, in reading order (KL, value, reward)."""
-    findings = []
-    for rule in RULES:
-        names = [first_metric(rows, candidates) for candidates in rule.metrics]
-        if any(n is None for n in names):
-            continue
-        if len(names) == 1:
-            steps, values = finite_series(rows, names[0])  # type: ignore[arg-type]
-            since = rule.check(steps, values)
-        else:
-            steps, first, second = aligned(rows, names[0], names[1])  # type: ignore[arg-type]
-            window = EVAL_WINDOW if names[1].startswith("eval/") else WINDOW  # type: ignore[union-attr]
-            extra = {"window": window} if rule.check is reward_hacking else {}
-            since = rule.check(steps, first, second, **extra)
-        if since is not None:
-            metric = " vs ".join(names)  # type: ignore[arg-type]
-            findings.append(Finding(rule.name, metric, since, rule.what, rule.remedy))
-    return findings
+    """Every rule that fires on ``rows``, in reading order (KL, value, reward), each with the
+    "since" the live warning gave (``first_firing``)."""
+    return [f for rule in RULES if (f := first_firing(rows, rule)) is not None]
 
 
 def render_markdown(runs: Mapping[str, Sequence[Row]]) -> list[str]:
@@ -376,7 +413,8 @@ class HealthMonitor:
 
     def observe(self, step: int, row: Mapping[str, float]) -> list[Finding]:
         self.rows.append({"step": step, **row})
-        new = [f for f in diagnose(self.rows) if f.rule not in self.warned]
+        fresh = (check(self.rows, r) for r in RULES if r.name not in self.warned)
+        new = [f for f in fresh if f is not None]
         for finding in new:
             self.warned.add(finding.rule)
             log.warning("health: %s", finding.line())
