@@ -43,3 +43,63 @@ def test_a_classic_run_gets_its_plots_its_summary_and_the_incomplete_mark(tmp_pa
     assert cli.main(["classic", "--output-dir", str(run), "--resume"]) == 0
     assert cli.main(["report", str(run)]) == 0
     assert "Runs: run.\n" in (run / "report.md").read_text()
+
+
+def _png_width(path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk's width
+
+
+def test_runs_with_different_rewards_get_their_own_axis(tmp_path):
+    """The demo's layout: two PPO runs on the reward model (gold logged at weight 0) and a GRPO
+    run on the 0/1 gold reward. Their scores are in other units, so the score panel has one
+    sub-panel per reward (GRPO's curve is not flattened against reward-model scores); the KL
+    panel, in nats for every run, stays one axis."""
+    import json
+
+    import yaml
+
+    from proxrl.report import panel_groups, unit_of, write_report
+
+    rewards = {
+        "ppo": [1.0, 0.0],
+        "ppo_no_kl": [1.0, 0.0],
+        "grpo": [0.0, 1.0],
+        "grpo_mixed": [0.5, 1.0],
+    }
+    configs = {}
+    for name, weights in rewards.items():
+        (tmp_path / name).mkdir()
+        rows = [
+            {
+                "step": s,
+                "objective/scores": s * (0.01 if "grpo" in name else 1.0),
+                "objective/kl": s,
+            }
+            for s in range(1, 21)
+        ]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        configs[name] = {
+            "reward_model": ["runs/demo/rm"],
+            "reward_fn": ["proxrl.demo.task:gold"],
+            "reward_weights": weights,
+        }
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(configs[name]))
+    lines = [(name, [1], [1.0]) for name in rewards]
+    for panel, want in {
+        "score": [
+            ("runs/demo/rm", ["ppo", "ppo_no_kl"]),
+            ("proxrl.demo.task:gold", ["grpo"]),
+            ("0.5 × runs/demo/rm, proxrl.demo.task:gold", ["grpo_mixed"]),
+        ],
+        "kl": [(None, list(rewards))],
+    }.items():
+        units = {name: unit_of(panel, config) for name, config in configs.items()}
+        got = [(unit, [line[0] for line in group]) for unit, group in panel_groups(lines, units)]
+        assert got == want, panel
+    assert unit_of("score", {"environment": "m:env"}) == "environment m:env"
+    assert unit_of("episodic_return", {"env": "Hopper-v5"}) == "env Hopper-v5"
+
+    write_report(tmp_path)
+    assert _png_width(tmp_path / "plots" / "score.png") == 3 * _png_width(
+        tmp_path / "plots" / "kl.png"
+    )

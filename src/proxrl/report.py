@@ -8,6 +8,12 @@ KL coefficient, value loss, clip fraction, entropy, response length, training lo
 vs proxy for every run that logged both (``reward/gold`` and ``reward/reward_model`` by
 default: the demo logs the signal a run does not optimise at weight 0).
 
+One unit per axis: a panel whose values are in the units of a run's reward (score, value loss,
+β, a classic run's episode return) draws one sub-panel per reward — the reward sources a run
+weighs (its config.yaml's ``reward_model``, ``reward_fn``, ``reward_weights``, ``environment``;
+a classic run's ``env``) — so a GRPO run on a 0/1 reward is not drawn on the axis of a PPO run's
+reward-model scores (where its learning curve looks flat). Runs with the same reward share one.
+
 Health: the rules of ``runtime.health`` (KL first, then the value loss, then the reward) applied
 to every run, in words, with the iteration each finding starts at.
 
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import tyro
+import yaml
 
 from proxrl.runtime.checkpoint import RUN_MARKER, planned_steps
 from proxrl.runtime.errors import ProxrlError
@@ -58,6 +65,13 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "loss": ("training loss (train/loss)", ("train/loss",)),
 }
+UNIT_OF_PANEL: dict[str, str] = {
+    "score": "reward",
+    "value_loss": "reward",
+    "kl_coef": "reward",
+    "episodic_return": "env",
+}
+"""Panels whose values are in a run's own units: the panel → what sets them."""
 GOLD_METRIC = "reward/gold"
 PROXY_METRIC = "reward/reward_model"
 MAIN_PLOT = "gold_vs_proxy"
@@ -80,6 +94,59 @@ def find_runs(run_dir: Path) -> dict[str, list[dict[str, float]]]:
     return runs
 
 
+def run_config(run_dir: Path, name: str) -> dict[str, Any]:
+    """The config.yaml of run ``name`` ({} when it has none)."""
+    path = (run_dir / name if (run_dir / name).is_dir() else run_dir) / "config.yaml"
+    if not path.exists():
+        return {}
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _listed(value: Any) -> list[Any]:
+    if value is None or value == "":
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def reward_unit(config: dict[str, Any]) -> str | None:
+    """What a run's scores are measured in: the reward sources it weighs (non-zero weight), as
+    ``"a, b"``; None when its config says nothing about a reward (all such runs share a panel)."""
+    models = _listed(config.get("reward_model"))  # several: one ensemble, one source
+    sources = ([", ".join(map(str, models))] if models else []) + _listed(config.get("reward_fn"))
+    weights = _listed(config.get("reward_weights"))
+    weights = weights if len(weights) == len(sources) else [1.0] * len(sources)
+    weighed = [
+        f"{w:g} × {s}" if float(w) != 1.0 else str(s)
+        for s, w in zip(sources, weights, strict=True)
+        if float(w) != 0.0
+    ]
+    if config.get("environment"):
+        weighed.append(f"environment {config['environment']}")
+    return ", ".join(weighed) or None
+
+
+def unit_of(panel: str, config: dict[str, Any]) -> str | None:
+    """The unit a run's line on ``panel`` is in (None: the panel's own, shared by every run)."""
+    what = UNIT_OF_PANEL.get(panel)
+    if what == "reward":
+        return reward_unit(config)
+    if what is not None and config.get(what) is not None:
+        return f"{what} {config[what]}"
+    return None
+
+
+def panel_groups(
+    lines: list[tuple[str, Any, Any]], units: dict[str, str | None]
+) -> list[tuple[str | None, list[tuple[str, Any, Any]]]]:
+    """The lines of one panel, grouped by their run's unit (``units``: run name → unit), in the
+    order each unit first appears: one sub-panel, one y-axis, per group."""
+    groups: dict[str | None, list[tuple[str, Any, Any]]] = {}
+    for line in lines:
+        groups.setdefault(units.get(line[0]), []).append(line)
+    return list(groups.items())
+
+
 def series(rows: list[dict[str, float]], metric: str) -> tuple[list[float], list[float]]:
     """(steps, values) of the rows that logged ``metric`` with a finite value."""
     points = [(r["step"], r[metric]) for r in rows if metric in r and math.isfinite(r[metric])]
@@ -93,13 +160,19 @@ def _plot_line(ax: Any, steps: list[float], values: list[float], label: str, col
     ax.plot(steps, trailing_mean(values, window), color=color, linewidth=1.6, label=label)
 
 
-def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict[str, Path]:
-    """One PNG per panel that at least one run logged; returns panel name → path."""
+def plot_panels(
+    runs: dict[str, list[dict[str, float]]],
+    plot_dir: Path,
+    configs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Path]:
+    """One PNG per panel that at least one run logged, one sub-panel per unit (``configs``: run
+    name → its config.yaml, which says what its reward is); returns panel name → path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    configs = configs or {}
     colors = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(runs)}
     written = {}
     for panel, (title, metrics) in PANELS.items():
@@ -112,13 +185,18 @@ def plot_panels(runs: dict[str, list[dict[str, float]]], plot_dir: Path) -> dict
                     break
         if not lines:
             continue
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
-        for name, steps, values in lines:
-            _plot_line(ax, steps, values, name, colors[name])
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step (iterations for LM RL runs, env steps for classic)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        units = {name: unit_of(panel, configs.get(name, {})) for name in runs}
+        groups = panel_groups(lines, units)
+        fig, axes = plt.subplots(
+            1, len(groups), figsize=(6 * len(groups), 3.6), dpi=100, squeeze=False
+        )
+        for ax, (unit, group) in zip(axes[0], groups, strict=True):
+            for name, steps, values in group:
+                _plot_line(ax, steps, values, name, colors[name])
+            ax.set_title(title if len(groups) == 1 else f"{title}\n{unit}", fontsize=9)
+            ax.set_xlabel("step (iterations for LM RL runs, env steps for classic)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         written[panel] = plot_dir / f"{panel}.png"
         fig.savefig(written[panel])
@@ -302,7 +380,7 @@ def _write_report(run_dir: Path, summary: dict[str, Any] | None, samples: int) -
     runs = find_runs(run_dir)
     plot_dir = run_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
-    plots = plot_panels(runs, plot_dir)
+    plots = plot_panels(runs, plot_dir, {name: run_config(run_dir, name) for name in runs})
     if summary is None and (run_dir / "summary.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     stopped = unfinished(run_dir, runs)
