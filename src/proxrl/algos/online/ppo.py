@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Literal
 
+import torch
 from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm, surrogate
@@ -28,10 +29,15 @@ from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.loop import train_online
 from proxrl.core import (
     AdaptiveKL,
+    Aggregation,
     aggregate_loss,
     gae,
     kl_k3,
+    length_adaptive_lam,
     masked_whiten,
+    positive_nll,
+    positive_responses,
+    positive_scale,
     ppo_penalty_loss,
     shaped_rewards,
 )
@@ -57,7 +63,19 @@ class Config(OnlineConfig):
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """Discount over response tokens."""
     lam: Annotated[float, Range(ge=0, le=1)] = 0.95
-    """GAE λ."""
+    """GAE λ of the policy's advantages (and of the value targets unless critic_lam)."""
+    critic_lam: Annotated[float | None, Range(ge=0, le=1)] = None
+    """GAE λ of the critic's value targets (None: lam; VC-PPO and VAPO: 1.0, no bias from a
+    critic that starts wrong at long range)."""
+    length_adaptive_alpha: Annotated[float | None, Range(gt=0)] = None
+    """VAPO's length-adaptive λ of the policy: λ = 1 − 1/(α·l) per response, l its model tokens,
+    clamped to [0, 1] (None: off, lam; VAPO: 0.05)."""
+    positive_nll_coef: Annotated[float | None, Range(ge=0)] = None
+    """Weight of VAPO's NLL on the rollout's positive responses, token-mean (None or 0: off;
+    VAPO: 0.1)."""
+    positive_threshold: float | None = None
+    """A response is positive at or above this score (None: it has the rollout's best score,
+    when not all are equal; a reward model needs a threshold)."""
     whiten_rewards: bool = False
     """Scale per-token rewards to unit variance over the batch (mean kept)."""
     whiten_advantages: bool = True
@@ -89,29 +107,87 @@ class Config(OnlineConfig):
             raise ProxrlError("critic_model: only with critic=separate (a value head starts at 0)")
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
+        if self.positive_nll_coef and self.positive_threshold is None and self.weighs_a_model:
+            raise ProxrlError(
+                "positive_threshold: positive_nll_coef with a reward model needs the score at or "
+                "above which a response is positive (a learned score has no 'correct')"
+            )
         if "penalty" in self.surrogate and self.penalty_beta == 0:
             raise ProxrlError(
                 f"penalty_beta: surrogate={self.surrogate} doubles or halves β, so it cannot "
                 "start from 0"
             )
 
+    @property
+    def weighs_a_model(self) -> bool:
+        """A reward model's score reaches the policy (its weight, the first, is not 0)."""
+        return bool(self.reward_model) and (not self.reward_weights or self.reward_weights[0] != 0)
+
+    @property
+    def value_lam(self) -> float:
+        """λ of the value targets: critic_lam, else lam."""
+        return self.lam if self.critic_lam is None else self.critic_lam
+
 
 CriticChoice = CRITICS.literal()
 
 
-def gae_estimate(cfg: Config, exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
+def gae_estimate(
+    cfg: Config, exp: Experience, kl_coef: float, positives: PositiveExamples | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """PPO's estimator: KL-shaped per-token rewards (whitened if asked), GAE over the critic's
-    values, advantages whitened over the batch if asked. → (rewards, advantages, returns)."""
+    values, advantages whitened over the batch if asked. → (rewards, advantages, returns).
+
+    The policy's advantages take λ = lam, or VAPO's length-adaptive λ per response; the value
+    targets take critic_lam (decoupled λ, VC-PPO): GAE runs a second time only when the two
+    differ. ``positives`` learns this rollout's positive responses (positive_nll_coef)."""
     mask = exp.loss_mask.float()
     rewards = shaped_rewards(
         exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
     )
     if cfg.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
-    advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.lam)
+    policy_lam: float | Tensor = cfg.lam
+    if cfg.length_adaptive_alpha is not None:
+        policy_lam = length_adaptive_lam(mask, cfg.length_adaptive_alpha)
+    advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, policy_lam)
+    if cfg.length_adaptive_alpha is not None or cfg.value_lam != cfg.lam:
+        _, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.value_lam)
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
+    if positives is not None:
+        positives.observe(exp.scores, mask)
     return rewards, advantages, returns
+
+
+class PositiveExamples:
+    """VAPO's positive-example NLL (``core.nll``) beside the policy loss: the estimate tells it
+    each rollout's positive responses (by the score at or above which a row is positive, so a
+    micro-batch's rows decide alone) and the rollout's scale; the loss adds the term.
+
+    Rows dropped after the estimate (mask_truncated) still count in the scale."""
+
+    def __init__(self, coef: float, threshold: float | None, agg: Aggregation) -> None:
+        self.coef, self.threshold, self.agg = coef, threshold, agg
+        self.cutoff: float | None = None  # a row scoring at least this is positive (None: none)
+        self.scale = 0.0
+
+    def observe(self, scores: Tensor, mask: Tensor) -> None:
+        positive = positive_responses(scores, self.threshold)
+        self.cutoff = float(scores[positive].min()) if bool(positive.any()) else None
+        self.scale = positive_scale(mask, positive, self.agg)
+
+    def wrap(self, loss: PolicyLoss) -> PolicyLoss:
+        def with_nll(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+            total, stats = loss(logprobs, mb)
+            if self.cutoff is None:
+                positive = torch.zeros_like(mb.scores, dtype=torch.bool)
+            else:
+                positive = mb.scores >= self.cutoff
+            nll = positive_nll(logprobs, mb.loss_mask.float(), positive, self.scale, self.agg)
+            return total + self.coef * nll, stats | {"positive_nll": nll.detach()}
+
+        return with_nll
 
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
@@ -154,11 +230,16 @@ PPO_SURROGATES: dict[str, Callable[[Config, PolicyLoss, AdaptiveKL | None], Poli
 
 
 def build(cfg: Config) -> Algorithm:
-    estimate = partial(gae_estimate, cfg)
+    positives = None
+    if cfg.positive_nll_coef:
+        positives = PositiveExamples(cfg.positive_nll_coef, cfg.positive_threshold, cfg.aggregation)
+    estimate = partial(gae_estimate, cfg, positives=positives)
     penalty = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
     )
     policy_loss = PPO_SURROGATES[cfg.surrogate](cfg, surrogate(cfg), penalty)
+    if positives is not None:
+        policy_loss = positives.wrap(policy_loss)
     settings = CriticSettings(
         learning_rate=cfg.critic_learning_rate,
         vf_coef=cfg.vf_coef,
