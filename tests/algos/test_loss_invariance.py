@@ -158,6 +158,24 @@ def test_new_surrogates_are_invariant_to_micro_batching(
     )
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("policy_loss", ["dppo_tv", "dppo_kl"])
+def test_dppo_masks_are_invariant_to_micro_batching(
+    policy_loss, aggregation, tiny_lm, prompts, tmp_path
+):
+    """DPPO with trust regions small enough that some tokens (of both signs of A) are masked."""
+    _assert_invariant(
+        grpo,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        policy_loss=policy_loss,
+        loss_aggregation=aggregation,
+        dppo_delta_low=1e-4,
+        dppo_delta_high=1e-4,
+    )
+
+
 @pytest.mark.parametrize("kl_loss_type", ["k1", "k2", "k3+"])
 def test_kl_loss_estimators_are_invariant_to_micro_batching(
     kl_loss_type, tiny_lm, prompts, tmp_path

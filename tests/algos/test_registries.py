@@ -71,7 +71,8 @@ def test_aliases_name_registered_entries_and_never_shadow_one(aliases, registry)
 
 
 def test_the_help_choices_did_not_change():
-    """The choices users saw before the registries (and sapo, the one new policy loss)."""
+    """The choices users saw before the registries, and the new ones at the end: sapo, issue
+    37's dppo_tv and dppo_kl."""
     assert choices(ppo.Config, "loss_aggregation") == (
         "token-mean",
         "seq-mean-token-mean",
@@ -82,7 +83,15 @@ def test_the_help_choices_did_not_change():
         "grpo",
         "dr_grpo",
     )
-    assert choices(ppo.Config, "policy_loss") == ("ppo", "gspo", "gspo_token", "cispo", "sapo")
+    assert choices(ppo.Config, "policy_loss") == (
+        "ppo",
+        "gspo",
+        "gspo_token",
+        "cispo",
+        "sapo",
+        "dppo_tv",
+        "dppo_kl",
+    )
     assert choices(ppo.Config, "kl_estimator") == ("k1", "k2", "k3")
     assert choices(ppo.Config, "rollout_correction") == (
         "none",
@@ -112,6 +121,29 @@ def test_an_aggregation_alias_reduces_as_its_name(alias, name):
     canonical = ppo.Config(**BASE, loss_aggregation=name).aggregation
     assert aliased == canonical
     assert torch.equal(aliased(loss, mask), aggregate_loss(loss, mask, name, horizon=64))
+
+
+def test_the_dppo_knobs_are_config_fields_with_ranges():
+    cfg = grpo.Config(**BASE, policy_loss="dppo_kl", dppo_delta_low=0.05, dppo_delta_high=0.1)
+    cfg.validate()
+    for name in ("dppo_delta_low", "dppo_delta_high"):
+        with pytest.raises(ProxrlError, match=f"^{name}: expected > 0, got 0.0$"):
+            grpo.Config(**BASE, **{name: 0.0}).validate()
+
+
+def test_the_dppo_binding_reads_the_config_knobs():
+    """surrogate(cfg) with dppo_tv: μ = 1/2 at every token, π = 0.8 | 0.2 (rows of A = ±1): the
+    change 0.3 is past δ_high 0.25 (A > 0 dropped), within δ_low 0.35 (A < 0 kept, −r·A = 0.4)."""
+    from proxrl.algos.online.algorithm import surrogate
+
+    cfg = grpo.Config(**BASE, policy_loss="dppo_tv", dppo_delta_low=0.35, dppo_delta_high=0.25)
+    mb = _experience(scores=[1.0, 0.0])
+    mb.logprobs = torch.full((2, 2), 0.5).log()
+    mb.advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    logprobs = torch.tensor([[0.8, 0.8], [0.2, 0.2]]).log()
+    loss, stats = surrogate(cfg)(logprobs, mb)
+    assert math.isclose(loss.item(), 2 * 0.4 / 4, rel_tol=1e-6)
+    assert math.isclose(stats["clipfrac"].item(), 0.5)
 
 
 def test_the_sapo_knobs_are_config_fields_with_ranges():

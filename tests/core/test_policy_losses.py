@@ -10,7 +10,10 @@ from proxrl.core import (
     POLICY_LOSSES,
     PolicyLossSettings,
     aggregation,
+    binary_kl,
     cispo_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
     gspo_loss,
     gspo_token_loss,
     ppo_clip_loss,
@@ -182,6 +185,11 @@ POLICY_LOSS_CASES = {
     "cispo": -(1.2 * math.log(1.5) + 0.5 * math.log(0.5)) / 2,
     # −4σ(r − 1) per token: −4σ(0.5), −4σ(−0.5), mean −2(σ(0.5) + σ(−0.5)) = −2
     "sapo": -2.0,
+    # DPPO: μ(a) = 1 for both tokens (old log-probs 0) and A > 0. TV: π − μ = 0.5 > 0.2 drops
+    # token 1; token 2 fell, kept: −0.5. KL: token 1 rose by D = −ln 1.5 < 0.2 (not a real
+    # probability, but the rule's arithmetic), kept: −1.5; token 2 kept: −0.5.
+    "dppo_tv": (0.0 - 0.5) / 2,
+    "dppo_kl": (-1.5 - 0.5) / 2,
 }
 
 
@@ -198,3 +206,65 @@ def test_policy_losses_by_name_by_hand(name):
     )
     close(loss, POLICY_LOSS_CASES[name])
     close(stats["policy_loss"], POLICY_LOSS_CASES[name])
+
+
+# DPPO on ragged rows (3 tokens | 1 token): μ = (0.5, 0.5, 0.2) | 0.5, π = (0.8, 0.6, 0.1) | 0.2,
+# A = +1 | −2, token-mean over the 4 valid tokens; a 7.0 in padding.
+DPPO_MASK = t([[1, 1, 1], [1, 0, 0]])
+DPPO_OLD = t([[0.5, 0.5, 0.2], [0.5, 1.0, 1.0]]).log()
+DPPO_NEW = [[math.log(0.8), math.log(0.6), math.log(0.1)], [math.log(0.2), 7.0, 7.0]]
+DPPO_ADVANTAGES = t([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+
+
+def test_dppo_tv_masks_by_the_probability_change_by_hand():
+    """δ 0.2 | 0.2. Token (0, 0): A > 0 and π − μ = 0.3 > 0.2: dropped. (0, 1): +0.1, kept with
+    −r·A = −1.2. (0, 2): A > 0 but π fell (−0.1): kept, −0.5. (1, 0): A < 0 and μ − π = 0.3 >
+    0.2: dropped. Loss (−1.2 − 0.5)/4; gradient −r·A/4 at the kept tokens, 0 elsewhere."""
+    logprobs = _leaf(DPPO_NEW)
+    loss, stats = dppo_tv_loss(logprobs, DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK, 0.2, 0.2)
+    close(loss, (-1.2 - 0.5) / 4)
+    loss.backward()
+    close(logprobs.grad, [[0.0, -1.2 / 4, -0.5 / 4], [0.0, 0.0, 0.0]])
+    close(stats["clipfrac"], 2 / 4)
+    # a wider δ_low keeps (1, 0): −r·A = −0.4·(−2) = 0.8
+    loss, _ = dppo_tv_loss(_leaf(DPPO_NEW), DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK, 0.31, 0.2)
+    close(loss, (-1.2 - 0.5 + 0.8) / 4)
+
+
+def _bernoulli_kl(mu, pi):
+    return mu * math.log(mu / pi) + (1 - mu) * math.log((1 - mu) / (1 - pi))
+
+
+def test_binary_kl_by_hand():
+    pairs = ((0.5, 0.8), (0.5, 0.6), (0.2, 0.1))
+    close(binary_kl(DPPO_OLD, t(DPPO_NEW))[0], [_bernoulli_kl(m, p) for m, p in pairs])
+    # μ = 1: the (1 − μ) term is 0 (not 0 · −inf); π = μ: 0
+    close(binary_kl(t([0.0, math.log(0.3)]), t([math.log(0.5), math.log(0.3)])), [math.log(2), 0])
+
+
+def test_dppo_kl_masks_by_the_binary_kl_by_hand():
+    """D(0.5‖0.8) = 0.2231 and D(0.5‖0.2) = 0.2231, D(0.5‖0.6) = 0.0204. δ_low 0.2, δ_high 0.25:
+    (0, 0) rose with D < 0.25: kept, −1.6; (0, 1) kept, −1.2; (0, 2) fell with A > 0: kept
+    whatever D, −0.5; (1, 0) fell with A < 0 and D > 0.2: dropped."""
+    assert _bernoulli_kl(0.5, 0.8) > 0.2 and _bernoulli_kl(0.5, 0.2) > 0.2
+    assert _bernoulli_kl(0.5, 0.8) < 0.25
+    logprobs = _leaf(DPPO_NEW)
+    loss, stats = dppo_kl_loss(logprobs, DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK, 0.2, 0.25)
+    close(loss, (-1.6 - 1.2 - 0.5) / 4)
+    loss.backward()
+    close(logprobs.grad, [[-1.6 / 4, -1.2 / 4, -0.5 / 4], [0.0, 0.0, 0.0]])
+    close(stats["clipfrac"], 1 / 4)
+    # δ_high 0.2 drops (0, 0) as well
+    loss, _ = dppo_kl_loss(_leaf(DPPO_NEW), DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK, 0.2, 0.2)
+    close(loss, (-1.2 - 0.5) / 4)
+
+
+@pytest.mark.parametrize("loss_fn", [dppo_tv_loss, dppo_kl_loss])
+def test_dppo_on_policy_is_the_policy_gradient(loss_fn):
+    """π = μ: nothing masked, the gradient −A/n per token (a length-1 row included)."""
+    logprobs = _leaf([[math.log(0.3), math.log(0.9)], [math.log(0.5), 0.0]])
+    advantages = t([[2.0, 2.0], [-1.0, -1.0]])
+    loss, stats = loss_fn(logprobs, logprobs.detach().clone(), advantages, MASK)
+    loss.backward()
+    close(logprobs.grad, [[-2 / 3, -2 / 3], [1 / 3, 0.0]])
+    close(stats["clipfrac"], 0.0)

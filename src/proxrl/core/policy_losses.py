@@ -1,5 +1,6 @@
 """The policy losses an online algorithm picks by name (``POLICY_LOSSES``), and the surrogates
-published after PPO-Clip for language models: GSPO, GSPO-token, CISPO, SAPO.
+published after PPO-Clip for language models: GSPO, GSPO-token, CISPO, SAPO, DPPO (binary TV
+and binary KL).
 
 Each takes the per-token log-probabilities of the sampled tokens under the policy being trained
 (``logprobs``, with gradient) and under the sampling policy (``old_logprobs``), (B, T)
@@ -42,6 +43,12 @@ class PolicyLossSettings:
     sapo_tau_neg: Annotated[float, Bound(gt=0)] = 1.05
     """sapo: temperature τ of the soft gate on tokens with a zero or negative advantage (larger:
     their off-policy gradient fades faster)."""
+    dppo_delta_low: Annotated[float, Bound(gt=0)] = 0.2
+    """dppo_tv, dppo_kl: divergence δ past which a token with A < 0 whose probability fell takes
+    no gradient (TV: μ(a) − π(a); KL: the binary KL between μ(a) and π(a))."""
+    dppo_delta_high: Annotated[float, Bound(gt=0)] = 0.2
+    """dppo_tv, dppo_kl: divergence δ past which a token with A > 0 whose probability rose takes
+    no gradient (TV: π(a) − μ(a); KL: the binary KL)."""
 
     @property
     def upper_clip(self) -> float:
@@ -279,3 +286,113 @@ def _sapo(
 ) -> tuple[Tensor, Stats]:
     tau_pos, tau_neg = settings.sapo_tau_pos, settings.sapo_tau_neg
     return sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos, tau_neg, agg)
+
+
+def _divergence_masked_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    outside: Tensor,
+    agg: str | Aggregation,
+) -> tuple[Tensor, Stats]:
+    """DPPO's per-token ``−r·A`` with the tokens ``outside`` the trust region taking none."""
+    log_ratio = logprobs - old_logprobs
+    # veRL's guard: exp of a large log-ratio would be inf, and inf × 0 (a masked token) NaN
+    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    keep = (~outside).to(ratio.dtype)
+    loss = aggregate_loss(-ratio * advantages * keep, mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["clipfrac"] = masked_mean(outside.to(ratio.dtype), mask).detach()
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
+def dppo_tv_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """DPPO-Binary-TV (arXiv 2602.04879, "Rethinking the Trust Region in LLM RL"): a trust region
+    on the sampled token's probability instead of its ratio. Per token ``−r·A·m`` with
+    ``r = π(a)/μ(a)`` and ``m = 0`` where the update would move π further out of the region:
+    ``A > 0`` and ``π(a) − μ(a) > δ_high``, or ``A < 0`` and ``μ(a) − π(a) > δ_low`` (π, μ the
+    probabilities of the sampled token under the trained and the sampling policy; ``m`` holds no
+    gradient). A rare token may move its ratio far while its probability barely moves, which
+    PPO's ratio clip would stop and this does not; a likely token is stopped after a small ratio.
+
+    As veRL ``dppo_tv`` (gradient ``−r·A·∇log π·m``; veRL writes it as ``sg(r)·A·log π`` and
+    caps r at 20, here the log-ratio is clamped to ±20 as SAPO's), SkyRL ``dppo``.
+    Stats: ``clipfrac`` (the share of valid tokens outside the region), the ratio diagnostics of
+    ``ppo_clip_loss``.
+
+    Args:
+        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log μ.
+        advantages: (B, T). mask: (B, T).
+    """
+    with torch.no_grad():
+        change = torch.exp(logprobs) - torch.exp(old_logprobs)  # π(a) − μ(a)
+        outside = torch.where(advantages > 0, change > delta_high, False)
+        outside |= torch.where(advantages < 0, -change > delta_low, False)
+    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
+
+
+def binary_kl(old_logprobs: Tensor, logprobs: Tensor) -> Tensor:
+    """The KL between the Bernoulli laws of "the sampled token or not" under μ and π:
+    ``μ·log(μ/π) + (1 − μ)·log((1 − μ)/(1 − π))``, μ = exp(old_logprobs), π = exp(logprobs),
+    each (B, T); 0 where μ = π, +inf where π = 1 > μ."""
+    mu = torch.exp(old_logprobs)
+    # log(1 − e^x) as log(−expm1(x)): exact for a probability near 1
+    rest = torch.log(-torch.expm1(old_logprobs)) - torch.log(-torch.expm1(logprobs))
+    return mu * (old_logprobs - logprobs) + torch.where(mu < 1, (1 - mu) * rest, 0.0)
+
+
+def dppo_kl_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """DPPO-Binary-KL (arXiv 2602.04879): as ``dppo_tv_loss`` with the divergence the binary KL
+    ``D = KL(Bern(μ(a)) ‖ Bern(π(a)))`` (``binary_kl``): a token takes no gradient where
+    ``A > 0``, ``π(a) > μ(a)`` and ``D > δ_high``, or ``A < 0``, ``π(a) < μ(a)`` and
+    ``D > δ_low``. As veRL ``dppo_kl``. Args and stats as ``dppo_tv_loss``."""
+    with torch.no_grad():
+        divergence = binary_kl(old_logprobs, logprobs)
+        rose, fell = logprobs > old_logprobs, logprobs < old_logprobs
+        outside = torch.where(advantages > 0, rose & (divergence > delta_high), False)
+        outside |= torch.where(advantages < 0, fell & (divergence > delta_low), False)
+    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
+
+
+@POLICY_LOSSES.register("dppo_tv", "−r·A, no gradient past a TV trust region on π(a) (DPPO)")
+def _dppo_tv(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    low, high = settings.dppo_delta_low, settings.dppo_delta_high
+    return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
+
+
+@POLICY_LOSSES.register("dppo_kl", "−r·A, no gradient past a binary-KL trust region (DPPO)")
+def _dppo_kl(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+) -> tuple[Tensor, Stats]:
+    low, high = settings.dppo_delta_low, settings.dppo_delta_high
+    return dppo_kl_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
