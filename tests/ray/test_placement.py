@@ -172,7 +172,7 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
     handle = local_ray.remote(ReferenceActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
     assert local_ray.get(handle.ready.remote()) is None
-    reference = RemoteReference(handle)
+    reference = RemoteReference(handle, str(tmp_path))
     local = load_causal_lm(tiny_lm, dtype="float64").eval()
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, 60, (3, 9), generator=generator)
@@ -192,6 +192,43 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         assert (got[attention_mask[:, 4:].bool()] < 0).all()
     local_ray.kill(handle)
+    with pytest.raises(ProxrlError, match="placement: the reference actor died.*--resume"):
+        reference.logprobs(input_ids, attention_mask, 4, 0.7, truncation, False)
+
+
+def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
+    local_ray, tiny_lm, prompts, tmp_path
+):
+    """The reward actor killed: the trainer's call to it fails naming the reward actor. A role
+    that died under a call no stand-in names (here: the driver waits on a live actor whose call
+    to a killed one failed) is reported as one the trainer called, not as the trainer."""
+    from proxrl.algos.online.placement.ray_group import wait_forwarding_signals
+    from proxrl.algos.online.placement.ray_roles import RemoteRewards, RewardActor
+    from proxrl.data.formats import PromptExample
+
+    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    handle = local_ray.remote(RewardActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    assert local_ray.get(handle.ready.remote(), timeout=120) is None
+    rewards = RemoteRewards(handle, str(tmp_path))
+    prompt = [PromptExample("say: abc ->", None, "p:1")]
+    scores, _ = rewards(prompt, [" abc"], {})
+    assert scores.shape == (1,)
+    local_ray.kill(handle)
+    with pytest.raises(ProxrlError, match="placement: the reward actor died.*--resume"):
+        rewards(prompt, [" abc"], {})
+
+    @local_ray.remote(num_cpus=0.25)
+    class Caller:
+        def train(self, callee: object) -> object:
+            import ray
+
+            return ray.get(callee.score.remote([], [], {}))  # type: ignore[attr-defined]
+
+    caller = Caller.remote()
+    with pytest.raises(ProxrlError, match="placement: an actor trainer rank 0 called") as info:
+        wait_forwarding_signals([caller], [caller.train.remote(handle)], str(tmp_path))
+    assert "the trainer actor" not in str(info.value)
+    local_ray.kill(caller)
 
 
 def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(

@@ -44,6 +44,25 @@ def answer(refs: Any) -> Any:
         raise
 
 
+def role_died(role: str, error: Exception, output_dir: str) -> ProxrlError:
+    """The one line for a role actor (``role``: "the reward actor", ...) that died under a call:
+    its name, not the trainer's, and that the last checkpoint is whole."""
+    return ProxrlError(
+        f"placement: {role} died ({type(error).__name__}); the last checkpoint in {output_dir} "
+        "is whole: --resume continues the run"
+    )
+
+
+def answer_of(role: str, output_dir: str, refs: Any) -> Any:
+    """``answer`` from ``role``'s actor; its death is reported as that role's (``role_died``)."""
+    from ray.exceptions import RayActorError
+
+    try:
+        return answer(refs)
+    except RayActorError as error:
+        raise role_died(role, error, output_dir) from error
+
+
 def join_paths(paths: list[str]) -> None:
     """The driver's import path (reward functions' modules) in this worker too."""
     sys.path.extend(p for p in paths if p not in sys.path)
@@ -183,9 +202,8 @@ def wait_forwarding_signals(trainers: list[Any], results: list[Any], output_dir:
                 try:
                     status, value = ray.get(ref)
                 except RayActorError as error:
-                    raise ProxrlError(
-                        f"placement: the trainer actor died ({type(error).__name__}); the last "
-                        f"checkpoint in {output_dir} is whole: --resume continues the run"
+                    raise role_died(
+                        dead_actor(error, results.index(ref)), error, output_dir
                     ) from error
                 if status == "error":
                     return status, value
@@ -194,3 +212,14 @@ def wait_forwarding_signals(trainers: list[Any], results: list[Any], output_dir:
                     trainer.request_stop.remote(stop.signum)
                 forwarded = True
     return ray.get(results[0])
+
+
+def dead_actor(error: Exception, rank: int) -> str:
+    """Who died when trainer ``rank``'s ``train`` ended in ``error`` (a ``RayActorError``): the
+    trainer itself, or (a ``RayTaskError``: the trainer answered) an actor it called that no
+    role stand-in named (``answer_of``)."""
+    from ray.exceptions import RayTaskError
+
+    if isinstance(error, RayTaskError):
+        return f"an actor trainer rank {rank} called"
+    return "the trainer actor" if rank == 0 else f"the trainer actor of rank {rank}"

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.placement.ray_group import answer, join_paths
+from proxrl.algos.online.placement.ray_group import answer, answer_of, join_paths
 from proxrl.algos.online.placement.ray_weights import (
     Layout,
     ObjectStoreWeights,
@@ -83,13 +83,15 @@ class RemoteRewards:
 
     sources: tuple[()] = ()  # placed in their actor, not by the trainer
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, output_dir: str) -> None:
         self.handle = handle
+        self.output_dir = output_dir  # named when the actor dies
 
     def __call__(
         self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
     ) -> tuple[Tensor, dict[str, float]]:
-        return answer(self.handle.score.remote(prompts, completions, columns))
+        ref = self.handle.score.remote(prompts, completions, columns)
+        return answer_of("the reward actor", self.output_dir, ref)
 
 
 class ReferenceActor(RoleActor):
@@ -129,8 +131,12 @@ class RemoteReference:
     micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs computed in the
     actor, so per micro-batch B × (P + T) ids go there and B × T floats come back."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, output_dir: str) -> None:
         self.handle = handle
+        self.output_dir = output_dir  # named when the actor dies
+
+    def _answer(self, ref: Any) -> Any:
+        return answer_of("the reference actor", self.output_dir, ref)
 
     def logprobs(
         self,
@@ -141,7 +147,7 @@ class RemoteReference:
         truncation: dict[str, Any],
         packed: bool,
     ) -> Tensor:
-        return answer(
+        return self._answer(
             self.handle.logprobs.remote(
                 input_ids.cpu(),
                 attention_mask.cpu(),
@@ -153,10 +159,10 @@ class RemoteReference:
         )
 
     def state_dict(self) -> dict[str, Tensor]:  # checkpointed when ref_reset_every moves it
-        return ray.get(self.handle.state_dict.remote())
+        return self._answer(self.handle.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        ray.get(self.handle.load_state_dict.remote({k: v.cpu() for k, v in state.items()}))
+        self._answer(self.handle.load_state_dict.remote({k: v.cpu() for k, v in state.items()}))
 
 
 @dataclass

@@ -117,6 +117,7 @@ def connect(cfg: OnlineConfig) -> bool:
     address = cfg.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address and address != "auto" and not address.startswith("ray://"):
         check_address(address)
+        send_token_if_held()
     if not address:  # a local Ray gets this machine's CPUs and GPUs: check before starting it
         import torch
 
@@ -126,8 +127,36 @@ def connect(cfg: OnlineConfig) -> bool:
     try:
         ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
     except ConnectionError as error:
-        raise ProxrlError(f"ray_address: {str(error).splitlines()[0]}") from error
+        advice = f"; {TOKEN_ADVICE}" if address else ""
+        raise ProxrlError(f"ray_address: {str(error).splitlines()[0]}{advice}") from error
     return True
+
+
+TOKEN_ADVICE = (
+    "if the cluster uses token authentication (ray start --head turns it on once a token "
+    "exists), give this process its token: ~/.ray/auth_token, RAY_AUTH_TOKEN or "
+    "RAY_AUTH_TOKEN_PATH, and RAY_AUTH_MODE=token"
+)
+
+
+def send_token_if_held() -> None:
+    """Ask Ray to send this machine's authentication token when joining ``ray_address``.
+
+    Ray (2.60 here) starts ``ray start --head`` with token authentication once a token exists
+    (``~/.ray/auth_token``: any earlier local Ray wrote one) and, joining a cluster by its
+    address, reads a token only when ``RAY_AUTH_MODE=token`` (``ray.init`` turns it on for
+    ``auto`` alone): the join then fails after a minute as "Failed to connect" (the cluster's
+    log: InvalidAuthToken). A token sent to a cluster without authentication is ignored, so a
+    held token is sent whenever the mode is unset; an explicit ``RAY_AUTH_MODE`` is respected."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication
+        return
+    if AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # Ray's config, read at import, sees the mode now
 
 
 def check_resources(
@@ -305,7 +334,7 @@ class RayPlacement:
             self._ready([handle])
             return [handle]
 
-        return RemoteRewards(ray_group.shared(start, [name])[0])
+        return RemoteRewards(ray_group.shared(start, [name])[0], cfg.output_dir)
 
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
         from proxrl.algos.online.placement.ray_critic import (
@@ -354,7 +383,11 @@ class RayPlacement:
         self.pool = EnginePool(engines, models.tokenizer.pad_token_id, transport)
         return replace(
             models,
-            reference=RemoteReference(reference) if reference is not None else models.reference,
+            reference=(
+                RemoteReference(reference, cfg.output_dir)
+                if reference is not None
+                else models.reference
+            ),
         )
 
     def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
