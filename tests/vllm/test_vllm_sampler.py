@@ -5,6 +5,8 @@ policy's new weights (full and LoRA)."""
 from __future__ import annotations
 
 import copy
+import logging
+import weakref
 
 import pytest
 import torch
@@ -12,9 +14,11 @@ import torch
 from proxrl.core import processed_entropy
 from proxrl.models.lora import apply_lora
 from proxrl.models.tokenizer import load_tokenizer
+from proxrl.rollout import vllm_sampler
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import CachedSampler, SamplingSettings
 from proxrl.rollout.vllm_sampler import (
+    RELOAD_LOGGER,
     EngineOptions,
     VLLMSampler,
     release_memory,
@@ -165,12 +169,7 @@ def test_after_an_update_the_engine_scores_as_the_trainer(setup):
 
 def test_a_lora_policy_reaches_the_engine_merged(setup):
     engine, tokenizer, model = setup
-    policy = apply_lora(copy.deepcopy(model), r=4)
-    with torch.no_grad():  # B starts at 0: move it so that the adapter changes the model
-        generator = torch.Generator().manual_seed(2)
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.add_(torch.randn(p.shape, generator=generator) * 0.2)
+    policy = _lora_policy(model)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     assert _engine_vs_trainer(engine, tokenizer, policy) > 1e-2
     sync_weights(engine, policy)
@@ -178,6 +177,73 @@ def test_a_lora_policy_reaches_the_engine_merged(setup):
     after = policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # never merged in place
     sync_weights(engine, model)
+
+
+def _lora_policy(model):
+    policy = apply_lora(copy.deepcopy(model), r=4)
+    with torch.no_grad():  # B starts at 0: move it so that the adapter changes the model
+        generator = torch.Generator().manual_seed(2)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn(p.shape, generator=generator) * 0.2)
+    return policy
+
+
+def test_a_lora_sync_merges_and_sends_one_layer_at_a_time(setup, monkeypatch):
+    """Under LoRA the merged weights are made as vLLM reads them: the merged tensors alive at
+    once never exceed one decoder layer's (a list of them all is every layer's at once), and
+    the synced engine scores as the merged policy."""
+    engine, tokenizer, model = setup
+    policy = _lora_policy(model)
+    own = {t.untyped_storage().data_ptr() for t in policy.state_dict().values()}
+    merge = vllm_sampler.merged_weights
+    live: dict[int, tuple[weakref.ref, int]] = {}  # id → (the merged tensor, its bytes)
+    per_layer: dict[str, int] = {}  # "model.layers.0" → bytes merged there
+    peak = [0]
+
+    def tracked(module):
+        for name, tensor in merge(module):
+            if tensor.untyped_storage().data_ptr() not in own:  # made by the merge
+                key, size = id(tensor), tensor.nbytes
+                live[key] = (weakref.ref(tensor, lambda _, k=key: live.pop(k, None)), size)
+                layer = name.split(".self_attn")[0].split(".mlp")[0]
+                per_layer[layer] = per_layer.get(layer, 0) + size
+                peak[0] = max(peak[0], sum(n for _, n in live.values()))
+            yield name, tensor
+
+    monkeypatch.setattr(vllm_sampler, "merged_weights", tracked)
+    sync_weights(engine, policy)
+    monkeypatch.undo()
+    assert len(per_layer) >= 2, per_layer  # the adapter is on several layers
+    assert 0 < peak[0] <= max(per_layer.values()), (peak, per_layer)
+    assert _engine_vs_trainer(engine, tokenizer, policy) < 1e-4
+    sync_weights(engine, model)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_sync_does_not_warn_about_the_rotary_embedding(setup):
+    """vLLM's "RotaryEmbedding: Failed to load weights" (its cos/sin cache is in no checkpoint
+    and is kept as it was: test_after_an_update_the_engine_scores_as_the_trainer) is not logged
+    at every sync; vLLM's reload logger still passes every other record."""
+    engine, tokenizer, model = setup
+    records = _Records()
+    logger = logging.getLogger(RELOAD_LOGGER)
+    logger.addHandler(records)
+    try:
+        sync_weights(engine, _perturbed(model))
+        sync_weights(engine, model)
+        logger.warning("%s: Failed to load weights", "LlamaMLP")
+    finally:
+        logger.removeHandler(records)
+    assert records.messages == ["LlamaMLP: Failed to load weights"], records.messages
 
 
 def test_request_seeds_follow_torch_seed(setup):

@@ -145,6 +145,7 @@ def start_engine(options: EngineOptions) -> Any:
                 f"here ({message.splitlines()[0]})"
             ) from error
         raise ProxrlError(f"sampler: vllm could not start: {message.splitlines()[0]}") from error
+    quiet_weightless_layers()
     log.info("vLLM engine started in %.1f s", time.perf_counter() - started)
     _ENGINES[options] = engine
     return engine
@@ -166,12 +167,39 @@ def sync_weights(engine: Any, model: nn.Module) -> float:
     if id(engine) in _ASLEEP:
         engine.wake_up()
         _ASLEEP.discard(id(engine))
+    weights: Any = merged_weights(model)  # each LoRA-merged weight made when vLLM reaches it
+    if engine.llm_engine.vllm_config.parallel_config.world_size > 1:
+        weights = list(weights)  # worker processes: the executor pickles its arguments whole
     engine.collective_rpc(
-        "reload_weights",
-        kwargs={"weights_iterator": list(merged_weights(model)), "is_checkpoint_format": True},
+        "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
     )
     engine.reset_prefix_cache()
     return time.perf_counter() - started
+
+
+class WeightlessLayerFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights", logged at every weight reload.
+
+    vLLM's in-place reload (``model_loader/reload/layerwise.py``) counts each layer's tensors
+    and warns about a layer none of whose tensors came; a rotary embedding's one tensor is its
+    cos/sin cache, a buffer computed from the config (θ, the positions), in no checkpoint, which
+    vLLM then puts back as it was. Nothing is lost: the engine scores as the trainer after a
+    sync (tests/vllm/test_vllm_sampler.py). The warning for any other layer still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+        weightless = isinstance(layer, str) and layer.endswith("RotaryEmbedding")
+        return not (weightless and record.msg == "%s: Failed to load weights")
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+def quiet_weightless_layers() -> None:
+    """``WeightlessLayerFilter`` on vLLM's reload logger, once per process."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, WeightlessLayerFilter) for f in logger.filters):
+        logger.addFilter(WeightlessLayerFilter())
 
 
 def sleep_supported() -> bool:
