@@ -13,6 +13,7 @@ the last token of whatever text it is given.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -155,13 +156,90 @@ def policy_usage(adapter: bool) -> str:
     )
 
 
+def conversational_data(cfg: Any) -> bool:
+    """Whether the run's training data (``cfg.data``) is conversational: its first row's
+    ``prompt``, ``chosen`` or ``responses`` is a list of messages (rows are one form
+    throughout: ``data.formats`` refuses a mix)."""
+    from proxrl.data.readers import read_rows
+
+    source = getattr(cfg, "data", None)
+    if not isinstance(source, str) or not source:
+        return False
+    rows = read_rows(source)
+    if not rows:
+        return False
+    first = rows[0].data
+    for name in ("chosen", "prompt"):
+        if isinstance(first.get(name), list):
+            return True
+    responses = first.get("responses")
+    return isinstance(responses, list) and any(isinstance(r, list) for r in responses)
+
+
+STANDARD_IDS = (
+    "The text encoded as in training: the prompt with the tokenizer's special tokens, the "
+    "response without, then `eos_token_id`",
+    'ids = (tokenizer(prompt)["input_ids"]\n'
+    '       + tokenizer(response, add_special_tokens=False)["input_ids"]\n'
+    "       + [tokenizer.eos_token_id])\n",
+)
+CHAT_IDS_TEXT = (
+    "The data was conversational, so the text is the chat template's, encoded as in training: "
+    '`prompt` is the conversation before the reply (a list of `{"role", "content"}` '
+    "messages) rendered with the generation prompt, the reply is what the template adds for the "
+    "assistant's message `response` after it (each part encoded without special tokens), then "
+    "`eos_token_id` unless the template already ended with it"
+)
+CHAT_RENDER = (
+    "prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, "
+    "add_generation_prompt=True)\n"
+    "full_text = tokenizer.apply_chat_template(\n"
+    '    prompt + [{"role": "assistant", "content": response}], tokenize=False)\n'
+)
+PLAIN_RENDER = (  # data.encoding.render_conversation without a template
+    "def render(messages, generation_prompt):  # the tokenizer has no chat template\n"
+    "    text = \"\".join(f\"{m['role']}: {m['content']}\\n\" for m in messages)\n"
+    '    return text + ("assistant: " if generation_prompt else "")\n'
+    "prompt_text = render(prompt, True)\n"
+    'full_text = render(prompt + [{"role": "assistant", "content": response}], False)\n'
+)
+CHAT_IDS = (
+    'ids = (tokenizer(prompt_text, add_special_tokens=False)["input_ids"]\n'
+    '       + tokenizer(full_text[len(prompt_text):], add_special_tokens=False)["input_ids"])\n'
+    "if ids[-1] != tokenizer.eos_token_id:\n"
+    "    ids.append(tokenizer.eos_token_id)\n"
+)
+
+
+def has_chat_template(output_dir: Path) -> bool:
+    """Whether the tokenizer saved in ``output_dir`` carries a chat template."""
+    if (output_dir / "chat_template.jinja").is_file():
+        return True
+    config = output_dir / "tokenizer_config.json"
+    return config.is_file() and bool(
+        json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    )
+
+
+def encoding_usage(cfg: Any) -> tuple[str, str]:
+    """(how the text is encoded, in words; the code that encodes it) for the card."""
+    if not conversational_data(cfg):
+        return STANDARD_IDS
+    if has_chat_template(Path(cfg.output_dir)):
+        return CHAT_IDS_TEXT, CHAT_RENDER + CHAT_IDS
+    words = CHAT_IDS_TEXT.replace(
+        "the chat template's", "proxrl's `role: content` lines (the tokenizer has no template)"
+    ).replace("the template adds", "the lines add")
+    return words, PLAIN_RENDER + CHAT_IDS
+
+
 def reward_usage(cfg: Any) -> str:
     centred = getattr(cfg, "normalize", True)
+    how, encode = encoding_usage(cfg)
     return (
         "An `AutoModelForSequenceClassification` (`num_labels=1`). The score of a response is "
-        "the head's output at the **last token of prompt + response + EOS**, the text encoded "
-        "as in training: the prompt with the tokenizer's special tokens, the response without, "
-        "then `eos_token_id` (without the EOS, transformers scores another token and gives "
+        "the head's output at the **last token of prompt + response + EOS**. "
+        f"{how} (without the EOS, transformers scores another token and gives "
         "other numbers). The tokenizer pads on the right; the classifier reads the last "
         "non-pad token.\n\n"
         "```python\n"
@@ -169,9 +247,7 @@ def reward_usage(cfg: Any) -> str:
         "from transformers import AutoModelForSequenceClassification, AutoTokenizer\n"
         "model = AutoModelForSequenceClassification.from_pretrained(path).eval()\n"
         "tokenizer = AutoTokenizer.from_pretrained(path)\n"
-        'ids = (tokenizer(prompt)["input_ids"]\n'
-        '       + tokenizer(response, add_special_tokens=False)["input_ids"]\n'
-        "       + [tokenizer.eos_token_id])\n"
+        f"{encode}"
         "with torch.no_grad():\n"
         "    raw = model(torch.tensor([ids])).logits[0, 0].item()\n"
         'score = raw - getattr(model.config, "reward_offset", 0.0)  # proxrl\'s score\n'

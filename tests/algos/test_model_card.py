@@ -4,6 +4,7 @@ plain transformers as its card says, and push_to_hub up to the hub call."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -230,3 +231,66 @@ def test_a_lora_run_card_names_the_merged_model_and_its_adapter(tiny_lm, tmp_pat
     assert not isinstance(run.model, PeftModel)
     base = AutoModelForCausalLM.from_pretrained(tiny_lm)
     assert isinstance(PeftModel.from_pretrained(base, run.output_dir / "adapter"), PeftModel)
+
+
+CHAT_PAIRS = [
+    {
+        "prompt": [{"role": "user", "content": f"say: {w}"}],
+        "chosen": [{"role": "assistant", "content": " abcd."}],
+        "rejected": [{"role": "assistant", "content": f" wxyz{i}."}],
+    }
+    for i, w in enumerate(WORDS)
+]
+
+
+def card_code(path) -> str:
+    card = (path / "README.md").read_text()
+    return re.search(r"## How to use.*?```python\n(.*?)```", card, re.S).group(1)
+
+
+def test_a_conversational_reward_model_card_scores_through_the_chat_template(tiny_lm, tmp_path):
+    """Trained on conversational pairs, the reward model read its texts through the chat
+    template: the card's code applies it, and gives the trainer's ids and scores for the chosen
+    and the rejected reply."""
+    from proxrl.data.encoding import encode_preferences
+    from proxrl.data.formats import preference_examples
+    from proxrl.data.readers import Row
+    from proxrl.models.scalar_head import sequence_scores
+
+    run = proxrl.rm(model=tiny_lm, data=CHAT_PAIRS, output_dir=tmp_path / "rm", **OFFLINE)
+    path = run.output_dir
+    code = card_code(path)
+    assert "apply_chat_template" in code and "conversational" in (path / "README.md").read_text()
+    tokenizer = load_tokenizer(str(path))
+    model = load_score_model(str(path), new_head=None).eval()
+    rows = [Row(r, f"row {i}") for i, r in enumerate(CHAT_PAIRS[:3])]
+    pairs = encode_preferences(preference_examples(rows, "t"), tokenizer, 64)
+    for pair, row in zip(pairs, rows, strict=True):
+        for encoded, reply in ((pair.chosen, "chosen"), (pair.rejected, "rejected")):
+            ids = torch.tensor([encoded.input_ids])
+            with torch.no_grad():
+                want = sequence_scores(model, ids, torch.ones_like(ids), normalize=True).item()
+            response = row.data[reply][0]["content"]
+            namespace = {"path": str(path), "prompt": row.data["prompt"], "response": response}
+            exec(code, namespace)  # noqa: S102 (the card proxrl itself wrote)
+            assert namespace["ids"] == encoded.input_ids
+            assert namespace["score"] == pytest.approx(want, abs=1e-6)
+
+
+def test_the_card_renders_as_proxrl_does_without_a_chat_template(tiny_lm, tmp_path):
+    """Conversational data on a tokenizer without a template: proxrl renders `role: content`
+    lines; the card's code does the same."""
+    from proxrl.data.encoding import render_conversation
+
+    tokenizer = load_tokenizer(tiny_lm)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    cfg = type("Cfg", (), {"data": str(tmp_path / "d.jsonl"), "output_dir": str(tmp_path)})()
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CHAT_PAIRS))
+    words, code = model_card.encoding_usage(cfg)
+    assert "apply_chat_template" not in code and "no template" in words
+    prompt, reply = CHAT_PAIRS[0]["prompt"], CHAT_PAIRS[0]["chosen"]
+    namespace = {"tokenizer": tokenizer, "prompt": prompt, "response": reply[0]["content"]}
+    exec(code, namespace)  # noqa: S102
+    assert namespace["prompt_text"] == render_conversation(tokenizer, prompt, True)
+    assert namespace["full_text"] == render_conversation(tokenizer, prompt + reply, False)
