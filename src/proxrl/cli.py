@@ -118,13 +118,41 @@ def final_line(command: str, output_dir: Any, metrics: dict[str, Any]) -> str | 
     return None
 
 
+COMMON_OPTIONS = (
+    ("--config FILE", "options from a YAML file (field: value); flags given beside it win"),
+    ("--debug", "on an error, print the traceback too, and log DEBUG records"),
+    ("--quiet", "log warnings and errors only"),
+)
+"""What every command takes besides its config's fields (``--config``: the commands with a
+``Config``); ``--help`` lists them after the fields."""
+
+
+def _common_options(has_config: bool) -> str:
+    shown = [
+        (flag, help_)
+        for flag, help_ in COMMON_OPTIONS
+        if has_config or not flag.startswith("--config")
+    ]
+    width = max(len(flag) for flag, _ in shown)
+    return "\n".join(["every command also takes:"] + [f"  {f:<{width}}  {h}" for f, h in shown])
+
+
 def _run(command: str, argv: list[str]) -> int:
     from proxrl.runtime.config import parse_config
 
+    # Only the command's config (its module and what the module imports) loads before the
+    # arguments are parsed: its modules import transformers and peft where a model or
+    # tokenizer is loaded, not at import, so `--help` and a typo answer before them.
     module = command_module(command)
-    if hasattr(module, "main"):
-        return int(module.main(argv) or 0)
-    run = train(parse_config(module.Config, argv, prog=f"proxrl {command}"), command=command)
+    try:
+        if hasattr(module, "main"):
+            return int(module.main(argv) or 0)
+        cfg = parse_config(module.Config, argv, prog=f"proxrl {command}")
+    except SystemExit as e:  # --help printed the command's own options
+        if e.code in (0, None) and any(a in ("-h", "--help") for a in argv):
+            _say(_common_options(hasattr(module, "Config")), sys.stdout)
+        raise
+    run = train(cfg, command=command)
     line = final_line(command, run.output_dir, run.metrics)
     if line is not None:
         log.info("%s", line)

@@ -22,9 +22,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from proxrl.data.formats import (
     Message,
@@ -35,6 +33,9 @@ from proxrl.data.formats import (
     Text,
 )
 from proxrl.runtime.errors import ProxrlError
+
+if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not with a config
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

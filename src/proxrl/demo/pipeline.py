@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 import torch
-from transformers.utils import logging as hf_logging
 
 from proxrl.algos.offline import reward, sft
 from proxrl.algos.online import grpo, ppo
@@ -54,7 +53,6 @@ from proxrl.demo.evaluate import PolicyScores, evaluate_policy
 from proxrl.model_card import publish
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.scalar_head import load_score_model
-from proxrl.models.tiny import build_tiny_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager
@@ -369,6 +367,10 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run every stage; write ``summary.json`` and ``report.md``; return the summary."""
     # 1. Checks, the output directory and its demo_config.yaml (kept as it was on a resume).
     cfg.validate()
+    from transformers.utils import logging as hf_logging  # here: `--help` answers without it
+
+    from proxrl.models.tiny import build_tiny_lm
+
     hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

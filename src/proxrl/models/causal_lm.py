@@ -12,16 +12,18 @@ update, and the PPO ratio is no longer 1 at the first step.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from proxrl.models.lora import adapter_base, adapter_head_modules, merge_adapter
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
+
+if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not with a config
+    from transformers import PreTrainedModel
 
 DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,
@@ -131,6 +133,8 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """A causal LM ready for RLHF: dropout off, optional gradient checkpointing."""
     kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
+    from transformers import AutoModelForCausalLM
+
     model = load_pretrained(AutoModelForCausalLM, name_or_path, **kwargs)
     prepare_for_training(model, gradient_checkpointing)
     return model

@@ -18,23 +18,42 @@ import contextlib
 import json
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import LoraConfig, PeftConfig, PeftModel, TaskType, get_peft_model
-from peft.utils import ModulesToSaveWrapper
 from torch import Tensor, nn
-from transformers import PreTrainedModel
-from transformers.utils.peft_utils import find_adapter_config_file
 
 from proxrl.runtime.checkpointer import TrainableWeights
+
+if TYPE_CHECKING:  # peft and transformers load when a LoRA is made, not when a config is parsed
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SUBDIR = "adapter"
+
+# peft reads transformers' deprecated ``is_gradient_checkpointing`` whenever it wraps a model
+# (peft 0.21 with transformers 5): the value is right, the FutureWarning is noise on every run.
+PEFT_DEPRECATION = r"`is_gradient_checkpointing` is deprecated"
+
+
+def is_peft_model(model: object) -> bool:
+    """Whether ``model`` is wrapped by peft (never, when peft was not imported: no LoRA)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_DEPRECATION, category=FutureWarning)
+        yield
 
 
 def apply_lora(
@@ -47,6 +66,8 @@ def apply_lora(
 ) -> PeftModel:
     """Wrap ``model`` with rank-``r`` LoRA on ``target_modules`` ("all-linear": every linear
     layer but the output head). ``task="seq_cls"`` also trains the scalar head in full."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
     config = LoraConfig(
         r=r,
         lora_alpha=alpha if alpha is not None else 2 * r,
@@ -54,7 +75,8 @@ def apply_lora(
         target_modules=target_modules,
         task_type=TaskType.SEQ_CLS if task == "seq_cls" else TaskType.CAUSAL_LM,
     )
-    return get_peft_model(model, config)
+    with _quiet_peft():
+        return get_peft_model(model, config)
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
@@ -66,7 +88,7 @@ def trainable_state_dict(model: nn.Module) -> dict[str, Tensor]:
 @contextlib.contextmanager
 def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Run the base model under a peft wrapper (the reference policy); a no-op without LoRA."""
-    if isinstance(model, PeftModel):
+    if is_peft_model(model):
         with model.disable_adapter():
             yield model
     else:
@@ -84,6 +106,8 @@ def adapter_config(name_or_path: str) -> dict[str, Any] | None:
         local = os.path.join(name_or_path, ADAPTER_CONFIG)
         found = local if os.path.isfile(local) else None
     else:
+        from transformers.utils.peft_utils import find_adapter_config_file
+
         try:
             found = find_adapter_config_file(name_or_path)
         except (OSError, ValueError):
@@ -111,9 +135,12 @@ def merge_adapter(model: PreTrainedModel, path: str) -> PreTrainedModel:
     # peft's plain wrapper, whatever task the adapter was trained for: a causal-LM adapter
     # merges into a reward or value model's body as well (the task's wrappers would call
     # methods such a model lacks).
+    from peft import PeftConfig, PeftModel
+
     config = PeftConfig.from_pretrained(path)
     config.task_type = None
-    merged = PeftModel.from_pretrained(model, path, config=config).merge_and_unload()
+    with _quiet_peft():
+        merged = PeftModel.from_pretrained(model, path, config=config).merge_and_unload()
     merged.requires_grad_(True)
     # A LoRA trained on this model records it as its base: the adapted model, not the original.
     merged.name_or_path = path
@@ -139,12 +166,14 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     computed into new tensors so the trained model itself is never merged and unmerged (which
     would round its weights). Each ΔW is computed when its weight is reached: at most one extra
     weight at a time on the model's device."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    base = model.get_base_model() if is_peft_model(model) else model
     adapted: dict[str, nn.Module] = {}  # "model.layers.0.self_attn.q_proj" → its LoRA layer
     copies: dict[str, str] = {}  # "score.modules_to_save.default." → "score."
     skipped: list[str] = []  # "score.original_module."
+    peft_utils = sys.modules.get("peft.utils")
+    wrapper = peft_utils.ModulesToSaveWrapper if peft_utils is not None else ()
     for name, module in base.named_modules():
-        if isinstance(module, ModulesToSaveWrapper):
+        if isinstance(module, wrapper):
             active = module.active_adapters[0]
             copies[f"{name}.modules_to_save.{active}."] = f"{name}."
             skipped.append(f"{name}.")
@@ -175,7 +204,7 @@ def save_model(
     ``state_dict``: the weights to write instead of the model's own (an FSDP run's gathered
     ones, ``runtime.distributed.full_state``)."""
     output_dir = Path(output_dir)
-    if not isinstance(model, PeftModel):
+    if not is_peft_model(model):
         model.save_pretrained(output_dir, state_dict=state_dict)
         return
     model.save_pretrained(str(output_dir / ADAPTER_SUBDIR))

@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from peft import PeftModel
 from torch import Tensor, nn
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
-from transformers.utils import logging as hf_logging
 
 from proxrl.models.causal_lm import from_pretrained_kwargs, load_pretrained, prepare_for_training
+from proxrl.models.lora import is_peft_model
 from proxrl.runtime.errors import ProxrlError
+
+if TYPE_CHECKING:  # transformers loads with the first model, not with a config
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ def load_score_model(
     """Load a ``num_labels=1`` sequence classifier; initialise its head if the checkpoint has
     none (``new_head="reward"``: N(0, 1/√(d+1)); ``"zero"``: zeros, for a critic; ``None``:
     refuse such a checkpoint with a ``ProxrlError``, for a model used as it is)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
     kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
     # transformers prints a multi-line load report when a causal LM becomes a classifier (its
     # lm_head unused, the head missing): expected here, so it is replaced by one log line.
@@ -138,7 +142,7 @@ def init_score_head(head: nn.Linear, how: HeadInit) -> None:
 def unwrap_peft(model: nn.Module) -> nn.Module:
     """The transformers model inside a peft wrapper (LoRA layers stay injected); a
     data-parallel wrapper stays (``runtime.distributed.unwrap_parallel`` removes that one)."""
-    return model.get_base_model() if isinstance(model, PeftModel) else model
+    return model.get_base_model() if is_peft_model(model) else model
 
 
 def backbone(model: nn.Module) -> nn.Module:

@@ -19,8 +19,7 @@ import logging
 import os
 import socket  # noqa: F401  (tests reach the resolver through it)
 from collections.abc import Iterator
-
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from proxrl.models.lora import adapter_base
 from proxrl.runtime import objects
@@ -31,6 +30,9 @@ from proxrl.runtime.hub import (  # noqa: F401  (also this module's public names
     unreachable_hub_host,
     use_hub_cache_only,
 )
+
+if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not with a config
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,8 @@ def _from_pretrained(
         except ProxrlError as exc:
             message = f"model '{name_or_path}' is a LoRA adapter on '{base}': {exc}"
             raise ProxrlError(message) from exc
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(
             path,

@@ -28,11 +28,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import OfflineConfig
 from proxrl.data.batching import bucket_batches
@@ -46,6 +45,9 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard, assert_finite_weights
 from proxrl.runtime.lr_schedule import warmup_then_decay
 from proxrl.runtime.run import Run
+
+if TYPE_CHECKING:  # transformers loads with the first model, not with a config
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
@@ -54,6 +53,9 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
+
+if TYPE_CHECKING:  # transformers loads with the first model, not with a config
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

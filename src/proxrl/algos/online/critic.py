@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 from torch import Tensor, nn
-from transformers import PreTrainedModel
 
 from proxrl.core import Aggregation, Registry, explained_variance, value_loss
 from proxrl.models.scalar_head import load_score_model
@@ -30,6 +29,8 @@ from proxrl.runtime.checkpointer import TrainableWeights
 from proxrl.runtime.errors import ProxrlError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from proxrl.algos.online.config import OnlineConfig
 
 
