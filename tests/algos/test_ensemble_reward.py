@@ -5,6 +5,7 @@ spread logged; how ``reward_weights`` count it and where a critic starts."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,94 @@ def test_a_critic_starts_from_the_first_member(members):
     assert critic_start(None, cfg) == members[2]
 
 
-def test_a_member_without_its_training_scale_is_refused(members, tiny_lm, tmp_path):
-    bare = tmp_path / "bare"
-    load_score_model(tiny_lm, new_head="reward").save_pretrained(bare)
-    load_tokenizer(tiny_lm).save_pretrained(bare)
-    cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], str(bare)))
-    with pytest.raises(ProxrlError, match=f"reward_model: {bare} has no reward_std in its config"):
+@pytest.fixture(scope="module")
+def bare(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A reward model trained elsewhere: no reward_mean, no reward_std in its config."""
+    out = tmp_path_factory.mktemp("bare") / "rm"
+    torch.manual_seed(7)
+    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
+    load_tokenizer(tiny_lm).save_pretrained(out)
+    return str(out)
+
+
+BATCH_2 = [" ghi jkl", " a", " zzz z"]
+PROMPTS_2 = [PromptExample("say: ghi ->", None, "p:3")] * 3
+
+
+def test_a_member_trained_elsewhere_is_calibrated_on_its_first_batch(members, bare):
+    """Without reward_std a member's first batch fixes its centre and scale (that batch: mean
+    0, std 1 once standardised), logged; later batches use the same ones, and a fresh ensemble
+    given the saved state scores them as the first one does (not calibrated anew)."""
+    cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], bare))
+    rewards = load_rewards(cfg)
+    (ensemble,) = rewards.sources
+    raw = RewardModelReward(load_score_model(bare).eval(), load_tokenizer(bare))
+    first = raw(PROMPTS, COMPLETIONS, {}).double()
+    mean, std = first.mean().item(), first.std(correction=0).item()
+    assert std > 0
+    _, parts = rewards(PROMPTS, COMPLETIONS, {})
+    assert parts["reward/reward_model_1"] == pytest.approx(0.0, abs=1e-6)
+    assert parts["reward/reward_model_1_calibrated_mean"] == pytest.approx(mean, rel=1e-6)
+    assert parts["reward/reward_model_1_calibrated_std"] == pytest.approx(std, rel=1e-6)
+    assert "reward/reward_model_0_calibrated_std" not in parts  # member 0 has its own scale
+    total, parts = rewards(PROMPTS_2, BATCH_2, {})
+    second = (raw(PROMPTS_2, BATCH_2, {}).double() - mean) / std
+    assert parts["reward/reward_model_1"] == pytest.approx(second.mean().item(), abs=1e-6)
+    assert parts["reward/reward_model_1_calibrated_std"] == pytest.approx(std, rel=1e-6)
+
+    resumed = load_rewards(cfg)
+    resumed.sources[0].load_state_dict(ensemble.state_dict())
+    again, _ = resumed(PROMPTS_2, BATCH_2, {})
+    torch.testing.assert_close(again, total, rtol=0, atol=0)
+    fresh, _ = load_rewards(cfg)(PROMPTS_2, BATCH_2, {})  # calibrated on this batch instead
+    assert not torch.allclose(fresh, total, atol=1e-3)
+
+
+def test_a_member_whose_reward_std_is_not_a_positive_number_is_refused(members, tmp_path):
+    from transformers import AutoConfig
+
+    odd = tmp_path / "odd"
+    shutil.copytree(members[1], odd)
+    config = AutoConfig.from_pretrained(odd)
+    config.reward_std = -2.0
+    config.save_pretrained(odd)
+    cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], str(odd)))
+    with pytest.raises(ProxrlError, match=f"reward_model: {odd} has reward_std -2.0 in its"):
         load_rewards(cfg)
+
+
+def test_a_run_resumed_after_calibration_scores_as_the_uninterrupted_one(
+    members,
+    bare,
+    tiny_lm,
+    prompts,  # noqa: F811
+    tmp_path: Path,
+):
+    """GRPO on an ensemble with a member calibrated at iteration 1, resumed from the checkpoint
+    of iteration 1: iteration 2 is scored on iteration 1's calibration, as without the stop."""
+    options = dict(
+        reward_fn=(),
+        reward_model=(members[0], bare),
+        iterations=2,
+        save_every=1,
+        keep_checkpoints=5,
+    )
+    straight = tmp_path / "straight"
+    grpo.train(small(grpo.Config, tiny_lm, prompts, straight, **options))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_000000002")
+    for path in resumed.glob("*.safetensors"):
+        path.unlink()
+    grpo.train(small(grpo.Config, tiny_lm, prompts, resumed, resume=True, **options))
+    want, got = read_metrics(straight), read_metrics(resumed)
+    assert [r["step"] for r in got] == [1, 2]
+    for key in ("reward/reward_model", "reward/reward_model_1", "objective/scores"):
+        assert got[1][key] == pytest.approx(want[1][key], rel=1e-9, abs=1e-12), key
+    assert (
+        got[1]["reward/reward_model_1_calibrated_std"]
+        == want[0]["reward/reward_model_1_calibrated_std"]
+    )
 
 
 def test_ppo_trains_on_an_ensemble_and_logs_members_and_spread(

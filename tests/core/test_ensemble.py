@@ -11,6 +11,7 @@ from proxrl.core import (
     ensemble_spread,
     standardised_scores,
 )
+from proxrl.core.ensemble import calibration_statistics
 from tests.core.helpers import close, t
 
 # Three members (rows) × two responses (columns).
@@ -67,3 +68,14 @@ def test_inputs_are_not_mutated():
     for combine in ENSEMBLE_COMBINATIONS.values():
         combine(SCORES, 1.0)
     close(SCORES, before, rtol=0, atol=0)
+
+
+def test_calibration_statistics_by_hand():
+    # scores 1, 2, 6: mean 3; deviations −2, −1, 3 → population variance 14/3
+    mean, std = calibration_statistics(t([1.0, 2.0, 6.0]))
+    assert mean == 3.0
+    assert std == pytest.approx((14 / 3) ** 0.5, rel=1e-15)
+    # standardised by them, that batch has mean 0 and std 1
+    z = standardised_scores(t([1.0, 2.0, 6.0]), mean, std)
+    assert abs(z.mean().item()) < 1e-15 and z.std(correction=0).item() == pytest.approx(1, 1e-15)
+    assert calibration_statistics(t([2.0, 2.0])) == (2.0, 0.0)  # nothing to calibrate on

@@ -23,6 +23,13 @@ def standardised_scores(scores: Tensor, mean: float, std: float) -> Tensor:
     return (scores - mean) / std
 
 
+def calibration_statistics(scores: Tensor) -> tuple[float, float]:
+    """(B,) one member's scores on a batch → (their mean, their population std), the scale of a
+    member that brings none of its own: ``standardised_scores(s, mean, std)`` then gives that
+    batch mean 0 and std 1. NaN std for an empty batch; 0 for constant scores."""
+    return scores.mean().item(), scores.std(correction=0).item()
+
+
 def ensemble_mean(scores: Tensor) -> Tensor:
     """(K, B) members × responses → (B,) their mean."""
     return scores.mean(0)

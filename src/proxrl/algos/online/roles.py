@@ -78,9 +78,8 @@ def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
         sources += members
     elif members:  # an ensemble: one source (rollout.ensemble)
         scales = [training_score_std(m, p) for m, p in zip(members, cfg.reward_model, strict=True)]
-        sources.append(
-            EnsembleReward(members, scales, cfg.reward_ensemble, cfg.reward_ensemble_std_coef)
-        )
+        combination, k = cfg.reward_ensemble, cfg.reward_ensemble_std_coef
+        sources.append(EnsembleReward(members, scales, combination, k, list(cfg.reward_model)))
     sources += [FunctionReward(spec, load_reward_function(spec)) for spec in cfg.reward_fn]
     return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
 

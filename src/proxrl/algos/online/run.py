@@ -21,6 +21,7 @@ from proxrl.algos.online.roles import Models, load_prompts, place_roles
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.engines import RolloutEngine
+from proxrl.rollout.ensemble import calibrated_ensemble
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import distributed as dist
@@ -172,6 +173,7 @@ def _register_state(run: OnlineRun) -> None:
     context.track(optimizers=run.optimizers, kl=run.kl, penalty=run.algo.penalty)
     context.track(generator=run.generator)
     context.track(held_out=run.held_out)  # the early-stop history (None without eval_data)
+    context.track(reward_calibration=calibrated_ensemble(run.rewards))  # None: nothing calibrated
 
 
 def _restored(run: OnlineRun, restored: Restored) -> None:
