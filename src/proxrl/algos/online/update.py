@@ -111,9 +111,7 @@ def update(
     measured = taken = 0  # steps past the guard; those in which the policy's optimizer stepped
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
-        for minibatch in torch.randperm(len(experience), generator=generator).split(
-            cfg.responses_per_step
-        ):
+        for minibatch in minibatches(cfg, len(experience), generator):
             stats = optimizer_step(losses, experience, minibatch, optimization, guard, record)
             if stats is None:
                 continue
@@ -133,6 +131,12 @@ def update(
     if record is not None:
         stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
     return stats_out
+
+
+def minibatches(cfg: OnlineConfig, rows: int, generator: torch.Generator) -> list[Tensor]:
+    """One epoch's minibatches: the ``rows`` rollout rows shuffled by ``generator``, split into
+    ``cfg.responses_per_step`` each (``TrainingClient.minibatches`` draws them the same way)."""
+    return list(torch.randperm(rows, generator=generator).split(cfg.responses_per_step))
 
 
 def check_update(cfg: OnlineConfig, experience: Experience) -> OnPolicyRecord | None:
@@ -168,14 +172,28 @@ def optimizer_step(
     """One optimizer step on the rows ``minibatch``: this rank's micro-batches accumulated (a
     critic in its own process meanwhile), gradients summed over ranks, the global norm clipped,
     the guard asked. Returns the step's stats, or None where no step was taken."""
+    if losses.cfg.aggregation.units(experience.loss_mask[minibatch]) == 0:
+        return None  # every row masked out (mask_truncated): nothing to learn from
+    optimization.zero_grad()
+    step_stats, elsewhere = accumulate(losses, experience, minibatch, optimization, record)
+    return clipped_step(losses, step_stats, elsewhere, optimization, guard)
+
+
+def accumulate(
+    losses: Losses,
+    experience: Experience,
+    minibatch: Tensor,
+    optimization: Optimization,
+    record: OnPolicyRecord | None,
+) -> tuple[dict[str, float], CriticGradient | None]:
+    """The backward of one optimizer step's rows ``minibatch`` added to the gradients (this
+    rank's micro-batches; a critic in its own process meanwhile), summed over ranks; the step's
+    stats and that critic's gradient. ``TrainingClient.forward_backward`` runs it too."""
     cfg, critic = losses.cfg, losses.models.critic
     world, rank, sharded = dist.world_size(), dist.rank(), dist.is_sharded()
     # The normaliser of every loss term is counted on the whole minibatch before its
     # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
     total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
-    if total_units == 0:  # every row masked out (mask_truncated): nothing to learn from
-        return None
-    optimization.zero_grad()
     plan = micro_batch_plan(
         experience.attention_mask[minibatch], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
     )
@@ -207,7 +225,7 @@ def optimizer_step(
         step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
         if sharded:
             step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
-    return clipped_step(losses, step_stats, elsewhere, optimization, guard)
+    return dict(step_stats), elsewhere
 
 
 def clipped_step(
