@@ -143,11 +143,7 @@ def _with_optimizers(
             actor=dist.wrap_model(models.actor),
             critic=models.critic.wrapped(dist.wrap_model),
         )
-    actor_params = [p for p in models.actor.parameters() if p.requires_grad]
-    optimizers = [
-        torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
-        *models.critic.optimizers(),
-    ]
+    optimizers = make_optimizers(cfg, models)
     # lr_schedule linear: each rate decays to 0 over the iterations (1 − iteration / iterations)
     context.schedule(optimizers, warmup_then_decay(cfg.iterations, 0, cfg.lr_schedule))
     kl = KL_CONTROLLERS[cfg.kl_controller](cfg)
@@ -158,6 +154,16 @@ def _with_optimizers(
         cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
         context.output_dir, context, optimizers, kl, generator,
     )  # fmt: skip
+
+
+def make_optimizers(cfg: OnlineConfig, models: Models) -> list[torch.optim.Optimizer]:
+    """The policy's AdamW over its trainable weights, then the critic's optimizers (the
+    training client makes its own with it)."""
+    actor_params = [p for p in models.actor.parameters() if p.requires_grad]
+    return [
+        torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
+        *models.critic.optimizers(),
+    ]
 
 
 def _register_state(run: OnlineRun) -> None:
