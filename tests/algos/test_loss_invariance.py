@@ -176,6 +176,37 @@ def test_dppo_masks_are_invariant_to_micro_batching(
     )
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("policy_loss", ["ppo", "cispo"])
+def test_opsm_is_invariant_to_micro_batching(policy_loss, aggregation, tiny_lm, prompts, tmp_path):
+    """OPSM decides per sequence: any split of the rows gives the same mask (δ small enough that
+    some sequences with A < 0 are dropped)."""
+    _assert_invariant(
+        grpo,
+        tiny_lm,
+        prompts,
+        tmp_path,
+        policy_loss=policy_loss,
+        loss_aggregation=aggregation,
+        off_policy_mask="opsm",
+        opsm_delta=0.02,
+    )
+
+
+@pytest.mark.parametrize("grad_accum", [2, 4])
+def test_m2po_is_a_statistic_of_one_forward(grad_accum, tiny_lm, prompts, tmp_path):
+    """M2PO's second moment is over the tokens of one forward (the micro-batch): the same step
+    whether the mini-batch runs in 1, 2 or 4 when τ masks nothing, a different one when it
+    does (its statistic is then the micro-batch's, as in the per-forward losses of veRL)."""
+    common = dict(loss_aggregation="token-mean", off_policy_mask="m2po")
+    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, m2po_tau=100.0, **common)
+    split = _step(grpo, tiny_lm, prompts, tmp_path, grad_accum, m2po_tau=100.0, **common)
+    assert float((split - one).abs().max()) <= REL_TOL * float(one.abs().max())
+    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, m2po_tau=0.02, **common)
+    split = _step(grpo, tiny_lm, prompts, tmp_path, grad_accum, m2po_tau=0.02, **common)
+    assert float((split - one).abs().max()) > 1e-3 * float(one.abs().max())
+
+
 @pytest.mark.parametrize("kl_loss_type", ["k1", "k2", "k3+"])
 def test_kl_loss_estimators_are_invariant_to_micro_batching(
     kl_loss_type, tiny_lm, prompts, tmp_path

@@ -19,6 +19,7 @@ from proxrl.core import (
     AGGREGATIONS,
     ENSEMBLE_COMBINATIONS,
     KL_ESTIMATORS,
+    OFF_POLICY_MASKS,
     POLICY_LOSSES,
     REWARD_KL_ESTIMATORS,
     REWARD_SCALES,
@@ -52,6 +53,8 @@ def choices(cls: type, field: str) -> tuple[str, ...]:
         (ppo.Config, "kl_controller", (*KL_CONTROLLERS,)),
         (ppo.Config, "no_stop_mode", (*NO_STOP_RULES,)),
         (ppo.Config, "surrogate", (*ppo.PPO_SURROGATES,)),
+        (ppo.Config, "off_policy_mask", ("none", *OFF_POLICY_MASKS)),
+        (grpo.Config, "off_policy_mask", ("none", *OFF_POLICY_MASKS)),
     ],
 )
 def test_config_choices_are_the_registry_names(cls, field, names):
@@ -144,6 +147,32 @@ def test_the_dppo_binding_reads_the_config_knobs():
     loss, stats = surrogate(cfg)(logprobs, mb)
     assert math.isclose(loss.item(), 2 * 0.4 / 4, rel_tol=1e-6)
     assert math.isclose(stats["clipfrac"].item(), 0.5)
+
+
+@pytest.mark.parametrize("name", ["opsm", "m2po"])
+def test_the_off_policy_mask_binding_zeroes_the_dropped_advantages(name):
+    """surrogate(cfg) with a mask, on PPO-Clip: row 0 has log(μ/π) = 1 at both tokens (ratio
+    e^−1, clipped for A < 0 at 0.8: −A·0.8 = 0.8 per token), row 1 is on-policy (−A·1 = 1).
+    opsm (δ 0.5) drops row 0 (A < 0, diverged); m2po (τ 0.4) drops one of row 0's tokens
+    ((log r)² 1, 1, 0, 0: mean 0.5 > 0.4, then 1/3 ≤ 0.4). token-mean over 4 tokens."""
+    from proxrl.algos.online.algorithm import surrogate
+
+    cfg = grpo.Config(**BASE, off_policy_mask=name, opsm_delta=0.5, m2po_tau=0.4)
+    mb = _experience(scores=[1.0, 0.0])
+    mb.advantages = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    logprobs = mb.logprobs - torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    loss, stats = surrogate(cfg)(logprobs, mb)
+    kept_of_row_0 = {"opsm": 0, "m2po": 1}[name]
+    assert math.isclose(loss.item(), (kept_of_row_0 * 0.8 + 2 * 1.0) / 4, rel_tol=1e-6)
+    assert math.isclose(stats["off_policy_masked"].item(), (2 - kept_of_row_0) / 4)
+
+
+def test_the_mask_knobs_are_config_fields_with_ranges():
+    grpo.Config(**BASE, off_policy_mask="m2po", m2po_tau=0.1, opsm_delta=0.0).validate()
+    with pytest.raises(ProxrlError, match="^m2po_tau: expected > 0, got 0.0$"):
+        grpo.Config(**BASE, m2po_tau=0.0).validate()
+    with pytest.raises(ProxrlError, match="^opsm_delta: expected >= 0, got -1.0$"):
+        grpo.Config(**BASE, opsm_delta=-1.0).validate()
 
 
 def test_the_sapo_knobs_are_config_fields_with_ranges():

@@ -87,6 +87,7 @@ from proxrl.core.masked import (
     token_mean,
     valid_tokens,
 )
+from proxrl.core.masks import OFF_POLICY_MASKS, m2po_keep, opsm_keep
 from proxrl.core.nll import positive_nll, positive_responses, positive_scale
 from proxrl.core.policy_losses import (
     POLICY_LOSSES,
@@ -118,6 +119,14 @@ __all__ = [
     "UnknownName",
     "literal",
     "sapo_loss",
+    "OFF_POLICY_MASKS",
+    "m2po_keep",
+    "opsm_keep",
+    "binary_kl",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "asymre_advantages",
+    "maxrl_advantages",
     "binary_kl",
     "dppo_kl_loss",
     "dppo_tv_loss",

@@ -24,7 +24,10 @@ from torch import Tensor
 
 from proxrl.core.losses import Stats, _ratio_stats, ppo_clip_loss
 from proxrl.core.masked import Aggregation, aggregate_loss, masked_mean
-from proxrl.core.registry import Bound, Registry
+from proxrl.core.masks import OFF_POLICY_MASKS
+from proxrl.core.registry import Bound, Registry, literal
+
+OffPolicyMaskChoice = literal("none", *OFF_POLICY_MASKS)
 
 
 @dataclass
@@ -49,6 +52,14 @@ class PolicyLossSettings:
     dppo_delta_high: Annotated[float, Bound(gt=0)] = 0.2
     """dppo_tv, dppo_kl: divergence δ past which a token with A > 0 whose probability rose takes
     no gradient (TV: π(a) − μ(a); KL: the binary KL)."""
+    off_policy_mask: OffPolicyMaskChoice = "none"  # type: ignore[valid-type]
+    """Tokens of stale data that take no policy gradient, with any policy_loss: none, opsm (a
+    sequence with A < 0 and mean log(μ/π) > opsm_delta; DeepSeek-V3.2) or m2po (the largest
+    (log π/μ)² until the mean of the rest ≤ m2po_tau; M2PO)."""
+    opsm_delta: Annotated[float, Bound(ge=0)] = 1e-4
+    """off_policy_mask opsm: δ on a sequence's mean log(μ/π) (slime's --opsm-delta 1e-4)."""
+    m2po_tau: Annotated[float, Bound(gt=0)] = 0.04
+    """off_policy_mask m2po: τ on the mean (log π/μ)² of the kept tokens (the paper's 0.04)."""
 
     @property
     def upper_clip(self) -> float:

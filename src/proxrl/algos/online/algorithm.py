@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
-from proxrl.core import POLICY_LOSSES, AdaptiveKL
+from proxrl.core import OFF_POLICY_MASKS, POLICY_LOSSES, AdaptiveKL, masked_mean
 from proxrl.rollout.experience import Experience
 
 if TYPE_CHECKING:
@@ -44,11 +44,19 @@ PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 
 def surrogate(cfg: OnlineConfig) -> PolicyLoss:
     """The policy loss ``cfg.policy_loss`` names (``core.POLICY_LOSSES``), bound to cfg's knobs
-    (its ``PolicyLossSettings`` fields) and aggregation."""
+    (its ``PolicyLossSettings`` fields) and aggregation, after the ``cfg.off_policy_mask``
+    (``core.OFF_POLICY_MASKS``) has zeroed the advantage of the tokens it drops (stat
+    ``off_policy_masked``: their share of the valid tokens)."""
     loss = POLICY_LOSSES[cfg.policy_loss]
+    masking = None if cfg.off_policy_mask == "none" else OFF_POLICY_MASKS[cfg.off_policy_mask]
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        mask = mb.loss_mask.float()
-        return loss(logprobs, mb.logprobs, mb.advantages, mask, cfg, cfg.aggregation)  # type: ignore[arg-type]
+        mask, advantages = mb.loss_mask.float(), mb.advantages
+        if masking is None:
+            return loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation)  # type: ignore[arg-type]
+        keep = masking(logprobs.detach(), mb.logprobs, advantages, mask, cfg)
+        result, stats = loss(logprobs, mb.logprobs, advantages * keep, mask, cfg, cfg.aggregation)  # type: ignore[arg-type, operator]
+        stats["off_policy_masked"] = masked_mean(1 - keep, mask).detach()
+        return result, stats
 
     return policy_loss

@@ -1,0 +1,78 @@
+"""The off-policy masks on hand-computed cases (float64): OPSM's per-sequence divergence rule,
+M2PO's second-moment trust region, and every entry of OFF_POLICY_MASKS on one case."""
+
+import math
+
+import pytest
+import torch
+
+from proxrl.core import OFF_POLICY_MASKS, PolicyLossSettings, m2po_keep, opsm_keep
+from tests.core.helpers import close, t
+
+# Ragged rows of 3, 1 and 2 tokens; 9.0 sits in padding (it must not count).
+MASK = t([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+
+
+def test_opsm_drops_diverged_sequences_with_a_negative_advantage():
+    """log μ − log π per token: row 0 (0.3, 0.0, −0.1) mean 0.2/3; row 1 (0.5) mean 0.5; row 2
+    (0.05, 0.05) mean 0.05. δ = 0.06: rows 0 and 1 diverged, row 2 did not. A = −1 | −1 | −1:
+    rows 0, 1 dropped; with A = +1 on row 0 it is kept however far it diverged."""
+    old = t([[-1.0, -1.0, -1.0], [-2.0, 9.0, 9.0], [-0.5, -0.5, 9.0]])
+    new = old - t([[0.3, 0.0, -0.1], [0.5, 0.0, 0.0], [0.05, 0.05, 0.0]])
+    negative = -MASK
+    close(opsm_keep(new, old, negative, MASK, 0.06), [[0, 0, 0], [0, 1, 1], [1, 1, 1]])
+    mixed = negative * t([[-1.0], [1.0], [1.0]])  # row 0 positive
+    close(opsm_keep(new, old, mixed, MASK, 0.06), [[1, 1, 1], [0, 1, 1], [1, 1, 1]])
+    # δ above every divergence keeps all; padding never counts (9.0 there)
+    close(opsm_keep(new, old, negative, MASK, 0.5), torch.ones(3, 3, dtype=torch.float64))
+
+
+def test_opsm_token_level_advantages_drop_only_the_negative_tokens():
+    old, new = t([[0.0, 0.0]]), t([[-1.0, -1.0]])  # mean log(μ/π) = 1 > δ
+    close(opsm_keep(new, old, t([[1.0, -1.0]]), t([[1, 1]]), 0.5), [[1, 0]])
+
+
+def test_m2po_drops_the_largest_second_moments_until_the_rest_is_inside():
+    """log r over the 6 valid tokens: 1.0, 0.1, −0.3 | 0.6 | 0.2, 0.0; (log r)² 1, 0.01, 0.09 |
+    0.36 | 0.04, 0. All six: mean 1.5/6 = 0.25. τ = 0.11: drop 1 → 0.5/5 = 0.1 ≤ 0.11: stop
+    (only the 1.0 token goes). τ = 0.05: drop 1, then 0.36 → 0.14/4 = 0.035 ≤ 0.05: two go. τ = 0.3:
+    nothing goes."""
+    old = t([[0.0, 0.0, 0.0], [0.0, 9.0, 9.0], [0.0, 0.0, 0.0]])
+    new = t([[1.0, 0.1, -0.3], [0.6, 0.0, 0.0], [0.2, 0.0, 7.0]])
+    close(m2po_keep(new, old, MASK, 0.11), [[0, 1, 1], [1, 1, 1], [1, 1, 1]])
+    close(m2po_keep(new, old, MASK, 0.05), [[0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    # τ = 0.09: after the 1.0, 0.1 > 0.09 (the mean of the 5 left, not of all 6: 0.083)
+    close(m2po_keep(new, old, MASK, 0.09), [[0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    close(m2po_keep(new, old, MASK, 0.3), torch.ones(3, 3, dtype=torch.float64))
+    # τ below every (log r)² but the 0: all but that one go
+    close(m2po_keep(new, old, MASK, 1e-9), [[0, 0, 0], [0, 1, 1], [0, 1, 1]])
+
+
+def test_m2po_breaks_ties_by_position():
+    """Two equal (log r)² of 1 and a 0: mean 2/3 > τ = 0.6; dropping the first 1 leaves 1/2."""
+    keep = m2po_keep(t([[1.0, -1.0, 0.0]]), t([[0.0, 0.0, 0.0]]), t([[1, 1, 1]]), 0.6)
+    close(keep, [[0, 1, 1]])
+
+
+def test_m2po_with_no_valid_token_keeps_everything():
+    close(m2po_keep(t([[3.0]]), t([[0.0]]), t([[0]]), 0.1), [[1.0]])
+
+
+# Every entry of OFF_POLICY_MASKS on one case: two rows of one token, log(μ/π) = 1 and 0.01,
+# A = −1; defaults δ = 1e-4 and τ = 0.04: OPSM drops both rows; M2PO drops the first
+# ((log r)² 1, 1e-4: mean 0.5 > 0.04, then 1e-4 ≤ 0.04).
+MASK_CASES = {"opsm": [[0.0], [0.0]], "m2po": [[0.0], [1.0]]}
+
+
+def test_every_mask_has_a_case():
+    assert set(MASK_CASES) == set(OFF_POLICY_MASKS)
+
+
+@pytest.mark.parametrize("name", sorted(MASK_CASES))
+def test_masks_by_name_by_hand(name):
+    old, new = t([[0.0], [0.0]]), t([[-1.0], [-0.01]])
+    keep = OFF_POLICY_MASKS[name](
+        new, old, t([[-1.0], [-1.0]]), t([[1], [1]]), PolicyLossSettings()
+    )
+    assert math.isclose(PolicyLossSettings().m2po_tau, 0.04)
+    close(keep, MASK_CASES[name])
