@@ -99,7 +99,8 @@ def test_a_missing_column_is_named_before_the_call():
         rewards.check_columns(["answer", "level"])
     assert str(e.value) == (
         "reward_fn 'mod:needs_solution': parameter 'solution' is not passed (proxrl passes "
-        "prompts, completions and the prompt data's columns: answer, level)"
+        "prompts, completions, completion_ids, trainer_state and the prompt data's columns: "
+        "answer, level)"
     )
     with pytest.raises(ProxrlError, match="parameter 'solution' is not passed"):
         rewards(PROMPTS, COMPLETIONS, COLUMNS)  # unchecked: the first call checks
@@ -116,17 +117,6 @@ def test_a_function_that_cannot_take_completions_is_refused_when_loaded():
         "reward_fn 'mod:one_argument': has no parameter named 'completions' and cannot take "
         "(prompts, completions) by position; expected def f(completions, **kwargs) (TRL's) or "
         "def f(prompts, completions, **columns)"
-    )
-
-
-def test_trainer_state_required_is_refused_when_loaded():
-    def staged(completions, trainer_state, **kwargs):
-        return [0.0] * len(completions)
-
-    with pytest.raises(ProxrlError) as e:
-        FunctionReward("mod:staged", staged)
-    assert str(e.value).startswith(
-        "reward_fn 'mod:staged': requires parameter 'trainer_state', which proxrl does not pass"
     )
 
 
@@ -218,6 +208,7 @@ def test_a_missing_column_stops_before_the_first_update(tiny_lm, word_prompts, t
         )
     assert str(e.value) == (
         "reward_fn 'tests.algos.online_rewards:trl_needs_answer': parameter 'answer' is not "
-        "passed (proxrl passes prompts, completions and the prompt data's columns: word)"
+        "passed (proxrl passes prompts, completions, completion_ids, trainer_state and the "
+        "prompt data's columns: word)"
     )
-    assert not read_metrics(tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()  # (checked before the run starts)

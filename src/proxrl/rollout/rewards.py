@@ -5,15 +5,18 @@ A reward function is named ``module:function`` and is imported only from there. 
 as TRL's ``GRPOTrainer`` calls one, by keyword: ``fn(prompts=..., completions=..., **columns)``
 — ``prompts`` as the data holds them (a string, or for a conversational row its list of
 messages, as TRL passes them), ``completions`` the generated strings, ``columns`` the prompt
-file's other fields, one list entry per completion. A function is passed only what it names
-(all of it when it takes ``**kwargs``), so TRL's ``def f(completions, **kwargs)`` and
+file's other fields, one list entry per completion, and as TRL also ``completion_ids`` (each
+completion's token ids, a list of lists of ints) and ``trainer_state`` (``TrainerState``: the
+iteration, ``global_step``, ``max_steps``). A function is passed only what it names (all of it
+when it takes ``**kwargs``), so TRL's ``def f(completions, **kwargs)`` and
 ``def f(completions, answer, **kwargs)`` work as they are; a function with no parameter named
-``completions`` is called by position, ``fn(prompts, completions, **columns)``. Its signature is
-checked when it is loaded (and its columns against the data on the first call): one line names
-the parameter it would miss. It returns one number per completion (a list, a numpy array or a
-torch tensor); ``None`` means "not applicable" as in TRL (it counts 0 in the weighted sum, and
-is left out of the function's logged mean). Anything else stops the run with a message naming
-the function and the first bad prompt index.
+``completions`` is called by position, ``fn(prompts, completions, **columns)``, and gets
+``completion_ids`` / ``trainer_state`` only when it names them. Its signature is checked when it
+is loaded, and its columns against the prompt data before any model loads
+(``check_reward_columns``): one line names the parameter it would miss. It returns one number
+per completion (a list, a numpy array or a torch tensor); ``None`` means "not applicable" as in
+TRL (it counts 0 in the weighted sum, and is left out of the function's logged mean). Anything
+else stops the run with a message naming the function and the first bad prompt index.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,9 +48,29 @@ RewardFn = Callable[..., Sequence[float | None]]
 log = logging.getLogger(__name__)
 
 PASSED = ("prompts", "completions")
-"""What proxrl passes every reward function by name, besides the data's columns. TRL also
-passes ``completion_ids`` and ``trainer_state``; proxrl does not (yet), so a function that
-requires them is refused when it is loaded."""
+"""What proxrl passes every reward function by name, besides the data's columns."""
+
+EXTRAS = ("completion_ids", "trainer_state")
+"""What proxrl passes besides, as TRL does, to a function that takes it: by name, or through
+``**kwargs`` when the function takes ``completions`` by keyword. They ride in the ``columns``
+mapping the reward sources get (``with_extras``), so every placement carries them."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """A reward function's ``trainer_state``: where the run is, as TRL's ``TrainerState``
+    (its ``global_step`` and ``max_steps``)."""
+
+    global_step: int = 0  # iterations (policy updates) finished before these completions
+    iteration: int = 1  # the iteration the completions were sampled in, from 1 as logged
+    max_steps: int = 0  # the run's iterations
+
+
+def with_extras(
+    columns: dict[str, Any], completion_ids: list[list[int]], trainer_state: TrainerState
+) -> dict[str, Any]:
+    """The data's ``columns`` plus ``EXTRAS``: what the reward sources are called with."""
+    return {**columns, "completion_ids": completion_ids, "trainer_state": trainer_state}
 
 
 def load_reward_function(spec: str) -> RewardFn:
@@ -134,6 +157,7 @@ def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
         if p.default is kinds.empty
         and (p.kind is kinds.KEYWORD_ONLY or p in named)
         and not (by_keyword and p.name in PASSED)
+        and p.name not in EXTRAS
     )
     if any(p.kind is kinds.POSITIONAL_ONLY for p in parameters) and by_keyword:
         first = next(p for p in parameters if p.kind is kinds.POSITIONAL_ONLY)
@@ -141,13 +165,6 @@ def call_shape(fn: Callable[..., Any], spec: str) -> CallShape:
             f"reward_fn '{spec}': parameter '{first.name}' is positional-only; proxrl calls a "
             "function that names 'completions' by keyword, as TRL does"
         )
-    for name in ("completion_ids", "trainer_state"):
-        if name in required:
-            raise ProxrlError(
-                f"reward_fn '{spec}': requires parameter '{name}', which proxrl does not pass "
-                "(it passes prompts, completions and the data's columns); give it a default "
-                "or take it from **kwargs"
-            )
     return CallShape(by_keyword, names, required, any_keyword, taken)
 
 
@@ -177,7 +194,8 @@ class FunctionReward:
                 have = ", ".join(sorted(columns)) or "none"
                 raise ProxrlError(
                     f"reward_fn '{self.spec}': parameter '{name}' is not passed (proxrl passes "
-                    f"prompts, completions and the prompt data's columns: {have})"
+                    f"prompts, completions, completion_ids, trainer_state and the prompt data's "
+                    f"columns: {have})"
                 )
         self.columns_checked = True
 
@@ -188,8 +206,13 @@ class FunctionReward:
         shape = self.shape
         assert shape is not None
         if not self.columns_checked:
-            self.check_columns(list(columns))
-        extra = {k: v for k, v in columns.items() if shape.accepts(k) and k not in PASSED}
+            self.check_columns([k for k in columns if k not in EXTRAS])
+        extra = {
+            k: v
+            for k, v in columns.items()
+            if shape.accepts(k) and k not in PASSED and (shape.by_keyword or k not in EXTRAS)
+        }
+        extra |= {k: columns[k] for k in EXTRAS if k in columns and k in shape.names}
         if not shape.by_keyword:
             return self.fn(prompts, completions, **extra)
         passed = {"prompts": prompts, "completions": completions}
@@ -283,6 +306,7 @@ class WeightedRewards:
     sources: list[Any]
     weights: list[float]
     warned_none: bool = False
+    trainer_state: TrainerState = field(default_factory=TrainerState)  # set each iteration
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Each reward function's parameters against the data's column names, before training."""
@@ -314,3 +338,12 @@ class WeightedRewards:
                 int((~scored).nonzero()[0]),
             )
         return total, parts
+
+
+def check_reward_columns(specs: Sequence[str], prompts: Sequence[PromptExample]) -> None:
+    """Each reward function in ``specs`` (``module:function``) against the columns of the
+    ``prompts`` data: a parameter it requires that is neither passed nor a column is one line,
+    before any model loads (the first reward call would find it only after start-up)."""
+    columns = sorted({key for p in prompts for key in p.columns})
+    for spec in specs:
+        FunctionReward(spec, load_reward_function(spec)).check_columns(columns)

@@ -24,7 +24,7 @@ from proxrl.rollout.environment import (
 )
 from proxrl.rollout.generation import Sampler, Samples, SamplingSettings, stopped
 from proxrl.rollout.multiturn import EpisodeLimits, Episodes, run_episodes
-from proxrl.rollout.rewards import WeightedRewards
+from proxrl.rollout.rewards import WeightedRewards, with_extras
 
 
 @cache
@@ -90,7 +90,11 @@ def score_responses(
     columns: dict[str, list[Any]],
 ) -> tuple[Tensor, dict[str, float]]:
     """(B,) scores and their parts: the reward sources' of each completion, plus an episode's
-    reward from its environment (``reward/environment``)."""
+    reward from its environment (``reward/environment``). Reward functions also get each
+    completion's token ids and the run's ``trainer_state``, as TRL passes them."""
+    mask = samples.response_mask.bool()
+    ids = [row[keep].tolist() for row, keep in zip(samples.response_ids, mask, strict=True)]
+    columns = with_extras(columns, ids, rewards.trainer_state)
     scores, parts = rewards(prompts, completions, columns)
     if isinstance(samples, Episodes):
         assert samples.scores is not None

@@ -35,7 +35,12 @@ from proxrl.data.batching import pad_left
 from proxrl.data.encoding import encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.rollout.engines import PolicySampling
-from proxrl.rollout.rewards import FunctionReward, WeightedRewards, load_reward_function
+from proxrl.rollout.rewards import (
+    FunctionReward,
+    WeightedRewards,
+    load_reward_function,
+    with_extras,
+)
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.health import EVAL_WINDOW, reward_hacking
@@ -189,10 +194,16 @@ class HeldOut:
                 )
                 lengths += mask.sum(-1).float().tolist()
         actor.train(was_training)
-        columns: dict[str, list[Any]] = {}
+        columns: dict[str, Any] = {}
         for p in self.prompts:
             for key, value in p.columns.items():
                 columns.setdefault(key, []).append(value)
+        ids = [
+            r[m.bool()].tolist()
+            for o in outputs
+            for r, m in zip(o.response_ids, o.response_mask, strict=True)
+        ]
+        columns = with_extras(columns, ids, self.rewards.trainer_state)
         reward, _ = self.rewards(self.prompts, completions, columns)
         if cfg.environment is not None:  # and each episode's reward from its environment
             reward = reward + torch.cat([out.scores for out in outputs])  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from proxrl.data.formats import PromptExample
 from proxrl.models.lora import save_model
 from proxrl.models.tokenizer import save_tokenizer
 from proxrl.rollout.experience import Experience
+from proxrl.rollout.rewards import TrainerState
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.logs import rendered
@@ -98,6 +99,7 @@ def run_iteration(
     timings: dict[str, float] = {}
     # 1. Rollout: sample → score → forward passes → gather (dynamic sampling: rounds, filter).
     models.actor.eval()
+    run.rewards.trainer_state = TrainerState(iteration, iteration + 1, cfg.iterations)
     batch = rollout(run, iteration, timings)
     # 2. Advantages, once, over the rows that are trained on.
     experience = estimate(algo, batch.experience, run.kl.value)

@@ -19,11 +19,11 @@ from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles
 from proxrl.core import FixedKL, ProportionalKL
-from proxrl.data.formats import PromptExample
+from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.ensemble import calibrated_ensemble
 from proxrl.rollout.generation import CachedSampler, static_cache
-from proxrl.rollout.rewards import WeightedRewards
+from proxrl.rollout.rewards import WeightedRewards, check_reward_columns
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpointer import Restored, TrainableWeights
 from proxrl.runtime.guard import NonFiniteGuard
@@ -97,7 +97,10 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     2. the output directory; 3. optimizers and what a checkpoint holds; 4. a resumed run
     restored; 5. the engine started with the policy's weights."""
     seed_everything(cfg.seed)
-    rewards = placement.rewards(cfg)  # first: a reward function that does not import fails fast
+    # first, before any model loads: a reward function that does not import, or that needs a
+    # column the prompt data lacks, is one line
+    check_reward_columns(cfg.reward_fn, load_prompt_examples(cfg.prompts))
+    rewards = placement.rewards(cfg)
     models = placement.models(cfg, algo)
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
