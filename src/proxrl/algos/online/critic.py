@@ -9,6 +9,7 @@ for its optimizer, checkpoint state and saved files: none of them asks which one
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ class CriticSettings:
     """Clip new values to ±value_clip around the rollout's (None: off)."""
     warmup_iterations: int = 0
     """Train only the critic for this many first iterations."""
+    warmup_patience: int | None = None
+    """End the warm-up after this many iterations in a row whose value loss is not below its
+    best (None: the whole warm-up)."""
     source: str | None = None
     """Where a separate critic starts (``critic_start``): None, ``policy``, a model, or a run."""
     packed: bool = False
@@ -59,6 +63,14 @@ class Critic(ABC):
     """The policy's forward pass must return its last hidden state (``values``' ``hidden``)."""
     warmup_iterations: int = 0
     """Iterations at the start that train only the critic."""
+    warmup_stop: WarmupStop | None = None
+    """The warm-up's early end when its value loss stops falling (None: it runs its length)."""
+
+    def end_warmup_iteration(self, iteration: int, value_loss: float) -> bool:
+        """After warm-up iteration ``iteration`` (0-based), whose mean value loss was
+        ``value_loss``: whether the warm-up ends here (``warmup_stop``), the policy training
+        from the next iteration on."""
+        return self.warmup_stop is not None and self.warmup_stop.observe(iteration, value_loss)
 
     @abstractmethod
     def values(
@@ -154,6 +166,39 @@ class CriticGradient:
     """The first of its parameters whose gradient holds a NaN or Inf (None: none does)."""
 
 
+class WarmupStop:
+    """The critic's warm-up (VC-PPO's value pretraining) ended once its value loss stops
+    falling: after ``patience`` warm-up iterations in a row whose mean value loss is not below
+    the best before them, the policy trains from the next iteration. Its state is checkpointed
+    (a resumed run keeps where the warm-up ended)."""
+
+    def __init__(self, iterations: int, patience: int) -> None:
+        self.iterations = iterations  # the warm-up's length: as planned, or where it ended
+        self.patience = patience
+        self.best = math.inf
+        self.stalled = 0  # warm-up iterations in a row without a new best
+
+    def observe(self, iteration: int, value_loss: float) -> bool:
+        """Whether the warm-up ends after iteration ``iteration`` (0-based) with this loss."""
+        if iteration + 1 >= self.iterations:  # its last planned iteration ends it anyway
+            return False
+        if value_loss < self.best:
+            self.best, self.stalled = value_loss, 0
+            return False
+        self.stalled += 1
+        if self.stalled < self.patience:
+            return False
+        self.iterations = iteration + 1
+        return True
+
+    def state_dict(self) -> dict[str, float]:
+        return {"iterations": self.iterations, "best": self.best, "stalled": self.stalled}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.iterations, self.stalled = int(state["iterations"]), int(state["stalled"])
+        self.best = float(state["best"])
+
+
 def value_metrics(experience: Experience) -> dict[str, float]:
     """What the loop logs about a trained critic once advantages and returns are known."""
     mask = experience.loss_mask.float()
@@ -210,10 +255,21 @@ class NoCritic(Critic):
 class _TrainedCritic(Critic):
     """What a critic with a model shares: its settings, loss, optimizer and metrics."""
 
-    def __init__(self, module: nn.Module, settings: CriticSettings) -> None:
+    def __init__(
+        self, module: nn.Module, settings: CriticSettings, warmup_stop: WarmupStop | None = None
+    ) -> None:
         self.module = module
         self.settings = settings
-        self.warmup_iterations = settings.warmup_iterations
+        if warmup_stop is None and settings.warmup_patience is not None:
+            warmup_stop = WarmupStop(settings.warmup_iterations, settings.warmup_patience)
+        self.warmup_stop = warmup_stop  # (one, shared with ``wrapped``'s critic)
+
+    @property  # type: ignore[override]
+    def warmup_iterations(self) -> int:
+        """The warm-up's length: as planned, or where it ended (``warmup_stop``, restored)."""
+        if self.warmup_stop is not None:
+            return self.warmup_stop.iterations
+        return self.settings.warmup_iterations
 
     def loss(
         self, mb: Experience, hidden: Tensor | None, loss_agg: str | Aggregation
@@ -243,7 +299,7 @@ class _TrainedCritic(Critic):
         ]
 
     def wrapped(self, wrap: Callable[[nn.Module], Any]) -> Critic:
-        return type(self)(wrap(self.module), self.settings)
+        return type(self)(wrap(self.module), self.settings, self.warmup_stop)
 
     def checkpoint_weights(self) -> TrainableWeights:
         return TrainableWeights(self.module)

@@ -113,6 +113,9 @@ def run_iteration(
     train_policy = iteration >= models.critic.warmup_iterations
     stats = train(run, trained, UpdateStep(run.kl.value, train_policy, iteration + 1), rollout_ok)
     timings["time/update_s"] = stats.pop("time/update_s")
+    warming = not train_policy and "value_loss" in stats  # it may end when it stops falling
+    if warming and models.critic.end_warmup_iteration(iteration, stats["value_loss"]):
+        log.info("iteration %d: the critic's warm-up ends (value loss stalled)", iteration + 1)
     # (before the controllers: without a π_old pass objective/kl comes from the update)
     for key, value in stats.items():
         row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value

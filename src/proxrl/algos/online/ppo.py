@@ -94,7 +94,11 @@ class Config(OnlineConfig):
     value_clip: Annotated[float | None, Range(gt=0)] = 0.2
     """Clip value predictions to ±value_clip around the rollout's values (None: off)."""
     critic_warmup_iterations: Annotated[int, Range(ge=0)] = 0
-    """Train only the critic for this many first iterations."""
+    """Train only the critic for this many first iterations (value pretraining, on the value
+    targets of critic_lam)."""
+    critic_warmup_patience: Annotated[int | None, Range(ge=1)] = None
+    """End the critic's warm-up after this many iterations in a row whose value loss is not
+    below its best (None: off, the whole warm-up)."""
 
     def validate(self) -> None:
         super().validate()
@@ -107,6 +111,13 @@ class Config(OnlineConfig):
             raise ProxrlError("critic_model: only with critic=separate (a value head starts at 0)")
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
+        if self.critic_warmup_patience is not None and not self.critic_warmup_iterations:
+            raise ProxrlError("critic_warmup_patience: needs a warm-up (critic_warmup_iterations)")
+        if self.critic_warmup_patience is not None and self.placement == "ray":
+            raise ProxrlError(
+                "critic_warmup_patience: not with placement ray (its critic actor runs the "
+                "whole warm-up)"
+            )
         if self.positive_nll_coef and self.positive_threshold is None and self.weighs_a_model:
             raise ProxrlError(
                 "positive_threshold: positive_nll_coef with a reward model needs the score at or "
@@ -245,6 +256,7 @@ def build(cfg: Config) -> Algorithm:
         vf_coef=cfg.vf_coef,
         value_clip=cfg.value_clip,
         warmup_iterations=cfg.critic_warmup_iterations,
+        warmup_patience=cfg.critic_warmup_patience,
         source=cfg.critic_model,
         packed=bool(cfg.max_tokens_per_micro_batch),
     )

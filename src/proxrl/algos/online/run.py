@@ -182,6 +182,7 @@ def _register_state(run: OnlineRun) -> None:
     context.track(optimizers=run.optimizers, kl=run.kl, penalty=run.algo.penalty)
     context.track(generator=run.generator)
     context.track(held_out=run.held_out)  # the early-stop history (None without eval_data)
+    context.track(critic_warmup=models.critic.warmup_stop)  # None unless it may end early
     context.track(reward_calibration=calibrated_ensemble(run.rewards))  # None: nothing calibrated
 
 
