@@ -312,12 +312,12 @@ CASES: list[Case] = [
     Case(
         "negative save_every",
         (*SFT, "--save-every", "-1"),
-        "proxrl sft: error: --save-every must be >= 0, got -1",
+        "proxrl sft: error: save_every: expected >= 0, got -1",
     ),
     Case(
         "keep_checkpoints 0",
         (*SFT, "--keep-checkpoints", "0"),
-        "proxrl sft: error: --keep-checkpoints must be >= 1, got 0",
+        "proxrl sft: error: keep_checkpoints: expected >= 1, got 0",
     ),
     Case(
         "max_consecutive_skips 0",
@@ -910,17 +910,17 @@ CASES: list[Case] = [
     Case(
         "classic: negative total_steps",
         (*CLASSIC, "--total-steps", "-5"),
-        "proxrl classic: error: --total-steps must be > 0, got -5",
+        "proxrl classic: error: total_steps: expected >= 1, got -5",
     ),
     Case(
         "classic: clip 0",
         (*CLASSIC, "--clip", "0"),
-        "proxrl classic: error: --clip must be > 0, got 0.0",
+        "proxrl classic: error: clip: expected > 0, got 0.0",
     ),
     Case(
         "classic: gamma above 1",
         (*CLASSIC, "--gamma", "1.5"),
-        "proxrl classic: error: --gamma must lie in [0, 1]",
+        "proxrl classic: error: gamma: expected in [0, 1], got 1.5",
     ),
     Case(
         "classic: adaptive-kl starting from penalty_beta 0",
@@ -930,7 +930,7 @@ CASES: list[Case] = [
     Case(
         "classic-eval: episodes 0",
         ("classic-eval", "--run-dir", "runs/done", "--episodes", "0"),
-        "proxrl classic-eval: error: --episodes must be > 0, got 0",
+        "proxrl classic-eval: error: episodes: expected >= 1, got 0",
     ),
     Case(
         "demo: hidden_size the attention heads cannot split",
@@ -945,7 +945,7 @@ CASES: list[Case] = [
     Case(
         "classic: max_consecutive_skips 0",
         (*CLASSIC, "--max-consecutive-skips", "0"),
-        "proxrl classic: error: --max-consecutive-skips must be > 0, got 0",
+        "proxrl classic: error: max_consecutive_skips: expected >= 1, got 0",
     ),
     # -- resume with changed options (runtime.resume) ----------------------------------------
     Case(

@@ -147,7 +147,7 @@ def test_evaluation_is_deterministic(tmp_path):
             "--env: unknown gymnasium environment 'Hoper-v5'; did you mean Hopper-v5?",
         ),
         (["--objective", "kl"], "--objective expects one of clip, adaptive-kl, fixed-kl, none"),
-        (["--total-steps", "-1000"], "--total-steps must be > 0, got -1000"),
+        (["--total-steps", "-1000"], "total_steps: expected >= 1, got -1000"),
         (
             ["--minibatch-size", "100"],
             "--minibatch-size 100 does not divide num_envs × num_steps = 4 × 128 = 512",

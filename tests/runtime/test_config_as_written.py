@@ -9,9 +9,9 @@ from typing import Annotated
 import pytest
 import yaml
 
-from proxrl.runtime.config import RunConfig, load_config_file, parse_config
+from proxrl.runtime.config import Range, load_config_file, parse_config
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.run_config import RunConfig
 
 
 @dataclasses.dataclass

@@ -10,8 +10,9 @@ from typing import Literal
 
 import pytest
 
-from proxrl.runtime.config import RunConfig, parse_config
+from proxrl.runtime.config import parse_config
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.run_config import RunConfig
 
 
 @dataclasses.dataclass

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from proxrl.algos.offline import dpo, reward, sft
 from proxrl.algos.online import grpo, ppo
 from proxrl.classic.config import ClassicConfig
-from proxrl.runtime.config import RunConfig, load_config_file, parse_config
+from proxrl.runtime.config import load_config_file, parse_config
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.run_config import RunConfig
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from proxrl.cli import COMMANDS
+from proxrl.runtime.config import Range, check_ranges, field_table, optional_inner
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range, check_ranges, field_table, optional_inner
 
 # Commands whose module parses its own arguments (``main``) name their config class here.
 OWN_PARSERS = {"classic-eval": "EvalConfig"}
@@ -60,7 +60,7 @@ def test_every_numeric_field_declares_a_range(command, cls, name, range_, item):
     assert range_ is not None, (
         f"proxrl {command}: {cls.__module__}.{cls.__qualname__}.{name} "
         f"({field_table(cls)[name].type}) declares no range: write it as "
-        f"`{name}: Annotated[{item.__name__}, Range(...)]` (runtime/fields.py; Range() for any "
+        f"`{name}: Annotated[{item.__name__}, Range(...)]` (runtime/config.py; Range() for any "
         "finite number)"
     )
 
@@ -143,7 +143,7 @@ def test_each_range_refuses_just_outside_and_accepts_just_inside(
 
 
 def test_a_range_names_its_bound_and_the_value():
-    """The wording, spot-checked on fields of each kind (the classic commands keep theirs)."""
+    """The one wording, spot-checked on fields of each kind and command."""
     from proxrl.algos.online import grpo, ppo
     from proxrl.classic.config import ClassicConfig
     from proxrl.classic.evaluate import EvalConfig
@@ -165,8 +165,8 @@ def test_a_range_names_its_bound_and_the_value():
             ppo.Config(**base, learning_rate=math.inf),
             "learning_rate: expected a finite number, got inf",
         ),
-        (EvalConfig(episodes=0), "--episodes must be > 0, got 0"),
-        (ClassicConfig(clip=math.nan), "--clip must be a finite number, got nan"),
+        (EvalConfig(episodes=0), "episodes: expected >= 1, got 0"),
+        (ClassicConfig(clip=math.nan), "clip: expected a finite number, got nan"),
     ]:
         with pytest.raises(ProxrlError) as e:
             cfg.validate()
@@ -254,11 +254,11 @@ def test_configs_outside_runconfig_check_their_ranges_in_validate():
     from proxrl.classic.evaluate import EvalConfig
     from proxrl.demo import Config as DemoConfig
     from proxrl.report import Config as ReportConfig
-    from proxrl.runtime.config import RunConfig
+    from proxrl.runtime.run_config import RunConfig
 
     for cls in (EvalConfig, DemoConfig, ReportConfig):
         assert not issubclass(cls, RunConfig)
-    assert _refused(EvalConfig(seed=-1)) == "--seed must lie in [0, 4294967295]"
+    assert _refused(EvalConfig(seed=-1)) == "seed: expected in [0, 4294967295], got -1"
     assert _refused(DemoConfig(temperature=0.0)) == "temperature: expected > 0, got 0.0"
     assert _refused(ReportConfig("x", samples=-1)) == "samples: expected >= 0, got -1"
 

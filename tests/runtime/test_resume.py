@@ -9,9 +9,10 @@ import logging
 
 import pytest
 
-from proxrl.runtime.config import RunConfig, save_config_file
+from proxrl.runtime.config import save_config_file
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.resume import RESUME_FREE, changed_options, check_resume
+from proxrl.runtime.run_config import RunConfig
 
 
 @dataclasses.dataclass

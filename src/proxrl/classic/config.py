@@ -23,13 +23,13 @@ spellings are accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``e
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
-from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
+from proxrl.runtime.run_config import RunConfig
 
 Objective = Literal["clip", "adaptive-kl", "fixed-kl", "none"]
 OBJECTIVES: tuple[str, ...] = ("clip", "adaptive-kl", "fixed-kl", "none")
@@ -61,8 +61,6 @@ _DISCRETE: dict[str, Any] = dict(
 @dataclasses.dataclass
 class ClassicConfig(RunConfig):
     """PPO (or TRPO) on a gymnasium environment."""
-
-    range_style: ClassVar[Literal["field", "flag"]] = "flag"  # the wording docs/errors.md shows
 
     output_dir: str = "runs/classic"
     """Directory for metrics, TensorBoard events, checkpoints and summary.json."""

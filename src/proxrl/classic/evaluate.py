@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
@@ -39,8 +39,6 @@ class EvalConfig:
     """Number of episodes to run."""
     seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0
     """Seed of the first episode's reset (episode i uses seed + i)."""
-
-    range_style: ClassVar[Literal["field", "flag"]] = "flag"  # classic's wording
 
     def validate(self) -> None:
         check_ranges(self)

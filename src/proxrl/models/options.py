@@ -11,9 +11,9 @@ import torch
 
 from proxrl.models.causal_lm import resolve_dtype
 from proxrl.runtime import distributed as dist
-from proxrl.runtime.config import RunConfig
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
+from proxrl.runtime.run_config import RunConfig
 
 
 @dataclass

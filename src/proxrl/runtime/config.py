@@ -1,25 +1,27 @@
-"""Typed configs: a dataclass per command; ``[--config file.yaml] [--field value ...]`` replaces
-its defaults by the file's values, then the flags'. argparse splits the flags, pydantic reads each
-value (a YAML one strictly: ``1`` is no bool, ``"3"`` no int), ``cfg.validate()`` checks ranges
-and rules, tyro prints ``--help``; a refusal is one ``ProxrlError`` line naming the field."""
+"""Typed configs: a dataclass per command, a field's other spellings (``alias``) and bounds
+(``Range``) in its ``Annotated`` metadata. ``[--config file.yaml] [--field value ...]`` replaces
+the defaults by the file's values, then the flags': argparse splits the flags, pydantic reads each
+value (a YAML one strictly: ``1`` is no bool, ``"3"`` no int) and checks the ranges, tyro prints
+``--help``; a refusal is one ``ProxrlError`` line naming the field."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import difflib
+import functools
+import math
 import re
+import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar, Union
 
 import pydantic
 import tyro
 import yaml
 
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import FieldSpec, field_table, optional_inner, type_name
-from proxrl.runtime.run_config import RunConfig  # noqa: F401  (its old home: callers import it)
 
 T = TypeVar("T")
 # A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
@@ -35,106 +37,178 @@ KNOWN_SPELLINGS = dict(
 )  # fmt: skip
 
 
-def _checked(tp: Any, value: Any, strict: bool, wrong: str, found: str | None = None) -> Any:
-    """``value`` as pydantic reads it for ``tp``, or ``ProxrlError(wrong + found)`` (by default
-    the offending item), with the closest choice of a ``Literal``."""
+def alias(*names: str) -> Any:
+    """Other spellings of a field, in flags and YAML (CleanRL's ``lr``): tyro's, for ``--help``."""
+    return tyro.conf.arg(aliases=tuple("--" + n.replace("_", "-") for n in names))
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Bounds of a finite number (of each item of a list); ``Range()``: any finite number."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+
+class FieldSpec(NamedTuple):
+    type: Any  # without Annotated
+    range: Range | None  # a subclass that only changes the default keeps its base's
+    aliases: tuple[str, ...]  # snake_case
+    switch: bool  # --name / --no-name: a bool, or a bool-or-None marked tyro.conf.DisallowNone
+    positional: bool  # tyro.conf.Positional
+    required: bool  # no default
+
+
+@functools.cache
+def field_table(config_cls: Any) -> dict[str, FieldSpec]:
+    hints = [typing.get_type_hints(b, include_extras=True) for b in reversed(config_cls.__mro__)]
+    table = {}
+    for f in (f for f in dataclasses.fields(config_cls) if f.init):
+        hint = hints[-1][f.name]
+        tp, *extras = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
+        metadata = [m for h in hints for m in getattr(h.get(f.name), "__metadata__", ())]
+        names = [a[2:].replace("-", "_") for m in extras for a in getattr(m, "aliases", 0) or ()]
+        table[f.name] = FieldSpec(
+            tp,
+            ([None] + [m for m in metadata if isinstance(m, Range)])[-1],
+            tuple(names),
+            tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras),
+            tyro.conf.Positional in extras,
+            f.default is f.default_factory is dataclasses.MISSING,
+        )
+    return table
+
+
+@functools.cache
+def _bounds(r: Range) -> pydantic.TypeAdapter[list[float]]:
+    bounds = pydantic.Field(**dataclasses.asdict(r), allow_inf_nan=False)
+    return pydantic.TypeAdapter(list[Annotated[float, bounds]])
+
+
+def check_ranges(cfg: Any) -> None:
+    """Raise ``ProxrlError`` for the first value (or list item) outside its field's ``Range``:
+    ``name: expected >= 1, got 0`` (an int's ``> 0`` reads ``>= 1``), ``name: expected in [0,
+    1), got 1.5``, ``name: expected a finite number, got nan``."""
+    for name, f in field_table(type(cfg)).items():
+        value, (kind, item), r = getattr(cfg, name), list_item(f.type), f.range
+        try:
+            if r and value is not None and not isinstance(value, bool):
+                _bounds(r).validate_python(list(value) if kind else [value], strict=True)
+            continue
+        except pydantic.ValidationError as e:
+            got = e.errors()[0]["input"]
+        ge, gt = (int(r.gt) + 1, None) if item is int and r.gt is not None else (r.ge, r.gt)
+        low = [(op, b) for op, b in ((">=", ge), (">", gt)) if b is not None]
+        high = [(op, b) for op, b in (("<=", r.le), ("<", r.lt)) if b is not None]
+        want = " ".join(f"{op} {b:.15g}" for op, b in (low + high)[:1])
+        if low and high:
+            ends = "[("[low[0][0] == ">"], "])"[high[0][0] == "<"]
+            want = f"in {ends[0]}{low[0][1]:.15g}, {high[0][1]:.15g}{ends[1]}"
+        want = want if math.isfinite(got) else "a finite number"
+        raise ProxrlError(f"{name}: expected {want}, got {got}")
+
+
+def optional_inner(tp: Any) -> tuple[bool, Any]:
+    """``Optional[X]`` / ``X | None`` → (True, X); anything else → (False, tp)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return True, next(a for a in args if a is not type(None))
+    return False, tp
+
+
+def list_item(tp: Any) -> tuple[Any, Any]:
+    """(list or tuple, the item type) of a list field, else (None, the type without None)."""
+    inner = optional_inner(tp)[1]
+    kind = typing.get_origin(inner)
+    return (kind, typing.get_args(inner)[0]) if kind in (list, tuple) else (None, inner)
+
+
+def type_name(tp: Any) -> str:
+    (optional, inner), (kind, item) = optional_inner(tp), list_item(tp)
+    if optional or kind:
+        return f"{type_name(inner)} or None" if optional else f"a list of {type_name(item)}"
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _value(tp: Any, value: Any, wrong: str, strict=True) -> Any:
+    """``value`` as pydantic reads it for ``tp``, else ``ProxrlError("{wrong}, found …")`` with
+    the closest choice. ``strict`` (a YAML value): int → float, a float written ``1e-4`` → float
+    and one value → a one-item list are its only conversions; else a flag's text(s), or none."""
+    (kind, item), written, (optional, inner) = list_item(tp), value, optional_inner(tp)
+    if not strict and optional and str(value).lower() in ("none", "null", "~"):
+        return None
+    items = value if isinstance(value, list | tuple) else [value]
+    if strict and item is float:
+        items = [
+            float(v) if isinstance(v, str) and _NUMBER.fullmatch(v.strip()) else v for v in items
+        ]
+    if strict and value is not None and (kind or not isinstance(value, list | tuple)):
+        value = kind(items) if kind else items[0]
     try:
         return pydantic.TypeAdapter(tp).validate_python(value, strict=strict)
     except pydantic.ValidationError as e:
-        bad = value if found else e.errors()[0]["input"]
-    inner = optional_inner(tp)[1]
+        bad = written if strict else e.errors()[0]["input"]  # a flag's offending item
     choices = typing.get_args(inner) if typing.get_origin(inner) is Literal else ()
     close = difflib.get_close_matches(str(bad), map(str, choices), 1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    raise ProxrlError(f"{wrong}, found {found or repr(bad)}{hint}")
+    shown = list(bad) if isinstance(bad, tuple) else bad
+    found = f"{type(shown).__name__} {shown!r}" if strict and not choices else repr(bad)
+    raise ProxrlError(f"{wrong}, found {found}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
-def _unknown(kind: str, name: str, cls: type, prefix: str = "") -> ProxrlError:
-    valid, spelt = list(_spellings(cls)), (lambda n: n.replace("_", "-") if prefix else n)
+def _unknown(kind: str, name: str, spellings: Any, flag: bool = False) -> ProxrlError:
+    """``unknown {kind} name``, suggesting a known spelling (TRL's) or else the closest one."""
     known = KNOWN_SPELLINGS.get(name.replace("-", "_"))
-    close = [known] if known in valid else difflib.get_close_matches(name, valid, 1, 0.5)
-    shown = spelt(name)
-    shown = shown if shown.isprintable() and shown and shown == shown.strip() else repr(shown)
-    hint = f"; did you mean {prefix}{spelt(close[0])}?" if close else ""
-    return ProxrlError(f"unknown {kind} {prefix}{shown}{hint}")
+    close = [known] if known in spellings else difflib.get_close_matches(name, spellings, 1, 0.5)
+    shown = ["--" + n.replace("_", "-") if flag else n for n in (name, *close)]
+    bad = shown[0] if shown[0].isprintable() and shown[0] == shown[0].strip() and name else None
+    return ProxrlError(
+        f"unknown {kind} {bad or repr(shown[0])}" + (f"; did you mean {shown[1]}?" if close else "")
+    )
 
 
-def _spellings(cls: type) -> dict[str, str]:
-    """Every accepted snake_case spelling (names and aliases) → field name."""
-    return {s: name for name, f in field_table(cls).items() for s in (name, *f.aliases)}
-
-
-def _listed(tp: Any) -> bool:
-    return typing.get_origin(optional_inner(tp)[1]) in (tuple, list)
-
-
-def _read_yaml(path: Path) -> dict[Any, Any]:
+def file_values(cls: type, path: Any, given=frozenset(), lenient=False, where="") -> dict:
+    """Field → checked value of the YAML file at ``path`` (or of the mapping ``path`` from
+    ``where``), less the ``given`` fields (set elsewhere, so a bad value there is no error);
+    ``lenient``: a key that is no field (an option a newer proxrl renamed) is passed over."""
+    names = {s: n for n, f in field_table(cls).items() for s in (n, *f.aliases)}
+    values, where, mapping = {}, where or f"config file {path}", path
+    if not isinstance(path, dict) and (Path(path).is_dir() or not Path(path).exists()):
+        what = "is a directory; expected a YAML file" if Path(path).is_dir() else "does not exist"
+        raise ProxrlError(f"{where} {what}")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ProxrlError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ProxrlError(f"config file {path} is a directory; expected a YAML file") from None
+        mapping = path if isinstance(path, dict) else yaml.safe_load(Path(path).read_text())
     except UnicodeDecodeError as e:
-        why = f"{e.reason} at byte {e.start}"
-        raise ProxrlError(f"config file {path} is not UTF-8 text ({why})") from None
+        raise ProxrlError(f"{where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:
-        mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = problem or (str(e).splitlines() or [type(e).__name__])[0]
-        raise ProxrlError(f"config file {where} is not valid YAML: {problem}") from None
-    if not isinstance(raw, dict | None):
-        raise ProxrlError(f"config file {path} must hold a mapping of field: value")
-    return raw or {}
-
-
-def _yaml_value(wrong: str, tp: Any, value: Any) -> Any:
-    """A value checked strictly; the only conversions: int → float, a number written ``1e-4``
-    (a string to YAML 1.1) in a float field → float, one value → a one-item list."""
-    listed, inner, written = _listed(tp), optional_inner(tp)[1], value
-    kind = typing.get_origin(inner)  # list or tuple
-    if listed and value is not None:
-        value = kind(value) if isinstance(value, (list, tuple)) else kind([value])
-    if (typing.get_args(inner)[0] if listed else inner) is float:
-        value = kind(map(_number, value)) if listed and value is not None else _number(value)
-    found = repr(written) if typing.get_origin(inner) is Literal else None
-    found = f"list {list(written)!r}" if isinstance(written, tuple) else found
-    return _checked(tp, value, True, wrong, found or f"{type(written).__name__} {written!r}")
-
-
-def _number(v: Any) -> Any:
-    return float(v) if isinstance(v, str) and _NUMBER.fullmatch(v.strip()) else v
-
-
-def file_values(cls: type, path: str | Path, given: frozenset[str], lenient=False) -> dict:
-    """Field → checked value of the YAML file at ``path``; the ``given`` fields (set elsewhere,
-    so a bad value there is no error) left out; ``lenient``: a key that is no field (an option a
-    newer proxrl renamed) is passed over."""
-    return _mapping_values(cls, _read_yaml(Path(path)), f"config file {path}", given, lenient)
-
-
-def _mapping_values(cls: type, mapping: dict, where: str, skip=frozenset(), lenient=False) -> dict:
-    """Field → checked value of ``mapping`` (dashes and aliases accepted), ``skip`` fields out."""
-    names, values = _spellings(cls), {}
-    for key, value in mapping.items():
+        mark = getattr(e, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise ProxrlError(f"config file {at} is not valid YAML: {problem}") from None
+    if not isinstance(mapping, dict | None):
+        raise ProxrlError(f"{where} must hold a mapping of field: value")
+    for key, value in (mapping or {}).items():
         name = names.get(str(key).replace("-", "_"))
         if name is None and not lenient:
-            raise ProxrlError(f"{where}: {_unknown('key', str(key), cls)}")
-        if name is not None and name not in skip:
+            raise ProxrlError(f"{where}: {_unknown('key', str(key), names)}")
+        if name not in {None, *given}:
             tp = field_table(cls)[name].type
-            values[name] = _yaml_value(f"{where}: field {name} expects {type_name(tp)}", tp, value)
+            values[name] = _value(tp, value, f"{where}: field {name} expects {type_name(tp)}")
     return values
 
 
 def load_config_file(cls: type[T], path: str | Path, validate=True) -> T:
     """``cls`` from a YAML file of field: value (the others keep their defaults)."""
-    return config_from_mapping(cls, _read_yaml(Path(path)), f"config file {path}", validate)
+    return config_from_mapping(cls, str(path), f"config file {path}", validate)
 
 
-def config_from_mapping(cls: type[T], mapping: dict, where: str, validate=True, base=None) -> T:
-    """``cls`` (or ``base`` with these fields replaced) from a mapping of field → value, with a
-    YAML file's checks; a refusal is one line starting with ``where``."""
-    values = _mapping_values(cls, mapping, where)
+def config_from_mapping(cls: type[T], mapping: Any, where: str, validate=True, base=None) -> T:
+    """``cls`` (or ``base`` with these fields replaced) from a mapping of field → value (or a
+    YAML file), checked as ``file_values`` does; a refusal is one line starting with ``where``."""
+    values = file_values(cls, mapping, where=where)
     cfg = cls(**values) if base is None else dataclasses.replace(base, **values)
     if validate and callable(getattr(cfg, "validate", None)):
         cfg.validate()
@@ -162,59 +236,40 @@ def saved_run_values(cls: type, resume: bool, output_dir: Any, given: frozenset[
     return file_values(cls, path, given | SESSION_OPTIONS, True) if ok else {}
 
 
-class _Flags(argparse.ArgumentParser):
-    """A config's flags as texts: ``--name v`` (a list ``--name v w``), a switch ``--name
-    [true|false]`` or ``--no-name``, aliases, positional fields; a refusal raises."""
-
-    def __init__(self, cls: type) -> None:
-        super().__init__(add_help=False, allow_abbrev=False, exit_on_error=False)
-        self.argument_default, self._negative_number_matcher = argparse.SUPPRESS, _NEGATIVE
-        self.add_argument("--config")
-        for name, f in field_table(cls).items():
-            flags = ["--" + n.replace("_", "-") for n in (name, *f.aliases)]
-            nargs = "*" if _listed(f.type) else "?" if f.switch or f.positional else None
-            dest = {} if f.positional else {"dest": name}
-            self.add_argument(*([name] if f.positional else flags), nargs=nargs, **dest)
-            if f.switch:
-                nos = ["--no-" + s[2:] for s in flags]
-                self.add_argument(*nos, dest=name, action="store_const", const="false")
-
-
-def _flag_value(name: str, f: FieldSpec, given: str | list[str] | None) -> Any:
-    """A flag's text(s) as its field's value: a switch's word, ``none`` for an optional field,
-    else pydantic's reading of the text (of each item for a list)."""
-    flag = "--" + name.replace("_", "-")
-    if f.switch:
-        return _checked(
-            bool, "true" if given is None else given, False, f"{flag} expects true or false"
-        )
-    if optional_inner(f.type)[0] and str(given).lower() in ("none", "null", "~"):
-        return None
-    return _checked(f.type, given, False, f"{flag} expects {type_name(f.type)}")
-
-
 def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
-    """Parse ``[--config file.yaml] [--field value ...]`` into a validated ``cls``; with
-    ``--resume``, the run's saved config (``saved_run_values``) is the starting point.
-    ``--help`` prints every field with its docstring and exits 0 (``SystemExit``)."""
+    """Parse ``[--config file.yaml] [--field value ...]`` into a validated ``cls``: argparse splits
+    ``--name v`` (a list ``--name v w``), a switch ``--name [true|false]`` or ``--no-name``,
+    aliases, positional fields; pydantic reads the texts; with ``--resume`` the run's saved
+    config (``saved_run_values``) is the base. ``--help`` prints the fields and exits 0."""
     table, argv = field_table(cls), list(argv or [])
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.argument_default, parser._negative_number_matcher = argparse.SUPPRESS, _NEGATIVE
+    parser.add_argument("--config")
+    for name, f in table.items():
+        flags = ["--" + n.replace("_", "-") for n in (name, *f.aliases)]
+        nargs = "*" if list_item(f.type)[0] else "?" if f.switch or f.positional else None
+        parser.add_argument(*[name] if f.positional else flags, nargs=nargs)
+        for no in ["--no-" + s[2:] for s in flags] if f.switch else ():
+            parser.add_argument(no, dest=name, action="store_const", const="false")
     args = [a for a in argv if a not in ("-h", "--help")]
-    dashed = [re.sub(r"^(--[^=]*)", lambda m: m[1].replace("_", "-"), a) for a in args]
     try:
-        texts, extras = _Flags(cls).parse_known_args(dashed)
+        dashed = [re.sub(r"^(--[^=]*)", lambda m: m[1].replace("_", "-"), a) for a in args]
+        known, extras = parser.parse_known_args(dashed)
     except argparse.ArgumentError as e:
         flag = (e.argument_name or "").split("/")[0]
         tp = table.get(flag[2:].replace("-", "_"))
         need = f"a value ({type_name(tp.type)})" if tp else "a file path"
         why = e.message.replace("ignored explicit argument", f"{flag} takes no value, found")
         raise ProxrlError(f"{flag} needs {need}" if why.startswith("expected") else why) from None
-    texts = vars(texts)
+    texts = vars(known)
     path = texts.pop("config", None)
     values = file_values(cls, path, frozenset(texts)) if path else {}
     flags, bad = {}, []
-    for n, t in texts.items():
+    for name, text in texts.items():
+        tp, flag = bool if table[name].switch else table[name].type, "--" + name.replace("_", "-")
+        wrong = f"{flag} expects {'true or false' if tp is bool else type_name(tp)}"
         try:
-            flags[n] = _flag_value(n, table[n], t)
+            flags[name] = _value(tp, "true" if text is None else text, wrong, strict=False)
         except ProxrlError as e:
             bad.append(e)
     saved: dict[str, Any] = {}
@@ -227,7 +282,8 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
         tyro.cli(cls, args=["--help"], default=default, prog=prog)
     for arg in (a for a in extras if a != "--"):
         if arg.startswith("--"):
-            raise _unknown("option", arg[2:].partition("=")[0].replace("-", "_"), cls, "--")
+            spellings = [s for n, f in table.items() for s in (n, *f.aliases)]
+            raise _unknown("option", arg[2:].partition("=")[0].replace("-", "_"), spellings, True)
         raise ProxrlError(f"unexpected argument {arg!r}; options look like --name value")
     if missing or bad:
         raise ProxrlError(f"missing {', '.join(missing)}") if missing else bad[0]

@@ -5,18 +5,16 @@ from flags, YAML or a mapping is ``runtime.config``'s job (which re-exports it).
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated
 
+from proxrl.runtime.config import Range, check_ranges
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range, check_ranges
 from proxrl.runtime.trackers import TrackerName, check_report_to
 
 
 @dataclasses.dataclass
 class RunConfig:
     """Fields every trainer shares; algorithm configs subclass it."""
-
-    range_style: ClassVar[Literal["field", "flag"]] = "field"
 
     output_dir: str = "runs/run"
     """Directory for metrics, TensorBoard events, checkpoints and the summary."""
@@ -29,9 +27,9 @@ class RunConfig:
     it such a resume is refused, naming the changed options)."""
     overwrite: bool = False
     """Delete a previous run in output_dir and start afresh."""
-    save_every: Annotated[int, Range(ge=0, style="flag")] = 0
+    save_every: Annotated[int, Range(ge=0)] = 0
     """Save a checkpoint every this many iterations (0: only at the end)."""
-    keep_checkpoints: Annotated[int, Range(ge=1, style="flag")] = 3
+    keep_checkpoints: Annotated[int, Range(ge=1)] = 3
     """How many of the newest checkpoints to keep on disk."""
     max_consecutive_skips: Annotated[int, Range(gt=0)] = 5
     """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
