@@ -1,13 +1,14 @@
 """proxrl: RLHF centred on PPO. ``proxrl.core`` is the pure math; the Python API
-(``proxrl.train``, ``proxrl.sft`` … ``proxrl.grpo``, ``proxrl.config``) is ``proxrl.api``,
-imported on first use so that ``import proxrl.core`` needs only torch."""
+(``proxrl.train``, ``proxrl.sft`` … ``proxrl.grpo``, ``proxrl.config``,
+``proxrl.TrainingClient``) is ``proxrl.api``, imported on first use so that ``import
+proxrl.core`` needs only torch."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-__all__ = ["Run", "config", "dpo", "grpo", "ppo", "rm", "sft", "train"]
+__all__ = ["Run", "TrainingClient", "config", "dpo", "grpo", "ppo", "rm", "sft", "train"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,10 @@ policy = run.model                       # loaded back with plain transformers /
 
 run = proxrl.grpo(model=policy, tokenizer=run.tokenizer, prompts=my_dataset,
                   reward_fn=lambda prompts, completions, **cols: [...], output_dir="runs/nb-grpo")
+
+client = proxrl.TrainingClient(policy, tokenizer=run.tokenizer, learning_rate=1e-5)
+rollout = client.sample(["2+2="], n=4)     # a loop of one's own: sample, logprobs,
+...                                        # forward_backward, optim_step, save_state/save_model
 ```
 
 Every option is a field of the command's config (``proxrl <command> --help`` lists them) and
@@ -301,6 +305,16 @@ def _command(command: str) -> Callable[..., Run]:
         f"fields of ``proxrl {command} --help``; returns a ``Run``."
     )
     return run
+
+
+def __getattr__(name: str) -> Any:
+    """``TrainingClient`` (``algos.online.client``), imported on first use: it loads torch and
+    transformers, which ``import proxrl.api`` does not."""
+    if name == "TrainingClient":
+        from proxrl.algos.online.client import TrainingClient
+
+        return TrainingClient
+    raise AttributeError(f"module 'proxrl.api' has no attribute {name!r}")
 
 
 sft = _command("sft")

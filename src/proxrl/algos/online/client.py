@@ -1,0 +1,381 @@
+"""The training client: the online trainers' own stages as primitives a user composes into a
+loop of their own (Tinker's ``sample`` / ``forward_backward`` / ``optim_step``).
+
+Every method calls the function the built-in loop calls at that stage — ``collect.sample``
+(the run's engine), ``collect.forward_passes`` (π_old, π_ref), ``update.accumulate`` (the
+micro-batches, the loss terms, the aggregation's normaliser), ``update.clipped_step`` (clip,
+the non-finite guard, no step on an exactly zero gradient), ``run.make_optimizers``,
+``loop.save_policy`` — so a loop written with it is ``proxrl grpo``'s loop, to the bit on the
+same seed (``tests/algos/test_client.py``). The roles load as the trainers load them
+(``roles.load_models``: a path, hub id or transformers model; full or LoRA) and the critic-free
+family's choices apply: no critic, the KL to the reference paid in the loss (``kl_coef``,
+``kl_loss_type``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from proxrl.algos.online import grpo
+from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.episodes import environment_tools, responses_stopped
+from proxrl.algos.online.loop import save_policy
+from proxrl.algos.online.prompts import prompt_order
+from proxrl.algos.online.roles import load_models, place_roles
+from proxrl.algos.online.run import make_optimizers
+from proxrl.algos.online.samplers import make_engine
+from proxrl.algos.online.update import (
+    POLICY_STEPPED,
+    Losses,
+    Optimization,
+    UpdateStep,
+    accumulate,
+    clipped_step,
+    minibatches,
+)
+from proxrl.core import KL_ESTIMATORS, POLICY_LOSSES, policy_gradient_loss
+from proxrl.data.encoding import encode_prompt_text
+from proxrl.data.formats import PromptExample
+from proxrl.models.options import ModelRunConfig
+from proxrl.rollout.experience import Experience
+from proxrl.rollout.rewards import WeightedRewards
+from proxrl.runtime import objects
+from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
+from proxrl.runtime.config import config_from_mapping
+from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.seeding import seed_everything
+
+PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+UserLoss = Callable[[Tensor, Experience], Tensor]
+
+
+def _sft_loss(cfg: OnlineConfig) -> PolicyLoss:
+    """The negative log-likelihood of the batch's tokens (advantage 1 everywhere: REINFORCE's
+    loss is the NLL then), reduced by the config's aggregation."""
+
+    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb.loss_mask.float()
+        return policy_gradient_loss(logprobs, torch.ones_like(logprobs), mask, cfg.aggregation)
+
+    return loss
+
+
+def _named_surrogate(name: str) -> Callable[[OnlineConfig], PolicyLoss]:
+    """``core.POLICY_LOSSES[name]`` bound to a config's knobs, as ``surrogate`` binds it."""
+    return lambda cfg: surrogate(replace(cfg, policy_loss=name))
+
+
+LOSSES: dict[str, Callable[[OnlineConfig], PolicyLoss]] = {
+    **{name: _named_surrogate(name) for name in POLICY_LOSSES},
+    "sft": _sft_loss,
+}
+"""``forward_backward``'s ``loss`` → (config) → the policy loss: every ``core.POLICY_LOSSES``
+surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo`` bind it), and
+``sft``, the negative log-likelihood."""
+
+
+@dataclass
+class Rollout:
+    """What ``TrainingClient.sample`` returns: ``n`` responses per prompt, a prompt's ``n``
+    consecutive (B = len(prompts) · n rows)."""
+
+    stage: Sampled  # the sample stage's record, as the built-in loop hands it on
+
+    @property
+    def prompts(self) -> list[str]:
+        """(B,) each row's prompt text."""
+        return [p.prompt for p in self.stage.prompts]
+
+    @property
+    def text(self) -> list[str]:
+        """(B,) the responses decoded."""
+        return self.stage.completions
+
+    @property
+    def prompt_ids(self) -> Tensor:
+        """(B, P) left-padded prompt tokens."""
+        return self.stage.prompt_ids
+
+    @property
+    def response_ids(self) -> Tensor:
+        """(B, T) sampled tokens, padding after the stop."""
+        return self.stage.samples.response_ids
+
+    @property
+    def response_mask(self) -> Tensor:
+        """(B, T) 1 at response tokens up to and including the stop."""
+        return self.stage.samples.response_mask
+
+    @property
+    def logprobs(self) -> Tensor | None:
+        """(B, T) the sampler's log-probs of its tokens (None when not asked for)."""
+        return self.stage.samples.logprobs
+
+    def __len__(self) -> int:
+        return len(self.stage.completions)
+
+
+def client_config(model: Any, tokenizer: Any, options: dict[str, Any]) -> grpo.Config:
+    """A ``grpo`` config for the client: ``model`` a path, hub id or transformers model (its
+    ``tokenizer``), ``options`` its fields, each checked as a YAML value is (type, range). No
+    prompts or reward are asked for: the client's user brings them."""
+    entries: dict[str, objects.Entry] = {}
+    if hasattr(model, "save_pretrained") and hasattr(model, "parameters"):
+        handle = objects.PREFIX + "model"
+        entries[handle] = objects.Entry(model, tokenizer)
+        model = handle
+    elif tokenizer is not None:
+        raise ProxrlError("TrainingClient: tokenizer is only for a model given as a loaded model")
+    where = "proxrl.TrainingClient()"
+    cfg = config_from_mapping(grpo.Config, {"model": str(model), **options}, where, validate=False)
+    ModelRunConfig.validate(cfg)  # ranges, dtype, precision (prompts and rewards: not ours)
+    objects.attach(cfg, entries)
+    return cfg
+
+
+class TrainingClient:
+    """A policy with its optimizer, trained by the loop its user writes.
+
+    ``TrainingClient(model, learning_rate=1e-5, …)``: ``model`` a path, hub id or transformers
+    model (``tokenizer=`` its tokenizer), the options any field of ``proxrl grpo`` (sampling:
+    ``max_new_tokens``, ``temperature``…; batching: ``mini_batch_size``, ``grad_accum``; the
+    loss knobs: ``clip``, ``loss_aggregation``, ``kl_coef``…; ``lora_r``, ``dtype``, ``seed``).
+    ``TrainingClient(config=cfg)`` takes a ``grpo``/``ppo`` config as it is."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        tokenizer: Any = None,
+        config: OnlineConfig | None = None,
+        **options: Any,
+    ) -> None:
+        if config is None and model is None:
+            raise ProxrlError("proxrl.TrainingClient(): model: expected a path or a model")
+        self.cfg = config if config is not None else client_config(model, tokenizer, options)
+        seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
+        with objects.registered(objects.attached(self.cfg)):
+            self.models = load_models(self.cfg, _algorithm(self.cfg, LOSSES["ppo"](self.cfg)))
+        place_roles(self.models, WeightedRewards([], []), self.cfg.offload_frozen_roles)
+        self.optimizers = make_optimizers(self.cfg, self.models)
+        self.optimization = Optimization.of(self.models, self.optimizers)
+        self.generator = torch.Generator().manual_seed(self.cfg.seed)  # the minibatch order
+        self.guard = NonFiniteGuard(self.cfg.max_consecutive_skips)
+        self.engine = make_engine(self.cfg, self.models.tokenizer)
+        self.engine.start(self.models.actor, 0)
+        self.steps = 0  # optimizer steps asked for (optim_step calls)
+        self._losses: Losses | None = None  # the latest forward_backward's
+        self._stats: dict[str, float] = defaultdict(float)  # since the latest optim_step
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.models.tokenizer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy being trained (a peft model under LoRA)."""
+        return self.models.actor
+
+    def prompt_batch(self, n_prompts: int, batch_size: int, draw: int) -> list[int]:
+        """The prompt indices of batch ``draw`` in ``proxrl grpo``'s schedule (a fresh seeded
+        permutation per pass over the ``n_prompts``)."""
+        return prompt_order(n_prompts, batch_size, draw, self.cfg.seed)
+
+    def sample(
+        self,
+        prompts: Sequence[str | PromptExample],
+        n: int | None = None,
+        logprobs: bool = False,
+        **sampling: Any,
+    ) -> Rollout:
+        """``n`` responses (default: the config's ``group_size``) to each prompt from the run's
+        engine; ``logprobs``: the sampler's log-probs of them too. ``sampling`` overrides the
+        config's ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+        ``stop_strings`` for this call."""
+        unknown = set(sampling) - set(SAMPLING_OPTIONS)
+        if unknown:
+            raise ProxrlError(
+                f"TrainingClient.sample: {sorted(unknown)[0]}: expected one of "
+                f"{', '.join(SAMPLING_OPTIONS)}"
+            )
+        cfg = replace(self.cfg, group_size=n or self.cfg.group_size, **sampling)
+        examples = [_as_example(p, i) for i, p in enumerate(prompts)]
+        tools = environment_tools(cfg)
+        ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
+        self.models.actor.eval()
+        with torch.no_grad(), cfg.autocast():
+            stage = sample(cfg, self.models, self.engine, examples, ids, logprobs)
+        return Rollout(stage)
+
+    def logprobs(
+        self, rollout: Rollout, scores: Sequence[float] | Tensor | None = None
+    ) -> Experience:
+        """The trainer's forward passes over ``rollout`` (``collect.forward_passes``): an
+        ``Experience`` with log π_old (``logprobs``) and log π_ref (``ref_logprobs``; π_old's
+        own when no KL is tracked), (B, T) each, and ``scores`` (B,) (zeros when not given).
+        Its ``advantages`` are the caller's to fill (``dataclasses.replace``)."""
+        device = next(self.models.actor.parameters()).device
+        samples = rollout.stage.samples
+        n = len(rollout)
+        values = torch.zeros(n) if scores is None else torch.as_tensor(scores)
+        if values.shape != (n,):
+            raise ProxrlError(
+                f"TrainingClient.logprobs: scores: expected {n} values, got {values.shape}"
+            )
+        ended = responses_stopped(samples, self.tokenizer.eos_token_id, self.cfg.max_new_tokens)
+        scored = Scored(values, values, ended.cpu(), {}, None)
+        source = OldPolicySource(from_sampler=False, correct=False, forward_pass=True)
+        self.models.actor.eval()
+        with torch.no_grad(), self.cfg.autocast():
+            passes = forward_passes(self.cfg, self.models, rollout.stage, scored, source)
+        return replace(passes.experience, scores=passes.experience.scores.to(device))
+
+    def minibatches(self, rows: int) -> list[Tensor]:
+        """One epoch's minibatches of ``rows`` rows, shuffled and split as ``proxrl grpo``'s
+        update does (``mini_batch_size`` each; the client's generator is checkpointed)."""
+        return minibatches(self.cfg, rows, self.generator)
+
+    def forward_backward(self, batch: Experience, loss: str | UserLoss = "ppo") -> dict[str, float]:
+        """Add the gradient of ``loss`` on ``batch`` to the accumulated one: the built-in
+        update's micro-batches, terms (+ β·KL to the reference in the loss, − the entropy
+        bonus, from the config) and normaliser (the batch's loss units, counted before its
+        micro-batches run). ``loss``: a name in ``LOSSES`` (``core.POLICY_LOSSES``' and
+        ``sft``), or a callable (log π (b, t), micro-batch Experience) → scalar, the
+        micro-batch's loss as a mean over its units (then weighed by their share). A batch
+        without ``logprobs`` takes π_old = π (detached). Returns the batch's stats."""
+        if batch.advantages is None:
+            batch = replace(
+                batch, advantages=torch.zeros_like(batch.loss_mask, dtype=torch.float32)
+            )
+        losses = Losses(
+            self.cfg,
+            _algorithm(self.cfg, _policy_loss(self.cfg, loss)),
+            self.models,
+            batch.prompt_ids.shape[1],
+            UpdateStep(self.cfg.kl_coef, train_policy=True, iteration=self.steps + 1),
+        )
+        self._losses = losses
+        if self.cfg.aggregation.units(batch.loss_mask) == 0:
+            return {}  # every token masked: nothing to learn from (the update skips it too)
+        self.models.actor.train()
+        stats, _ = accumulate(losses, batch, torch.arange(len(batch)), self.optimization, None)
+        for key, value in stats.items():
+            self._stats[key] += value
+        return stats
+
+    def optim_step(self, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step on the accumulated gradient (``update.clipped_step``: clipped
+        to ``max_grad_norm``, skipped when a stat or the gradient is not finite, and no step
+        for an exactly zero gradient), at ``lr`` (default: the config's ``learning_rate``);
+        the gradients are zeroed after. Returns the step's stats with ``grad_norm`` and
+        ``stepped`` (1: the weights moved)."""
+        self.steps += 1
+        rate = self.cfg.learning_rate if lr is None else lr
+        for optimizer in self.optimizers[:1]:
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+        stats, self._stats = dict(self._stats), defaultdict(float)
+        if self._losses is None:
+            return {"stepped": 0.0}
+        losses = replace(self._losses, step=replace(self._losses.step, iteration=self.steps))
+        result = clipped_step(losses, stats, None, self.optimization, self.guard)
+        self.optimization.zero_grad()
+        if result is None:  # the guard skipped it
+            return stats | {"stepped": 0.0}
+        result["stepped"] = result.pop(POLICY_STEPPED)
+        return result
+
+    def _checkpointer(self, directory: str | Path) -> Checkpointer:
+        return Checkpointer(directory, keep=1).track(
+            actor=TrainableWeights(self.models.actor),
+            optimizers=self.optimizers,
+            generator=self.generator,
+            guard=self.guard,
+            rng=GlobalRNG(),
+        )
+
+    def save_state(self, directory: str | Path) -> Path:
+        """Everything a resumed loop needs to continue as the uninterrupted one: the trained
+        weights, the optimizer, the minibatch generator, the guard and every global RNG (the
+        sampler's stream), under ``directory/checkpoints``; returns the checkpoint's path."""
+        return self._checkpointer(directory).save(self.steps, steps=self.steps)
+
+    def load_state(self, directory: str | Path) -> int:
+        """Restore ``save_state``'s newest checkpoint in ``directory``; returns its step count."""
+        restored = self._checkpointer(directory).restore()
+        self.steps = int(restored.counters["steps"])
+        self._stats = defaultdict(float)
+        self.optimization.zero_grad()
+        return self.steps
+
+    def save_model(self, directory: str | Path) -> Path:
+        """The policy as the trainers save it (``save_pretrained``, safetensors; under LoRA the
+        merged model and the adapter in ``adapter/``) and its tokenizer: what transformers,
+        vLLM or the next proxrl stage loads."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        save_policy(self.models, path)
+        return path
+
+    def close(self) -> None:
+        """Stop the engine (vLLM's frees its memory)."""
+        self.engine.close()
+
+
+SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "stop_strings")
+"""The config fields ``TrainingClient.sample`` may override per call."""
+
+
+def _as_example(prompt: str | PromptExample, index: int) -> PromptExample:
+    if isinstance(prompt, PromptExample):
+        return prompt
+    if not isinstance(prompt, str):
+        raise ProxrlError(
+            f"TrainingClient.sample: prompts[{index}]: expected a string, got "
+            f"{type(prompt).__name__}"
+        )
+    return PromptExample(prompt, None, f"prompts[{index}]")
+
+
+def _policy_loss(cfg: OnlineConfig, loss: str | UserLoss) -> PolicyLoss:
+    """The policy loss ``loss`` names, or a user's callable returning a scalar."""
+    if callable(loss):
+        user = loss
+
+        def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+            value = user(logprobs, mb)
+            return value, {}
+
+        return policy_loss
+    if loss not in LOSSES:
+        raise ProxrlError(
+            f"TrainingClient.forward_backward: loss: expected one of {', '.join(LOSSES)} or a "
+            f"callable, got {loss!r}"
+        )
+    return LOSSES[loss](cfg)
+
+
+def _algorithm(cfg: OnlineConfig, policy_loss: PolicyLoss) -> Algorithm:
+    """The critic-free family's choices around ``policy_loss``: the KL to the reference in the
+    loss (``kl_loss_type``, as grpo's estimators pay it) when the config has one."""
+    kl_type = getattr(cfg, "kl_loss_type", None)
+
+    def no_estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
+        raise ProxrlError("TrainingClient: advantages are the caller's to compute")
+
+    return Algorithm(
+        name="client",
+        estimate=no_estimate,
+        policy_loss=policy_loss,
+        kl_loss=None if kl_type is None else KL_ESTIMATORS[kl_type],
+    )
