@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import netrc
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
+from urllib.parse import urlparse
 
 from proxrl.runtime.errors import ProxrlError
 
@@ -86,13 +88,20 @@ class WandbTracker:
     def __init__(self, output_dir: Path, config: Mapping[str, Any]):
         import wandb
 
-        self._run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "proxrl"),
-            name=_run_name(output_dir),
-            dir=str(output_dir),
-            config=dict(config),
-            reinit="create_new",
-        )
+        try:
+            self._run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "proxrl"),
+                name=_run_name(output_dir),
+                dir=str(output_dir),
+                config=dict(config),
+                reinit="create_new",
+            )
+        except wandb.errors.Error as exc:  # a rejected key, an unreachable server
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ProxrlError(
+                f"report_to: wandb could not start a run ({first}); set WANDB_MODE=offline to "
+                "keep its logs in OUTPUT_DIR/wandb"
+            ) from exc
 
     def log(self, step: int, row: Mapping[str, float]) -> None:
         self._run.log(_finite(row), step=step)
@@ -186,7 +195,9 @@ PACKAGES = {
 
 
 def check_report_to(names: Sequence[str]) -> None:
-    """``report_to``: ``none`` alone, or trackers whose library is installed."""
+    """``report_to``: ``none`` alone, or trackers whose library is installed; wandb logged in
+    or offline (without either, ``wandb.init`` raises a traceback mid-start-up, or on a
+    terminal stops the run at its login prompt)."""
     if "none" in names and len(names) > 1:
         raise ProxrlError(f"report_to: none excludes the other trackers, got {list(names)}")
     for name in names:
@@ -194,6 +205,33 @@ def check_report_to(names: Sequence[str]) -> None:
             raise ProxrlError(
                 f"report_to: {name} needs the {PACKAGES[name]} package (pip install {name})"
             )
+    if "wandb" in names and not wandb_can_log():
+        raise ProxrlError(
+            "report_to: wandb is not logged in on this machine (no WANDB_API_KEY, no "
+            f"{wandb_host()} entry in ~/.netrc): run `wandb login`, or set WANDB_MODE=offline "
+            "to keep the run's wandb logs in OUTPUT_DIR/wandb (`wandb sync` uploads them later)"
+        )
+
+
+WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
+"""``WANDB_MODE`` values that need no login."""
+
+
+def wandb_host(environ: Mapping[str, str] = os.environ) -> str:
+    """The wandb server a login is for (``WANDB_BASE_URL``, default api.wandb.ai)."""
+    return urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+
+
+def wandb_can_log(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``wandb.init`` can start without a login prompt: an offline ``WANDB_MODE``, a
+    ``WANDB_API_KEY``, or the key ``wandb login`` writes to the netrc file for the host."""
+    if environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or environ.get("WANDB_API_KEY"):
+        return True
+    path = environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(wandb_host(environ)) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def open_trackers(
