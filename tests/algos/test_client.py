@@ -234,3 +234,45 @@ def test_save_model_loads_with_transformers_and_lora_keeps_its_adapter(tiny_lm, 
         TrainingClient(tiny_lm, lora_r=-1)
     with pytest.raises(ProxrlError, match="unknown key lernig_rate; did you mean learning_rate"):
         TrainingClient(tiny_lm, lernig_rate=1e-3)
+
+
+class RecordingEngine:
+    """The built-in engine, its lifecycle calls recorded."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.calls = engine, []
+
+    def sampler(self, policy):
+        self.calls.append("sampler")
+        return self.engine.sampler(policy)
+
+    def before_update(self, iteration: int) -> None:
+        self.calls.append(f"before_update {iteration}")
+
+    def after_update(self, policy, iteration: int) -> dict[str, float]:
+        self.calls.append(f"after_update {iteration}")
+        return {}
+
+
+def test_the_engine_sleeps_through_an_update_and_syncs_before_the_next_sample(client, tmp_path):
+    """The loop's engine lifecycle: before_update ahead of the first forward_backward after a
+    sample, after_update (vLLM's weight sync) ahead of the next sample, and after load_state."""
+    client.engine = engine = RecordingEngine(client.engine)
+    batch = _batch(client, ["say: abc ->"])
+    client.forward_backward(batch)
+    client.forward_backward(batch)
+    client.optim_step()
+    client.sample(["say: abc ->"], n=2)
+    client.save_state(tmp_path / "state")
+    client.load_state(tmp_path / "state")
+    client.sample(["say: abc ->"], n=2)
+    client.sample(["say: abc ->"], n=2)
+    assert engine.calls == [
+        "sampler",
+        "before_update 0",
+        "after_update 1",
+        "sampler",
+        "after_update 1",
+        "sampler",
+        "sampler",
+    ]

@@ -173,6 +173,7 @@ class TrainingClient:
         self.guard = NonFiniteGuard(self.cfg.max_consecutive_skips)
         self.engine = make_engine(self.cfg, self.models.tokenizer)
         self.engine.start(self.models.actor, 0)
+        self.engine_behind = False  # the policy may have moved since the engine last synced
         self.steps = 0  # optimizer steps asked for (optim_step calls)
         self._losses: Losses | None = None  # the latest forward_backward's
         self._stats: dict[str, float] = defaultdict(float)  # since the latest optim_step
@@ -212,6 +213,9 @@ class TrainingClient:
         examples = [_as_example(p, i) for i, p in enumerate(prompts)]
         tools = environment_tools(cfg)
         ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
+        if self.engine_behind:  # as the loop after an update: vLLM gets the new weights
+            self.engine.after_update(self.models.actor, self.steps)
+            self.engine_behind = False
         self.models.actor.eval()
         with torch.no_grad(), cfg.autocast():
             stage = sample(cfg, self.models, self.engine, examples, ids, logprobs)
@@ -267,6 +271,9 @@ class TrainingClient:
         self._losses = losses
         if self.cfg.aggregation.units(batch.loss_mask) == 0:
             return {}  # every token masked: nothing to learn from (the update skips it too)
+        if not self.engine_behind:  # as the loop before an update: a GPU engine sleeps
+            self.engine.before_update(self.steps)
+            self.engine_behind = True
         self.models.actor.train()
         stats, _ = accumulate(losses, batch, torch.arange(len(batch)), self.optimization, None)
         for key, value in stats.items():
@@ -314,6 +321,7 @@ class TrainingClient:
         """Restore ``save_state``'s newest checkpoint in ``directory``; returns its step count."""
         restored = self._checkpointer(directory).restore()
         self.steps = int(restored.counters["steps"])
+        self.engine_behind = True  # the restored weights reach the engine before it samples
         self._stats = defaultdict(float)
         self.optimization.zero_grad()
         return self.steps
@@ -328,7 +336,7 @@ class TrainingClient:
         return path
 
     def close(self) -> None:
-        """Stop the engine (vLLM's frees its memory)."""
+        """Stop the engine."""
         self.engine.close()
 
 
