@@ -3,6 +3,7 @@ fields every one of them takes and the model/data set-up helpers."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -10,11 +11,14 @@ import torch
 from torch import nn
 
 from proxrl.data.readers import check_data_source
+from proxrl.models.context import model_context
 from proxrl.models.lora import apply_lora
 from proxrl.models.options import ModelRunConfig
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +83,23 @@ class OfflineConfig(ModelRunConfig):
 
 # ------------------------------------------------------------------------------------------
 # Setup helpers
+
+
+def fit_to_context(cfg: OfflineConfig) -> None:
+    """Hold ``max_length`` to the model's context, saying so: a longer example then follows
+    the ``overlong`` policy at the context (a longer sequence would fail mid-run in a
+    learned-position model, and run past the trained positions in a rotary one)."""
+    context = model_context(cfg.model, cfg.trust_remote_code)
+    if context is not None and cfg.max_length > context:
+        log.warning(
+            "max_length %d is longer than the model's context (%d positions, its config.json): "
+            "max_length is %d for this run; longer examples are %s",
+            cfg.max_length,
+            context,
+            context,
+            "cut at it" if cfg.overlong == "truncate" else "dropped",
+        )
+        cfg.max_length = context
 
 
 def maybe_lora(model: nn.Module, cfg: OfflineConfig, task: str = "causal_lm") -> nn.Module:

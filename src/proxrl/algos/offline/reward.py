@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
+    fit_to_context,
     maybe_lora,
     split_eval,
 )
@@ -152,6 +153,7 @@ def train(cfg: Config) -> dict[str, float]:
     """Train a reward model; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
+    fit_to_context(cfg)  # max_length held to the model's context, before it is written
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)

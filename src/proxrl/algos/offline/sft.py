@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from proxrl.algos.offline.config import (
     OfflineConfig,
+    fit_to_context,
     maybe_lora,
     split_eval,
 )
@@ -85,6 +86,7 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer: pad ≠ EOS, round-trip checked. Inputs are checked before anything is
     #    written, so a typo leaves no half-made run directory behind.
     cfg.validate()
+    fit_to_context(cfg)  # max_length held to the model's context, before it is written
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
@@ -20,12 +21,14 @@ from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
+from proxrl.models.context import context_of
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.ensemble import calibrated_ensemble
 from proxrl.rollout.generation import CachedSampler, static_cache
 from proxrl.rollout.rewards import WeightedRewards, check_reward_columns
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpointer import Restored, TrainableWeights
+from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.health import HealthMonitor
 from proxrl.runtime.lr_schedule import warmup_then_decay
@@ -105,6 +108,7 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    check_context(cfg, models.actor, prompt_ids)
     held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
     if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
         dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
@@ -119,6 +123,22 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     run.engine = placement.engine(cfg, models, prompt_ids)
     run.engine.start(models.actor, run.start)  # a resumed run's weights differ from the model's
     return run
+
+
+def check_context(cfg: OnlineConfig, actor: nn.Module, prompt_ids: list[list[int]]) -> None:
+    """The longest prompt plus ``max_new_tokens`` must fit the policy's context: refused in
+    one line before training (a longer sequence failed mid-run in a learned-position model,
+    and ran past the trained positions of a rotary one)."""
+    config = getattr(actor, "config", None)
+    context = None if config is None else context_of(config)
+    longest = max(len(ids) for ids in prompt_ids)
+    if context is not None and longest + cfg.max_new_tokens > context:
+        raise ProxrlError(
+            f"max_new_tokens: the longest prompt ({longest} tokens) + max_new_tokens "
+            f"({cfg.max_new_tokens}) = {longest + cfg.max_new_tokens} tokens is longer than the "
+            f"model's context ({context} positions): lower max_new_tokens, or max_prompt_length "
+            "(longer prompts are dropped)"
+        )
 
 
 def _with_optimizers(

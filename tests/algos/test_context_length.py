@@ -1,0 +1,86 @@
+"""Sequences longer than the model's context are dealt with before training, and the run says
+how (issue 40: a raw IndexError mid-run with a GPT-2-style model): offline, ``max_length`` is
+held to the context (longer examples follow ``overlong`` there); online, a prompt plus
+``max_new_tokens`` that cannot fit is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from proxrl.algos.offline import sft
+from proxrl.algos.online import grpo
+from proxrl.models.context import model_context
+from proxrl.models.tiny import build_tiny_tokenizer
+from proxrl.runtime.errors import ProxrlError
+from tests.algos.test_online import small
+
+CONTEXT = 24
+TEXTS = [f"copy the words {w} {w} {w} and then {w} again" for w in ("ab", "cd", "ef", "gh")]
+
+
+@pytest.fixture(scope="module")
+def gpt2_lm(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny GPT-2 (learned positions: an index past n_positions is an IndexError)."""
+    path = tmp_path_factory.mktemp("gpt2") / "lm"
+    tokenizer = build_tiny_tokenizer(TEXTS * 4)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=CONTEXT,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_the_context_is_read_from_the_config(gpt2_lm: str, tiny_lm: str) -> None:
+    assert model_context(gpt2_lm) == CONTEXT
+    assert model_context(tiny_lm) == 256  # Llama: max_position_embeddings
+
+
+def test_sft_holds_max_length_to_the_context_and_says_so(
+    gpt2_lm: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": t, "completion": " " + t * 2} for t in TEXTS]  # each longer than CONTEXT
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = sft.Config(
+        model=gpt2_lm, data=str(data), output_dir=str(tmp_path / "out"), max_steps=2, batch_size=2
+    )
+    with caplog.at_level(logging.WARNING):
+        metrics = sft.train(cfg)
+    assert metrics["train/loss"] > 0
+    said = [r.getMessage() for r in caplog.records if "context" in r.getMessage()]
+    assert said == [
+        f"max_length 512 is longer than the model's context ({CONTEXT} positions, its "
+        f"config.json): max_length is {CONTEXT} for this run; longer examples are cut at it"
+    ]
+
+
+def test_grpo_refuses_a_prompt_and_response_longer_than_the_context(
+    gpt2_lm: str, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
+    cfg = small(grpo.Config, gpt2_lm, str(prompts), tmp_path / "out", max_new_tokens=CONTEXT)
+    with pytest.raises(ProxrlError) as e:
+        grpo.train(cfg)
+    assert str(e.value).startswith("max_new_tokens: the longest prompt (")
+    assert str(e.value).endswith(
+        f"is longer than the model's context ({CONTEXT} positions): lower max_new_tokens, or "
+        "max_prompt_length (longer prompts are dropped)"
+    )
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
