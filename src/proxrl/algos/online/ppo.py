@@ -73,7 +73,7 @@ class Config(OnlineConfig):
     positive_nll_coef: Annotated[float | None, Range(ge=0)] = None
     """Weight of VAPO's NLL on the rollout's positive responses, token-mean (None or 0: off;
     VAPO: 0.1)."""
-    positive_threshold: float | None = None
+    positive_threshold: Annotated[float | None, Range()] = None
     """A response is positive at or above this score (None: it has the rollout's best score,
     when not all are equal; a reward model needs a threshold)."""
     whiten_rewards: bool = False
