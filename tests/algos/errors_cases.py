@@ -9,8 +9,11 @@ writes the table (a test checks the file is up to date).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from transformers import PreTrainedTokenizerFast
 from proxrl.algos.offline import sft
 from proxrl.runtime.checkpoint import CheckpointManager, prepare_output_dir
 from proxrl.runtime.config import save_config_file
-from proxrl.runtime.run_dir import record_run
+from proxrl.runtime.run_dir import LOCK_FILE, record_run
 
 GOOD_SFT = [
     {"prompt": f"copy: {w} =", "completion": f" {w}"}
@@ -164,6 +167,8 @@ FILES |= {
         ]
     ),
     "data/tools_not_list.jsonl": _jsonl([{"messages": [USER, ANSWER], "tools": "calculator"}]),
+    "trl_reward.py": "def needs_answer(completions, answer, **kwargs):\n"
+    "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n",
 }
 
 
@@ -206,6 +211,28 @@ class Case:
     message: str  # the exact last line on stderr (``<cwd>``: the working directory's path)
     xfail: str = ""  # why this case does not fully behave yet (another owner's code)
     env: tuple[tuple[str, str], ...] = ()  # environment variables the case runs under
+    locked: str = ""  # a run directory a live run holds while the case runs (``live_run``)
+    read_only: str = ""  # a directory every write under which fails, as on a read-only disk
+
+
+LIVE_HOLDER = {"pid": 4242, "host": "node-1", "command": "proxrl grpo --output-dir runs/live"}
+"""What the live run of a ``locked`` case wrote in its lock file."""
+
+
+@contextlib.contextmanager
+def live_run(run_dir: Path) -> Iterator[None]:
+    """``run_dir``'s lock held as a live run holds it: an flock on a descriptor of its own,
+    which refuses this process's runs as it refuses another's."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, (json.dumps(LIVE_HOLDER) + "\n").encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 SFT = ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "runs/new")
@@ -1416,6 +1443,35 @@ CASES: list[Case] = [
         "grpo: reward_fn that cannot take the completions",
         (*GRPO, "--reward-fn", "os:getcwd"),
         "proxrl grpo: error: reward_fn 'os:getcwd': has no parameter named 'completions' and cannot take (prompts, completions) by position; expected def f(completions, **kwargs) (TRL's) or def f(prompts, completions, **columns)",
+    ),
+    # issue 40: one line instead of a traceback, a hang or a second run in one directory
+    Case(
+        "an output directory a live run holds",
+        (*SFT[:-1], "runs/live"),
+        "proxrl sft: error: output directory runs/live is in use by a live run (pid 4242 on node-1: proxrl grpo --output-dir runs/live); wait for it to end, stop it, or choose another output directory",
+        locked="runs/live",
+    ),
+    Case(
+        "a read-only output directory",
+        (*SFT[:-1], "readonly/run"),
+        "proxrl sft: error: cannot write in readonly/run: Read-only file system; choose a writable directory",
+        read_only="readonly",
+    ),
+    Case(
+        "report_to wandb on a machine not logged in to wandb",
+        (*SFT, "--report-to", "wandb"),
+        "proxrl sft: error: report_to: wandb is not logged in on this machine (no WANDB_API_KEY, no api.wandb.ai entry in ~/.netrc): run wandb login, or set WANDB_MODE=offline to keep the run's wandb logs in OUTPUT_DIR/wandb (wandb sync uploads them later)",
+        env=(("WANDB_API_KEY", ""), ("WANDB_MODE", "online"), ("NETRC", "no-netrc")),
+    ),
+    Case(
+        "grpo: a prompt and response longer than the model's context",
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--max-new-tokens", "300"),
+        "proxrl grpo: error: max_new_tokens: the longest prompt (7 tokens) + max_new_tokens (300) = 307 tokens is longer than the model's context (256 positions): lower max_new_tokens, or max_prompt_length (longer prompts are dropped)",
+    ),
+    Case(
+        "grpo: a reward function's column missing from the prompts",
+        (*GRPO, "--reward-fn", "trl_reward:needs_answer"),
+        "proxrl grpo: error: reward_fn 'trl_reward:needs_answer': parameter 'answer' is not passed (proxrl passes prompts, completions, completion_ids, trainer_state and the prompt data's columns: none)",
     ),
 ]
 

@@ -4,13 +4,15 @@ cases, and a test checks docs/errors.md is up to date."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
 import pytest
 
 from proxrl.cli import main
-from tests.algos.errors_cases import CASES, build_workspace, render
+from tests.algos.errors_cases import CASES, build_workspace, live_run, render
+from tests.runtime.test_read_only_dir import _read_only
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 
@@ -42,9 +44,11 @@ def test_bad_input_gets_its_documented_message(
     monkeypatch.chdir(workspace)
     for name, value in case.env:
         monkeypatch.setenv(name, value)
-    before = _snapshot(workspace)
-
-    code = main(list(case.argv))
+    if case.read_only:
+        _read_only(monkeypatch, Path(case.read_only))  # relative, as the command line names it
+    with live_run(workspace / case.locked) if case.locked else contextlib.nullcontext():
+        before = _snapshot(workspace)
+        code = main(list(case.argv))
 
     err = capsys.readouterr().err
     assert code == 2

@@ -43,7 +43,7 @@ def test_report_to_wandb_without_a_login_is_one_line(
     assert code == 2
     assert err == [
         "proxrl sft: error: report_to: wandb is not logged in on this machine (no WANDB_API_KEY, "
-        "no api.wandb.ai entry in ~/.netrc): run `wandb login`, or set WANDB_MODE=offline to "
-        "keep the run's wandb logs in OUTPUT_DIR/wandb (`wandb sync` uploads them later)"
+        "no api.wandb.ai entry in ~/.netrc): run wandb login, or set WANDB_MODE=offline to "
+        "keep the run's wandb logs in OUTPUT_DIR/wandb (wandb sync uploads them later)"
     ]
     assert not (tmp_path / "out").exists()

@@ -208,8 +208,8 @@ def check_report_to(names: Sequence[str]) -> None:
     if "wandb" in names and not wandb_can_log():
         raise ProxrlError(
             "report_to: wandb is not logged in on this machine (no WANDB_API_KEY, no "
-            f"{wandb_host()} entry in ~/.netrc): run `wandb login`, or set WANDB_MODE=offline "
-            "to keep the run's wandb logs in OUTPUT_DIR/wandb (`wandb sync` uploads them later)"
+            f"{wandb_host()} entry in ~/.netrc): run wandb login, or set WANDB_MODE=offline "
+            "to keep the run's wandb logs in OUTPUT_DIR/wandb (wandb sync uploads them later)"
         )
 
 
