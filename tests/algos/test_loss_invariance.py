@@ -25,6 +25,7 @@ from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
 
 LENGTHS = [6, 1, 2, 2, 1, 6, 2, 1]
+PER_FORWARD = ("clip_cov", "kl_cov")  # a statistic of one forward's tokens picks the tokens
 REL_TOL = 1e-10
 
 
@@ -142,7 +143,9 @@ def test_ppo_step_is_invariant_to_micro_batching(aggregation, tiny_lm, prompts, 
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("policy_loss", [name for name in POLICY_LOSSES if name != "ppo"])
+@pytest.mark.parametrize(
+    "policy_loss", [name for name in POLICY_LOSSES if name not in ("ppo", *PER_FORWARD)]
+)
 def test_new_surrogates_are_invariant_to_micro_batching(
     policy_loss, aggregation, tiny_lm, prompts, tmp_path
 ):
@@ -204,6 +207,26 @@ def test_m2po_is_a_statistic_of_one_forward(grad_accum, tiny_lm, prompts, tmp_pa
     assert float((split - one).abs().max()) <= REL_TOL * float(one.abs().max())
     one = _step(grpo, tiny_lm, prompts, tmp_path, 1, m2po_tau=0.02, **common)
     split = _step(grpo, tiny_lm, prompts, tmp_path, grad_accum, m2po_tau=0.02, **common)
+    assert float((split - one).abs().max()) > 1e-3 * float(one.abs().max())
+
+
+@pytest.mark.parametrize(
+    ("policy_loss", "idle", "active"),
+    [
+        ("clip_cov", {"clip_cov_lb": 5.0}, {"clip_cov_lb": -1.0, "clip_cov_ratio": 0.2}),
+        ("kl_cov", {"kl_cov_coef": 0.0}, {"kl_cov_ratio": 0.2}),
+    ],
+)
+def test_the_covariance_losses_select_per_forward(
+    policy_loss, idle, active, tiny_lm, prompts, tmp_path
+):
+    """Clip-Cov and KL-Cov pick their tokens by a covariance over one forward's tokens (as
+    veRL's): the step is the same for 1, 2 or 4 micro-batches while the selection does nothing
+    (an empty covariance window; a zero penalty), and differs when it acts."""
+    common = dict(loss_aggregation="token-mean", policy_loss=policy_loss)
+    _assert_invariant(grpo, tiny_lm, prompts, tmp_path, **common, **idle)
+    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, **common, **active)
+    split = _step(grpo, tiny_lm, prompts, tmp_path, 4, **common, **active)
     assert float((split - one).abs().max()) > 1e-3 * float(one.abs().max())
 
 

@@ -75,7 +75,7 @@ def test_aliases_name_registered_entries_and_never_shadow_one(aliases, registry)
 
 def test_the_help_choices_did_not_change():
     """The choices users saw before the registries, and the new ones at the end: sapo, issue
-    37's dppo_tv and dppo_kl."""
+    37's dppo_tv, dppo_kl, clip_cov and kl_cov."""
     assert choices(ppo.Config, "loss_aggregation") == (
         "token-mean",
         "seq-mean-token-mean",
@@ -94,6 +94,8 @@ def test_the_help_choices_did_not_change():
         "sapo",
         "dppo_tv",
         "dppo_kl",
+        "clip_cov",
+        "kl_cov",
     )
     assert choices(ppo.Config, "kl_estimator") == ("k1", "k2", "k3")
     assert choices(ppo.Config, "rollout_correction") == (
@@ -173,6 +175,37 @@ def test_the_mask_knobs_are_config_fields_with_ranges():
         grpo.Config(**BASE, m2po_tau=0.0).validate()
     with pytest.raises(ProxrlError, match="^opsm_delta: expected >= 0, got -1.0$"):
         grpo.Config(**BASE, opsm_delta=-1.0).validate()
+
+
+def test_the_covariance_knobs_are_config_fields_with_ranges():
+    cfg = grpo.Config(**BASE, policy_loss="clip_cov", clip_cov_ratio=0.01, clip_cov_lb=0.5)
+    cfg.validate()
+    for name in ("clip_cov_ratio", "kl_cov_ratio"):
+        with pytest.raises(ProxrlError, match=rf"^{name}: expected in \(0, 1\], got 0.0$"):
+            grpo.Config(**BASE, **{name: 0.0}).validate()
+    with pytest.raises(ProxrlError, match="^kl_cov_coef: expected >= 0, got -1.0$"):
+        grpo.Config(**BASE, kl_cov_coef=-1.0).validate()
+
+
+def test_clip_cov_draws_from_the_run_generator_while_an_update_runs():
+    """surrogate(cfg) with clip_cov reads the generator update() sets: two tokens inside the
+    window (on-policy, A = +1 | −3 by row; covariances 0 | … ), one drawn."""
+    from proxrl.algos.online.algorithm import RUN_GENERATOR, surrogate
+
+    cfg = grpo.Config(**BASE, policy_loss="clip_cov", clip_cov_lb=-10.0, clip_cov_ratio=0.25)
+    mb = _experience(scores=[1.0, 0.0])
+    mb.advantages = torch.tensor([[1.0, 1.0], [-3.0, -3.0]])
+    drawn = []
+    for seed in (0, 0, 1, 2, 3):
+        token = RUN_GENERATOR.set(torch.Generator().manual_seed(seed))
+        try:
+            _, stats = surrogate(cfg)(mb.logprobs.clone(), mb)
+            drawn.append(float(stats["policy_loss"]))
+        finally:
+            RUN_GENERATOR.reset(token)
+        assert math.isclose(stats["cov_dropped"].item(), 1 / 4)
+    # the same seed draws the same token; some other seed another one
+    assert drawn[0] == drawn[1] and len(set(drawn)) == 2
 
 
 def test_the_sapo_knobs_are_config_fields_with_ranges():

@@ -12,12 +12,15 @@ from proxrl.core import (
     aggregation,
     binary_kl,
     cispo_loss,
+    clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     gspo_loss,
     gspo_token_loss,
+    kl_cov_loss,
     ppo_clip_loss,
     sapo_loss,
+    token_covariance,
 )
 from tests.core.helpers import close, t
 
@@ -190,6 +193,10 @@ POLICY_LOSS_CASES = {
     # probability, but the rule's arithmetic), kept: −1.5; token 2 kept: −0.5.
     "dppo_tv": (0.0 - 0.5) / 2,
     "dppo_kl": (-1.5 - 0.5) / 2,
+    # A constant: every covariance 0. Clip-Cov: none inside (1, 5), PPO-Clip's value; KL-Cov:
+    # one token (max(1, ⌊2·2e-4⌋)), the tie to the first: −r·A everywhere + |ln 1.5| there
+    "clip_cov": (-1.2 - 0.5) / 2,
+    "kl_cov": (-1.5 + math.log(1.5) - 0.5) / 2,
 }
 
 
@@ -201,9 +208,9 @@ def test_every_policy_loss_has_a_case():
 def test_policy_losses_by_name_by_hand(name):
     logprobs = _leaf([[math.log(1.5), math.log(0.5)]])
     old, advantages, mask = t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1, 1]])
-    loss, stats = POLICY_LOSSES[name](
-        logprobs, old, advantages, mask, PolicyLossSettings(), aggregation("token-mean")
-    )
+    settings, agg = PolicyLossSettings(), aggregation("token-mean")
+    generator = torch.Generator().manual_seed(0)
+    loss, stats = POLICY_LOSSES[name](logprobs, old, advantages, mask, settings, agg, generator)
     close(loss, POLICY_LOSS_CASES[name])
     close(stats["policy_loss"], POLICY_LOSS_CASES[name])
 
@@ -268,3 +275,78 @@ def test_dppo_on_policy_is_the_policy_gradient(loss_fn):
     loss.backward()
     close(logprobs.grad, [[-2 / 3, -2 / 3], [1 / 3, 0.0]])
     close(stats["clipfrac"], 0.0)
+
+
+# Clip-Cov / KL-Cov on ragged rows (3 tokens | 1): A = +1 | −3 (mean over the 4 valid tokens 0),
+# log π = (−0.5, −2, −3.5) | −4 (mean −2.5): centred (2, 0.5, −1) | −1.5, so the covariances
+# (A − 0)·(log π + 2.5) are (2, 0.5, −1) | 4.5; 9.0 in padding.
+COV_MASK = t([[1, 1, 1], [1, 0, 0]])
+COV_LOGPROBS = [[-0.5, -2.0, -3.5], [-4.0, 9.0, 9.0]]
+COV_ADVANTAGES = t([[1.0, 1.0, 1.0], [-3.0, -3.0, -3.0]])
+
+
+def test_token_covariance_by_hand():
+    covariance = token_covariance(t(COV_LOGPROBS), COV_ADVANTAGES, COV_MASK)
+    close(covariance, [[2.0, 0.5, -1.0], [4.5, 0.0, 0.0]])
+    # A = +2 | −2 (mean 1): centred to the same +1 | −3, the same covariances
+    shifted = token_covariance(t(COV_LOGPROBS), COV_ADVANTAGES + 1, COV_MASK)
+    close(shifted, [[2.0, 0.5, -1.0], [4.5, 0.0, 0.0]])
+
+
+def test_clip_cov_drops_the_drawn_high_covariance_tokens_by_hand():
+    """On-policy (r = 1, −A per token). Inside (1, 5): tokens (0, 0) and (1, 0). ratio 0.5: ⌊2⌋
+    of them, both: loss (−1 − 1)/4, no gradient at either."""
+    logprobs = _leaf(COV_LOGPROBS)
+    old = logprobs.detach().clone()
+    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    close(loss, -2 / 4)
+    loss.backward()
+    close(logprobs.grad, [[0.0, -0.25, -0.25], [0.0, 0.0, 0.0]])
+    close(stats["cov_dropped"], 2 / 4)
+
+
+def test_clip_cov_draws_one_from_the_generator():
+    """ratio 2e-4: one token of the two, the first of randperm(2) on the generator; the same
+    seed draws the same (a resumed run's generator)."""
+    old = t(COV_LOGPROBS)
+    losses = []
+    for seed in (0, 1, 2, 3, 0):
+        generator = torch.Generator().manual_seed(seed)
+        first = int(torch.randperm(2, generator=torch.Generator().manual_seed(seed))[0])
+        loss, stats = clip_cov_loss(
+            _leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, generator=generator
+        )
+        # dropping (0, 0): (−1 − 1 + 3)/4; dropping (1, 0): (−1 − 1 − 1)/4
+        close(loss, [0.25, -0.75][first])
+        close(stats["cov_dropped"], 1 / 4)
+        losses.append(float(loss.detach()))
+    assert losses[0] == losses[-1] and len(set(losses)) == 2
+
+
+def test_clip_cov_never_draws_a_ratio_clipped_token():
+    """(1, 0) at log r = −0.5 with A < 0 is clipped (loss 3·0.8): only (0, 0) may be drawn."""
+    logprobs = _leaf(COV_LOGPROBS)
+    old = logprobs.detach() + t([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    close(loss, (0.0 - 1 - 1 + 3 * 0.8) / 4)
+    close(stats["cov_dropped"], 1 / 4)
+    close(stats["clipfrac"], 1 / 4)
+
+
+def test_kl_cov_penalises_the_largest_covariances_by_hand():
+    """log r = (0.1, 0.2, 0.3) | 0.4, coef 2, ratio 0.5: the ⌊2⌋ largest covariances, (1, 0)
+    (4.5) and (0, 0) (2), pay 2·|log r|. Per token −r·A (+ penalty); gradient −r·A + 2·sign."""
+    logprobs = _leaf(COV_LOGPROBS)
+    log_ratio = t([[0.1, 0.2, 0.3], [0.4, 0.0, 0.0]])
+    old = logprobs.detach() - log_ratio
+    loss, stats = kl_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5, coef=2.0)
+    e = math.exp
+    close(loss, (-e(0.1) + 0.2 - e(0.2) - e(0.3) + 3 * e(0.4) + 0.8) / 4)
+    loss.backward()
+    close(
+        logprobs.grad, [[(-e(0.1) + 2) / 4, -e(0.2) / 4, -e(0.3) / 4], [(3 * e(0.4) + 2) / 4, 0, 0]]
+    )
+    close(stats["kl_cov_selected"], 2 / 4)
+    # the default ratio: one token, the largest covariance (1, 0)
+    loss, _ = kl_cov_loss(_leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, coef=2.0)
+    close(loss, (-e(0.1) - e(0.2) - e(0.3) + 3 * e(0.4) + 0.8) / 4)

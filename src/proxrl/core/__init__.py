@@ -94,11 +94,14 @@ from proxrl.core.policy_losses import (
     PolicyLossSettings,
     binary_kl,
     cispo_loss,
+    clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     gspo_loss,
     gspo_token_loss,
+    kl_cov_loss,
     sapo_loss,
+    token_covariance,
 )
 from proxrl.core.registry import Bound, Registry, UnknownName, literal
 from proxrl.core.sampling import (
@@ -123,6 +126,9 @@ __all__ = [
     "m2po_keep",
     "opsm_keep",
     "binary_kl",
+    "clip_cov_loss",
+    "kl_cov_loss",
+    "token_covariance",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "asymre_advantages",

@@ -1,6 +1,6 @@
 """The policy losses an online algorithm picks by name (``POLICY_LOSSES``), and the surrogates
 published after PPO-Clip for language models: GSPO, GSPO-token, CISPO, SAPO, DPPO (binary TV
-and binary KL).
+and binary KL), Clip-Cov and KL-Cov.
 
 Each takes the per-token log-probabilities of the sampled tokens under the policy being trained
 (``logprobs``, with gradient) and under the sampling policy (``old_logprobs``), (B, T)
@@ -15,9 +15,8 @@ option, its knobs, ``--help``, YAML and the range checks all follow from this mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import torch
 from torch import Tensor
@@ -52,6 +51,18 @@ class PolicyLossSettings:
     dppo_delta_high: Annotated[float, Bound(gt=0)] = 0.2
     """dppo_tv, dppo_kl: divergence δ past which a token with A > 0 whose probability rose takes
     no gradient (TV: π(a) − μ(a); KL: the binary KL)."""
+    clip_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
+    """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with a
+    covariance in (clip_cov_lb, clip_cov_ub) (at least one)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the covariance of the tokens that may be drawn."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of the covariance of the tokens that may be drawn."""
+    kl_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
+    """kl_cov: share of the valid tokens, those of the largest covariance (at least one), that
+    pay kl_cov_coef·|log π − log π_old|."""
+    kl_cov_coef: Annotated[float, Bound(ge=0)] = 1.0
+    """kl_cov: coefficient of the |log-ratio| penalty on the selected tokens (veRL ppo_kl_coef)."""
     off_policy_mask: OffPolicyMaskChoice = "none"  # type: ignore[valid-type]
     """Tokens of stale data that take no policy gradient, with any policy_loss: none, opsm (a
     sequence with A < 0 and mean log(μ/π) > opsm_delta; DeepSeek-V3.2) or m2po (the largest
@@ -67,12 +78,23 @@ class PolicyLossSettings:
         return self.clip if self.clip_high is None else self.clip_high
 
 
-PolicyLoss = Callable[
-    [Tensor, Tensor, Tensor, Tensor, PolicyLossSettings, Aggregation], tuple[Tensor, Stats]
-]
+class PolicyLoss(Protocol):
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        settings: PolicyLossSettings,
+        agg: Aggregation,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Stats]: ...
+
+
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 """``policy_loss`` → (log π (B, T) with gradient, log π_old (B, T), advantages (B, T), mask
-(B, T), settings, aggregation) → (loss, stats)."""
+(B, T), settings, aggregation, generator) → (loss, stats). ``generator``: the run's, for a loss
+that draws at random (clip_cov), so that a resumed run draws the same; the others ignore it."""
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -241,6 +263,7 @@ def _ppo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high, dual_clip = settings.clip, settings.clip_high, settings.dual_clip
     return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, dual_clip, agg)
@@ -254,6 +277,7 @@ def _gspo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high = settings.clip, settings.clip_high
     return gspo_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
@@ -267,6 +291,7 @@ def _gspo_token(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high = settings.clip, settings.clip_high
     return gspo_token_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
@@ -280,6 +305,7 @@ def _cispo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
     upper = settings.upper_clip
@@ -294,6 +320,7 @@ def _sapo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     tau_pos, tau_neg = settings.sapo_tau_pos, settings.sapo_tau_neg
     return sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos, tau_neg, agg)
@@ -391,6 +418,7 @@ def _dppo_tv(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
     return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
@@ -404,6 +432,150 @@ def _dppo_kl(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
     return dppo_kl_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
+
+
+def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Cui et al. 2025 (arXiv 2505.22617, "The Entropy Mechanism of RL for Reasoning LMs",
+    eq. 9): each valid token's centred product ``(A_t − mean A)·(log π_t − mean log π)``, the
+    means over the valid tokens given; the tokens of large covariance are those whose update
+    collapses the entropy. No gradient. (B, T) each → (B, T), 0 where masked."""
+    with torch.no_grad():
+        logprobs = logprobs.detach()
+        centred_a = advantages - masked_mean(advantages, mask)
+        centred_logp = logprobs - masked_mean(logprobs, mask)
+        return torch.where(mask.bool(), centred_a * centred_logp, 0.0)
+
+
+def clip_cov_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    ratio: float = 2e-4,
+    bounds: tuple[float, float] = (1.0, 5.0),
+    generator: torch.Generator | None = None,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): PPO-Clip, and the gradient of a few
+    tokens of high covariance (``token_covariance``) dropped to stop the entropy's collapse:
+    among the valid tokens that the ratio clip left alone with ``lb < Cov < ub``, a random
+    ``max(1, ⌊ratio·N⌋)`` (N valid tokens; all of them when fewer) take neither loss nor
+    gradient. The draw is ``torch.randperm`` on ``generator`` (the run's, so a resumed run draws
+    the same). As veRL ``clip_cov`` (defaults ratio 2e-4, bounds 1 and 5).
+
+    The covariance's means are over the tokens given: the online loop gives one forward's
+    micro-batch (veRL: the same), so the draw depends on the split.
+
+    Args:
+        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T). mask: (B, T).
+    Stats: ``clipfrac`` (ratio-clipped share), ``cov_dropped`` (share of valid tokens drawn),
+    the ratio diagnostics of ``ppo_clip_loss``.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    log_ratio = logprobs - old_logprobs
+    token_ratio = torch.exp(log_ratio)
+    advantages = torch.where(mask.bool(), advantages, 0.0)
+    unclipped = -advantages * token_ratio
+    clipped = -advantages * torch.clamp(token_ratio, 1 - clip_low, 1 + clip_high)
+    with torch.no_grad():
+        by_clip = clipped > unclipped
+        covariance = token_covariance(logprobs, advantages, mask)
+        lower, upper = bounds
+        candidates = mask.bool() & ~by_clip & (covariance > lower) & (covariance < upper)
+        where = candidates.flatten().nonzero().squeeze(-1)
+        count = max(1, int(ratio * float(mask.sum())))
+        drawn = where[torch.randperm(where.numel(), generator=generator)[:count]]
+        keep = torch.ones_like(token_ratio).flatten()
+        keep[drawn] = 0.0
+        keep = keep.view_as(token_ratio)
+    loss = aggregate_loss(torch.maximum(unclipped, clipped) * keep, mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["clipfrac"] = masked_mean(by_clip.to(token_ratio.dtype), mask).detach()
+    stats["cov_dropped"] = masked_mean(1 - keep, mask).detach()
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
+def kl_cov_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ratio: float = 2e-4,
+    coef: float = 1.0,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): the unclipped ``−r·A`` on every token,
+    plus ``coef·|log π − log π_old|`` on the ``max(1, ⌊ratio·N⌋)`` valid tokens of the largest
+    covariance (``token_covariance``; ties to the earlier token, a stable sort). A KL penalty
+    only where the entropy collapses, instead of a clip everywhere. As veRL ``kl_cov``
+    (defaults ratio 2e-4, coef 1). The covariance is over the tokens given (one forward's
+    micro-batch in the online loop, as veRL's).
+
+    Args:
+        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T). mask: (B, T).
+    Stats: ``kl_cov_selected`` (share of valid tokens penalised), the ratio diagnostics.
+    """
+    log_ratio = logprobs - old_logprobs
+    token_ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    with torch.no_grad():
+        covariance = token_covariance(logprobs, advantages, mask).flatten()
+        valid = mask.bool().flatten()
+        order = torch.sort(torch.where(valid, covariance, -torch.inf), descending=True, stable=True)
+        count = min(max(1, int(ratio * float(mask.sum()))), int(valid.sum()))
+        selected = torch.zeros_like(covariance)
+        selected[order.indices[:count]] = 1.0
+        selected = selected.view_as(log_ratio)
+    per_token = -token_ratio * advantages + coef * log_ratio.abs() * selected
+    loss = aggregate_loss(per_token, mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["kl_cov_selected"] = masked_mean(selected, mask).detach()
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
+@POLICY_LOSSES.register("clip_cov", "PPO-Clip, a random few high-covariance tokens dropped")
+def _clip_cov(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Stats]:
+    bounds = (settings.clip_cov_lb, settings.clip_cov_ub)
+    return clip_cov_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        settings.clip,
+        settings.clip_high,
+        settings.clip_cov_ratio,
+        bounds,
+        generator,
+        agg,
+    )
+
+
+@POLICY_LOSSES.register("kl_cov", "−r·A, + |log r| on the tokens of largest covariance")
+def _kl_cov(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Stats]:
+    ratio, coef = settings.kl_cov_ratio, settings.kl_cov_coef
+    return kl_cov_loss(logprobs, old_logprobs, advantages, mask, ratio, coef, agg)

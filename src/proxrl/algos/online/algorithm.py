@@ -5,9 +5,11 @@ and ``surrogate``, the policy loss a config names, bound to its knobs."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from proxrl.algos.online.critic import CriticLoader, NoCritic
@@ -40,6 +42,9 @@ class Algorithm:
 
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+RUN_GENERATOR: ContextVar[torch.Generator | None] = ContextVar("run_generator", default=None)
+"""The run's generator while an update runs (``update.update`` sets it): a policy loss that
+draws at random (clip_cov) draws from it, so that a resumed run draws the same."""
 
 
 def surrogate(cfg: OnlineConfig) -> PolicyLoss:
@@ -52,10 +57,14 @@ def surrogate(cfg: OnlineConfig) -> PolicyLoss:
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask, advantages = mb.loss_mask.float(), mb.advantages
+        generator = RUN_GENERATOR.get()
         if masking is None:
-            return loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation)  # type: ignore[arg-type]
+            return loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation, generator)  # type: ignore[arg-type]
         keep = masking(logprobs.detach(), mb.logprobs, advantages, mask, cfg)
-        result, stats = loss(logprobs, mb.logprobs, advantages * keep, mask, cfg, cfg.aggregation)  # type: ignore[arg-type, operator]
+        advantages = advantages * keep  # type: ignore[operator]
+        result, stats = loss(
+            logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation, generator
+        )  # type: ignore[arg-type]
         stats["off_policy_masked"] = masked_mean(1 - keep, mask).detach()
         return result, stats
 

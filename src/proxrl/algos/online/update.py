@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.algorithm import RUN_GENERATOR, Algorithm
 from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
@@ -106,6 +106,31 @@ def update(
     computed from that forward and returned with the stats."""
     record = check_update(cfg, experience)
     losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], step)
+    drawing = RUN_GENERATOR.set(generator)  # a loss that draws (clip_cov) draws from the run's
+    try:
+        totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
+    finally:
+        RUN_GENERATOR.reset(drawing)
+    stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k != "early_stopped"}
+    stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
+    stats_out["steps"] = float(taken)
+    # a policy trained this iteration whose gradient was exactly zero (no informative group)
+    stats_out["skipped_steps"] = float(measured - taken) if step.train_policy else 0.0
+    if record is not None:
+        stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
+    return stats_out
+
+
+def _epochs(
+    losses: Losses,
+    experience: Experience,
+    optimizers: list[torch.optim.Optimizer],
+    generator: torch.Generator,
+    guard: NonFiniteGuard,
+    record: OnPolicyRecord | None,
+) -> tuple[dict[str, float], int, int]:
+    """``update``'s loop: the summed stats, the steps past the guard and those the policy took."""
+    cfg, models = losses.cfg, losses.models
     optimization = Optimization.of(models, optimizers)
     totals: dict[str, float] = defaultdict(float)
     measured = taken = 0  # steps past the guard; those in which the policy's optimizer stepped
@@ -123,14 +148,7 @@ def update(
         if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
             totals["early_stopped"] = 1.0
             break
-    stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k != "early_stopped"}
-    stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
-    stats_out["steps"] = float(taken)
-    # a policy trained this iteration whose gradient was exactly zero (no informative group)
-    stats_out["skipped_steps"] = float(measured - taken) if step.train_policy else 0.0
-    if record is not None:
-        stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
-    return stats_out
+    return totals, measured, taken
 
 
 def minibatches(cfg: OnlineConfig, rows: int, generator: torch.Generator) -> list[Tensor]:
