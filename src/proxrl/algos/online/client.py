@@ -31,6 +31,7 @@ from proxrl.algos.online.episodes import environment_tools, responses_stopped
 from proxrl.algos.online.loop import save_policy
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, place_roles
+from proxrl.algos.online.rollouts_file import Limits, read_rollouts, recorded_stage
 from proxrl.algos.online.run import make_optimizers
 from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import (
@@ -90,6 +91,7 @@ class Rollout:
     consecutive (B = len(prompts) · n rows)."""
 
     stage: Sampled  # the sample stage's record, as the built-in loop hands it on
+    scores: Tensor | None = None  # (B,) the recorded scores of a rollouts file's trajectories
 
     @property
     def prompts(self) -> list[str]:
@@ -221,16 +223,38 @@ class TrainingClient:
             stage = sample(cfg, self.models, self.engine, examples, ids, logprobs)
         return Rollout(stage)
 
+    def read_rollouts(self, path: str | Path) -> Rollout:
+        """The trajectories of a rollouts file (``rollouts_file``: its schema; every line
+        checked against this tokenizer, ``group_size`` and the length limits), with their
+        recorded log-probs as the sampler's and their recorded ``scores``."""
+        cfg = self.cfg
+        limits = Limits(
+            len(self.tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens
+        )
+        rows = read_rollouts(path, self.tokenizer, limits)
+        device = next(self.models.actor.parameters()).device
+        stage, scores = recorded_stage(rows, self.tokenizer, device)
+        return Rollout(stage, scores)
+
     def logprobs(
-        self, rollout: Rollout, scores: Sequence[float] | Tensor | None = None
+        self,
+        rollout: Rollout,
+        scores: Sequence[float] | Tensor | None = None,
+        recorded: bool = False,
     ) -> Experience:
         """The trainer's forward passes over ``rollout`` (``collect.forward_passes``): an
         ``Experience`` with log π_old (``logprobs``) and log π_ref (``ref_logprobs``; π_old's
-        own when no KL is tracked), (B, T) each, and ``scores`` (B,) (zeros when not given).
-        Its ``advantages`` are the caller's to fill (``dataclasses.replace``)."""
+        own when no KL is tracked), (B, T) each, and ``scores`` (B,) (the rollout's recorded
+        ones, else zeros, when not given). ``recorded``: π_old is the rollout's own log-probs
+        (the sampler's, or a rollouts file's), or with a ``rollout_correction`` the trainer's,
+        the recorded ones giving the correction's weights (``rollout_weights``). Its
+        ``advantages`` are the caller's to fill (``dataclasses.replace``)."""
         device = next(self.models.actor.parameters()).device
         samples = rollout.stage.samples
         n = len(rollout)
+        if recorded and samples.logprobs is None:
+            raise ProxrlError("TrainingClient.logprobs: recorded: the rollout holds no log-probs")
+        scores = rollout.scores if scores is None else scores
         values = torch.zeros(n) if scores is None else torch.as_tensor(scores)
         if values.shape != (n,):
             raise ProxrlError(
@@ -238,7 +262,8 @@ class TrainingClient:
             )
         ended = responses_stopped(samples, self.tokenizer.eos_token_id, self.cfg.max_new_tokens)
         scored = Scored(values, values, ended.cpu(), {}, None)
-        source = OldPolicySource(from_sampler=False, correct=False, forward_pass=True)
+        correct = recorded and self.cfg.rollout_correction != "none"
+        source = OldPolicySource(recorded and not correct, correct, forward_pass=True)
         self.models.actor.eval()
         with torch.no_grad(), self.cfg.autocast():
             passes = forward_passes(self.cfg, self.models, rollout.stage, scored, source)

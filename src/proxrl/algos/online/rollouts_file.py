@@ -1,0 +1,210 @@
+"""Rollouts produced elsewhere (an agent harness, another engine), read from a JSONL file into the
+sample stage's record, so the online loop's later stages (forward passes, advantages, update)
+train on them as on their own.
+
+One line per trajectory (README, "Rollouts from elsewhere"):
+
+- ``prompt_ids``: the prompt's token ids (as the policy reads them: chat template applied);
+- ``response_ids``: the response's token ids (a multi-turn episode: model turns and the
+  observations between them);
+- ``logprobs``: the behaviour policy's log-probability of each response token (any value where
+  ``loss_mask`` is 0);
+- ``reward`` (a number) or ``rewards`` (one per response token, summed into the trajectory's
+  score: the estimators take one score per trajectory);
+- ``group``: a string or integer naming the prompt's group; a group's rows share their
+  ``prompt_ids`` and number ``group_size``;
+- optional ``loss_mask``: 1 at tokens the policy produced, 0 at observations (default all 1);
+- optional ``response``: the response's text, checked against the tokenizer's decoding of
+  ``response_ids`` (another tokenizer's ids are refused).
+
+A bad line is refused with ``file:line: field: expected …``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from proxrl.algos.online.collect import Sampled
+from proxrl.data.batching import pad_left
+from proxrl.data.formats import PromptExample
+from proxrl.rollout.generation import Samples
+from proxrl.runtime.errors import ProxrlError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a trajectory must fit: the tokenizer's vocabulary and the run's lengths."""
+
+    vocab_size: int  # len(tokenizer): every id below it
+    group_size: int  # rows per group
+    max_prompt_length: int
+    max_new_tokens: int  # the response budget (Dr. GRPO's horizon is this)
+
+
+@dataclass
+class Trajectory:
+    """One checked line of a rollouts file."""
+
+    where: str  # file:line
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int] | None
+    score: float
+    group: str
+
+
+def read_rollouts(path: str | Path, tokenizer: Any, limits: Limits) -> list[Trajectory]:
+    """Every trajectory of ``path``, checked, a group's rows consecutive (groups in the order
+    of their first row, rows in file order)."""
+    groups: dict[str, list[Trajectory]] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ProxrlError(f"rollouts_file: cannot read {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            row = _trajectory(f"{path}:{number}", line, tokenizer, limits)
+            groups.setdefault(row.group, []).append(row)
+    if not groups:
+        raise ProxrlError(f"rollouts_file: {path} holds no trajectory")
+    for rows in groups.values():
+        if len(rows) != limits.group_size:
+            raise ProxrlError(
+                f"{rows[-1].where}: group: expected {limits.group_size} rows (group_size) in "
+                f"group {rows[0].group!r}, got {len(rows)}"
+            )
+        other = next((r for r in rows if r.prompt_ids != rows[0].prompt_ids), None)
+        if other is not None:
+            raise ProxrlError(
+                f"{other.where}: prompt_ids: expected those of the group's first row "
+                f"({rows[0].where}): a group shares one prompt"
+            )
+    return [row for rows in groups.values() for row in rows]
+
+
+def _trajectory(where: str, line: str, tokenizer: Any, limits: Limits) -> Trajectory:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ProxrlError(f"{where}: expected a JSON object ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise ProxrlError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    prompt = _ids(where, row, "prompt_ids", limits.vocab_size, limits.max_prompt_length)
+    response = _ids(where, row, "response_ids", limits.vocab_size, limits.max_new_tokens)
+    n = len(response)
+    mask = row.get("loss_mask")
+    if mask is not None and (
+        not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) for m in mask)
+    ):
+        raise ProxrlError(f"{where}: loss_mask: expected {n} values, each 0 or 1")
+    logprobs = _numbers(where, row, "logprobs", n)
+    scored = mask or [1] * n
+    bad = next((v for v, m in zip(logprobs, scored, strict=True) if m and not v <= 1e-6), None)
+    if bad is not None:
+        raise ProxrlError(f"{where}: logprobs: expected finite log-probabilities <= 0, got {bad}")
+    _check_text(where, row, response, tokenizer)
+    group = row.get("group")
+    if not isinstance(group, (str, int)) or isinstance(group, bool):
+        raise ProxrlError(f"{where}: group: expected a string or an integer, got {group!r}")
+    return Trajectory(where, prompt, response, logprobs, mask, _score(where, row, n), str(group))
+
+
+def _ids(where: str, row: dict[str, Any], field: str, vocab: int, most: int) -> list[int]:
+    ids = row.get(field)
+    if not isinstance(ids, list) or not ids:
+        raise ProxrlError(f"{where}: {field}: expected a non-empty list of token ids")
+    bad = next((i for i in ids if not isinstance(i, int) or isinstance(i, bool)), None)
+    if bad is not None:
+        raise ProxrlError(f"{where}: {field}: expected integer token ids, got {bad!r}")
+    outside = next((i for i in ids if not 0 <= i < vocab), None)
+    if outside is not None:
+        raise ProxrlError(
+            f"{where}: {field}: token id {outside} is outside this tokenizer's vocabulary "
+            f"(0..{vocab - 1}): ids of another tokenizer?"
+        )
+    if len(ids) > most:
+        limit = "max_prompt_length" if field == "prompt_ids" else "max_new_tokens"
+        raise ProxrlError(
+            f"{where}: {field}: expected at most {most} tokens ({limit}), got {len(ids)}"
+        )
+    return ids
+
+
+def _numbers(where: str, row: dict[str, Any], field: str, n: int) -> list[float]:
+    values = row.get(field)
+    if (
+        not isinstance(values, list)
+        or len(values) != n
+        or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values)
+    ):
+        raise ProxrlError(f"{where}: {field}: expected {n} numbers (one per response token)")
+    return [float(v) for v in values]
+
+
+def _score(where: str, row: dict[str, Any], n: int) -> float:
+    """``reward``, or the sum of the per-token ``rewards``."""
+    if ("reward" in row) == ("rewards" in row):
+        raise ProxrlError(f"{where}: reward: expected reward (a number) or rewards (per token)")
+    if "rewards" in row:
+        score = sum(_numbers(where, row, "rewards", n))
+    else:
+        score = row["reward"]
+        if not isinstance(score, (int, float)) or isinstance(score, bool):
+            raise ProxrlError(f"{where}: reward: expected a number, got {score!r}")
+    if not math.isfinite(score):
+        raise ProxrlError(f"{where}: reward: expected a finite number, got {score}")
+    return float(score)
+
+
+def _check_text(where: str, row: dict[str, Any], response: list[int], tokenizer: Any) -> None:
+    """A row's ``response`` text, when given, is what this tokenizer decodes its ids to."""
+    text = row.get("response")
+    if text is None:
+        return
+    decoded = tokenizer.decode(response, skip_special_tokens=True)
+    if decoded != text:
+        raise ProxrlError(
+            f"{where}: response_ids: decode to {decoded[:40]!r} with this model's tokenizer, "
+            f"not the row's response {str(text)[:40]!r}: ids of another tokenizer?"
+        )
+
+
+def recorded_stage(
+    rows: list[Trajectory], tokenizer: Any, device: torch.device
+) -> tuple[Sampled, Tensor]:
+    """The sample stage's record of ``rows`` (the recorded log-probs as the sampler's) and
+    their (B,) scores."""
+    pad = tokenizer.pad_token_id
+    width = max(len(r.response_ids) for r in rows)
+
+    def right(values: list[Any], fill: Any) -> list[Any]:
+        return values + [fill] * (width - len(values))
+
+    response_ids = torch.tensor([right(r.response_ids, pad) for r in rows], device=device)
+    response_mask = torch.tensor([right([1] * len(r.response_ids), 0) for r in rows], device=device)
+    logprobs = torch.tensor([right(r.logprobs, 0.0) for r in rows], device=device)
+    action_mask = None
+    if any(r.loss_mask is not None for r in rows):
+        masks = [r.loss_mask or [1] * len(r.response_ids) for r in rows]
+        action_mask = torch.tensor([right(m, 0) for m in masks], device=device)
+    logprobs = logprobs * (response_mask if action_mask is None else action_mask)
+    samples = Samples(response_ids, response_mask, logprobs, None, action_mask)
+    prompt_ids = pad_left([r.prompt_ids for r in rows], pad).to(device)
+    prompt_mask = pad_left([[1] * len(r.prompt_ids) for r in rows], 0).to(device)
+    prompts = [
+        PromptExample(tokenizer.decode(r.prompt_ids, skip_special_tokens=True), None, r.where)
+        for r in rows
+    ]
+    completions = tokenizer.batch_decode(
+        torch.where(response_mask.bool(), response_ids, pad), skip_special_tokens=True
+    )
+    sampled = Sampled(prompts, prompt_ids, prompt_mask, samples, completions)
+    return sampled, torch.tensor([r.score for r in rows])
