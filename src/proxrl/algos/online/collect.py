@@ -127,6 +127,8 @@ class RolloutBatch:
     rows: list[int]  # (B,) each row's prompt index
     metrics: dict[str, float]  # the rollout side of the iteration's metrics row
     extra_rounds: int = 0  # sampling rounds past the first (dynamic sampling)
+    prompts: list[PromptExample] | None = None  # (B,) the rows' prompts where they are not
+    # the run's (a rollouts file's: ``rows`` then counts the file's rows)
 
 
 @torch.no_grad()
@@ -150,6 +152,21 @@ def collect_rollout(
         sampled = sample(cfg, models, engine, prompts, prompt_ids, source.sampler_logprobs)
     with timed(timings, "time/score_s"):
         scored = score(cfg, algo, models, engine, rewards, sampled, prompt_ids)
+    return evaluate(cfg, models, sampled, scored, source, kl_coef, timings)
+
+
+@torch.no_grad()
+def evaluate(
+    cfg: OnlineConfig,
+    models: Models,
+    sampled: Sampled,
+    scored: Scored,
+    source: OldPolicySource,
+    kl_coef: float,
+    timings: dict[str, float],
+) -> tuple[Experience, list[str], dict[str, float]]:
+    """The forward passes over a sampled, scored batch, several processes' rows gathered, and
+    the rollout-side metrics (also for a rollouts file's batch: ``rollouts_file``)."""
     with timed(timings, "time/forward_s"):
         passes = forward_passes(cfg, models, sampled, scored, source)
     experience, entropy, completions = passes.experience, passes.entropy, sampled.completions
