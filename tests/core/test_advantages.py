@@ -9,6 +9,7 @@ from proxrl.core import (
     discounted_returns,
     gae,
     gae_env,
+    gdpo_advantages,
     group_centred_advantages,
     group_scaled_advantages,
     length_adaptive_lam,
@@ -457,3 +458,25 @@ def test_length_adaptive_lam_by_hand():
     close(length_adaptive_lam(holes, 0.05), [0.5])
     with pytest.raises(ValueError, match="alpha must be > 0, got 0"):
         length_adaptive_lam(mask, 0.0)
+
+
+def test_gdpo_normalises_each_reward_in_its_group_then_whitens_the_sum():
+    """K = 2 rewards, groups of 2, weights (1, 0.5). Reward 1: (1, 0 | 1, 1): ±0.5/(√½ + ε) and
+    the constant group 0. Reward 2: (0, 2 | 4, 0): ∓1/(√2 + ε) | ±2/(2√2 + ε). Weighted sums
+    ≈ ±0.3536 (a, −a, b, −b), whitened over the 4: mean 0, unbiased std √((2a² + 2b²)/3)."""
+    eps = 1e-6
+    scores = t([[1.0, 0.0], [0.0, 2.0], [1.0, 4.0], [1.0, 0.0]])
+    a = 0.5 / (math.sqrt(0.5) + eps) - 0.5 / (math.sqrt(2) + eps)
+    b = 0.5 * 2 / (2 * math.sqrt(2) + eps)
+    std = math.sqrt((2 * a * a + 2 * b * b) / 3)
+    close(gdpo_advantages(scores, 2, (1.0, 0.5), eps), [v / (std + eps) for v in (a, -a, b, -b)])
+
+
+def test_gdpo_a_batch_of_constant_groups_is_exactly_zero():
+    scores = t([[0.1, 1.0], [0.1, 1.0], [0.1, 1.0], [0.3, 0.0], [0.3, 0.0], [0.3, 0.0]])
+    close(gdpo_advantages(scores, 3, (1.0, 2.0)), [0.0] * 6, rtol=0, atol=0)
+
+
+def test_gdpo_one_weight_per_reward():
+    with pytest.raises(ValueError, match=r"^source_scores must be \(N, 3\), got \(4, 2\)$"):
+        gdpo_advantages(t([[0.0, 1.0]] * 4), 2, (1.0, 1.0, 1.0))

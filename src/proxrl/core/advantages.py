@@ -10,7 +10,7 @@ consecutively, as every generator here produces them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -289,3 +289,35 @@ def asymre_advantages(scores: Tensor, group_size: int, baseline_shift: float) ->
     centred score is exactly 0, as ``_centred``'s). (N,) → (N,)."""
     groups = _groups(scores, group_size)
     return (_centred(groups) - baseline_shift).reshape(-1)
+
+
+def gdpo_advantages(
+    source_scores: Tensor, group_size: int, weights: Sequence[float], eps: float = 1e-6
+) -> Tensor:
+    """GDPO (arXiv 2601.05242, "Group reward-Decoupled normalization Policy Optimization"; veRL
+    ``gdpo``, TRL ``multi_objective_aggregation="normalize_then_sum"``): with several rewards,
+    normalise each within its group, ``ñ_k = (r_k − mean_g r_k)/(std_g r_k + eps)`` (GRPO's,
+    unbiased std; a constant group exactly 0), take the weighted sum ``s = Σ_k w_k·ñ_k`` and
+    whiten it over the batch, ``A = (s − mean s)/(std s + eps)`` (exactly 0 where every s is
+    equal). Summing the raw rewards first lets the reward of the widest spread drown the
+    others, and maps different reward combinations to the same advantage.
+
+    Args:
+        source_scores: (N, K) each response's K rewards, G consecutive responses per prompt.
+        weights: K weights.
+    Returns:
+        (N,) advantages.
+    """
+    if source_scores.dim() != 2 or source_scores.shape[1] != len(weights):
+        raise ValueError(
+            f"source_scores must be (N, {len(weights)}), got {tuple(source_scores.shape)}"
+        )
+    normalised = torch.stack(
+        [
+            group_scaled_advantages(source_scores[:, k].contiguous(), group_size, eps)
+            for k in range(len(weights))
+        ],
+        dim=1,
+    )
+    combined = normalised @ torch.as_tensor(weights, dtype=normalised.dtype)
+    return group_scaled_advantages(combined, combined.numel(), eps)
