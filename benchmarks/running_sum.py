@@ -1,0 +1,263 @@
+"""Critic PPO for long responses (issue 35) on the running-sum task (``proxrl.demo.running_sum``):
+SFT on a sloppy annotator, then, from the same SFT policy and with the same budget, PPO with
+today's defaults, PPO with ``critic_lam`` 1.0, PPO with VAPO's set (decoupled λ, length-adaptive
+λ, value pretraining, positive-example NLL) and GRPO, on the exact final-answer reward.
+
+    PROXRL_NUM_THREADS=1 nice -n 19 .venv/bin/python benchmarks/running_sum.py  # seeds 1 2 3
+    PROXRL_NUM_THREADS=1 .venv/bin/python benchmarks/running_sum.py --seeds 1 --runs sft ppo
+
+Per seed, under ``--out`` (default runs/running_sum/seed<N>): the data and the tiny Llama built
+from scratch, ``sft``, then one directory per RL run. Every policy is scored on the same held-out
+prompts, one response each sampled at temperature 1: gold accuracy (exact total) and mean
+response length in tokens; each PPO run's ``value/explained_var`` (first, last, and its mean over
+the last quarter of iterations) comes from its metrics.jsonl. Writes
+``benchmarks/results/running_sum/seed<N>.json`` and ``table.md`` (every seed as measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "running_sum"
+GOLD_FN = "proxrl.demo.running_sum:gold"
+RL_RUNS = ("ppo", "ppo_critic_lam1", "ppo_vapo", "grpo")
+
+# Each PPO variant's options beyond the shared ones (today's defaults: lam 0.95 for both).
+PPO_VARIANTS: dict[str, dict[str, Any]] = {
+    "ppo": {},
+    "ppo_critic_lam1": {"critic_lam": 1.0},
+    "ppo_vapo": {
+        "critic_lam": 1.0,
+        "length_adaptive_alpha": 0.05,
+        "positive_nll_coef": 0.1,
+        "critic_warmup_iterations": 3,  # value pretraining, inside the same iteration budget
+    },
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--runs", nargs="*", default=["sft", *RL_RUNS], choices=["sft", *RL_RUNS])
+    p.add_argument("--out", default="runs/running_sum")
+    p.add_argument("--results", default=str(RESULTS))
+    p.add_argument("--sft-examples", type=int, default=2000)
+    p.add_argument("--demo-accuracy", type=float, default=0.5)
+    p.add_argument("--largest-digit", type=int, default=9)
+    p.add_argument("--sft-epochs", type=int, default=4)
+    p.add_argument("--sft-learning-rate", type=float, default=3e-3)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--rollout-batch-size", type=int, default=16, help="prompts per iteration")
+    p.add_argument("--group-size", type=int, default=4, help="responses per prompt (every run)")
+    p.add_argument("--rl-learning-rate", type=float, default=3e-4)
+    p.add_argument("--critic-learning-rate", type=float, default=1e-3)
+    p.add_argument("--eval-prompts", type=int, default=200)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args()
+
+
+def sft_stage(args: argparse.Namespace, out: Path, data: Path, seed: int) -> None:
+    from proxrl.algos.offline import sft
+
+    sft.train(
+        sft.Config(
+            model=str(out / "base"),
+            data=str(data),
+            output_dir=str(out / "sft"),
+            epochs=args.sft_epochs,
+            learning_rate=args.sft_learning_rate,
+            batch_size=32,
+            lr_schedule="linear",
+            warmup_steps=10,
+            max_length=128,
+            seed=seed,
+            progress=False,
+            overwrite=True,
+        )
+    )
+
+
+def rl_fields(args: argparse.Namespace, out: Path, name: str, seed: int) -> dict[str, Any]:
+    """What every RL run shares: the same prompts, samples per iteration and updates."""
+    return dict(
+        output_dir=str(out / name),
+        prompts=str(out / "data" / "rl_prompts.jsonl"),
+        model=str(out / "sft"),
+        reward_fn=(GOLD_FN,),
+        iterations=args.iterations,
+        rollout_batch_size=args.rollout_batch_size,
+        group_size=args.group_size,
+        mini_batch_size=args.rollout_batch_size * args.group_size // 2,
+        ppo_epochs=1,
+        max_new_tokens=96,
+        temperature=1.0,
+        learning_rate=args.rl_learning_rate,
+        kl_coef=0.0,
+        seed=seed,
+        progress=False,
+        overwrite=True,
+        save_every=0,
+    )
+
+
+def rl_stage(args: argparse.Namespace, out: Path, name: str, seed: int) -> None:
+    from proxrl.algos.online import grpo, ppo
+
+    fields = rl_fields(args, out, name, seed)
+    if name == "grpo":
+        grpo.train(grpo.Config(**fields, estimator="grpo"))
+        return
+    ppo.train(
+        ppo.Config(
+            **fields,
+            critic_model="policy",
+            critic_learning_rate=args.critic_learning_rate,
+            **PPO_VARIANTS[name],
+        )
+    )
+
+
+def score(policy_dir: Path, prompts: list[str], seed: int) -> dict[str, float]:
+    """Gold accuracy and mean response length (tokens, EOS included) of one response per prompt
+    sampled at temperature 1."""
+    import torch
+
+    from proxrl.data.batching import pad_left
+    from proxrl.demo.running_sum import is_correct
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.models.tokenizer import load_tokenizer
+    from proxrl.rollout.generation import CachedSampler, SamplingSettings
+
+    model = load_causal_lm(str(policy_dir)).eval()
+    tokenizer = load_tokenizer(str(policy_dir))
+    sampler = CachedSampler(model, tokenizer)
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        sampled = sampler.sample(
+            pad_left(ids, tokenizer.pad_token_id),
+            pad_left([[1] * len(r) for r in ids], 0),
+            SamplingSettings(max_new_tokens=96, temperature=1.0),
+        )
+    texts = tokenizer.batch_decode(sampled.response_ids, skip_special_tokens=True)
+    correct = [is_correct(p, c) for p, c in zip(prompts, texts, strict=True)]
+    return {
+        "gold": sum(correct) / len(correct),
+        "length": float(sampled.response_mask.sum(1).float().mean()),
+    }
+
+
+def value_curve(run_dir: Path) -> dict[str, Any]:
+    """``value/explained_var`` per iteration of a PPO run, and its summary."""
+    from proxrl.runtime.metrics import read_metrics
+
+    curve = [r["value/explained_var"] for r in read_metrics(run_dir) if "value/explained_var" in r]
+    if not curve:
+        return {}
+    tail = curve[-max(1, len(curve) // 4) :]
+    return {
+        "explained_var_first": curve[0],
+        "explained_var_last": curve[-1],
+        "explained_var_last_quarter": sum(tail) / len(tail),
+        "explained_var_curve": curve,
+    }
+
+
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    from proxrl.demo import running_sum
+    from proxrl.runtime.seeding import seed_everything
+
+    out = Path(args.out) / f"seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(seed)
+    sizes = running_sum.TaskSizes(
+        sft=args.sft_examples,
+        eval=args.eval_prompts,
+        demo_accuracy=args.demo_accuracy,
+        largest_digit=args.largest_digit,
+    )
+    data = running_sum.generate(out / "data", sizes, seed)
+    if not (out / "base" / "config.json").exists():
+        running_sum.build_base(
+            out / "base", seed=seed, hidden_size=args.hidden_size, num_layers=args.num_layers
+        )
+    prompts = [json.loads(line)["prompt"] for line in data["eval_prompts"].open()]
+    result: dict[str, Any] = {"seed": seed, "policies": {}, "wall_s": {}}
+    for name in args.runs:
+        started = time.perf_counter()
+        if name == "sft":
+            sft_stage(args, out, data["sft"], seed)
+        else:
+            rl_stage(args, out, name, seed)
+        result["wall_s"][name] = round(time.perf_counter() - started, 1)
+        scores: dict[str, Any] = score(out / name, prompts, seed)
+        if name.startswith("ppo"):
+            scores |= value_curve(out / name)
+        result["policies"][name] = scores
+        logging.info(
+            "[running_sum] seed %d %s: gold %.3f, length %.1f, %.0f s",
+            seed,
+            name,
+            scores["gold"],
+            scores["length"],
+            result["wall_s"][name],
+        )
+    result["settings"] = {k: v for k, v in vars(args).items() if k not in ("seeds", "results")}
+    return result
+
+
+def write_table(results: Path) -> None:
+    """table.md: every seed as measured, and the mean over seeds."""
+    rows = [json.loads(p.read_text()) for p in sorted(results.glob("seed*.json"))]
+    names = [n for n in ("sft", *RL_RUNS) if any(n in r["policies"] for r in rows)]
+    lines = [
+        "| run | " + " | ".join(f"seed {r['seed']}" for r in rows) + " | mean |",
+        "|---|" + "---|" * (len(rows) + 1),
+    ]
+    for name in names:
+        cells, golds = [], []
+        for r in rows:
+            p = r["policies"].get(name)
+            if p is None:
+                cells.append("—")
+                continue
+            golds.append(p["gold"])
+            ev = p.get("explained_var_last_quarter")
+            ev_text = f", EV {ev:.2f}" if ev is not None else ""
+            cells.append(f"{p['gold']:.3f} ({p['length']:.0f} tok{ev_text})")
+        mean = f"{sum(golds) / len(golds):.3f}" if golds else "—"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} |")
+    (results / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("PROXRL_NUM_THREADS", str(args.threads))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    for seed in args.seeds:
+        result = run_seed(args, seed)
+        path = results / f"seed{seed}.json"
+        if path.exists():  # runs of another call on the same seed are kept
+            before = json.loads(path.read_text())
+            result["policies"] = {**before.get("policies", {}), **result["policies"]}
+            result["wall_s"] = {**before.get("wall_s", {}), **result["wall_s"]}
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_table(results)
+
+
+if __name__ == "__main__":
+    main()
