@@ -17,7 +17,7 @@ Measured per seed: gold (exact accuracy) of the SFT policy and of the trained on
 200 held-out prompts, 4 samples each at T = 1 (the demo's own evaluation, ``demo.evaluate``), and
 the training reward (``objective/scores``) over the first and the last 5 iterations. ``--demo``
 must hold a finished ``proxrl demo`` (``make demo`` writes ``runs/demo``). Results:
-``OUT/results.json``.
+``OUT/results.json`` (measured: benchmarks/results/readme_grpo/).
 """
 
 from __future__ import annotations
