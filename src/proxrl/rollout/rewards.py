@@ -307,6 +307,8 @@ class WeightedRewards:
     weights: list[float]
     warned_none: bool = False
     trainer_state: TrainerState = field(default_factory=TrainerState)  # set each iteration
+    last_source_scores: Tensor | None = None  # (B, K) each source's scores of the last call
+    # (None as 0), kept for an estimator that combines them itself (GDPO)
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Each reward function's parameters against the data's column names, before training."""
@@ -319,7 +321,7 @@ class WeightedRewards:
     ) -> tuple[Tensor, dict[str, float]]:
         total = torch.zeros(len(completions))
         scored = torch.zeros(len(completions), dtype=torch.bool)
-        parts = {}
+        parts, per_source = {}, []
         for source, weight in zip(self.sources, self.weights, strict=True):
             scores = source(prompts, completions, columns)
             applies = ~scores.isnan()
@@ -328,6 +330,8 @@ class WeightedRewards:
             parts.update(getattr(source, "last_parts", {}))  # an ensemble's members and spread
             total = total + weight * scores.nan_to_num(0.0)
             scored |= applies
+            per_source.append(scores.nan_to_num(0.0))
+        self.last_source_scores = torch.stack(per_source, dim=1)
         if not scored.all() and not self.warned_none:
             self.warned_none = True
             log.warning(
