@@ -170,3 +170,59 @@ def test_per_token_rewards_sum_into_the_score_and_a_loss_mask_masks(tiny_lm, pro
     batch = client.logprobs(read, recorded=True)
     assert batch.loss_mask.tolist() == [[1, 0], [1, 1]]
     assert batch.logprobs.tolist() == [[-0.5, 0.0], [-0.5, -1.0]]
+
+
+def _file_config(tiny_lm: str, out: Path, rollouts: Path, **overrides):
+    """grpo on a rollouts file: no prompts, no reward function."""
+    fields = dict(
+        reward_fn=(), rollouts_file=str(rollouts), rollout_batch_size=2, mini_batch_size=2
+    )
+    return config(tiny_lm, "", out, **(fields | overrides))
+
+
+@pytest.mark.parametrize("correction", ["none", "tis"])
+def test_grpo_on_a_rollouts_file_equals_the_client_on_it(correction, tiny_lm, prompts, tmp_path):
+    """proxrl grpo with rollouts_file (π_old the recorded log-probs, or the trainer's with tis)
+    and a client loop on the same file end with the same weights and metrics, bit for bit."""
+    from safetensors.torch import load_file
+
+    from proxrl.algos.online import grpo
+    from proxrl.runtime.metrics import read_metrics
+
+    writer = TrainingClient(config=config(tiny_lm, prompts, tmp_path / "w", seed=5))
+    rollouts = tmp_path / "rollouts.jsonl"
+    write_rollouts(writer, rollouts)
+    cfg = _file_config(tiny_lm, tmp_path / "run", rollouts, rollout_correction=correction)
+    grpo.train(cfg)
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2 and all(row["policy/optimizer_steps"] == 2 for row in rows)
+    client = TrainingClient(config=cfg)
+    for row in rows:  # the file is not refreshed: both iterations train on it
+        batch = client.logprobs(client.read_rollouts(rollouts), recorded=True)
+        advantages = REWARD_SCALES["group"](batch.scores, 2)
+        batch = replace(batch, advantages=advantages[:, None] * batch.loss_mask.float())
+        losses = []
+        for minibatch in client.minibatches(len(batch)):
+            losses.append(client.forward_backward(batch.select(minibatch))["loss"])
+            client.optim_step()
+        assert row["policy/total_loss"] == (losses[0] + losses[1]) / 2
+        assert row["objective/scores"] == float(batch.scores.mean())
+    client.save_model(tmp_path / "client")
+    ours, theirs = (
+        load_file(tmp_path / "client/model.safetensors"),
+        load_file(tmp_path / "run/model.safetensors"),
+    )
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_rollouts_file_refuses_prompts_rewards_and_a_wrong_batch(tiny_lm, prompts, tmp_path):
+    from proxrl.algos.online import grpo
+
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
+    with pytest.raises(ProxrlError, match="prompts: not with rollouts_file"):
+        replace(_file_config(tiny_lm, tmp_path / "a", rollouts), prompts=prompts).validate()
+    with pytest.raises(ProxrlError, match="rollouts_file: .*missing.jsonl is not a file"):
+        _file_config(tiny_lm, tmp_path / "a", tmp_path / "missing.jsonl").validate()
+    with pytest.raises(ProxrlError, match="holds 2 trajectories; expected rollout_batch_size"):
+        grpo.train(_file_config(tiny_lm, tmp_path / "b", rollouts))

@@ -31,7 +31,12 @@ from proxrl.algos.online.episodes import environment_tools, responses_stopped
 from proxrl.algos.online.loop import save_policy
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, place_roles
-from proxrl.algos.online.rollouts_file import Limits, read_rollouts, recorded_stage
+from proxrl.algos.online.rollouts_file import (
+    limits_of,
+    read_rollouts,
+    recorded_source,
+    recorded_stage,
+)
 from proxrl.algos.online.run import make_optimizers
 from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import (
@@ -227,11 +232,7 @@ class TrainingClient:
         """The trajectories of a rollouts file (``rollouts_file``: its schema; every line
         checked against this tokenizer, ``group_size`` and the length limits), with their
         recorded log-probs as the sampler's and their recorded ``scores``."""
-        cfg = self.cfg
-        limits = Limits(
-            len(self.tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens
-        )
-        rows = read_rollouts(path, self.tokenizer, limits)
+        rows = read_rollouts(path, self.tokenizer, limits_of(self.cfg, self.tokenizer))
         device = next(self.models.actor.parameters()).device
         stage, scores = recorded_stage(rows, self.tokenizer, device)
         return Rollout(stage, scores)
@@ -262,8 +263,7 @@ class TrainingClient:
             )
         ended = responses_stopped(samples, self.tokenizer.eos_token_id, self.cfg.max_new_tokens)
         scored = Scored(values, values, ended.cpu(), {}, None)
-        correct = recorded and self.cfg.rollout_correction != "none"
-        source = OldPolicySource(recorded and not correct, correct, forward_pass=True)
+        source = recorded_source(self.cfg) if recorded else TRAINER_PASS
         self.models.actor.eval()
         with torch.no_grad(), self.cfg.autocast():
             passes = forward_passes(self.cfg, self.models, rollout.stage, scored, source)
@@ -364,6 +364,9 @@ class TrainingClient:
         """Stop the engine."""
         self.engine.close()
 
+
+TRAINER_PASS = OldPolicySource(from_sampler=False, correct=False, forward_pass=True)
+"""π_old from the trainer's own forward pass over the rollout."""
 
 SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "stop_strings")
 """The config fields ``TrainingClient.sample`` may override per call."""

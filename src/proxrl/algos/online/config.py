@@ -14,6 +14,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from proxrl.algos.online.heldout_fields import HeldOutFields
@@ -111,6 +112,10 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     prompts: str = ""
     """Prompt data: any row with a prompt, standard or conversational (docs/datasets.md); other
     fields reach reward functions."""
+    rollouts_file: str | None = None
+    """Train on trajectories produced elsewhere (JSONL, one per line: README "Rollouts from
+    elsewhere"), read afresh each iteration, π_old their recorded log-probs; instead of
+    prompts, sampling and rewards."""
     reward_model: tuple[str, ...] = ()
     """Reward model (num_labels=1 sequence classifier): hub id or local directory; several form
     an ensemble (one reward source: each standardised by its training scores, then combined)."""
@@ -331,9 +336,12 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         self._check_shaping()
 
     def _check_inputs(self) -> None:
-        """A model, prompts, something that scores, and an environment that loads."""
+        """A model, prompts, something that scores, and an environment that loads (or a
+        rollouts file, which brings its prompts and scores)."""
         if not self.model:
             raise ProxrlError("model: expected a hub id or a local directory")
+        if self.rollouts_file is not None:
+            return self._check_rollouts_file(self.rollouts_file)
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
         if not self.reward_model and not self.reward_fn and self.environment is None:
@@ -354,6 +362,25 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
                     "overlong_buffer: measures one response against max_new_tokens, not an "
                     "episode; set it 0 with environment"
                 )
+
+    def _check_rollouts_file(self, path: str) -> None:
+        """A rollouts file brings the prompts, the responses and their scores: nothing else
+        may claim to."""
+        given = {
+            "prompts": bool(self.prompts),
+            "reward_model": bool(self.reward_model),
+            "reward_fn": bool(self.reward_fn),
+            "environment": self.environment is not None,
+            "dynamic_sampling": self.dynamic_sampling,
+        }
+        clash = next((name for name, on in given.items() if on), None)
+        if clash is not None:
+            raise ProxrlError(
+                f"{clash}: not with rollouts_file (the file brings the prompts, the responses "
+                "and their scores)"
+            )
+        if not Path(path).is_file():
+            raise ProxrlError(f"rollouts_file: {path} is not a file")
 
     def _check_rewards(self) -> None:
         """One weight per reward source, not all 0."""
@@ -417,7 +444,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             raise ProxrlError(
                 "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"
             )
-        if self.rollout_correction != "none" and not self.sampler_logprobs:
+        recorded = self.sampler_logprobs or self.rollouts_file is not None  # (a file's are)
+        if self.rollout_correction != "none" and not recorded:
             raise ProxrlError(
                 f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
                 "set sampler_logprobs true (or rollout_correction none)"

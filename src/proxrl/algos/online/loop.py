@@ -27,6 +27,7 @@ from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.placement.base import LocalPlacement, Placement
 from proxrl.algos.online.prompts import PromptDraw, draw_prompts
 from proxrl.algos.online.roles import Models
+from proxrl.algos.online.rollouts_file import recorded_rollout
 from proxrl.algos.online.run import OnlineRun, check_run, health_monitor, open_run
 from proxrl.algos.online.update import NAMESPACES, UpdateStep, update
 from proxrl.core import informative_groups
@@ -145,6 +146,9 @@ def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> Rollou
     """The rollout of ``iteration``: one batch of the prompt schedule, or dynamic sampling's
     rounds until enough informative groups are kept."""
     cfg = run.cfg
+    if cfg.rollouts_file is not None:  # trajectories produced elsewhere
+        with cfg.autocast():
+            return recorded_rollout(cfg, run.models, run.kl.value, timings)
 
     def sample_round(
         draw: PromptDraw, round_timings: dict[str, float]
@@ -271,7 +275,7 @@ def write_samples_if_due(
         iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations
     )
     if due:
-        prompts = [run.prompts[i] for i in batch.rows]
+        prompts = batch.prompts or [run.prompts[i] for i in batch.rows]
         write_samples(
             run.output_dir,
             iteration + 1,

@@ -31,7 +31,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.collect import Sampled
+from proxrl.algos.online.collect import (
+    OldPolicySource,
+    RolloutBatch,
+    Sampled,
+    Scored,
+    evaluate,
+    shaped_scores,
+)
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.episodes import responses_stopped
+from proxrl.algos.online.roles import Models
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.generation import Samples
@@ -208,3 +218,41 @@ def recorded_stage(
     )
     sampled = Sampled(prompts, prompt_ids, prompt_mask, samples, completions)
     return sampled, torch.tensor([r.score for r in rows])
+
+
+def limits_of(cfg: OnlineConfig, tokenizer: Any) -> Limits:
+    return Limits(len(tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens)
+
+
+def recorded_source(cfg: OnlineConfig) -> OldPolicySource:
+    """π_old from the recorded log-probs; with a rollout correction the trainer's pass gives
+    π_old and the recorded ones the weights."""
+    correct = cfg.rollout_correction != "none"
+    return OldPolicySource(from_sampler=not correct, correct=correct, forward_pass=True)
+
+
+def recorded_rollout(
+    cfg: OnlineConfig, models: Models, kl_coef: float, timings: dict[str, float]
+) -> RolloutBatch:
+    """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
+    between iterations), scored by its recorded rewards (then the shaping rules), evaluated
+    by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``."""
+    assert cfg.rollouts_file is not None
+    tokenizer = models.tokenizer
+    rows = read_rollouts(cfg.rollouts_file, tokenizer, limits_of(cfg, tokenizer))
+    if len(rows) != cfg.responses_per_iteration:
+        raise ProxrlError(
+            f"rollouts_file: {cfg.rollouts_file} holds {len(rows)} trajectories; expected "
+            f"rollout_batch_size × group_size = {cfg.responses_per_iteration}"
+        )
+    device = next(models.actor.parameters()).device
+    sampled, raw = recorded_stage(rows, tokenizer, device)
+    samples = sampled.samples
+    ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    scores = shaped_scores(cfg, raw.clone(), ended, samples.response_mask.sum(-1).cpu())
+    scored = Scored(raw, scores, ended, {}, None)
+    experience, completions, metrics = evaluate(
+        cfg, models, sampled, scored, recorded_source(cfg), kl_coef, timings
+    )
+    rows_index = list(range(len(rows)))
+    return RolloutBatch(experience, completions, rows_index, metrics, prompts=sampled.prompts)

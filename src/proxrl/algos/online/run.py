@@ -102,13 +102,13 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     seed_everything(cfg.seed)
     # first, before any model loads: a reward function that does not import, or that needs a
     # column the prompt data lacks, is one line
-    check_reward_columns(cfg.reward_fn, load_prompt_examples(cfg.prompts))
+    if cfg.rollouts_file is None:  # (a rollouts file brings no columns and no reward function)
+        check_reward_columns(cfg.reward_fn, load_prompt_examples(cfg.prompts))
     rewards = placement.rewards(cfg)
     models = placement.models(cfg, algo)
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
-    prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
-    check_context(cfg, models.actor, prompt_ids)
+    prompts, prompt_ids = run_prompts(cfg, models)
     held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
     if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
         dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
@@ -123,6 +123,16 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     run.engine = placement.engine(cfg, models, prompt_ids)
     run.engine.start(models.actor, run.start)  # a resumed run's weights differ from the model's
     return run
+
+
+def run_prompts(cfg: OnlineConfig, models: Models) -> tuple[list[PromptExample], list[list[int]]]:
+    """The run's prompts, encoded, checked against the policy's context; none with a rollouts
+    file (its rows bring their own, checked as it is read)."""
+    if cfg.rollouts_file is not None:
+        return [], []
+    prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+    check_context(cfg, models.actor, prompt_ids)
+    return prompts, prompt_ids
 
 
 def check_context(cfg: OnlineConfig, actor: nn.Module, prompt_ids: list[list[int]]) -> None:
