@@ -293,3 +293,29 @@ def test_causal_rules_give_the_replayed_since_from_the_whole_series():
                 (f for end in range(1, 101) if (f := health.check(rows[:end], rule))), None
             )
             assert whole == replayed, (trial, rule.name)
+
+
+def test_the_report_replays_what_the_monitor_warned_on_random_runs():
+    """Random sick and healthy runs, noisier late, with a held-out eval/score that appears
+    mid-run (before it, the rule reads reward/gold): the report's findings are the live ones."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        rows = []
+        for s in range(1, 121):
+            late = 1 + 5 * (s > 90)
+            row = {
+                "step": s,
+                "objective/scores": 0.1 * s + rng.gauss(0, 0.3),
+                "reward/gold": 0.6 + rng.gauss(0, 0.03 * late),
+                "response/length_mean": 2 + 0.3 * max(s - 30, 0) * (seed % 2) + rng.gauss(0, late),
+            }
+            if s % 5 == 0 and s >= 20:
+                row["eval/score"] = 0.5 - 0.01 * max(s - 40, 0) * (seed < 4) + rng.gauss(0, 0.02)
+            rows.append(row)
+        monitor, live = HealthMonitor(), []
+        for row in rows:
+            fields = {k: v for k, v in row.items() if k != "step"}
+            live += monitor.observe(row["step"], fields)
+        order = [rule.name for rule in health.RULES]
+        assert diagnose(rows) == sorted(live, key=lambda f: order.index(f.rule)), seed
+        assert any(f.rule == "reward_hacking" for f in live) == (seed < 4), seed

@@ -341,19 +341,28 @@ RULES = (
 )
 
 
+def points(rows: Sequence[Row], names: Sequence[str]) -> tuple[list[int], ...]:
+    """(steps, values…) of ``names`` in ``rows``: one metric's finite points, or two metrics
+    paired on the steps both logged."""
+    if len(names) == 1:
+        return finite_series(rows, names[0])  # type: ignore[return-value]
+    return aligned(rows, names[0], names[1])  # type: ignore[return-value]
+
+
+def since_of(rule: Rule, names: Sequence[str], series: tuple[list[Any], ...]) -> int | None:
+    """``rule`` on the points ``series`` of the metrics ``names``."""
+    extra = {}
+    if rule.check is reward_hacking:
+        extra["window"] = EVAL_WINDOW if names[1].startswith("eval/") else WINDOW
+    return rule.check(*series, **extra)
+
+
 def check(rows: Sequence[Row], rule: Rule) -> Finding | None:
     """``rule`` on ``rows`` as they stand (what the live warning reads after each iteration)."""
     names = [first_metric(rows, candidates) for candidates in rule.metrics]
     if any(n is None for n in names):
         return None
-    if len(names) == 1:
-        steps, values = finite_series(rows, names[0])  # type: ignore[arg-type]
-        since = rule.check(steps, values)
-    else:
-        steps, first, second = aligned(rows, names[0], names[1])  # type: ignore[arg-type]
-        window = EVAL_WINDOW if names[1].startswith("eval/") else WINDOW  # type: ignore[union-attr]
-        extra = {"window": window} if rule.check is reward_hacking else {}
-        since = rule.check(steps, first, second, **extra)
+    since = since_of(rule, names, points(rows, names))  # type: ignore[arg-type]
     if since is None:
         return None
     return Finding(rule.name, " vs ".join(names), since, rule.what, rule.remedy)  # type: ignore[arg-type]
@@ -361,13 +370,35 @@ def check(rows: Sequence[Row], rule: Rule) -> Finding | None:
 
 def first_firing(rows: Sequence[Row], rule: Rule) -> Finding | None:
     """The finding ``rule`` gave on the shortest prefix of ``rows`` it fired on: the one the
-    live warning printed. A causal rule's whole-series answer is that finding already."""
-    if rule.causal or any(first_metric(rows, names) is None for names in rule.metrics):
+    live warning printed. A causal rule's whole-series answer is that finding already; the
+    others are re-read on each prefix's points (the whole series' points cut at the prefix's
+    last step, where the prefix reads the metrics the whole series does)."""
+    names = [first_metric(rows, candidates) for candidates in rule.metrics]
+    if rule.causal or any(n is None for n in names):
         return check(rows, rule)
+    series = points(rows, names)  # type: ignore[arg-type]
+    first_row = {  # where each candidate metric is first logged: a prefix reads the first of
+        name: next((i for i, r in enumerate(rows) if finite_series([r], name)[0]), len(rows))
+        for candidates in rule.metrics
+        for name in candidates
+    }
     for end in range(1, len(rows) + 1):
-        if int(rows[end - 1].get("step", 0)) <= WARMUP:
+        last = int(rows[end - 1].get("step", 0))
+        if last <= WARMUP:
             continue  # no rule fires during warm-up
-        finding = check(rows[:end], rule)
+        prefix_names = [
+            next((n for n in candidates if first_row[n] < end), None) for candidates in rule.metrics
+        ]
+        if prefix_names != names:  # an earlier prefix reads other metrics (eval/ not yet logged)
+            finding = check(rows[:end], rule)
+        else:
+            n = sum(1 for step in series[0] if step <= last)
+            since = since_of(rule, names, tuple(column[:n] for column in series))  # type: ignore[arg-type]
+            finding = (
+                None
+                if since is None
+                else Finding(rule.name, " vs ".join(names), since, rule.what, rule.remedy)  # type: ignore[arg-type]
+            )
         if finding is not None:
             return finding
     return None
