@@ -4,13 +4,20 @@ in tests/core, and today's behaviour kept exactly when they are off."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
 from proxrl.algos.online import ppo
 from proxrl.core import discounted_returns, gae, length_adaptive_lam, masked_whiten, shaped_rewards
+from proxrl.models.scalar_head import load_score_model
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
 from tests.algos.test_critic import experience
+from tests.algos.test_critic_start import config as start_config
+from tests.algos.test_critic_start import critic_weights, same
 
 BASE = {"model": "m", "prompts": "p", "reward_fn": "tests.algos.online_rewards:target_fraction"}
 
@@ -124,3 +131,38 @@ def test_no_positive_row_when_every_score_is_equal():
     exp.advantages, exp.returns = algo.estimate(exp, 0.0)[1:]
     _, stats = algo.policy_loss(-torch.rand(4, 5), exp)
     assert stats["positive_nll"] == 0
+
+
+@pytest.fixture
+def say_prompts(tmp_path) -> str:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in "abcdefgh"))
+    return str(path)
+
+
+def test_a_critic_pretrained_with_critic_lam_starts_a_vapo_run(tiny_lm, say_prompts, tmp_path):
+    """Value pretraining in one run (critic_lam 1, the policy not trained), its saved critic/
+    the start of a second run with VAPO's set: the second run's critic is the first's, and it
+    trains with finite value metrics."""
+    earlier = tmp_path / "earlier"
+    vapo = {"critic_lam": 1.0, "critic_model": "policy"}
+    ppo.train(
+        start_config(
+            ppo, tiny_lm, say_prompts, earlier, iterations=3, critic_warmup_iterations=2, **vapo
+        )
+    )
+    saved = load_score_model(str(earlier / "critic")).state_dict()
+    later = start_config(
+        ppo,
+        tiny_lm,
+        say_prompts,
+        tmp_path / "later",
+        critic_model=str(earlier),
+        critic_lam=1.0,
+        length_adaptive_alpha=0.05,
+        positive_nll_coef=0.1,
+    )
+    assert same(critic_weights(later), saved)
+    ppo.train(later)
+    rows = read_metrics(tmp_path / "later")
+    assert all(math.isfinite(row["value/loss"]) for row in rows)
