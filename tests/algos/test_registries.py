@@ -115,6 +115,7 @@ def test_the_help_choices_did_not_change():
         "reinforce",
         "maxrl",
         "asymre",
+        "gdpo",
     )
     assert choices(grpo.Config, "scale_rewards") == ("group", "batch", "none", "std")
 
@@ -279,6 +280,9 @@ ESTIMATOR_CASES = {
     "maxrl": [-1 / (2 + 1e-6), 1 / (2 + 1e-6), -1 / (1 + 1e-6), 1 / (1 + 1e-6)],
     # s − (mean − 0.1), the default baseline_shift −0.1
     "asymre": [-0.9, 1.1, -0.9, 1.1],
+    # combined scores (set below: 1, 3, 0, 2, as the score) whitened over the batch: mean 1.5,
+    # unbiased std √(5/3)
+    "gdpo": [d / (math.sqrt(5 / 3) + 1e-6) for d in (-0.5, 1.5, -1.5, 0.5)],
 }
 
 
@@ -290,6 +294,7 @@ def test_every_estimator_has_a_case():
 def test_estimators_by_hand(name):
     cfg = grpo.Config(**BASE, estimator=name, group_size=2)
     exp = _experience([1.0, 3.0, 0.0, 2.0], greedy=[0.5, 1.0])
+    exp.combined_scores = exp.scores.clone()
     _, advantages, _ = grpo.ESTIMATORS[name](cfg, exp, 0.0)
     expected = torch.tensor(ESTIMATOR_CASES[name])
     torch.testing.assert_close(advantages, expected[:, None].expand(4, 2), rtol=1e-6, atol=1e-7)
@@ -316,6 +321,36 @@ def test_group_estimators_on_ragged_rows(name):
         returns, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     )
     assert grpo.build(cfg).kl_loss is not None
+
+
+def test_gdpo_combines_the_sources_when_scored_and_whitens_at_estimation():
+    """The algorithm's combine_sources on (B, K) = 4 × 2 sources, weights (1, 0.5), groups of 2:
+    source 1 (1, 0 | 1, 1) → ±½/(√½ + ε) | 0, 0; source 2 (0, 2 | 4, 0) → ∓1/(√2 + ε) |
+    ±2/(2√2 + ε). The estimate whitens those sums over the batch; ragged rows (a length-1
+    response) carry it on every valid token."""
+    cfg = grpo.Config(**BASE, estimator="gdpo", group_size=2)
+    algo = grpo.build(cfg)
+    assert algo.combine_sources is not None and algo.kl_loss is not None
+    sources = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 4.0], [1.0, 0.0]], dtype=torch.float64)
+    combined = algo.combine_sources(sources, [1.0, 0.5])
+    a = 0.5 / (math.sqrt(0.5) + 1e-6) - 0.5 / (math.sqrt(2) + 1e-6)
+    b = 0.5 * 2 / (2 * math.sqrt(2) + 1e-6)
+    torch.testing.assert_close(combined, torch.tensor([a, -a, b, -b], dtype=torch.float64))
+    exp = _experience([1.0, 0.0, 1.0, 1.0])
+    exp.response_mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]])
+    exp.combined_scores = combined.float()
+    _, advantages, _ = grpo.ESTIMATORS["gdpo"](cfg, exp, 0.0)
+    std = math.sqrt((2 * a * a + 2 * b * b) / 3)
+    expected = torch.tensor([a, -a, b, -b]) / (std + 1e-6)
+    torch.testing.assert_close(
+        advantages, expected[:, None] * exp.response_mask, rtol=1e-6, atol=0.0
+    )
+
+
+def test_gdpo_needs_the_combined_scores():
+    cfg = grpo.Config(**BASE, estimator="gdpo", group_size=2)
+    with pytest.raises(ValueError, match="^gdpo: the rollout carries no combined_scores"):
+        grpo.ESTIMATORS["gdpo"](cfg, _experience([1.0, 0.0, 1.0, 1.0]), 0.0)
 
 
 def test_maxrl_refuses_negative_rewards_naming_the_field():

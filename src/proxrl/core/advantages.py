@@ -291,22 +291,19 @@ def asymre_advantages(scores: Tensor, group_size: int, baseline_shift: float) ->
     return (_centred(groups) - baseline_shift).reshape(-1)
 
 
-def gdpo_advantages(
+def gdpo_normalised_sum(
     source_scores: Tensor, group_size: int, weights: Sequence[float], eps: float = 1e-6
 ) -> Tensor:
-    """GDPO (arXiv 2601.05242, "Group reward-Decoupled normalization Policy Optimization"; veRL
-    ``gdpo``, TRL ``multi_objective_aggregation="normalize_then_sum"``): with several rewards,
-    normalise each within its group, ``ñ_k = (r_k − mean_g r_k)/(std_g r_k + eps)`` (GRPO's,
-    unbiased std; a constant group exactly 0), take the weighted sum ``s = Σ_k w_k·ñ_k`` and
-    whiten it over the batch, ``A = (s − mean s)/(std s + eps)`` (exactly 0 where every s is
-    equal). Summing the raw rewards first lets the reward of the widest spread drown the
-    others, and maps different reward combinations to the same advantage.
+    """GDPO's combination of K rewards (``gdpo_advantages``, before the batch whitening): each
+    normalised within its group, ``ñ_k = (r_k − mean_g r_k)/(std_g r_k + eps)`` (GRPO's,
+    unbiased std; a constant group exactly 0), then ``s = Σ_k w_k·ñ_k``. A function of each
+    group alone, so it may be taken when the groups are scored, before any is dropped.
 
     Args:
         source_scores: (N, K) each response's K rewards, G consecutive responses per prompt.
         weights: K weights.
     Returns:
-        (N,) advantages.
+        (N,) the weighted sum of the normalised rewards.
     """
     if source_scores.dim() != 2 or source_scores.shape[1] != len(weights):
         raise ValueError(
@@ -319,5 +316,29 @@ def gdpo_advantages(
         ],
         dim=1,
     )
-    combined = normalised @ torch.as_tensor(weights, dtype=normalised.dtype)
-    return group_scaled_advantages(combined, combined.numel(), eps)
+    return normalised @ torch.as_tensor(weights, dtype=normalised.dtype)
+
+
+def batch_whitened(scores: Tensor, eps: float = 1e-6) -> Tensor:
+    """``(s − mean s)/(std s + eps)`` over the whole batch (unbiased std), exactly 0 where every
+    score is equal. (N,) → (N,)."""
+    return group_scaled_advantages(scores, scores.numel(), eps)
+
+
+def gdpo_advantages(
+    source_scores: Tensor, group_size: int, weights: Sequence[float], eps: float = 1e-6
+) -> Tensor:
+    """GDPO (arXiv 2601.05242, "Group reward-Decoupled normalization Policy Optimization"; veRL
+    ``gdpo``, TRL ``multi_objective_aggregation="normalize_then_sum"``): with several rewards,
+    normalise each within its group, take the weighted sum (``gdpo_normalised_sum``) and
+    whiten it over the batch (``batch_whitened``). Summing the raw rewards first lets the
+    reward of the widest spread drown the others, and maps different reward combinations to
+    the same advantage.
+
+    Args:
+        source_scores: (N, K) each response's K rewards, G consecutive responses per prompt.
+        weights: K weights.
+    Returns:
+        (N,) advantages.
+    """
+    return batch_whitened(gdpo_normalised_sum(source_scores, group_size, weights, eps), eps)

@@ -41,6 +41,9 @@ class Experience:
     # without stopping (an EOS or a stop string); None from a rollout that did not record it
     action_mask: Tensor | None = None  # (B, T) 1 at tokens the model sampled, 0 at observation
     # tokens and padding; None for single-turn (then response_mask)
+    combined_scores: Tensor | None = None  # (B,) the reward sources' scores combined by the
+    # algorithm at scoring time (GDPO: each normalised in its group, weighted, summed); None
+    # unless the algorithm combines them (``Algorithm.combine_sources``)
 
     @property
     def loss_mask(self) -> Tensor:

@@ -39,6 +39,9 @@ class Algorithm:
     """Loads the critic (``critic.CRITICS[option]`` bound to its settings; none by default)."""
     penalty: AdaptiveKL | None = None
     """PPO-Penalty's adaptive β on KL(π_old‖π), updated after each iteration."""
+    combine_sources: Callable[[Tensor, list[float]], Tensor] | None = None
+    """((B, K) each reward source's scores, the K reward_weights) → (B,)
+    ``Experience.combined_scores``, taken when the groups are scored (GDPO); None: not kept."""
 
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]

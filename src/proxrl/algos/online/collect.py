@@ -106,6 +106,7 @@ class Scored:
     ended: Tensor  # (B,) bool, the response stopped by itself (CPU)
     parts: dict[str, float]  # each source's mean score
     greedy_scores: Tensor | None  # (B,) ReMax's baseline: the score of the prompt's greedy decode
+    combined: Tensor | None = None  # (B,) the sources combined by the algorithm (GDPO), or None
 
 
 @dataclass
@@ -299,6 +300,10 @@ def score(
     columns = prompt_columns(sampled.prompts)
     samples = sampled.samples
     raw, parts = score_responses(samples, rewards, sampled.prompts, sampled.completions, columns)
+    combined = None
+    if algo.combine_sources is not None:  # read before a greedy decode is scored
+        assert rewards.last_source_scores is not None
+        combined = algo.combine_sources(rewards.last_source_scores, rewards.weights)
     ended = responses_stopped(samples, models.tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     lengths = samples.response_mask.sum(-1).cpu()
     scores = shaped_scores(cfg, raw.clone(), ended, lengths)
@@ -309,7 +314,7 @@ def score(
         greedy_scores = greedy_baseline(cfg, models, engine, rewards, prompts, prompt_ids, once)
         device = next(models.actor.parameters()).device
         greedy_scores = greedy_scores.repeat_interleave(cfg.group_size).to(device)
-    return Scored(raw, scores, ended, parts, greedy_scores)
+    return Scored(raw, scores, ended, parts, greedy_scores, combined)
 
 
 def greedy_baseline(
@@ -374,6 +379,7 @@ def forward_passes(
         values=joined["values"] * mask,
         scores=scored.scores.to(device),
         greedy_scores=scored.greedy_scores,
+        combined_scores=None if scored.combined is None else scored.combined.to(device),
         truncated=~scored.ended.to(device),
         action_mask=samples.action_mask,
     )

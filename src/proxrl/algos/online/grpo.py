@@ -14,7 +14,9 @@ What each estimator takes as its baseline, and where it pays the KL to the refer
   ``reinforce_pp`` (OpenRLHF ``reinforce_baseline``); KL in the per-token reward;
 - ``reinforce``: the batch mean; KL in the sequence reward; the plain policy-gradient loss;
 - ``maxrl``: the group mean, ÷ the group mean (MaxRL, rewards in [0, 1]); KL as grpo's;
-- ``asymre``: the group mean + ``baseline_shift`` (AsymRE); KL as grpo's.
+- ``asymre``: the group mean + ``baseline_shift`` (AsymRE); KL as grpo's;
+- ``gdpo``: several reward sources, each normalised in its group, weighted by
+  ``reward_weights``, summed, then whitened over the batch (GDPO); KL as grpo's.
 All but ``reinforce`` minimise the surrogate ``policy_loss`` picks (PPO-Clip by default), so
 ``ppo_epochs > 1`` stays safe.
 Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on tokens sampled from
@@ -38,7 +40,9 @@ from proxrl.core import (
     REWARD_SCALES,
     Registry,
     asymre_advantages,
+    batch_whitened,
     discounted_returns,
+    gdpo_normalised_sum,
     last_valid_index,
     literal,
     maxrl_advantages,
@@ -56,8 +60,8 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "maxrl", "asymre")
-KL_IN_THE_LOSS = ("grpo", "maxrl", "asymre")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "maxrl", "asymre", "gdpo")
+KL_IN_THE_LOSS = ("grpo", "maxrl", "asymre", "gdpo")
 """The estimators that pay the KL as a loss term (``kl_loss_type``), not in the reward."""
 SCALE_REWARDS_ALIASES = {"std": "group"}
 """proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
@@ -72,21 +76,21 @@ class Config(OnlineConfig):
 
     estimator: EstimatorChoice = "grpo"
     """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline,
-    reinforce, maxrl or asymre."""
+    reinforce, maxrl, asymre or gdpo."""
     group_size: Annotated[int, alias("num_generations")] = 4
-    """Responses sampled per prompt (at least 2 for grpo, rloo, reinforce_pp_baseline, maxrl
-    and asymre)."""
+    """Responses sampled per prompt (at least 2 for grpo, rloo, reinforce_pp_baseline, maxrl,
+    asymre and gdpo)."""
     scale_rewards: Annotated[ScaleRewardsChoice, alias("group_scale")] = "group"
     """grpo: divide group-centred scores by the group std (group: GRPO), the batch std (batch:
     Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
     kl_coef: Annotated[float, alias("beta")] = 0.0
-    """Coefficient β of the KL to the reference (grpo, maxrl, asymre: in the loss; the others:
-    in the reward)."""
+    """Coefficient β of the KL to the reference (grpo, maxrl, asymre, gdpo: in the loss; the
+    others: in the reward)."""
     kl_loss_type: KLLossChoice = "k3"
-    """grpo, maxrl, asymre: estimator of the KL paid in the loss: k1, k2, k3 (unbiased, ≥ 0) or
-    k3+ (k3's value, k2's gradient; veRL's low_var_kl+)."""
+    """grpo, maxrl, asymre, gdpo: estimator of the KL paid in the loss: k1, k2, k3 (unbiased,
+    ≥ 0) or k3+ (k3's value, k2's gradient; veRL's low_var_kl+)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """reinforce_pp, reinforce_pp_baseline: discount of the reward-to-go."""
     baseline_shift: float = -0.1
@@ -149,6 +153,16 @@ def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
         return maxrl_advantages(scores, cfg.group_size)
     except ValueError as error:  # a reward outside [0, 1]: the run's data, not a bug
         raise ProxrlError(f"reward_fn: {error} (estimator maxrl)") from None
+
+
+def _gdpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    """The sources' group-normalised weighted sum (taken when scored), whitened over the batch
+    trained on; the return is the score, as grpo's."""
+    if exp.combined_scores is None:
+        raise ValueError("gdpo: the rollout carries no combined_scores (combine_sources unset)")
+    mask, scores = exp.loss_mask.float(), exp.scores
+    advantages = batch_whitened(exp.combined_scores)
+    return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
 
 
 def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
@@ -248,6 +262,11 @@ ESTIMATORS.add(
     _group_estimator(lambda cfg, r: asymre_advantages(r, cfg.group_size, cfg.baseline_shift)),
     "group mean + baseline_shift as the baseline (AsymRE); KL in the loss",
 )
+ESTIMATORS.add(
+    "gdpo",
+    _gdpo,
+    "each reward source normalised in its group, weighted, summed, whitened over the batch",
+)
 EstimatorChoice = ESTIMATORS.literal()
 ScaleRewardsChoice = literal(*REWARD_SCALES, *SCALE_REWARDS_ALIASES)
 KLLossChoice = KL_ESTIMATORS.literal()
@@ -273,7 +292,15 @@ def build(cfg: Config) -> Algorithm:
         policy_loss=policy_loss,
         kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator in KL_IN_THE_LOSS else None,
         needs_greedy=cfg.estimator == "remax",
+        combine_sources=_gdpo_combination(cfg) if cfg.estimator == "gdpo" else None,
     )
+
+
+def _gdpo_combination(cfg: Config) -> Callable[[Tensor, list[float]], Tensor]:
+    def combine(source_scores: Tensor, weights: list[float]) -> Tensor:
+        return gdpo_normalised_sum(source_scores, cfg.group_size, weights)
+
+    return combine
 
 
 def train(cfg: Config) -> dict[str, float]:
