@@ -5,6 +5,7 @@ line is refused with file:line."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -226,3 +227,36 @@ def test_rollouts_file_refuses_prompts_rewards_and_a_wrong_batch(tiny_lm, prompt
         _file_config(tiny_lm, tmp_path / "a", tmp_path / "missing.jsonl").validate()
     with pytest.raises(ProxrlError, match="holds 2 trajectories; expected rollout_batch_size"):
         grpo.train(_file_config(tiny_lm, tmp_path / "b", rollouts))
+
+
+@pytest.mark.parametrize("critic", ["head", "separate"])
+def test_ppo_trains_on_a_rollouts_file_from_the_command_line(critic, tiny_lm, prompts, tmp_path):
+    """proxrl ppo --rollouts-file: the critic's values from the trainer's pass, π_old the
+    recorded log-probs; finite metrics, the policy moves."""
+    from safetensors.torch import load_file
+
+    from proxrl.cli import main
+    from proxrl.runtime.metrics import read_metrics
+
+    writer = TrainingClient(config=config(tiny_lm, prompts, tmp_path / "w"))
+    rollouts = tmp_path / "rollouts.jsonl"
+    write_rollouts(writer, rollouts)
+    out = tmp_path / "ppo"
+    argv = ["ppo", "--model", tiny_lm, "--rollouts-file", str(rollouts), "--output-dir", str(out)]
+    argv += ["--rollout-batch-size", "2", "--group-size", "2", "--mini-batch-size", "2"]
+    argv += ["--iterations", "2", "--max-new-tokens", "8", "--learning-rate", "3e-3"]
+    argv += ["--critic", critic, "--no-progress", "--report-to", "none", "--sample-every", "1"]
+    assert main(argv) in (0, None)
+    rows = read_metrics(out)
+    assert len(rows) == 2
+    for row in rows:  # (the entropy of recorded log-probs is unknown: NaN, logged only)
+        bad = [k for k, v in row.items() if "entropy" not in k and not math.isfinite(v)]
+        assert not bad
+    start, end = (
+        load_file(Path(tiny_lm) / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
+    assert not all(torch.equal(start[k].to(end[k].dtype), end[k]) for k in start)
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    first = json.loads(rollouts.read_text().splitlines()[0])
+    assert len(samples) == 8 and samples[0]["completion"] == first["response"]
