@@ -76,6 +76,21 @@ ROWS = [
     Row("kl_k2", "grpo", {"kl_coef": 0.05, "kl_loss_type": "k2"}),
     Row("kl_k3", "grpo", {"kl_coef": 0.05, "kl_loss_type": "k3"}),
     Row("kl_k3_plus", "grpo", {"kl_coef": 0.05, "kl_loss_type": "k3+"}),
+    # issue 37: the 2026 set
+    Row("maxrl", "grpo", {"estimator": "maxrl"}),
+    Row("asymre", "grpo", {"estimator": "asymre"}),  # baseline_shift −0.1
+    Row("dppo_tv", "grpo", {"policy_loss": "dppo_tv"}),
+    Row("dppo_kl", "grpo", {"policy_loss": "dppo_kl"}),
+    Row("opsm", "grpo", {"off_policy_mask": "opsm"}),
+    Row("m2po", "grpo", {"off_policy_mask": "m2po"}),
+    Row("clip_cov", "grpo", {"policy_loss": "clip_cov"}),
+    Row("kl_cov", "grpo", {"policy_loss": "kl_cov"}),
+    Row("gdpo", "grpo", {"estimator": "gdpo"}),  # sources: the reward model (weight 0), gold
+    # stale data: 8 epochs over each rollout (the demo: 2), plain clip against the masks
+    Row("stale_clip", "grpo", {"ppo_epochs": 8}),
+    Row("stale_dppo_tv", "grpo", {"ppo_epochs": 8, "policy_loss": "dppo_tv"}),
+    Row("stale_opsm", "grpo", {"ppo_epochs": 8, "off_policy_mask": "opsm"}),
+    Row("stale_m2po", "grpo", {"ppo_epochs": 8, "off_policy_mask": "m2po"}),
     Row("ppo_critic_rm", "ppo"),  # the demo's PPO: critic from the reward model
     Row("ppo_critic_policy", "ppo", {"critic_model": "policy"}),
     Row("ppo_critic_warm", "ppo", {"critic_model": "{demo}/ppo"}),  # the demo PPO's critic/
