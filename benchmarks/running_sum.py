@@ -13,7 +13,7 @@ on 0–9 and 0.12 on 0–4, and 0.06 leaves too few right answers for 12 iterati
 from. Each seed is one process (``--seeds 1``, ``--seeds 2``, ``--seeds 3`` side by side).
 Every policy is scored on the same held-out prompts, one response each sampled at temperature 1:
 gold accuracy (exact total) and mean response length in tokens; each PPO run's
-``value/explained_var`` (first, last, and its mean over the last quarter of iterations) comes
+``value/explained_var`` (first, last, and its median over the last quarter of iterations) comes
 from its metrics.jsonl. Writes
 ``benchmarks/results/running_sum/seed<N>.json`` and ``table.md`` (every seed as measured).
 """
@@ -66,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plot-only", action="store_true", help="table.md and curves.png of --out")
     return p.parse_args()
 
 
@@ -167,11 +168,13 @@ def value_curve(run_dir: Path) -> dict[str, Any]:
     curve = [r["value/explained_var"] for r in read_metrics(run_dir) if "value/explained_var" in r]
     if not curve:
         return {}
-    tail = curve[-max(1, len(curve) // 4) :]
+    tail = sorted(curve[-max(1, len(curve) // 4) :])
     return {
         "explained_var_first": curve[0],
         "explained_var_last": curve[-1],
-        "explained_var_last_quarter": sum(tail) / len(tail),
+        # the median: a rollout whose every score is 0 has constant value targets (λ = 1) and an
+        # explained variance of −1e14, which would swamp a mean
+        "explained_var_last_quarter": tail[len(tail) // 2],
         "explained_var_curve": curve,
     }
 
@@ -243,8 +246,51 @@ def write_table(results: Path) -> None:
     (results / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+CURVES = (
+    ("objective/scores", "training reward (gold)"),
+    ("response/length_mean", "response length (tokens)"),
+    ("value/explained_var", "value explained variance"),
+)
+
+
+def plot(out: Path, results: Path) -> None:
+    """curves.png: each RL run's training reward, response length and value explained variance
+    per iteration, the mean over the seeds found under ``out`` (every seed thin, the mean bold)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from proxrl.runtime.metrics import read_metrics
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 3.6))
+    for index, name in enumerate(RL_RUNS):
+        color = f"C{index}"
+        runs = [read_metrics(d / name) for d in sorted(out.glob("seed*")) if (d / name).is_dir()]
+        for ax, (key, title) in zip(axes, CURVES, strict=True):
+            curves = [[r[key] for r in rows if key in r] for rows in runs]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            for c in curves:
+                ax.plot(range(1, len(c) + 1), c, color=color, alpha=0.25, lw=0.8)
+            width = min(len(c) for c in curves)
+            mean = [sum(c[i] for c in curves) / len(curves) for i in range(width)]
+            ax.plot(range(1, width + 1), mean, color=color, lw=2, label=name)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("iteration", fontsize=8)
+    axes[-1].set_ylim(-1, 1)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(results / "curves.png", dpi=90)
+
+
 def main() -> None:
     args = parse_args()
+    if args.plot_only:
+        plot(Path(args.out), Path(args.results))
+        write_table(Path(args.results))
+        return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("PROXRL_NUM_THREADS", str(args.threads))
     import torch
