@@ -222,6 +222,17 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return result
 
 
+def refresh_value_curves(out: Path, results: Path) -> None:
+    """Recompute each PPO run's explained-variance summary in seed<N>.json from its metrics."""
+    for path in sorted(results.glob("seed*.json")):
+        result = json.loads(path.read_text())
+        for name, scores in result["policies"].items():
+            run_dir = out / f"seed{result['seed']}" / name
+            if name.startswith("ppo") and run_dir.is_dir():
+                scores.update(value_curve(run_dir))
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def write_table(results: Path) -> None:
     """table.md: every seed as measured, and the mean over seeds."""
     rows = [json.loads(p.read_text()) for p in sorted(results.glob("seed*.json"))]
@@ -288,6 +299,7 @@ def plot(out: Path, results: Path) -> None:
 def main() -> None:
     args = parse_args()
     if args.plot_only:
+        refresh_value_curves(Path(args.out), Path(args.results))
         plot(Path(args.out), Path(args.results))
         write_table(Path(args.results))
         return
