@@ -227,6 +227,7 @@ def test_rollouts_file_refuses_prompts_rewards_and_a_wrong_batch(tiny_lm, prompt
         _file_config(tiny_lm, tmp_path / "a", tmp_path / "missing.jsonl").validate()
     with pytest.raises(ProxrlError, match="holds 2 trajectories; expected rollout_batch_size"):
         grpo.train(_file_config(tiny_lm, tmp_path / "b", rollouts))
+    assert not (tmp_path / "b").exists()  # refused before the output directory is touched
 
 
 @pytest.mark.parametrize("critic", ["head", "separate"])

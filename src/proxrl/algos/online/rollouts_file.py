@@ -231,20 +231,28 @@ def recorded_source(cfg: OnlineConfig) -> OldPolicySource:
     return OldPolicySource(from_sampler=not correct, correct=correct, forward_pass=True)
 
 
-def recorded_rollout(
-    cfg: OnlineConfig, models: Models, kl_coef: float, timings: dict[str, float]
-) -> RolloutBatch:
-    """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
-    between iterations), scored by its recorded rewards (then the shaping rules), evaluated
-    by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``."""
+def iteration_rows(cfg: OnlineConfig, tokenizer: Any) -> list[Trajectory]:
+    """``cfg.rollouts_file``'s trajectories, checked, ``rollout_batch_size × group_size`` of
+    them (the run's batch); the run reads them once before its output directory is touched,
+    then each iteration."""
     assert cfg.rollouts_file is not None
-    tokenizer = models.tokenizer
     rows = read_rollouts(cfg.rollouts_file, tokenizer, limits_of(cfg, tokenizer))
     if len(rows) != cfg.responses_per_iteration:
         raise ProxrlError(
             f"rollouts_file: {cfg.rollouts_file} holds {len(rows)} trajectories; expected "
             f"rollout_batch_size × group_size = {cfg.responses_per_iteration}"
         )
+    return rows
+
+
+def recorded_rollout(
+    cfg: OnlineConfig, models: Models, kl_coef: float, timings: dict[str, float]
+) -> RolloutBatch:
+    """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
+    between iterations), scored by its recorded rewards (then the shaping rules), evaluated
+    by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``."""
+    tokenizer = models.tokenizer
+    rows = iteration_rows(cfg, tokenizer)
     device = next(models.actor.parameters()).device
     sampled, raw = recorded_stage(rows, tokenizer, device)
     samples = sampled.samples

@@ -19,6 +19,7 @@ from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles
+from proxrl.algos.online.rollouts_file import iteration_rows
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.context import context_of
@@ -127,8 +128,9 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
 
 def run_prompts(cfg: OnlineConfig, models: Models) -> tuple[list[PromptExample], list[list[int]]]:
     """The run's prompts, encoded, checked against the policy's context; none with a rollouts
-    file (its rows bring their own, checked as it is read)."""
+    file (its rows bring their own: checked now, before the output directory is touched)."""
     if cfg.rollouts_file is not None:
+        iteration_rows(cfg, models.tokenizer)
         return [], []
     prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
     check_context(cfg, models.actor, prompt_ids)
