@@ -71,8 +71,8 @@ class Config(OnlineConfig):
     """VAPO's length-adaptive λ of the policy: λ = 1 − 1/(α·l) per response, l its model tokens,
     clamped to [0, 1] (None: off, lam; VAPO: 0.05)."""
     positive_nll_coef: Annotated[float | None, Range(ge=0)] = None
-    """Weight of VAPO's NLL on the rollout's positive responses, token-mean (None or 0: off;
-    VAPO: 0.1)."""
+    """Weight of VAPO's NLL on the rollout's positive responses, reduced as loss_aggregation
+    (token-mean: their tokens' mean) (None or 0: off; VAPO: 0.1)."""
     positive_threshold: Annotated[float | None, Range()] = None
     """A response is positive at or above this score (None: it has the rollout's best score,
     when not all are equal; a reward model needs a threshold)."""
