@@ -48,6 +48,18 @@ FILES: dict[str, str | bytes] = {
     "sft.jsonl": _jsonl(GOOD_SFT),
     "pairs.jsonl": _jsonl(GOOD_PAIRS),
     "prompts.jsonl": _jsonl(GOOD_PROMPTS),
+    "rollouts.jsonl": _jsonl(
+        [
+            {
+                "prompt_ids": [1, 2],
+                "response_ids": [3, 999999],
+                "logprobs": [-1.0, -1.0],
+                "reward": 1.0,
+                "group": 0,
+            }
+        ]
+        * 2
+    ),
     "rankings.jsonl": _jsonl(RANKINGS),
     "data/malformed.jsonl": _jsonl(GOOD_SFT[:1]) + '{"prompt": "a", "completion": \n',
     "data/no_completion.jsonl": _jsonl([*GOOD_SFT[:1], {"prompt": "a"}]),
@@ -823,6 +835,28 @@ CASES: list[Case] = [
         "grpo: group_size 1",
         (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--group-size", "1"),
         "proxrl grpo: error: group_size: grpo needs at least 2 samples per prompt, got 1",
+    ),
+    Case(
+        "grpo: rollouts_file with prompts",
+        (*GRPO, "--rollouts-file", "rollouts.jsonl"),
+        "proxrl grpo: error: prompts: not with rollouts_file (the file brings the prompts, the responses and their scores)",
+    ),
+    Case(
+        "grpo: a rollouts file's token id outside the vocabulary",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: rollouts.jsonl:1: response_ids: token id 999999 is outside this tokenizer's vocabulary (0..310): ids of another tokenizer?",
     ),
     Case(
         "grpo: reward_fn without a colon",
