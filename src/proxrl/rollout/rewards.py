@@ -331,7 +331,10 @@ class WeightedRewards:
             total = total + weight * scores.nan_to_num(0.0)
             scored |= applies
             per_source.append(scores.nan_to_num(0.0))
-        self.last_source_scores = torch.stack(per_source, dim=1)
+        # (B, 0) with no source: an environment's reward alone
+        self.last_source_scores = (
+            torch.stack(per_source, dim=1) if per_source else total[:, None][:, :0]
+        )
         if not scored.all() and not self.warned_none:
             self.warned_none = True
             log.warning(
