@@ -203,13 +203,14 @@ class TrainingClient:
         self,
         prompts: Sequence[str | PromptExample],
         n: int | None = None,
-        logprobs: bool = False,
+        logprobs: bool = True,
         **sampling: Any,
     ) -> Rollout:
         """``n`` responses (default: the config's ``group_size``) to each prompt from the run's
-        engine; ``logprobs``: the sampler's log-probs of them too. ``sampling`` overrides the
-        config's ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``,
-        ``stop_strings`` for this call."""
+        engine, with the sampler's log-probs of them (``logprobs=False``: without; the built-in
+        sampler draws the same tokens either way). ``sampling`` overrides the config's
+        ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``stop_strings``
+        for this call."""
         unknown = set(sampling) - set(SAMPLING_OPTIONS)
         if unknown:
             raise ProxrlError(
