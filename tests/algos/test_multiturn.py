@@ -394,7 +394,8 @@ def _model_tokens_only(exp):
 @pytest.fixture(scope="module")
 def echo_episodes(tiny_lm, chat_prompts, tmp_path_factory):
     """Eight two-turn episodes whose observations differ in length, with a KL to the
-    reference, a random critic's values and ReMax's greedy scores filled in."""
+    reference, a random critic's values, ReMax's greedy scores and GDPO's combined scores (the
+    scores themselves) filled in."""
     cfg = small(
         grpo.Config, tiny_lm, chat_prompts, tmp_path_factory.mktemp("estimators"), group_size=2,
         kl_coef=0.1, mini_batch_size=8, skip_old_logprobs_pass=False,
@@ -404,7 +405,8 @@ def echo_episodes(tiny_lm, chat_prompts, tmp_path_factory):
     generator = torch.Generator().manual_seed(5)
     values = torch.randn(exp.values.shape, generator=generator, dtype=exp.values.dtype)
     greedy = torch.rand(exp.scores.shape, generator=generator, dtype=exp.scores.dtype)
-    return cfg, replace(exp, values=values * exp.response_mask, greedy_scores=greedy)
+    filled = replace(exp, greedy_scores=greedy, combined_scores=exp.scores)
+    return cfg, replace(filled, values=values * exp.response_mask)
 
 
 @pytest.mark.parametrize("estimator", ["ppo", *grpo.ESTIMATORS])

@@ -303,7 +303,11 @@ def score(
     combined = None
     if algo.combine_sources is not None:  # read before a greedy decode is scored
         assert rewards.last_source_scores is not None
-        combined = algo.combine_sources(rewards.last_source_scores, rewards.weights)
+        sources, weights = rewards.last_source_scores, list(rewards.weights)
+        environment = getattr(samples, "scores", None)  # an episode's reward: a source, weight 1
+        if environment is not None:
+            sources, weights = torch.cat([sources, environment.cpu()[:, None]], 1), [*weights, 1.0]
+        combined = algo.combine_sources(sources, weights)
     ended = responses_stopped(samples, models.tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     lengths = samples.response_mask.sum(-1).cpu()
     scores = shaped_scores(cfg, raw.clone(), ended, lengths)
