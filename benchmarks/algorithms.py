@@ -203,6 +203,35 @@ def main() -> None:
             print(f"{key}: gold {results[key]['gold']:.3f}, {wall:.0f} s", flush=True)
             results_file.write_text(json.dumps(results, indent=1))
     print_table(results, rows, args.seeds)
+    print_stale(root, [r for r in rows if r.name.startswith("stale_")], args.seeds)
+
+
+def print_stale(root: Path, rows: list[Row], seeds: list[int]) -> None:
+    """The stale-data rows per seed, from each run's metrics: the largest ratio π/π_old of an
+    iteration (its steps' mean of ``policy/ratio_max``: the first and last iteration, the
+    largest over the run) and the share of tokens without gradient (ratio-clipped or DPPO-masked:
+    ``policy/clipfrac``; an off-policy mask's: ``policy/off_policy_masked``), mean over the run
+    and at the first and last iteration."""
+    if not rows:
+        return
+    print("\n| row | seed | ratio_max first / last / max | clipped share mean (first, last) "
+          "| masked share mean (first, last) |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for row in rows:
+        for seed in seeds:
+            run = root / f"seed{seed}" / f"bench_{row.name}"
+            if not (run / "metrics.jsonl").exists():
+                continue
+            metrics = [m for m in read_metrics(run) if "policy/ratio_max" in m]
+            ratio = [m["policy/ratio_max"] for m in metrics]
+            cells = []
+            for key in ("policy/clipfrac", "policy/off_policy_masked"):
+                share = [m.get(key, 0.0) for m in metrics]
+                cells.append(f"{statistics.mean(share):.4f} ({share[0]:.4f}, {share[-1]:.4f})")
+            print(
+                f"| {row.name} | {seed} | {ratio[0]:.3f} / {ratio[-1]:.3f} / {max(ratio):.3f} "
+                f"| {cells[0]} | {cells[1]} |"
+            )
 
 
 def print_table(results: dict[str, Any], rows: list[Row], seeds: list[int]) -> None:
