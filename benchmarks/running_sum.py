@@ -41,8 +41,7 @@ PPO_VARIANTS: dict[str, dict[str, Any]] = {
         "critic_lam": 1.0,
         "length_adaptive_alpha": 0.05,
         "positive_nll_coef": 0.1,
-        "critic_warmup_iterations": 2,  # value pretraining, inside the same iteration budget
-    },
+    },  # and value pretraining: critic_warmup_iterations = --vapo-warmup, inside the budget
 }
 
 
@@ -62,6 +61,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=4, help="responses per prompt (every run)")
     p.add_argument("--rl-learning-rate", type=float, default=5e-4)
     p.add_argument("--critic-learning-rate", type=float, default=1e-3)
+    p.add_argument(
+        "--vapo-warmup", type=int, default=2, help="ppo_vapo's value pretraining, of --iterations"
+    )
     p.add_argument("--eval-prompts", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--num-layers", type=int, default=2)
@@ -127,6 +129,7 @@ def rl_stage(args: argparse.Namespace, out: Path, name: str, seed: int) -> None:
             critic_model="policy",
             critic_learning_rate=args.critic_learning_rate,
             **PPO_VARIANTS[name],
+            **({"critic_warmup_iterations": args.vapo_warmup} if name == "ppo_vapo" else {}),
         )
     )
 
