@@ -168,6 +168,19 @@ def test_none_everywhere_scores_zero_and_nan_is_still_refused():
         _score(lambda completions, **kw: [math.nan, 0.0])
 
 
+def test_none_warns_once_and_no_source_never_warns(caplog):
+    """An environment's reward alone (no source) is not 'every function returned None'."""
+    with caplog.at_level("WARNING", logger="proxrl"):
+        total, _ = WeightedRewards([], [])(PROMPTS, COMPLETIONS, COLUMNS)
+        assert total.tolist() == [0.0, 0.0] and "returned None" not in caplog.text
+        rewards = WeightedRewards(
+            [FunctionReward("m:f", lambda completions, **kw: [None] * 2)], [1.0]
+        )
+        rewards(PROMPTS, COMPLETIONS, COLUMNS)
+        rewards(PROMPTS, COMPLETIONS, COLUMNS)
+    assert caplog.text.count("returned None") == 1
+
+
 @pytest.fixture(scope="module")
 def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"

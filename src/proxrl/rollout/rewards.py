@@ -335,7 +335,7 @@ class WeightedRewards:
         self.last_source_scores = (
             torch.stack(per_source, dim=1) if per_source else total[:, None][:, :0]
         )
-        if not scored.all() and not self.warned_none:
+        if self.sources and not scored.all() and not self.warned_none:
             self.warned_none = True
             log.warning(
                 "every reward function returned None for %d of %d completions (first: prompt "
