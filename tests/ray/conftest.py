@@ -4,9 +4,11 @@ is seconds on a shared machine); without the ray package these tests are not col
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
+from proxrl.algos.online.placement.ray_group import READY_TIMEOUT_ENV, RUN_TIMEOUT_ENV
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
 from tests.algos.lm_tasks import CORPUS  # noqa: E402
 
@@ -19,11 +21,26 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_lm(tmp_path_factory.mktemp("tiny") / "lm", CORPUS))
 
 
+# Every wait of a run on Ray has a deadline here, and says what it waited for: an actor's
+# start (placed and loaded) and the driver's wait for the trainers. Set before ray.init, so
+# the actors (whose processes the local Ray starts) read them too.
+DEADLINES = {READY_TIMEOUT_ENV: "120", RUN_TIMEOUT_ENV: "240"}
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray for the module's runs (a run joins a Ray already started, and leaves it)."""
     import ray
 
+    saved = {key: os.environ.get(key) for key in DEADLINES}
+    os.environ.update(DEADLINES)
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -57,6 +57,7 @@ def setup(tiny_lm, tmp_path, monkeypatch):
     """A float64 PPO config whose clip binds, a rollout of it, and the models twice from the
     same seed: the critic in this process, and the critic in a (direct) critic actor."""
     monkeypatch.setattr(ray_critic, "answer", lambda refs: refs)
+    monkeypatch.setattr(ray_critic, "ready_within", lambda refs, what: refs)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in WORDS))
     cfg = ppo.Config(

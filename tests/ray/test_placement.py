@@ -374,3 +374,42 @@ def test_placement_ray_without_the_ray_package_is_one_line(
         "pip install 'proxrl[ray]' (or pip install ray)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_an_actor_ray_cannot_place_and_a_run_past_its_deadline_are_named(
+    local_ray, tmp_path, monkeypatch
+):
+    """An actor asking for a resource no node has is reported by name once the start deadline
+    passes (not waited for for ever); the driver's wait for the trainers ends at its deadline
+    with a line naming it."""
+    from proxrl.algos.online.placement.ray_group import (
+        RUN_TIMEOUT_ENV,
+        ready_within,
+        wait_forwarding_signals,
+    )
+
+    @local_ray.remote(num_cpus=0, resources={"no_such_node": 1})
+    class Unplaceable:
+        def ready(self) -> None:
+            return None
+
+    handle = Unplaceable.remote()
+    began = time.monotonic()
+    with pytest.raises(ProxrlError, match="placement: the reward actor did not start within 2 s"):
+        ready_within([handle.ready.remote()], "the reward actor", timeout_s=2)
+    assert time.monotonic() - began < 30
+    local_ray.kill(handle)
+
+    @local_ray.remote(num_cpus=0)
+    class Slow:
+        def train(self) -> tuple[str, None]:
+            time.sleep(60)
+            return "ok", None
+
+    slow = Slow.remote()
+    monkeypatch.setenv(RUN_TIMEOUT_ENV, "1")
+    began = time.monotonic()
+    with pytest.raises(ProxrlError, match="the trainer actors did not finish within 1 s"):
+        wait_forwarding_signals([slow], [slow.train.remote()], str(tmp_path))
+    assert time.monotonic() - began < 30
+    local_ray.kill(slow)

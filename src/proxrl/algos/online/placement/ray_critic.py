@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, CriticGradient, CriticLoader, value_metrics
-from proxrl.algos.online.placement.ray_group import answer, join_paths
+from proxrl.algos.online.placement.ray_group import answer, join_paths, ready_within
 from proxrl.algos.online.placement.ray_roles import RoleActor
 from proxrl.core import Aggregation
 from proxrl.models.tokenizer import load_tokenizer
@@ -87,7 +87,7 @@ def remote_loader(start: Callable[..., Any], loader: CriticLoader) -> CriticLoad
 
     def load(cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> RemoteCritic:
         handle = start(loader, host_rng())
-        loaded = answer(handle.loaded.remote())
+        (loaded,) = ready_within([handle.loaded.remote()], "the critic actor")
         if loaded["error"] is not None:
             raise ProxrlError(loaded["error"])
         restore_rng_state(loaded["rng"])

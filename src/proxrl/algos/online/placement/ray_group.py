@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from proxrl.algos.online.config import OnlineConfig
@@ -28,6 +29,31 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.signals import GracefulStop
 
 PLACEMENT_TIMEOUT_S = 120.0
+READY_TIMEOUT_ENV = "PROXRL_RAY_READY_TIMEOUT_S"
+RUN_TIMEOUT_ENV = "PROXRL_RAY_RUN_TIMEOUT_S"  # the driver's wait for the trainers; unset: none
+
+
+def ready_timeout_s() -> float:
+    """How long a started actor may take to be ready (placed, and its model loaded):
+    ``$PROXRL_RAY_READY_TIMEOUT_S``, else 15 minutes. An actor Ray cannot place (the cluster's
+    free resources are short) would otherwise leave the run waiting for ever."""
+    return float(os.environ.get(READY_TIMEOUT_ENV, 900.0))
+
+
+def ready_within(refs: Any, what: str, timeout_s: float | None = None) -> Any:
+    """``answer(refs)`` of actors just started, within ``timeout_s`` (``ready_timeout_s``); a
+    one-line error naming ``what`` ("the reward actor") otherwise."""
+    import ray
+
+    limit = ready_timeout_s() if timeout_s is None else timeout_s
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=limit)
+    if len(ready) < len(refs):
+        raise ProxrlError(
+            f"placement: {what} did not start within {limit:.0f} s: Ray could not place it (the "
+            f"cluster's free CPUs/GPUs are short: see ray status) or its start hung; "
+            f"{READY_TIMEOUT_ENV} sets the wait"
+        )
+    return answer(refs)
 
 
 def answer(refs: Any) -> Any:
@@ -142,9 +168,10 @@ def connect_group(trainers: list[Any]) -> list[int]:
     returns their process ids. One trainer: nothing to join, it runs as one process."""
     import ray
 
+    what = "the trainer actor" if len(trainers) == 1 else "a trainer actor"
     if len(trainers) == 1:
-        return [int(ray.get(trainers[0].pid.remote()))]
-    address, port = ray.get(trainers[0].free_address.remote())
+        return [int(ready_within([trainers[0].pid.remote()], what)[0])]
+    (address, port), *_ = ready_within([t.free_address.remote() for t in trainers], what)
     world = len(trainers)
     return [
         int(pid)
@@ -195,8 +222,15 @@ def wait_forwarding_signals(trainers: list[Any], results: list[Any], output_dir:
 
     forwarded = False
     pending = list(results)
+    limit = float(os.environ.get(RUN_TIMEOUT_ENV, "inf"))
+    deadline = time.monotonic() + limit
     with GracefulStop() as stop:
         while pending:
+            if time.monotonic() > deadline:
+                raise ProxrlError(
+                    f"placement: the trainer actors did not finish within {limit:.0f} s "
+                    f"({RUN_TIMEOUT_ENV}); the last checkpoint in {output_dir} is whole"
+                )
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
             for ref in done:
                 try:

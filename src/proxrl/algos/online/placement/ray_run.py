@@ -317,10 +317,9 @@ class RayPlacement:
         return handle
 
     @staticmethod
-    def _ready(handles: list[Any]) -> None:
-        import ray
-
-        for error in ray.get([h.ready.remote() for h in handles]):
+    def _ready(handles: list[Any], what: str) -> None:
+        refs = [h.ready.remote() for h in handles]
+        for error in ray_group.ready_within(refs, what):
             if error is not None:
                 raise ProxrlError(error)
 
@@ -331,7 +330,7 @@ class RayPlacement:
 
         def start() -> list[Any]:
             handle = self._actor(RewardActor, "reward", name=name)
-            self._ready([handle])
+            self._ready([handle], "the reward actor")
             return [handle]
 
         return RemoteRewards(ray_group.shared(start, [name])[0], cfg.output_dir)
@@ -374,7 +373,8 @@ class RayPlacement:
         models = load_models(cfg, algo, with_reference=False)  # while the actors load
 
         def ready() -> list[Any]:
-            self._ready(started)
+            roles = "the generation engines" + (" or the reference" if has_reference(cfg) else "")
+            self._ready(started, roles)
             return started
 
         handles = ray_group.shared(ready, names)
