@@ -108,3 +108,22 @@ def test_clip_cov_draws_from_the_run_generator(tiny_lm, prompts, tmp_path):
         grpo.train(cfg)
         finals.append([r["policy/total_loss"] for r in read_metrics(tmp_path / run)])
     assert finals[0] == finals[1]
+
+
+def test_clip_cov_moves_the_run_generator_by_one_draw_per_update():
+    """Every rank draws the same minibatches from the run's generator: clip_cov's own draws come
+    from a child seeded by one draw of it, however many micro-batches draw; other losses leave
+    it untouched."""
+    import torch
+
+    from proxrl.algos.online.update import loss_generator
+
+    base = {"model": "m", "prompts": "p", "reward_fn": "a:f"}
+    run, reference = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert loss_generator(grpo.Config(**base), run) is None
+    assert torch.equal(run.get_state(), reference.get_state())
+    child = loss_generator(grpo.Config(**base, policy_loss="clip_cov"), run)
+    assert child is not None
+    torch.randperm(1000, generator=child)  # a micro-batch's draw
+    torch.randint(0, 2**62, (), generator=reference)
+    assert torch.equal(run.get_state(), reference.get_state())

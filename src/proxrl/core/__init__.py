@@ -93,6 +93,7 @@ from proxrl.core.masked import (
 from proxrl.core.masks import OFF_POLICY_MASKS, m2po_keep, opsm_keep
 from proxrl.core.nll import positive_nll, positive_responses, positive_scale
 from proxrl.core.policy_losses import (
+    DRAWING_LOSSES,
     POLICY_LOSSES,
     PolicyLossSettings,
     binary_kl,
@@ -116,6 +117,7 @@ from proxrl.core.sampling import (
 from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
+    "DRAWING_LOSSES",
     "POLICY_LOSSES",
     "REWARD_KL_ESTIMATORS",
     "ROLLOUT_CORRECTIONS",

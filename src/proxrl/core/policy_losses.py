@@ -567,6 +567,10 @@ def _clip_cov(
     )
 
 
+DRAWING_LOSSES = frozenset({"clip_cov"})
+"""The policy losses that draw from the generator they are given (the others ignore it)."""
+
+
 @POLICY_LOSSES.register("kl_cov", "−r·A, + |log r| on the tokens of largest covariance")
 def _kl_cov(
     logprobs: Tensor,

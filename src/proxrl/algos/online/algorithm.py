@@ -46,8 +46,8 @@ class Algorithm:
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 RUN_GENERATOR: ContextVar[torch.Generator | None] = ContextVar("run_generator", default=None)
-"""The run's generator while an update runs (``update.update`` sets it): a policy loss that
-draws at random (clip_cov) draws from it, so that a resumed run draws the same."""
+"""While an update runs, the generator a policy loss that draws at random (clip_cov) draws
+from: seeded from the run's (``update.loss_generator``), so a resumed run draws the same."""
 
 
 def surrogate(cfg: OnlineConfig) -> PolicyLoss:

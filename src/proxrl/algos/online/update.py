@@ -20,7 +20,7 @@ from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.roles import Models
-from proxrl.core import entropy_bonus
+from proxrl.core import DRAWING_LOSSES, entropy_bonus
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput, policy_forward
 from proxrl.rollout.packing import micro_batch_plan
@@ -106,7 +106,7 @@ def update(
     computed from that forward and returned with the stats."""
     record = check_update(cfg, experience)
     losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], step)
-    drawing = RUN_GENERATOR.set(generator)  # a loss that draws (clip_cov) draws from the run's
+    drawing = RUN_GENERATOR.set(loss_generator(cfg, generator))
     try:
         totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
     finally:
@@ -119,6 +119,18 @@ def update(
     if record is not None:
         stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
     return stats_out
+
+
+def loss_generator(cfg: OnlineConfig, generator: torch.Generator) -> torch.Generator | None:
+    """The generator a policy loss that draws (``core.DRAWING_LOSSES``: clip_cov) draws from in
+    this update: seeded by one draw from the run's ``generator``, taken before the update on
+    every rank alike, so the run's generator (checkpointed: a resumed run draws the same) moves
+    by that one draw however many micro-batches each rank runs, and every rank keeps drawing
+    the same minibatches. None (the run's generator untouched) for the other losses."""
+    if cfg.policy_loss not in DRAWING_LOSSES:
+        return None
+    seed = int(torch.randint(0, 2**62, (), generator=generator))
+    return torch.Generator().manual_seed(seed)
 
 
 def _epochs(
