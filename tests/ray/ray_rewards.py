@@ -104,7 +104,9 @@ def record_pids_at_first_call(
             for role in ("trainer", "critic"):
                 if actor["namespace"] == "proxrl" and actor["name"].endswith(f"-{role}"):
                     handle = ray.get_actor(actor["name"], namespace="proxrl")
-                    found[role] = ray.get(handle.__ray_call__.remote(lambda _: os.getpid()))
+                    found[role] = ray.get(
+                        handle.__ray_call__.remote(lambda _: os.getpid()), timeout=60
+                    )
         found["reward"] = os.getpid()
         with open(pids[0], "w") as f:
             json.dump(found, f)

@@ -147,7 +147,7 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     settings = sampling_settings(cfg)
     torch.manual_seed(0)
     before = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
-    pid = local_ray.get(engine.__ray_call__.remote(lambda actor: os.getpid()))
+    pid = local_ray.get(engine.__ray_call__.remote(lambda actor: os.getpid()), timeout=60)
     local_ray.kill(engine, no_restart=False)
     _wait_gone(pid)  # (the kill is asynchronous: the old process could serve the next request)
     torch.manual_seed(0)
@@ -171,7 +171,7 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
 
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
     handle = local_ray.remote(ReferenceActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
-    assert local_ray.get(handle.ready.remote()) is None
+    assert local_ray.get(handle.ready.remote(), timeout=120) is None
     reference = RemoteReference(handle, str(tmp_path))
     local = load_causal_lm(tiny_lm, dtype="float64").eval()
     generator = torch.Generator().manual_seed(0)
@@ -222,7 +222,7 @@ def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
         def train(self, callee: object) -> object:
             import ray
 
-            return ray.get(callee.score.remote([], [], {}))  # type: ignore[attr-defined]
+            return ray.get(callee.score.remote([], [], {}), timeout=60)  # type: ignore[attr-defined]
 
     caller = Caller.remote()
     with pytest.raises(ProxrlError, match="placement: an actor trainer rank 0 called") as info:
