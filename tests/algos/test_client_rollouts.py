@@ -261,3 +261,59 @@ def test_ppo_trains_on_a_rollouts_file_from_the_command_line(critic, tiny_lm, pr
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     first = json.loads(rollouts.read_text().splitlines()[0])
     assert len(samples) == 8 and samples[0]["completion"] == first["response"]
+
+
+def test_a_file_written_by_plain_transformers_generate_is_read_and_scored_as_sampled(
+    tiny_lm, prompts, tmp_path
+):
+    """The harness of the issue: transformers alone samples (generate, scores of the processed
+    distribution) and writes the file; proxrl reads it, and the recorded log-probs are the
+    trainer's own π at the same temperature, to float64 round-off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm, torch_dtype=torch.float64)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm)
+    torch.manual_seed(0)
+    lines = []
+    for group, text in enumerate(TEXTS):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=8,
+            num_return_sequences=2,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        steps = torch.stack(out.scores, 1).log_softmax(-1)  # (2, T, V)
+        for row in range(2):
+            response = out.sequences[row, ids.shape[1] :].tolist()
+            if tokenizer.eos_token_id in response:  # up to and including the stop token
+                response = response[: response.index(tokenizer.eos_token_id) + 1]
+            logprobs = [float(steps[row, t, tok]) for t, tok in enumerate(response)]
+            lines.append(
+                {
+                    "prompt_ids": ids[0].tolist(),
+                    "response_ids": response,
+                    "logprobs": logprobs,
+                    "reward": float(len(response)),
+                    "group": group,
+                    "response": tokenizer.decode(response, skip_special_tokens=True),
+                }
+            )
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    client = TrainingClient(config=config(tiny_lm, prompts, tmp_path / "x"))
+    read = client.read_rollouts(path)
+    recorded, trainer = client.logprobs(read, recorded=True), client.logprobs(read)
+    mask = recorded.loss_mask.bool()
+    torch.testing.assert_close(
+        recorded.logprobs[mask], trainer.logprobs[mask].float(), rtol=0, atol=1e-5
+    )
+    assert read.scores.tolist() == [float(len(line["response_ids"])) for line in lines]
