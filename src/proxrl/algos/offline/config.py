@@ -4,8 +4,8 @@ fields every one of them takes and the model/data set-up helpers."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -19,6 +19,8 @@ from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 
 log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound="OfflineConfig")
 
 
 @dataclass
@@ -85,21 +87,23 @@ class OfflineConfig(ModelRunConfig):
 # Setup helpers
 
 
-def fit_to_context(cfg: OfflineConfig) -> None:
-    """Hold ``max_length`` to the model's context, saying so: a longer example then follows
-    the ``overlong`` policy at the context (a longer sequence would fail mid-run in a
-    learned-position model, and run past the trained positions in a rotary one)."""
+def fit_to_context(cfg: C) -> C:
+    """``cfg`` with ``max_length`` held to the model's context, saying so: a longer example
+    then follows the ``overlong`` policy at the context (a longer sequence would fail mid-run in
+    a learned-position model, and run past the trained positions in a rotary one). A copy: the
+    run keeps, writes and compares on ``--resume`` the options as they were given."""
     context = model_context(cfg.model, cfg.trust_remote_code)
-    if context is not None and cfg.max_length > context:
-        log.warning(
-            "max_length %d is longer than the model's context (%d positions, its config.json): "
-            "max_length is %d for this run; longer examples are %s",
-            cfg.max_length,
-            context,
-            context,
-            "cut at it" if cfg.overlong == "truncate" else "dropped",
-        )
-        cfg.max_length = context
+    if context is None or cfg.max_length <= context:
+        return cfg
+    log.warning(
+        "max_length %d is longer than the model's context (%d positions, its config.json): "
+        "max_length is %d for this run; longer examples are %s",
+        cfg.max_length,
+        context,
+        context,
+        "cut at it" if cfg.overlong == "truncate" else "dropped",
+    )
+    return replace(cfg, max_length=context)
 
 
 def maybe_lora(model: nn.Module, cfg: OfflineConfig, task: str = "causal_lm") -> nn.Module:

@@ -227,9 +227,9 @@ def train(cfg: Config) -> dict[str, float]:
     """Run DPO / IPO / SimPO; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
-    fit_to_context(cfg)  # max_length held to the model's context, before it is written
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
+    cfg = fit_to_context(cfg)  # max_length held to the model's context (the run keeps cfg)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id
 

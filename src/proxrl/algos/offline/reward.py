@@ -153,9 +153,9 @@ def train(cfg: Config) -> dict[str, float]:
     """Train a reward model; returns the last logged metrics."""
     # 1. Tokenizer; inputs are checked before anything is written.
     cfg.validate()
-    fit_to_context(cfg)  # max_length held to the model's context, before it is written
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
+    cfg = fit_to_context(cfg)  # max_length held to the model's context (the run keeps cfg)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: pairs (chosen == rejected dropped) or K-way rankings; a held-out split.

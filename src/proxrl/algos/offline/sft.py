@@ -86,9 +86,9 @@ def train(cfg: Config) -> dict[str, float]:
     # 1. Tokenizer: pad ≠ EOS, round-trip checked. Inputs are checked before anything is
     #    written, so a typo leaves no half-made run directory behind.
     cfg.validate()
-    fit_to_context(cfg)  # max_length held to the model's context, before it is written
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
+    cfg = fit_to_context(cfg)  # max_length held to the model's context (the run keeps cfg)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
 
     # 2. Data: validated rows → token ids with the prompt masked; a held-out split.
