@@ -11,7 +11,7 @@ import pytest
 
 from proxrl.algos.online import grpo
 from proxrl.runtime.metrics import read_metrics
-from tests.algos.test_online import WORDS, small
+from tests.algos.test_online import WORDS, _grpo_learns, small
 
 TWO_REWARDS = (
     "tests.algos.online_rewards:target_fraction",
@@ -127,3 +127,20 @@ def test_clip_cov_moves_the_run_generator_by_one_draw_per_update():
     torch.randperm(1000, generator=child)  # a micro-batch's draw
     torch.randint(0, 2**62, (), generator=reference)
     assert torch.equal(run.get_state(), reference.get_state())
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"policy_loss": "dppo_tv"},
+        {"policy_loss": "dppo_kl"},
+        {"policy_loss": "clip_cov"},
+        {"policy_loss": "kl_cov"},
+        {"off_policy_mask": "opsm"},
+        {"off_policy_mask": "m2po"},
+    ],
+    ids=lambda o: str(next(iter(o.values()))),
+)
+def test_the_new_losses_and_masks_raise_a_learnable_reward(overrides, tiny_lm, prompts, tmp_path):
+    """As test_online's surrogates: 30 iterations, 2 epochs, defaults of each option."""
+    _grpo_learns(tiny_lm, prompts, tmp_path, **overrides)
