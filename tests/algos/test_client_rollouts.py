@@ -230,6 +230,15 @@ def test_rollouts_file_refuses_prompts_rewards_and_a_wrong_batch(tiny_lm, prompt
     assert not (tmp_path / "b").exists()  # refused before the output directory is touched
 
 
+def test_rollouts_file_refuses_gdpo(tiny_lm, tmp_path):
+    """gdpo normalises each reward source apart: a file's one score per trajectory has none."""
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text(json.dumps(GOOD) + "\n")
+    _file_config(tiny_lm, tmp_path / "a", rollouts, estimator="grpo").validate()
+    with pytest.raises(ProxrlError, match="estimator: gdpo .* rollouts_file brings one score"):
+        _file_config(tiny_lm, tmp_path / "a", rollouts, estimator="gdpo").validate()
+
+
 @pytest.mark.parametrize("critic", ["head", "separate"])
 def test_ppo_trains_on_a_rollouts_file_from_the_command_line(critic, tiny_lm, prompts, tmp_path):
     """proxrl ppo --rollouts-file: the critic's values from the trainer's pass, π_old the

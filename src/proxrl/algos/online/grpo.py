@@ -103,6 +103,11 @@ class Config(OnlineConfig):
                 f"group_size: {self.estimator} needs at least 2 samples per prompt, "
                 f"got {self.group_size}"
             )
+        if self.estimator == "gdpo" and self.rollouts_file is not None:
+            raise ProxrlError(
+                "estimator: gdpo normalises each reward source in its group; a rollouts_file "
+                "brings one score per trajectory (pick grpo)"
+            )
         if self.estimator == "reinforce" and self.policy_loss != "ppo":
             raise ProxrlError(
                 f"policy_loss: estimator reinforce takes the plain policy-gradient loss, not "
