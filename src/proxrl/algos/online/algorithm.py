@@ -50,6 +50,13 @@ RUN_GENERATOR: ContextVar[torch.Generator | None] = ContextVar("run_generator", 
 from: seeded from the run's (``update.loss_generator``), so a resumed run draws the same."""
 
 
+def run_generator() -> torch.Generator | None:
+    """``RUN_GENERATOR``'s value. The losses call this function rather than read the ContextVar:
+    a loss is pickled by value into Ray's trainer actor (placement ray), and a ContextVar it
+    named would be pickled with it (it cannot be); a module function is pickled by name."""
+    return RUN_GENERATOR.get()
+
+
 def surrogate(cfg: OnlineConfig) -> PolicyLoss:
     """The policy loss ``cfg.policy_loss`` names (``core.POLICY_LOSSES``), bound to cfg's knobs
     (its ``PolicyLossSettings`` fields) and aggregation, after the ``cfg.off_policy_mask``
@@ -60,7 +67,7 @@ def surrogate(cfg: OnlineConfig) -> PolicyLoss:
 
     def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask, advantages = mb.loss_mask.float(), mb.advantages
-        generator = RUN_GENERATOR.get()
+        generator = run_generator()
         if masking is None:
             return loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation, generator)  # type: ignore[arg-type]
         keep = masking(logprobs.detach(), mb.logprobs, advantages, mask, cfg)
