@@ -111,6 +111,7 @@ def rl_config(row: Row, demo: pipeline.Config, out: Path) -> grpo.Config | ppo.C
     overrides = {
         k: v.format(demo=out) if isinstance(v, str) else v for k, v in row.overrides.items()
     }
+    fields = {k: v for k, v in fields.items() if k not in overrides}  # a row's ppo_epochs wins
     if row.command == "ppo":
         return ppo.Config(
             **fields,
