@@ -54,9 +54,9 @@ class PolicyLossSettings:
     clip_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
     """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with a
     covariance in (clip_cov_lb, clip_cov_ub) (at least one)."""
-    clip_cov_lb: float = 1.0
+    clip_cov_lb: Annotated[float, Bound()] = 1.0
     """clip_cov: lower bound of the covariance of the tokens that may be drawn."""
-    clip_cov_ub: float = 5.0
+    clip_cov_ub: Annotated[float, Bound()] = 5.0
     """clip_cov: upper bound of the covariance of the tokens that may be drawn."""
     kl_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
     """kl_cov: share of the valid tokens, those of the largest covariance (at least one), that

@@ -93,7 +93,7 @@ class Config(OnlineConfig):
     ≥ 0) or k3+ (k3's value, k2's gradient; veRL's low_var_kl+)."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 1.0
     """reinforce_pp, reinforce_pp_baseline: discount of the reward-to-go."""
-    baseline_shift: float = -0.1
+    baseline_shift: Annotated[float, Range()] = -0.1
     """asymre: δ added to the group-mean baseline, A = r − (mean + δ); δ < 0 weighs the
     positive samples more (AsymRE's −0.1)."""
 
