@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -123,8 +123,35 @@ def uses_average(loss: str) -> bool:
     return loss in ("ipo", "simpo")
 
 
+class PairLossOptions(Protocol):
+    """The fields ``preference_loss`` reads: a ``Config``'s, or a ``PairLoss`` without one."""
+
+    @property
+    def loss(self) -> str: ...
+    @property
+    def beta(self) -> float: ...
+    @property
+    def label_smoothing(self) -> float: ...
+    @property
+    def simpo_gamma_beta_ratio(self) -> float: ...
+    @property
+    def packing(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class PairLoss:
+    """``preference_loss``'s options outside a ``proxrl dpo`` run (the training client's),
+    with ``Config``'s defaults."""
+
+    loss: str = "sigmoid"
+    beta: float = Config.beta
+    label_smoothing: float = Config.label_smoothing
+    simpo_gamma_beta_ratio: float = Config.simpo_gamma_beta_ratio
+    packing: bool = False
+
+
 def preference_loss(
-    model: nn.Module, batch: DPOBatch, cfg: Config
+    model: nn.Module, batch: DPOBatch, cfg: PairLossOptions
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The configured loss of one batch of pairs (formulas in ``core.losses``)."""
     batch = batch.to(next(model.parameters()).device)

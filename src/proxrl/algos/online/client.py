@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from proxrl.algos.offline import dpo
+from proxrl.algos.offline.loop import under_autocast
 from proxrl.algos.online import grpo
 from proxrl.algos.online.algorithm import Algorithm, surrogate
 from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
@@ -49,12 +51,15 @@ from proxrl.algos.online.update import (
     minibatches,
 )
 from proxrl.core import KL_ESTIMATORS, POLICY_LOSSES, policy_gradient_loss
-from proxrl.data.encoding import encode_prompt_text
-from proxrl.data.formats import PromptExample
+from proxrl.data.encoding import EncodedPair, encode_preferences, encode_prompt_text
+from proxrl.data.formats import PreferenceExample, PromptExample, preference_examples
+from proxrl.data.readers import Row
+from proxrl.models.lora import adapter_disabled, is_peft_model
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import objects
+from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
 from proxrl.runtime.config import config_from_mapping
 from proxrl.runtime.errors import ProxrlError
@@ -88,6 +93,27 @@ LOSSES: dict[str, Callable[[OnlineConfig], PolicyLoss]] = {
 """``forward_backward``'s ``loss`` → (config) → the policy loss: every ``core.POLICY_LOSSES``
 surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo`` bind it), and
 ``sft``, the negative log-likelihood."""
+
+
+PAIR_LOSSES = {"dpo": "sigmoid", "ipo": "ipo", "simpo": "simpo"}
+"""``forward_backward``'s losses on ``PreferencePairs`` → ``proxrl dpo``'s ``loss`` (the same
+``dpo.preference_loss``)."""
+
+PAIR_OPTIONS = ("beta", "label_smoothing", "simpo_gamma_beta_ratio")
+"""The ``proxrl dpo`` options ``forward_backward`` takes with a pair loss (its defaults)."""
+
+
+@dataclass
+class PreferencePairs:
+    """What ``TrainingClient.pairs`` returns: encoded (prompt, chosen, rejected) pairs as
+    ``proxrl dpo`` encodes them, with their reference log-probs for one pair loss."""
+
+    items: list[EncodedPair]
+    loss: str  # the PAIR_LOSSES name the reference log-probs were computed for
+    reference: tuple[Tensor, Tensor]  # (N,) chosen and (N,) rejected, float64 (SimPO: zeros)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 @dataclass
@@ -275,14 +301,69 @@ class TrainingClient:
         update does (``mini_batch_size`` each; the client's generator is checkpointed)."""
         return minibatches(self.cfg, rows, self.generator)
 
-    def forward_backward(self, batch: Experience, loss: str | UserLoss = "ppo") -> dict[str, float]:
+    def pairs(
+        self,
+        rows: Sequence[dict[str, Any] | PreferenceExample],
+        loss: str = "dpo",
+        max_length: int = 512,
+    ) -> PreferencePairs:
+        """Preference rows ({"prompt", "chosen", "rejected"}, as ``proxrl dpo`` reads them)
+        encoded as it encodes them (``max_length``, longer ones truncated), with the reference
+        log-probs ``loss`` (a ``PAIR_LOSSES`` name) needs: summed (dpo) or averaged (ipo) over
+        the response under the reference model (``track_kl``/``kl_coef`` load one; LoRA: the
+        adapter disabled), none for simpo."""
+        if loss not in PAIR_LOSSES:
+            raise ProxrlError(
+                f"TrainingClient.pairs: loss: expected one of {', '.join(PAIR_LOSSES)}, "
+                f"got {loss!r}"
+            )
+        examples = _preference_examples(rows)
+        items = encode_preferences(examples, self.tokenizer, max_length, "truncate", "pairs")
+        option = PAIR_LOSSES[loss]
+        if option == "simpo":
+            return PreferencePairs(items, loss, (torch.zeros(len(items)), torch.zeros(len(items))))
+        if isinstance(self.models.reference, torch.nn.Module):
+            reference = self.models.reference
+        elif is_peft_model(self.models.actor):
+            reference = self.models.actor  # its adapter disabled below
+        else:
+            raise ProxrlError(
+                f"TrainingClient.pairs: loss={loss}: no reference model; set track_kl=True (or "
+                "lora_r) when building the client"
+            )
+        with adapter_disabled(reference) as ref, self.cfg.autocast():
+            logps = dpo.reference_logps(
+                ref,
+                items,
+                self.cfg.micro_batch_size,
+                self.tokenizer.pad_token_id,
+                dpo.uses_average(option),
+            )
+        return PreferencePairs(items, loss, logps)
+
+    def forward_backward(
+        self,
+        batch: Experience | PreferencePairs,
+        loss: str | UserLoss = "ppo",
+        **pair_options: float,
+    ) -> dict[str, float]:
         """Add the gradient of ``loss`` on ``batch`` to the accumulated one: the built-in
         update's micro-batches, terms (+ β·KL to the reference in the loss, − the entropy
         bonus, from the config) and normaliser (the batch's loss units, counted before its
         micro-batches run). ``loss``: a name in ``LOSSES`` (``core.POLICY_LOSSES``' and
         ``sft``), or a callable (log π (b, t), micro-batch Experience) → scalar, the
         micro-batch's loss as a mean over its units (then weighed by their share). A batch
-        without ``logprobs`` takes π_old = π (detached). Returns the batch's stats."""
+        without ``logprobs`` takes π_old = π (detached). ``dpo``/``ipo``/``simpo`` (``PAIR_LOSSES``)
+        take ``pairs``' batch and ``proxrl dpo``'s loss and normaliser (the mean over the pairs,
+        ``micro_batch_size`` pairs a forward pass), ``pair_options`` its ``beta``,
+        ``label_smoothing``, ``simpo_gamma_beta_ratio``. Returns the batch's stats."""
+        if isinstance(batch, PreferencePairs) or loss in PAIR_LOSSES:
+            return self._pairs_forward_backward(batch, loss, pair_options)
+        if pair_options:
+            raise ProxrlError(
+                f"TrainingClient.forward_backward: {sorted(pair_options)[0]}: only with a pair "
+                f"loss ({', '.join(PAIR_LOSSES)})"
+            )
         if batch.advantages is None:
             batch = replace(
                 batch, advantages=torch.zeros_like(batch.loss_mask, dtype=torch.float32)
@@ -302,6 +383,59 @@ class TrainingClient:
             self.engine_behind = True
         self.models.actor.train()
         stats, _ = accumulate(losses, batch, torch.arange(len(batch)), self.optimization, None)
+        for key, value in stats.items():
+            self._stats[key] += value
+        return stats
+
+    def _pairs_forward_backward(
+        self, batch: Any, loss: Any, options: dict[str, float]
+    ) -> dict[str, float]:
+        """``proxrl dpo``'s step gradient on ``batch`` (``dpo.make_batch``, ``preference_loss``
+        under the run's autocast, ``accumulate_gradients`` weighing by pairs)."""
+        where = "TrainingClient.forward_backward"
+        if not isinstance(batch, PreferencePairs) or loss not in PAIR_LOSSES:
+            raise ProxrlError(
+                f"{where}: batch: a pair loss ({', '.join(PAIR_LOSSES)}) takes the "
+                f"PreferencePairs of TrainingClient.pairs, got {type(batch).__name__} with "
+                f"loss={loss!r}"
+            )
+        if batch.loss != loss:
+            raise ProxrlError(
+                f"{where}: batch: its reference log-probs are for loss={batch.loss}, not {loss}"
+            )
+        unknown = set(options) - set(PAIR_OPTIONS)
+        if unknown:
+            raise ProxrlError(
+                f"{where}: {sorted(unknown)[0]}: expected one of {', '.join(PAIR_OPTIONS)}"
+            )
+        if not batch.items:
+            return {}
+        knobs = dpo.PairLoss(PAIR_LOSSES[loss], **options)  # type: ignore[arg-type]
+        dtype = torch.promote_types(next(self.models.actor.parameters()).dtype, torch.float32)
+        size, pad_id = self.cfg.micro_batch_size, self.tokenizer.pad_token_id
+        micro = [
+            dpo.make_batch(
+                batch.items,
+                list(range(i, min(i + size, len(batch)))),
+                batch.reference,
+                pad_id,
+                dtype,
+            )
+            for i in range(0, len(batch), size)
+        ]
+        self._losses = Losses(
+            self.cfg,
+            _algorithm(self.cfg, LOSSES["ppo"](self.cfg)),  # optim_step reads its config only
+            self.models,
+            0,
+            UpdateStep(self.cfg.kl_coef, train_policy=True, iteration=self.steps + 1),
+        )
+        if not self.engine_behind:
+            self.engine.before_update(self.steps)
+            self.engine_behind = True
+        self.models.actor.train()
+        loss_fn = under_autocast(lambda m, b: dpo.preference_loss(m, b, knobs), self.cfg)
+        stats = accumulate_gradients(self.models.actor, micro, loss_fn, _pairs_in)
         for key, value in stats.items():
             self._stats[key] += value
         return stats
@@ -382,6 +516,24 @@ def _as_example(prompt: str | PromptExample, index: int) -> PromptExample:
             f"{type(prompt).__name__}"
         )
     return PromptExample(prompt, None, f"prompts[{index}]")
+
+
+def _pairs_in(batch: dpo.DPOBatch) -> float:
+    return batch.pairs.num_pairs
+
+
+def _preference_examples(rows: Sequence[dict[str, Any] | PreferenceExample]) -> list[Any]:
+    """``rows`` as ``proxrl dpo`` reads a data file's (``formats.preference_examples``: pairs
+    whose chosen equals rejected dropped), or the ``PreferenceExample``s given."""
+    if rows and all(isinstance(row, PreferenceExample) for row in rows):
+        return list(rows)
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ProxrlError(
+                f"TrainingClient.pairs: rows[{index}]: expected a dict with prompt, chosen and "
+                f"rejected, got {type(row).__name__}"
+            )
+    return preference_examples([Row(row, f"rows[{i}]") for i, row in enumerate(rows)], "pairs")
 
 
 def _policy_loss(cfg: OnlineConfig, loss: str | UserLoss) -> PolicyLoss:
