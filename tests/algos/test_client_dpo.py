@@ -34,7 +34,12 @@ def client(tiny_lm: str, grad_accum: int = 1) -> TrainingClient:
 
 @pytest.mark.parametrize(
     ("loss", "n_pairs", "grad_accum"),
-    [("dpo", 8, 1), ("ipo", 8, 1), ("dpo", 6, 2)],  # the last: micro-batches of 4 and 2 pairs
+    [
+        ("dpo", 8, 1),
+        ("ipo", 8, 1),
+        ("simpo", 8, 1),
+        ("dpo", 6, 2),
+    ],  # the last: micro-batches of 4 and 2 pairs
 )
 def test_one_client_step_is_one_step_of_proxrl_dpo(tiny_lm, tmp_path, loss, n_pairs, grad_accum):
     rows = preference_rows(n_pairs, seed=0)
@@ -43,7 +48,7 @@ def test_one_client_step_is_one_step_of_proxrl_dpo(tiny_lm, tmp_path, loss, n_pa
         model=tiny_lm,
         data=write_jsonl(tmp_path / "pairs.jsonl", rows),
         output_dir=str(tmp_path / "dpo"),
-        loss="sigmoid" if loss == "dpo" else "ipo",
+        loss="sigmoid" if loss == "dpo" else loss,
         beta=0.5,
         batch_size=size,
         grad_accum=grad_accum,
