@@ -112,6 +112,8 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         )
         return
     experience = Experience(**torch.load(Path(out) / "experience.pt", weights_only=True))
+    if getattr(cfg, "positive_nll_coef", None):  # ppo: the estimate tells the loss the positives
+        experience = estimate(algo, experience, 0.05)
     train_models = models
     if dist.is_sharded():  # as train_online: shard first (in place), then build the optimizers
         train_models = replace(

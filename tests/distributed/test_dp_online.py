@@ -222,3 +222,35 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
     _, state = manager.load(manager.latest())
     assert state["iteration"] == 4 and len(state["rng_ranks"]) == 2
     assert not state["rng_ranks"][0]["torch"].equal(state["rng_ranks"][1]["torch"])  # seed + rank
+
+
+@pytest.mark.parametrize(
+    ("algo", "options"),
+    [
+        # VAPO's set (issue 35): the value λ, the per-response policy λ, the positive-example NLL
+        ("ppo", ("critic_lam=1.0", "length_adaptive_alpha=0.05", "positive_nll_coef=0.1")),
+        # issue 37's token-local masks: DPPO's trust region and OPSM's sequence mask
+        ("grpo", ("policy_loss=dppo_tv", "off_policy_mask=opsm", "opsm_delta=0.0")),
+    ],
+)
+def test_the_2026_options_on_two_processes_match_one(algo, options, tiny_lm, prompts, tmp_path):
+    """The rollout is estimated once (the positives, the λs: over the whole batch); its update
+    on 2 processes ends at the 1-process weights and stats."""
+    args = [algo, tiny_lm, prompts, str(tmp_path)]
+    _one_process("make", *args, *options)
+    _one_process("update", *args, *options)
+    check(torchrun([str(SCRIPT), "update", *args, *options]))
+    tag = "".join(f"_{item}" for item in options)
+    one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
+    two = load_file(str(tmp_path / f"world2{tag}.safetensors"))
+    stats1 = json.loads((tmp_path / f"world1{tag}.json").read_text())
+    stats2 = json.loads((tmp_path / f"world2{tag}.json").read_text())
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"{algo} {options}: max |Δw| {diff:.2e}")
+    assert stats1.keys() == stats2.keys() and stats1["steps"] == 4.0
+    acting = "positive_nll" if algo == "ppo" else "off_policy_masked"
+    assert stats1[acting] > 0.01, stats1  # the option acted on this rollout
+    assert diff <= WEIGHT_TOL
+    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
+    base = load_file(str(Path(tiny_lm) / "model.safetensors"))
+    assert max(float((one[f"actor.{k}"] - base[k].double()).abs().max()) for k in base) > 1e-3
