@@ -7,6 +7,8 @@ from zero again.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.algos.online_rewards import target_fraction
 
 CALLS = {"n": 0}
@@ -22,11 +24,40 @@ def _kill(suffix: str) -> None:
     raise RuntimeError(f"no actor named *{suffix}")
 
 
+def _kill_process(suffix: str) -> None:
+    """SIGKILL the process of the actor named *suffix and return once it is gone: unlike
+    ``ray.kill``, whose request may land after the trainer's next call to that actor on a loaded
+    machine (the restart then went unseen in that iteration), the crash precedes the next call."""
+    import os
+    import signal
+    import time
+
+    import ray
+
+    name = next(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "proxrl" and a["name"].endswith(suffix)
+    )
+    handle = ray.get_actor(name, namespace="proxrl")
+    pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie its parent (the raylet) has not reaped yet
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"actor {name} (process {pid}) still alive 30 s after SIGKILL")
+
+
 def kill_engine_at_second_call(prompts: list[str], completions: list[str], **columns: list):
     """target_fraction; at its second call, generation engine 0 is killed (Ray restarts it)."""
     CALLS["n"] += 1
     if CALLS["n"] == 2:
-        _kill("-engine-0")
+        _kill_process("-engine-0")
     return target_fraction(prompts, completions, **columns)
 
 
