@@ -7,7 +7,6 @@ sampling; numpy arrays, torch tensors and TRL's ``None`` ("not applicable") are 
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -19,7 +18,7 @@ from proxrl.data.formats import PromptExample
 from proxrl.rollout.rewards import FunctionReward, WeightedRewards
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
-from tests.algos.test_online import WORDS, small
+from tests.algos.test_online import small
 
 PROMPTS = [
     PromptExample("2+2=", None, "row 0", {"answer": "4", "level": 1}),
@@ -179,15 +178,6 @@ def test_none_warns_once_and_no_source_never_warns(caplog):
         rewards(PROMPTS, COMPLETIONS, COLUMNS)
         rewards(PROMPTS, COMPLETIONS, COLUMNS)
     assert caplog.text.count("returned None") == 1
-
-
-@pytest.fixture(scope="module")
-def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text(
-        "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
-    )
-    return str(path)
 
 
 def test_a_trl_style_function_trains_grpo(tiny_lm, word_prompts, tmp_path):

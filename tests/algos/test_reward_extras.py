@@ -6,7 +6,6 @@ lacks is one line before any model loads."""
 from __future__ import annotations
 
 import inspect
-import json
 
 import pytest
 from transformers import AutoTokenizer
@@ -16,7 +15,7 @@ from proxrl.algos.online.placement import base as local_placement
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.rewards import FunctionReward, TrainerState, with_extras
 from proxrl.runtime.errors import ProxrlError
-from tests.algos.test_online import WORDS, small
+from tests.algos.test_online import small
 
 PROMPTS = [PromptExample("2+2=", None, "row 0", {"answer": "4"})] * 2
 COMPLETIONS = ["4", "5"]
@@ -73,15 +72,6 @@ def test_a_positional_function_that_names_them_gets_them():
 
     seen = _given(positional)
     assert seen["completion_ids"] == IDS and "trainer_state" not in seen
-
-
-@pytest.fixture(scope="module")
-def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    path.write_text(
-        "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
-    )
-    return str(path)
 
 
 RECORDED: list[tuple[list[str], list[list[int]], TrainerState]] = []
