@@ -149,6 +149,18 @@ GOOD = {
             r":2: response_ids: expected at most 8 tokens \(max_new_tokens\)",
         ),
         ({**GOOD, "group": [1]}, r":2: group: expected a string or an integer"),
+        (
+            {**{k: v for k, v in GOOD.items() if k != "reward"}, "rewards": [0.0, math.inf]},
+            r":2: rewards: expected finite numbers, got inf",
+        ),
+        (
+            {
+                **{k: v for k, v in GOOD.items() if k != "reward"},
+                "rewards": [0.0, 0.5],
+                "loss_mask": [1, 0],
+            },
+            r":2: rewards: expected 0 at token 1 \(loss_mask 0: an observation\)",
+        ),
     ],
 )
 def test_a_bad_line_is_refused_with_file_and_line(second, message, tiny_lm, prompts, tmp_path):
@@ -163,11 +175,12 @@ def test_a_bad_line_is_refused_with_file_and_line(second, message, tiny_lm, prom
 def test_per_token_rewards_sum_into_the_score_and_a_loss_mask_masks(tiny_lm, prompts, tmp_path):
     client = TrainingClient(config=config(tiny_lm, prompts, tmp_path / "x"))
     path = tmp_path / "rollouts.jsonl"
-    first = {**GOOD, "rewards": [0.25, 0.5], "loss_mask": [1, 0]}
+    first = {**GOOD, "rewards": [0.75, 0.0], "loss_mask": [1, 0]}
     del first["reward"]
     path.write_text(json.dumps(first) + "\n" + json.dumps(GOOD) + "\n")
     read = client.read_rollouts(path)
     assert read.scores.tolist() == [0.75, 1.0]
+    assert read.token_rewards.tolist() == [[0.75, 0.0], [0.0, 1.0]]  # a reward: the last token's
     batch = client.logprobs(read, recorded=True)
     assert batch.loss_mask.tolist() == [[1, 0], [1, 1]]
     assert batch.logprobs.tolist() == [[-0.5, 0.0], [-0.5, -1.0]]

@@ -10,6 +10,7 @@ from proxrl.core import (
     kl_k1,
     kl_k2,
     kl_k3,
+    rewards_at_tokens,
     sequence_kl,
     shaped_rewards,
 )
@@ -75,6 +76,17 @@ def test_shaped_rewards_k3_and_sequence_kl():
 def test_shaped_rewards_need_a_valid_token_per_row():
     with pytest.raises(ValueError, match="at least one valid token"):
         shaped_rewards(t([1.0]), t([[0.0]]), t([[0.0]]), t([[0]]), 0.1)
+
+
+def test_rewards_at_tokens_by_hand():
+    """Row 1: rewards (0.25, 0, 0.5), nothing added → as given. Row 2: reward 2 at a masked
+    token (dropped), −1 added at the last valid token → (0.5, 1 − 1, 0)."""
+    rewards = rewards_at_tokens(
+        t([[0.25, 0.0, 0.5], [0.5, 1.0, 2.0]]),
+        t([0.0, -1.0]),
+        t([[1, 1, 1], [1, 1, 0]]),
+    )
+    close(rewards, [[0.25, 0.0, 0.5], [0.5, 0.0, 0.0]])
 
 
 def test_fixed_controller_never_moves():

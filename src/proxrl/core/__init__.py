@@ -54,6 +54,7 @@ from proxrl.core.kl import (
     kl_k3_plus,
     kl_per_token,
     last_valid_index,
+    rewards_at_tokens,
     sequence_kl,
     shaped_rewards,
 )
@@ -209,6 +210,7 @@ __all__ = [
     "seq_tis_weights",
     "sequence_kl",
     "sft_loss",
+    "rewards_at_tokens",
     "shaped_rewards",
     "simpo_loss",
     "tis_weights",

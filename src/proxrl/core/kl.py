@@ -99,6 +99,24 @@ def shaped_rewards(
     return rewards.scatter_add(1, last.unsqueeze(1), scores.to(rewards.dtype).unsqueeze(1))
 
 
+def rewards_at_tokens(token_rewards: Tensor, at_last: Tensor, mask: Tensor) -> Tensor:
+    """Per-token rewards: each valid token's own reward, and ``at_last`` added at the last
+    valid token (where ``shaped_rewards`` pays a score: a rollouts file uses it for the
+    score-shaping rules' change to the sum of its per-token rewards).
+
+    Args:
+        token_rewards: (B, T) the reward of each response token.
+        at_last: (B,) what the last valid token receives besides its own reward.
+        mask: (B, T) 1 at valid response tokens; a reward elsewhere is dropped.
+    Returns:
+        (B, T) rewards, 0 at masked positions, in the promoted dtype of the two rewards.
+    """
+    dtype = torch.promote_types(token_rewards.dtype, at_last.dtype)
+    rewards = torch.where(mask.bool(), token_rewards.to(dtype), 0.0)
+    last = last_valid_index(mask).unsqueeze(1)
+    return rewards.scatter_add(1, last, at_last.to(dtype).unsqueeze(1))
+
+
 def sequence_kl(
     logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1"
 ) -> Tensor:

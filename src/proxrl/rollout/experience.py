@@ -44,6 +44,11 @@ class Experience:
     combined_scores: Tensor | None = None  # (B,) the reward sources' scores combined by the
     # algorithm at scoring time (GDPO: each normalised in its group, weighted, summed); None
     # unless the algorithm combines them (``Algorithm.combine_sources``)
+    token_rewards: Tensor | None = None  # (B, T) task rewards at their tokens: a rollouts
+    # file's per-token ``rewards``, the score-shaping rules' change to their sum added at the last
+    # valid token (``core.rewards_at_tokens``), so a row sums to its ``scores``; 0 at masked
+    # positions and padding; before any KL or teacher shaping. PPO's GAE reads them; the
+    # critic-free estimators take ``scores``. None: one score per response
 
     @property
     def loss_mask(self) -> Tensor:

@@ -123,6 +123,8 @@ class Rollout:
 
     stage: Sampled  # the sample stage's record, as the built-in loop hands it on
     scores: Tensor | None = None  # (B,) the recorded scores of a rollouts file's trajectories
+    token_rewards: Tensor | None = None  # (B, T) a rollouts file's per-token rewards (0 at
+    # padding), None unless a row has them; ``scores`` holds their sums
 
     @property
     def prompts(self) -> list[str]:
@@ -258,11 +260,12 @@ class TrainingClient:
     def read_rollouts(self, path: str | Path) -> Rollout:
         """The trajectories of a rollouts file (``rollouts_file``: its schema; every line
         checked against this tokenizer, ``group_size`` and the length limits), with their
-        recorded log-probs as the sampler's and their recorded ``scores``."""
+        recorded log-probs as the sampler's, their recorded ``scores`` and (where rows give
+        them) ``token_rewards``."""
         rows = read_rollouts(path, self.tokenizer, limits_of(self.cfg, self.tokenizer))
         device = next(self.models.actor.parameters()).device
-        stage, scores = recorded_stage(rows, self.tokenizer, device)
-        return Rollout(stage, scores)
+        stage, scores, token_rewards = recorded_stage(rows, self.tokenizer, device)
+        return Rollout(stage, scores, token_rewards)
 
     def logprobs(
         self,
@@ -272,16 +275,18 @@ class TrainingClient:
     ) -> Experience:
         """The trainer's forward passes over ``rollout`` (``collect.forward_passes``): an
         ``Experience`` with log π_old (``logprobs``) and log π_ref (``ref_logprobs``; π_old's
-        own when no KL is tracked), (B, T) each, and ``scores`` (B,) (the rollout's recorded
-        ones, else zeros, when not given). ``recorded``: π_old is the rollout's own log-probs
-        (the sampler's, or a rollouts file's), or with a ``rollout_correction`` the trainer's,
-        the recorded ones giving the correction's weights (``rollout_weights``). Its
-        ``advantages`` are the caller's to fill (``dataclasses.replace``)."""
+        own when no KL is tracked), (B, T) each, and ``scores`` (B,) (when not given, the
+        rollout's recorded ones with its ``token_rewards``, else zeros). ``recorded``: π_old is
+        the rollout's own log-probs (the sampler's, or a rollouts file's), or with a
+        ``rollout_correction`` the trainer's, the recorded ones giving the correction's weights
+        (``rollout_weights``). Its ``advantages`` are the caller's to fill
+        (``dataclasses.replace``)."""
         device = next(self.models.actor.parameters()).device
         samples = rollout.stage.samples
         n = len(rollout)
         if recorded and samples.logprobs is None:
             raise ProxrlError("TrainingClient.logprobs: recorded: the rollout holds no log-probs")
+        token_rewards = rollout.token_rewards if scores is None else None
         scores = rollout.scores if scores is None else scores
         values = torch.zeros(n) if scores is None else torch.as_tensor(scores)
         if values.shape != (n,):
@@ -289,7 +294,7 @@ class TrainingClient:
                 f"TrainingClient.logprobs: scores: expected {n} values, got {values.shape}"
             )
         ended = responses_stopped(samples, self.tokenizer.eos_token_id, self.cfg.max_new_tokens)
-        scored = Scored(values, values, ended.cpu(), {}, None)
+        scored = Scored(values, values, ended.cpu(), {}, None, token_rewards=token_rewards)
         source = recorded_source(self.cfg) if recorded else TRAINER_PASS
         self.models.actor.eval()
         with torch.no_grad(), self.cfg.autocast():

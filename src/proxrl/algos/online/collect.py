@@ -107,6 +107,8 @@ class Scored:
     parts: dict[str, float]  # each source's mean score
     greedy_scores: Tensor | None  # (B,) ReMax's baseline: the score of the prompt's greedy decode
     combined: Tensor | None = None  # (B,) the sources combined by the algorithm (GDPO), or None
+    token_rewards: Tensor | None = None  # (B, T) task rewards at their tokens, summing to
+    # ``scores`` (``Experience.token_rewards``); None: scores only
 
 
 @dataclass
@@ -386,6 +388,7 @@ def forward_passes(
         combined_scores=None if scored.combined is None else scored.combined.to(device),
         truncated=~scored.ended.to(device),
         action_mask=samples.action_mask,
+        token_rewards=None if scored.token_rewards is None else scored.token_rewards.to(device),
     )
     if not source.correct:
         return Passes(experience, joined.get("entropy"), {}, 0.0)

@@ -3,7 +3,8 @@
 Papers: Schulman et al. 2017 (PPO), Ziegler et al. 2019 and Ouyang et al. 2022 (InstructGPT)
 for the RLHF form, Huang et al. 2024 ("The N+ implementation details of RLHF with PPO").
 
-The score of a response is paid at its last token and the KL to the reference at every token
+The score of a response is paid at its last token (a rollouts file's per-token rewards each at
+its own token: ``Experience.token_rewards``) and the KL to the reference at every token
 (``shaped_rewards``); advantages are GAE over the response; the surrogate is PPO-Clip,
 PPO-Penalty (adaptive β on KL(π_old‖π)) or both. Where this departs from the papers:
 - advantages are whitened over the whole rollout batch, not per minibatch (as TRL does);
@@ -148,14 +149,19 @@ def gae_estimate(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """PPO's estimator: KL-shaped per-token rewards (whitened if asked), GAE over the critic's
     values, advantages whitened over the batch if asked. → (rewards, advantages, returns).
+    The task reward is the score at the last token, or a rollouts file's per-token rewards at
+    their tokens (``token_rewards``: the shaping rules' change to their sum at the last).
 
     The policy's advantages take λ = lam, or VAPO's length-adaptive λ per response; the value
     targets take critic_lam (decoupled λ, VC-PPO): GAE runs a second time only when the two
     differ. ``positives`` learns this rollout's positive responses (positive_nll_coef)."""
     mask = exp.loss_mask.float()
+    at_last = exp.scores if exp.token_rewards is None else torch.zeros_like(exp.scores)
     rewards = shaped_rewards(
-        exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+        at_last, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
     )
+    if exp.token_rewards is not None:  # a rollouts file's rewards, each at its own token
+        rewards = rewards + torch.where(mask.bool(), exp.token_rewards.to(rewards.dtype), 0.0)
     if cfg.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
     policy_lam: float | Tensor = cfg.lam

@@ -9,8 +9,9 @@ One line per trajectory (README, "Rollouts from elsewhere"):
   observations between them);
 - ``logprobs``: the behaviour policy's log-probability of each response token (any value where
   ``loss_mask`` is 0);
-- ``reward`` (a number) or ``rewards`` (one per response token, summed into the trajectory's
-  score: the estimators take one score per trajectory);
+- ``reward`` (a number) or ``rewards`` (one per response token, 0 where ``loss_mask`` is 0):
+  their sum is the trajectory's score, which the critic-free estimators take; PPO's GAE takes
+  each at its token (``Experience.token_rewards``);
 - ``group``: a string or integer naming the prompt's group; a group's rows share their
   ``prompt_ids`` and number ``group_size``;
 - optional ``loss_mask``: 1 at tokens the policy produced, 0 at observations (default all 1);
@@ -42,6 +43,7 @@ from proxrl.algos.online.collect import (
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.episodes import responses_stopped
 from proxrl.algos.online.roles import Models
+from proxrl.core import rewards_at_tokens
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.generation import Samples
@@ -69,6 +71,7 @@ class Trajectory:
     loss_mask: list[int] | None
     score: float
     group: str
+    rewards: list[float] | None = None  # one per response token (the row's ``rewards``)
 
 
 def read_rollouts(path: str | Path, tokenizer: Any, limits: Limits) -> list[Trajectory]:
@@ -124,7 +127,9 @@ def _trajectory(where: str, line: str, tokenizer: Any, limits: Limits) -> Trajec
     group = row.get("group")
     if not isinstance(group, (str, int)) or isinstance(group, bool):
         raise ProxrlError(f"{where}: group: expected a string or an integer, got {group!r}")
-    return Trajectory(where, prompt, response, logprobs, mask, _score(where, row, n), str(group))
+    rewards = _token_rewards(where, row, scored)
+    score = _score(where, row) if rewards is None else math.fsum(rewards)
+    return Trajectory(where, prompt, response, logprobs, mask, score, str(group), rewards)
 
 
 def _ids(where: str, row: dict[str, Any], field: str, vocab: int, most: int) -> list[int]:
@@ -159,16 +164,30 @@ def _numbers(where: str, row: dict[str, Any], field: str, n: int) -> list[float]
     return [float(v) for v in values]
 
 
-def _score(where: str, row: dict[str, Any], n: int) -> float:
-    """``reward``, or the sum of the per-token ``rewards``."""
+def _token_rewards(where: str, row: dict[str, Any], scored: list[int]) -> list[float] | None:
+    """The per-token ``rewards`` (None: the row gives one ``reward``): finite, and 0 at the
+    tokens ``loss_mask`` leaves out (an observation is not an action to credit)."""
     if ("reward" in row) == ("rewards" in row):
         raise ProxrlError(f"{where}: reward: expected reward (a number) or rewards (per token)")
-    if "rewards" in row:
-        score = sum(_numbers(where, row, "rewards", n))
-    else:
-        score = row["reward"]
-        if not isinstance(score, (int, float)) or isinstance(score, bool):
-            raise ProxrlError(f"{where}: reward: expected a number, got {score!r}")
+    if "rewards" not in row:
+        return None
+    rewards = _numbers(where, row, "rewards", len(scored))
+    for token, (value, model) in enumerate(zip(rewards, scored, strict=True)):
+        if not math.isfinite(value):
+            raise ProxrlError(f"{where}: rewards: expected finite numbers, got {value}")
+        if value and not model:
+            raise ProxrlError(
+                f"{where}: rewards: expected 0 at token {token} (loss_mask 0: an observation); "
+                "put a turn's reward on its last model token"
+            )
+    return rewards
+
+
+def _score(where: str, row: dict[str, Any]) -> float:
+    """The row's one ``reward``."""
+    score = row["reward"]
+    if not isinstance(score, (int, float)) or isinstance(score, bool):
+        raise ProxrlError(f"{where}: reward: expected a number, got {score!r}")
     if not math.isfinite(score):
         raise ProxrlError(f"{where}: reward: expected a finite number, got {score}")
     return float(score)
@@ -189,9 +208,10 @@ def _check_text(where: str, row: dict[str, Any], response: list[int], tokenizer:
 
 def recorded_stage(
     rows: list[Trajectory], tokenizer: Any, device: torch.device
-) -> tuple[Sampled, Tensor]:
-    """The sample stage's record of ``rows`` (the recorded log-probs as the sampler's) and
-    their (B,) scores."""
+) -> tuple[Sampled, Tensor, Tensor | None]:
+    """The sample stage's record of ``rows`` (the recorded log-probs as the sampler's), their
+    (B,) scores and (B, T) per-token rewards (float64, 0 at padding; a row with one ``reward``
+    has it at its last model token; None when no row has per-token rewards)."""
     pad = tokenizer.pad_token_id
     width = max(len(r.response_ids) for r in rows)
 
@@ -217,7 +237,14 @@ def recorded_stage(
         torch.where(response_mask.bool(), response_ids, pad), skip_special_tokens=True
     )
     sampled = Sampled(prompts, prompt_ids, prompt_mask, samples, completions)
-    return sampled, torch.tensor([r.score for r in rows])
+    token_rewards = None
+    if any(r.rewards is not None for r in rows):
+        token_rewards = rewards_at_tokens(
+            torch.tensor([right(r.rewards or [], 0.0) for r in rows], dtype=torch.float64),
+            torch.tensor([0.0 if r.rewards else r.score for r in rows], dtype=torch.float64),
+            samples.response_mask if action_mask is None else action_mask,
+        ).to(device)
+    return sampled, torch.tensor([r.score for r in rows]), token_rewards
 
 
 def limits_of(cfg: OnlineConfig, tokenizer: Any) -> Limits:
@@ -254,11 +281,15 @@ def recorded_rollout(
     tokenizer = models.tokenizer
     rows = iteration_rows(cfg, tokenizer)
     device = next(models.actor.parameters()).device
-    sampled, raw = recorded_stage(rows, tokenizer, device)
+    sampled, raw, token_rewards = recorded_stage(rows, tokenizer, device)
     samples = sampled.samples
     ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     scores = shaped_scores(cfg, raw.clone(), ended, samples.response_mask.sum(-1).cpu())
-    scored = Scored(raw, scores, ended, {}, None)
+    if token_rewards is not None:  # the shaping rules' change to the sum: at the last token
+        mask = samples.response_mask if samples.action_mask is None else samples.action_mask
+        change = (scores - raw).to(device)
+        token_rewards = rewards_at_tokens(token_rewards, change, mask)
+    scored = Scored(raw, scores, ended, {}, None, token_rewards=token_rewards)
     experience, completions, metrics = evaluate(
         cfg, models, sampled, scored, recorded_source(cfg), kl_coef, timings
     )
