@@ -14,8 +14,8 @@ answer each), which gives the first iteration at 90% of the teacher's gold. Rows
 - ``sft``: the student as it is.
 - ``grpo``: the demo's grpo stage (the exact reward, the baseline the published claim compares
   against).
-- ``opd``: on-policy distillation alone: per-token reward −λ(log π − log π_teacher), no task
-  reward (the gold and reward-model sources stay at weight 0, only logged).
+- ``opd``: on-policy distillation alone: per-token reward −λ(log π − log π_teacher), λ 1, no
+  reward source (the held-out gold is still measured every iteration).
 - ``opd_gold``: on-policy distillation plus the exact reward (weight 1).
 - ``offpolicy_sft``: SFT of the student (the demo's SFT settings, one epoch) on responses the
   teacher samples from the RL prompts (``external_rollouts.write_rollouts_with_transformers``,
@@ -81,18 +81,22 @@ class OnlineRow:
     overrides: dict[str, Any] = field(default_factory=dict)  # "{demo}" is the demo's directory
 
 
+REWARD_SOURCES = ("reward_model", "reward_fn", "reward_weights")
 GOLD_ONLY = {"reward_weights": (0.0, 1.0)}  # as the demo's grpo (reward model logged, weight 0)
+NO_REWARD = {"reward_model": None, "reward_fn": (), "reward_weights": ()}  # the teacher alone
 DISTILL = {"teacher_model": "{demo}/grpo", "distill_coef": DISTILL_COEF}
+# λ 0: the teacher scores the samples for the distill/ metrics and adds nothing to the update
+WATCH_TEACHER = {"teacher_model": "{demo}/grpo", "distill_coef": 0.0}
 ONLINE_ROWS = [
-    OnlineRow("grpo", "sft", GOLD_ONLY),
-    OnlineRow("opd", "sft", DISTILL | {"reward_weights": (0.0, 0.0)}),
+    OnlineRow("grpo", "sft", GOLD_ONLY | WATCH_TEACHER),
+    OnlineRow("opd", "sft", DISTILL | NO_REWARD),
     OnlineRow("opd_gold", "sft", DISTILL | GOLD_ONLY),
-    OnlineRow("arch_grpo", "arch", GOLD_ONLY),
-    OnlineRow("arch_opd", "arch", DISTILL | {"reward_weights": (0.0, 0.0)}),
+    OnlineRow("arch_grpo", "arch", GOLD_ONLY | WATCH_TEACHER),
+    OnlineRow("arch_opd", "arch", DISTILL | NO_REWARD),
     OnlineRow(
         "gjsd",
         "sft",
-        DISTILL | {"reward_weights": (0.0, 0.0), "distill_loss": "gjsd", "distill_beta": 0.5},
+        DISTILL | NO_REWARD | {"distill_loss": "gjsd", "distill_beta": 0.5},
     ),
 ]
 ROW_NAMES = ["sft", "arch_sft", *(r.name for r in ONLINE_ROWS), "offpolicy_sft"]
@@ -174,11 +178,12 @@ def first_reaching(values: list[float | None], target: float) -> int | None:
 
 
 def run_online(row: OnlineRow, demo: pipeline.Config, out: Path, teacher_gold: float) -> dict:
-    overrides = {k: v for k, v in row.overrides.items() if k != "reward_weights"}
+    # rl_config sets the reward sources itself: a row's are put in after
+    sources = {k: v for k, v in row.overrides.items() if k in REWARD_SOURCES}
+    overrides = {k: v for k, v in row.overrides.items() if k not in REWARD_SOURCES}
     cfg = rl_config(Row(f"distill_{row.name}", "grpo", overrides), demo, out)
     student = out / "sft" if row.student == "sft" else build_arch_student(demo, out)
-    weights = row.overrides.get("reward_weights", cfg.reward_weights)  # rl_config sets them
-    cfg = replace(cfg, model=str(student), reward_weights=weights, **heldout_fields(out))
+    cfg = replace(cfg, model=str(student), **sources, **heldout_fields(out))
     started = time.perf_counter()
     grpo.train(cfg)
     wall = time.perf_counter() - started
