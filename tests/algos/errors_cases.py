@@ -42,6 +42,18 @@ def _jsonl(rows: list[object]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def _parquet(rows: list[dict[str, object]]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({k: [row[k] for row in rows] for k in rows[0]}), sink)
+    return sink.getvalue().to_pybytes()
+
+
+ROLLOUT = {"prompt_ids": [1, 2], "response_ids": [3, 4], "logprobs": [-1.0, -1.0], "group": 0}
+
+
 FILES: dict[str, str | bytes] = {
     "toy_env.py": "class Env:\n    tools = []\n    def reset(self, row): pass\n"
     "    def step(self, completion): pass\n",
@@ -59,6 +71,15 @@ FILES: dict[str, str | bytes] = {
             }
         ]
         * 2
+    ),
+    "rollouts_observation.jsonl": _jsonl(
+        [
+            {**ROLLOUT, "reward": 1.0},
+            {**ROLLOUT, "rewards": [0.0, 1.0], "loss_mask": [1, 0]},
+        ]
+    ),
+    "rollouts.parquet": _parquet(
+        [{**ROLLOUT, "reward": 1.0}, {**ROLLOUT, "reward": 1.0, "logprobs": [-1.0, 0.5]}]
     ),
     "rankings.jsonl": _jsonl(RANKINGS),
     "data/malformed.jsonl": _jsonl(GOOD_SFT[:1]) + '{"prompt": "a", "completion": \n',
@@ -859,6 +880,40 @@ CASES: list[Case] = [
         "proxrl grpo: error: rollouts.jsonl:1: response_ids: token id 999999 is outside this tokenizer's vocabulary (0..310): ids of another tokenizer?",
     ),
     Case(
+        "ppo: a rollouts file's reward on an observation token",
+        (
+            "ppo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_observation.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl ppo: error: rollouts_observation.jsonl:2: rewards: expected 0 at token 1 (loss_mask 0: an observation); put a turn's reward on its last model token",
+    ),
+    Case(
+        "grpo: a bad row of a Parquet rollouts file (rows count from 0)",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts.parquet",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: rollouts.parquet:row 1: logprobs: expected finite log-probabilities <= 0, got 0.5",
+    ),
+    Case(
         "grpo: reward_fn without a colon",
         (*GRPO, "--reward-fn", "getcwd"),
         "proxrl grpo: error: reward_fn: expected 'module:function', got 'getcwd'",
@@ -1607,6 +1662,11 @@ def render() -> str:
         "Regenerate this file with `python tests/algos/errors_cases.py > docs/errors.md`.",
         "",
         "Rows marked *xfail* get the message shown but not yet everything else (the note says what).",
+        "",
+        "A message about a record names where it is: `file.jsonl:12` (a JSONL line, counted from 1",
+        "as editors count; `file.csv:5` likewise, the header line 1), `file.parquet:row 3` (a",
+        "Parquet row, counted from 0 as pyarrow and pandas index: data files and rollouts files),",
+        "`file.json:[3]` (a JSON list's item), `name[train row 3]` (a datasets split).",
         "",
         "| # | bad input | command line | message (stderr, exit code 2) |",
         "|---|---|---|---|",

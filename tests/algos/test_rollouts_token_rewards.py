@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from proxrl.algos.online import ppo
+from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.client import TrainingClient
 from proxrl.core import gae
+from proxrl.runtime.errors import ProxrlError
 
 # Row 1 (multi-turn): model tokens 0, 1, 3; token 2 an observation; rewards 0.25 at token 0 and
 # 0.5 at token 3. Row 2: one reward, 1.0: the score at its last token.
@@ -47,7 +48,9 @@ def t(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def _config(tiny_lm: str, out: Path, rollouts: Path, **overrides) -> ppo.Config:
+def _config(tiny_lm: str, out: Path, rollouts: Path, command: str = "ppo", **overrides):
+    """ppo (a fresh value head, γ = 1, λ = 0.5, no KL, advantages not whitened) or grpo on
+    the rollouts file, float64."""
     fields = dict(
         model=tiny_lm,
         rollouts_file=str(rollouts),
@@ -58,21 +61,18 @@ def _config(tiny_lm: str, out: Path, rollouts: Path, **overrides) -> ppo.Config:
         mini_batch_size=2,
         max_new_tokens=8,
         learning_rate=3e-3,
-        critic_learning_rate=3e-2,
         lr_schedule="constant",
         dtype="float64",
-        critic="head",
-        gamma=1.0,
-        lam=0.5,
-        kl_coef=0.0,
-        whiten_advantages=False,
         save_every=0,
         sample_every=0,
         progress=False,
         report_to=["none"],
         seed=3,
     )
-    return ppo.Config(**(fields | overrides))
+    if command == "grpo":
+        return grpo.Config(**(fields | overrides))
+    critic = dict(critic="head", critic_learning_rate=3e-2, gamma=1.0, lam=0.5, kl_coef=0.0)
+    return ppo.Config(**(fields | critic | dict(whiten_advantages=False) | overrides))
 
 
 @pytest.fixture
@@ -132,3 +132,59 @@ def test_ppo_trains_on_a_files_per_token_rewards(tiny_lm, rollouts, tmp_path, mo
     end = load_file(tmp_path / "run" / "model.safetensors")
     assert not all(torch.equal(start[k].to(end[k].dtype), end[k]) for k in start)
     assert all(math.isfinite(v) for v in read_metrics(tmp_path / "run")[-1].values() if v == v)
+
+
+def write_parquet(rows: list[dict], path: Path) -> Path:
+    """The rows as a Parquet table, a field a row lacks null in it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    pq.write_table(pa.table({k: [row.get(k) for row in rows] for k in names}), path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["ppo", "grpo"])
+def test_the_same_rollouts_as_jsonl_and_parquet_train_to_the_same_weights(
+    command, tiny_lm, rollouts, tmp_path
+):
+    """One file in both formats (rows with and without loss_mask, reward and rewards: nulls
+    in Parquet): the same metrics and weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    from proxrl.runtime.metrics import read_metrics
+
+    parquet = write_parquet(ROWS, tmp_path / "rollouts.parquet")
+    weights, metrics = [], []
+    for name, path in (("jsonl", rollouts), ("parquet", parquet)):
+        cfg = _config(tiny_lm, tmp_path / name, path, command)
+        (ppo if command == "ppo" else grpo).train(cfg)
+        weights.append(load_file(tmp_path / name / "model.safetensors"))
+        metrics.append(read_metrics(tmp_path / name))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    drop = ("time/", "perf/")
+    assert [{k: v for k, v in row.items() if not k.startswith(drop)} for row in metrics[0]] == [
+        {k: v for k, v in row.items() if not k.startswith(drop)} for row in metrics[1]
+    ]
+    start = load_file(Path(tiny_lm) / "model.safetensors")
+    assert not all(torch.equal(start[k].to(weights[1][k].dtype), weights[1][k]) for k in start)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"logprobs": [-0.3, 0.5]}, r"logprobs: expected finite log-probabilities <= 0"),
+        ({"response_ids": [7, 10**6]}, r"response_ids: token id 1000000 is outside"),
+        ({"reward": None}, r"reward: expected reward \(a number\) or rewards"),
+    ],
+)
+def test_a_bad_parquet_row_is_refused_with_file_and_row(bad, message, tiny_lm, tmp_path):
+    """The second row (row 1: rows count from 0, as for a data file's Parquet rows) is bad."""
+    client = TrainingClient(config=_config(tiny_lm, tmp_path / "x", tmp_path / "r.parquet"))
+    path = write_parquet([ROWS[0], {**ROWS[1], **bad}], tmp_path / "r.parquet")
+    with pytest.raises(ProxrlError, match=rf"r\.parquet:row 1: {message}"):
+        client.read_rollouts(path)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ProxrlError, match=r"rollouts_file: cannot read .*broken.parquet as Parq"):
+        client.read_rollouts(tmp_path / "broken.parquet")

@@ -113,9 +113,9 @@ class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
     """Prompt data: any row with a prompt, standard or conversational (docs/datasets.md); other
     fields reach reward functions."""
     rollouts_file: str | None = None
-    """Train on trajectories produced elsewhere (JSONL, one per line: README "Rollouts from
-    elsewhere"), read afresh each iteration, π_old their recorded log-probs; instead of
-    prompts, sampling and rewards."""
+    """Train on trajectories produced elsewhere (JSONL, one per line, or .parquet, one per row:
+    README "Rollouts from elsewhere"), read afresh each iteration, π_old their recorded
+    log-probs; instead of prompts, sampling and rewards."""
     reward_model: tuple[str, ...] = ()
     """Reward model (num_labels=1 sequence classifier): hub id or local directory; several form
     an ensemble (one reward source: each standardised by its training scores, then combined)."""

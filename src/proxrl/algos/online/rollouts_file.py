@@ -1,8 +1,9 @@
-"""Rollouts produced elsewhere (an agent harness, another engine), read from a JSONL file into the
-sample stage's record, so the online loop's later stages (forward passes, advantages, update)
-train on them as on their own.
+"""Rollouts produced elsewhere (an agent harness, another engine), read from a JSONL or Parquet
+file into the sample stage's record, so the online loop's later stages (forward passes,
+advantages, update) train on them as on their own.
 
-One line per trajectory (README, "Rollouts from elsewhere"):
+One JSONL line or Parquet row per trajectory (README, "Rollouts from elsewhere"; in Parquet a
+null is an absent field):
 
 - ``prompt_ids``: the prompt's token ids (as the policy reads them: chat template applied);
 - ``response_ids``: the response's token ids (a multi-turn episode: model turns and the
@@ -18,7 +19,8 @@ One line per trajectory (README, "Rollouts from elsewhere"):
 - optional ``response``: the response's text, checked against the tokenizer's decoding of
   ``response_ids`` (another tokenizer's ids are refused).
 
-A bad line is refused with ``file:line: field: expected …``.
+A bad line is refused with ``file:line: field: expected …`` (a Parquet row: ``file:row N``, N
+counted from 0 as ``readers`` counts a data file's Parquet rows).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Limits:
 class Trajectory:
     """One checked line of a rollouts file."""
 
-    where: str  # file:line
+    where: str  # file:line (Parquet: file:row N)
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
@@ -75,17 +77,13 @@ class Trajectory:
 
 
 def read_rollouts(path: str | Path, tokenizer: Any, limits: Limits) -> list[Trajectory]:
-    """Every trajectory of ``path``, checked, a group's rows consecutive (groups in the order
-    of their first row, rows in file order)."""
+    """Every trajectory of ``path`` (``.parquet``: Parquet, else JSONL), checked, a group's rows
+    consecutive (groups in the order of their first row, rows in file order)."""
     groups: dict[str, list[Trajectory]] = {}
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ProxrlError(f"rollouts_file: cannot read {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            row = _trajectory(f"{path}:{number}", line, tokenizer, limits)
-            groups.setdefault(row.group, []).append(row)
+    records = _parquet_rows if str(path).lower().endswith(".parquet") else _jsonl_rows
+    for where, record in records(path):
+        row = _trajectory(where, record, tokenizer, limits)
+        groups.setdefault(row.group, []).append(row)
     if not groups:
         raise ProxrlError(f"rollouts_file: {path} holds no trajectory")
     for rows in groups.values():
@@ -103,13 +101,43 @@ def read_rollouts(path: str | Path, tokenizer: Any, limits: Limits) -> list[Traj
     return [row for rows in groups.values() for row in rows]
 
 
-def _trajectory(where: str, line: str, tokenizer: Any, limits: Limits) -> Trajectory:
+def _jsonl_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each non-blank line's object and its ``file:line``."""
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ProxrlError(f"{where}: expected a JSON object ({exc.msg})") from None
-    if not isinstance(row, dict):
-        raise ProxrlError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ProxrlError(f"rollouts_file: cannot read {path}: {exc.strerror}") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProxrlError(f"{where}: expected a JSON object ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ProxrlError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        rows.append((where, row))
+    return rows
+
+
+def _parquet_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each row's fields (a null one left out: a column another row needs) and its
+    ``file:row N``."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a missing or damaged file
+        raise ProxrlError(f"rollouts_file: cannot read {path} as Parquet ({exc})") from None
+    return [
+        (f"{path}:row {i}", {k: v for k, v in record.items() if v is not None})
+        for i, record in enumerate(table.to_pylist())
+    ]
+
+
+def _trajectory(where: str, row: dict[str, Any], tokenizer: Any, limits: Limits) -> Trajectory:
     prompt = _ids(where, row, "prompt_ids", limits.vocab_size, limits.max_prompt_length)
     response = _ids(where, row, "response_ids", limits.vocab_size, limits.max_new_tokens)
     n = len(response)
