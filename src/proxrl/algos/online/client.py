@@ -7,9 +7,13 @@ micro-batches, the loss terms, the aggregation's normaliser), ``update.clipped_s
 the non-finite guard, no step on an exactly zero gradient), ``run.make_optimizers``,
 ``loop.save_policy`` — so a loop written with it is ``proxrl grpo``'s loop, to the bit on the
 same seed (``tests/algos/test_client.py``). The roles load as the trainers load them
-(``roles.load_models``: a path, hub id or transformers model; full or LoRA) and the critic-free
-family's choices apply: no critic, the KL to the reference paid in the loss (``kl_coef``,
-``kl_loss_type``).
+(``roles.load_models``: a path, hub id or transformers model; full or LoRA). With a ``grpo``
+config (the default) the critic-free family's choices apply: no critic, the KL to the reference
+paid in the loss (``kl_coef``, ``kl_loss_type``). With a ``ppo`` config (``command="ppo"``) the
+run's critic loads too (``critic``: a value head or a separate model): ``logprobs`` gives its
+values V_old, ``forward_backward`` adds its value loss (``vf_coef``, ``value_clip``) on the
+batch's ``returns`` as ``proxrl ppo``'s update does, ``optim_step`` steps both optimizers, and
+the KL is the user's to pay in the reward (``core.shaped_rewards``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from torch import Tensor
 
 from proxrl.algos.offline import dpo
 from proxrl.algos.offline.loop import under_autocast
-from proxrl.algos.online import grpo
+from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.algorithm import Algorithm, surrogate
 from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
 from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.critic import NoCritic
 from proxrl.algos.online.episodes import environment_tools, responses_stopped
 from proxrl.algos.online.loop import save_policy
 from proxrl.algos.online.prompts import prompt_order
@@ -93,6 +98,13 @@ LOSSES: dict[str, Callable[[OnlineConfig], PolicyLoss]] = {
 """``forward_backward``'s ``loss`` → (config) → the policy loss: every ``core.POLICY_LOSSES``
 surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo`` bind it), and
 ``sft``, the negative log-likelihood."""
+
+VALUE_LOSS = "value"
+"""``forward_backward``'s loss that trains the critic alone (a ``ppo`` client; the update of
+``proxrl ppo``'s critic warm-up): the value loss, no policy term."""
+
+COMMANDS: dict[str, type[OnlineConfig]] = {"grpo": grpo.Config, "ppo": ppo.Config}
+"""``TrainingClient(command=…)`` → the config its options are fields of."""
 
 
 PAIR_LOSSES = {"dpo": "sigmoid", "ipo": "ipo", "simpo": "simpo"}
@@ -160,10 +172,13 @@ class Rollout:
         return len(self.stage.completions)
 
 
-def client_config(model: Any, tokenizer: Any, options: dict[str, Any]) -> grpo.Config:
-    """A ``grpo`` config for the client: ``model`` a path, hub id or transformers model (its
-    ``tokenizer``), ``options`` its fields, each checked as a YAML value is (type, range). No
-    prompts or reward are asked for: the client's user brings them."""
+def client_config(
+    model: Any, tokenizer: Any, options: dict[str, Any], command: str = "grpo"
+) -> OnlineConfig:
+    """A ``command`` (``COMMANDS``: grpo, ppo) config for the client: ``model`` a path, hub id
+    or transformers model (its ``tokenizer``), ``options`` its fields, each checked as a YAML
+    value is (type, range). No prompts or reward are asked for: the client's user brings
+    them."""
     entries: dict[str, objects.Entry] = {}
     if hasattr(model, "save_pretrained") and hasattr(model, "parameters"):
         handle = objects.PREFIX + "model"
@@ -172,7 +187,12 @@ def client_config(model: Any, tokenizer: Any, options: dict[str, Any]) -> grpo.C
     elif tokenizer is not None:
         raise ProxrlError("TrainingClient: tokenizer is only for a model given as a loaded model")
     where = "proxrl.TrainingClient()"
-    cfg = config_from_mapping(grpo.Config, {"model": str(model), **options}, where, validate=False)
+    if command not in COMMANDS:
+        raise ProxrlError(
+            f"{where}: command: expected one of {', '.join(COMMANDS)}, got {command!r}"
+        )
+    values = {"model": str(model), **options}
+    cfg = config_from_mapping(COMMANDS[command], values, where, validate=False)
     ModelRunConfig.validate(cfg)  # ranges, dtype, precision (prompts and rewards: not ours)
     objects.attach(cfg, entries)
     return cfg
@@ -184,8 +204,10 @@ class TrainingClient:
     ``TrainingClient(model, learning_rate=1e-5, …)``: ``model`` a path, hub id or transformers
     model (``tokenizer=`` its tokenizer), the options any field of ``proxrl grpo`` (sampling:
     ``max_new_tokens``, ``temperature``…; batching: ``mini_batch_size``, ``grad_accum``; the
-    loss knobs: ``clip``, ``loss_aggregation``, ``kl_coef``…; ``lora_r``, ``dtype``, ``seed``).
-    ``TrainingClient(config=cfg)`` takes a ``grpo``/``ppo`` config as it is."""
+    loss knobs: ``clip``, ``loss_aggregation``, ``kl_coef``…; ``lora_r``, ``dtype``, ``seed``),
+    or with ``command="ppo"`` of ``proxrl ppo`` (its critic: ``critic``, ``vf_coef``,
+    ``critic_learning_rate``…). ``TrainingClient(config=cfg)`` takes a ``grpo``/``ppo`` config
+    as it is."""
 
     def __init__(
         self,
@@ -193,14 +215,18 @@ class TrainingClient:
         *,
         tokenizer: Any = None,
         config: OnlineConfig | None = None,
+        command: str = "grpo",
         **options: Any,
     ) -> None:
         if config is None and model is None:
             raise ProxrlError("proxrl.TrainingClient(): model: expected a path or a model")
-        self.cfg = config if config is not None else client_config(model, tokenizer, options)
+        if config is None:
+            config = client_config(model, tokenizer, options, command)
+        self.cfg = config
         seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
+        roles = replace(_algorithm(self.cfg, LOSSES["ppo"](self.cfg)), critic=_critic(self.cfg))
         with objects.registered(objects.attached(self.cfg)):
-            self.models = load_models(self.cfg, _algorithm(self.cfg, LOSSES["ppo"](self.cfg)))
+            self.models = load_models(self.cfg, roles)
         place_roles(self.models, WeightedRewards([], []), self.cfg.offload_frozen_roles)
         self.optimizers = make_optimizers(self.cfg, self.models)
         self.optimization = Optimization.of(self.models, self.optimizers)
@@ -358,7 +384,9 @@ class TrainingClient:
         micro-batches run). ``loss``: a name in ``LOSSES`` (``core.POLICY_LOSSES``' and
         ``sft``), or a callable (log π (b, t), micro-batch Experience) → scalar, the
         micro-batch's loss as a mean over its units (then weighed by their share). A batch
-        without ``logprobs`` takes π_old = π (detached). ``dpo``/``ipo``/``simpo`` (``PAIR_LOSSES``)
+        without ``logprobs`` takes π_old = π (detached). A ``ppo`` client adds its critic's
+        value loss on the batch's ``returns`` (and ``values``, V_old) to every loss, and
+        ``loss="value"`` trains the critic alone. ``dpo``/``ipo``/``simpo`` (``PAIR_LOSSES``)
         take ``pairs``' batch and ``proxrl dpo``'s loss and normaliser (the mean over the pairs,
         ``micro_batch_size`` pairs a forward pass), ``pair_options`` its ``beta``,
         ``label_smoothing``, ``simpo_gamma_beta_ratio``. Returns the batch's stats."""
@@ -369,16 +397,15 @@ class TrainingClient:
                 f"TrainingClient.forward_backward: {sorted(pair_options)[0]}: only with a pair "
                 f"loss ({', '.join(PAIR_LOSSES)})"
             )
-        if batch.advantages is None:
-            batch = replace(
-                batch, advantages=torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-            )
+        batch = self._checked_batch(batch, loss)
+        train_policy = loss != VALUE_LOSS
+        policy_loss = _policy_loss(self.cfg, loss) if train_policy else LOSSES["ppo"](self.cfg)
         losses = Losses(
             self.cfg,
-            _algorithm(self.cfg, _policy_loss(self.cfg, loss)),
+            _algorithm(self.cfg, policy_loss),
             self.models,
             batch.prompt_ids.shape[1],
-            UpdateStep(self.cfg.kl_coef, train_policy=True, iteration=self.steps + 1),
+            UpdateStep(self.cfg.kl_coef, train_policy=train_policy, iteration=self.steps + 1),
         )
         self._losses = losses
         if self.cfg.aggregation.units(batch.loss_mask) == 0:
@@ -391,6 +418,24 @@ class TrainingClient:
         for key, value in stats.items():
             self._stats[key] += value
         return stats
+
+    def _checked_batch(self, batch: Experience, loss: str | UserLoss) -> Experience:
+        """``batch`` with zero advantages where it has none; a critic's value targets
+        required."""
+        where = "TrainingClient.forward_backward"
+        critic = bool(self.models.critic.modules())
+        if loss == VALUE_LOSS and not critic:
+            raise ProxrlError(f"{where}: loss: value trains a critic; this client has none (ppo)")
+        if critic and batch.returns is None:
+            raise ProxrlError(
+                f"{where}: batch: returns: expected the critic's (B, T) value targets "
+                "(set them with dataclasses.replace, as advantages)"
+            )
+        if batch.advantages is None:
+            batch = replace(
+                batch, advantages=torch.zeros_like(batch.loss_mask, dtype=torch.float32)
+            )
+        return batch
 
     def _pairs_forward_backward(
         self, batch: Any, loss: Any, options: dict[str, float]
@@ -445,17 +490,23 @@ class TrainingClient:
             self._stats[key] += value
         return stats
 
-    def optim_step(self, lr: float | None = None) -> dict[str, float]:
-        """One optimizer step on the accumulated gradient (``update.clipped_step``: clipped
-        to ``max_grad_norm``, skipped when a stat or the gradient is not finite, and no step
-        for an exactly zero gradient), at ``lr`` (default: the config's ``learning_rate``);
-        the gradients are zeroed after. Returns the step's stats with ``grad_norm`` and
-        ``stepped`` (1: the weights moved)."""
+    def optim_step(
+        self, lr: float | None = None, critic_lr: float | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on the accumulated gradient (``update.clipped_step``: the policy's
+        and a critic's clipped to ``max_grad_norm`` by their one global norm, skipped when a
+        stat or the gradient is not finite, and no step for an optimizer whose gradient is
+        exactly zero), at ``lr`` (default: the config's ``learning_rate``) and a critic's
+        ``critic_lr`` (default: ``critic_learning_rate``); the gradients are zeroed after.
+        Returns the step's stats with ``grad_norm`` and ``stepped`` (1: the policy moved)."""
         self.steps += 1
-        rate = self.cfg.learning_rate if lr is None else lr
-        for optimizer in self.optimizers[:1]:
+        policy_rate = self.cfg.learning_rate if lr is None else lr
+        critic_rate = (
+            getattr(self.cfg, "critic_learning_rate", None) if critic_lr is None else critic_lr
+        )
+        for index, optimizer in enumerate(self.optimizers):  # the policy's, then a critic's
             for group in optimizer.param_groups:
-                group["lr"] = rate
+                group["lr"] = policy_rate if index == 0 else critic_rate
         stats, self._stats = dict(self._stats), defaultdict(float)
         if self._losses is None:
             return {"stepped": 0.0}
@@ -470,6 +521,7 @@ class TrainingClient:
     def _checkpointer(self, directory: str | Path) -> Checkpointer:
         return Checkpointer(directory, keep=1).track(
             actor=TrainableWeights(self.models.actor),
+            critic=self.models.critic.checkpoint_weights(),  # None without a critic
             optimizers=self.optimizers,
             generator=self.generator,
             guard=self.guard,
@@ -557,6 +609,11 @@ def _policy_loss(cfg: OnlineConfig, loss: str | UserLoss) -> PolicyLoss:
             f"callable, got {loss!r}"
         )
     return LOSSES[loss](cfg)
+
+
+def _critic(cfg: OnlineConfig) -> Any:
+    """The critic ``cfg`` trains: a ``ppo`` config's (``ppo.build``), none for ``grpo``."""
+    return ppo.build(cfg).critic if isinstance(cfg, ppo.Config) else NoCritic.load
 
 
 def _algorithm(cfg: OnlineConfig, policy_loss: PolicyLoss) -> Algorithm:
