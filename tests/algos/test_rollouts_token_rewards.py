@@ -108,18 +108,9 @@ def test_ppo_trains_on_a_files_per_token_rewards(tiny_lm, rollouts, tmp_path, mo
     the trained head's), the loss mask skipping the observation; the policy moves."""
     from safetensors.torch import load_file
 
-    from proxrl.algos.online import loop
     from proxrl.runtime.metrics import read_metrics
 
-    seen = []
-
-    def recording(algo, experience, kl_coef):
-        estimated = estimate(algo, experience, kl_coef)
-        seen.append(estimated)
-        return estimated
-
-    estimate = loop.estimate
-    monkeypatch.setattr(loop, "estimate", recording)
+    seen = _estimates(monkeypatch)
     ppo.train(_config(tiny_lm, tmp_path / "run", rollouts))
     assert len(seen) == 2 and len(read_metrics(tmp_path / "run")) == 2
     for exp in seen:
@@ -132,6 +123,35 @@ def test_ppo_trains_on_a_files_per_token_rewards(tiny_lm, rollouts, tmp_path, mo
     end = load_file(tmp_path / "run" / "model.safetensors")
     assert not all(torch.equal(start[k].to(end[k].dtype), end[k]) for k in start)
     assert all(math.isfinite(v) for v in read_metrics(tmp_path / "run")[-1].values() if v == v)
+
+
+def _estimates(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every iteration's experience once the loop's estimator has filled it, as a run makes
+    them."""
+    from proxrl.algos.online import loop
+
+    seen = []
+    estimate = loop.estimate
+
+    def recording(algo, experience, kl_coef):
+        estimated = estimate(algo, experience, kl_coef)
+        seen.append(estimated)
+        return estimated
+
+    monkeypatch.setattr(loop, "estimate", recording)
+    return seen
+
+
+def test_the_shaping_rules_change_the_sum_at_the_last_token(
+    tiny_lm, rollouts, tmp_path, monkeypatch
+):
+    """reward_clip 0.5 clips the scores 0.75 and 1 to 0.5: row 1's change (−0.25) joins its last
+    model token's 0.5, row 2's (−0.5) its reward; the other tokens keep theirs."""
+    seen = _estimates(monkeypatch)
+    ppo.train(_config(tiny_lm, tmp_path / "run", rollouts, iterations=1, reward_clip=0.5))
+    assert seen[0].scores.tolist() == [0.5, 0.5]
+    clipped = [[0.25, 0.0, 0.0, 0.25], [0.0, 0.5, 0.0, 0.0]]
+    torch.testing.assert_close(seen[0].rewards.double(), t(clipped), rtol=0, atol=1e-12)
 
 
 def write_parquet(rows: list[dict], path: Path) -> Path:
