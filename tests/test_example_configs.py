@@ -22,6 +22,7 @@ COMMAND_OF = {
     "classic_hopper": "classic",
     "calculator_sft": "sft",
     "calculator_grpo": "grpo",
+    "distill": "grpo",
 }
 
 

@@ -16,6 +16,37 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_lm(tmp_path_factory.mktemp("tiny") / "lm", CORPUS))
 
 
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A teacher for on-policy distillation: the tiny model's tokenizer, another architecture
+    (48 wide, 1 layer) and a distribution a student can learn in seconds (build_sharp_teacher)."""
+    return build_sharp_teacher(tmp_path_factory.mktemp("teacher") / "lm")
+
+
+TEACHER_LETTERS = "abcdefghij"
+
+
+def build_sharp_teacher(path) -> str:  # type: ignore[no-untyped-def]
+    """A 48-wide 1-layer Llama whose next-token distribution hardly depends on the context:
+    its layer adds nothing (o_proj, down_proj 0), every embedding carries 20 in dimension 0, so
+    the normalised hidden state is ≈ √48 there, and the head reads logit 4 for each of the
+    letters a–j from it (≈ 0.64 of the mass on them, the rest near uniform)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    build_tiny_lm(path, CORPUS, hidden_size=48, num_layers=1, num_heads=4, seed=5)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    letters = AutoTokenizer.from_pretrained(path).convert_tokens_to_ids(list(TEACHER_LETTERS))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 20.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[letters, 0] = 4.0 / 48**0.5
+    model.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread() -> None:
     torch.set_num_threads(1)

@@ -804,7 +804,41 @@ CASES: list[Case] = [
     Case(
         "ppo: no reward source",
         PPO,
-        "proxrl ppo: error: reward_model / reward_fn: give a reward model, a reward function, or both",
+        "proxrl ppo: error: reward_model / reward_fn: give a reward model, a reward function, or "
+        "both (or a teacher_model alone)",
+    ),
+    # -- on-policy distillation (issue 36) ------------------------------------------------------
+    Case(
+        "grpo: a teacher with another tokenizer",
+        (*GRPO, "--teacher-model", "models/broken_tokenizer"),
+        "proxrl grpo: error: teacher_model: models/broken_tokenizer has another tokenizer than the "
+        "policy (2 vs 311 tokens, 310 of the policy's mapped to another id or missing); on-policy "
+        "distillation needs the one tokenizer both models read",
+    ),
+    Case(
+        "grpo: distill_loss gjsd with packed micro-batches",
+        (
+            *GRPO,
+            "--teacher-model",
+            "model",
+            "--distill-loss",
+            "gjsd",
+            "--max-tokens-per-micro-batch",
+            "64",
+        ),
+        "proxrl grpo: error: distill_loss: gjsd reads both models' logits in the padded layout; "
+        "set max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)",
+    ),
+    Case(
+        "grpo: a teacher alone with dynamic_sampling",
+        (*GRPO, "--teacher-model", "model", "--dynamic-sampling", "true"),
+        "proxrl grpo: error: dynamic_sampling: with a teacher_model alone every response scores "
+        "0, so every group would be dropped; give a reward source or set it false",
+    ),
+    Case(
+        "grpo: distill_beta outside [0, 1]",
+        (*GRPO, "--teacher-model", "model", "--distill-beta", "1.5"),
+        "proxrl grpo: error: distill_beta: expected in [0, 1], got 1.5",
     ),
     Case(
         "ppo: prompts file missing",

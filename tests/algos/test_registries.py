@@ -17,6 +17,7 @@ from proxrl.algos.online.run import KL_CONTROLLERS
 from proxrl.algos.online.samplers import ENGINES
 from proxrl.core import (
     AGGREGATIONS,
+    DISTILL_LOSSES,
     ENSEMBLE_COMBINATIONS,
     KL_ESTIMATORS,
     OFF_POLICY_MASKS,
@@ -55,6 +56,8 @@ def choices(cls: type, field: str) -> tuple[str, ...]:
         (ppo.Config, "surrogate", (*ppo.PPO_SURROGATES,)),
         (ppo.Config, "off_policy_mask", ("none", *OFF_POLICY_MASKS)),
         (grpo.Config, "off_policy_mask", ("none", *OFF_POLICY_MASKS)),
+        (ppo.Config, "distill_loss", (*DISTILL_LOSSES,)),
+        (grpo.Config, "distill_kl_estimator", REWARD_KL_ESTIMATORS),
     ],
 )
 def test_config_choices_are_the_registry_names(cls, field, names):

@@ -34,6 +34,13 @@ from proxrl.core.correction import (
     seq_tis_weights,
     tis_weights,
 )
+from proxrl.core.distill import (
+    DISTILL_LOSSES,
+    DistillLoss,
+    chunked_generalized_jsd,
+    distill_advantage,
+    generalized_jsd,
+)
 from proxrl.core.ensemble import (
     ENSEMBLE_COMBINATIONS,
     ensemble_mean,
@@ -129,6 +136,11 @@ __all__ = [
     "literal",
     "sapo_loss",
     "OFF_POLICY_MASKS",
+    "DISTILL_LOSSES",
+    "DistillLoss",
+    "chunked_generalized_jsd",
+    "distill_advantage",
+    "generalized_jsd",
     "m2po_keep",
     "opsm_keep",
     "binary_kl",

@@ -49,6 +49,10 @@ class Experience:
     # valid token (``core.rewards_at_tokens``), so a row sums to its ``scores``; 0 at masked
     # positions and padding; before any KL or teacher shaping. PPO's GAE reads them; the
     # critic-free estimators take ``scores``. None: one score per response
+    teacher_logprobs: Tensor | None = None  # (B, T) log π_teacher(a_t|s_t) of the sampled tokens,
+    # processed as π_old and π_ref are (temperature, top-k, top-p, min-p); None without a teacher
+    teacher_argmax: Tensor | None = None  # (B, T) int64, the teacher's likeliest token at s_t
+    # (its agreement with the sampled token is logged); None without a teacher
 
     @property
     def loss_mask(self) -> Tensor:

@@ -26,6 +26,9 @@ class PolicyOutput:
     # distribution (temperature, top-k, top-p, min-p: ``core.processed_logprobs``)
     entropy: Tensor | None  # (B, T) entropy of that processed π(·|s_t), when asked for
     hidden: Tensor | None  # (B, T, d) last hidden state at s_t, when asked for (value head)
+    argmax: Tensor | None = None  # (B, T) int64 likeliest token at s_t, when asked for (a teacher)
+    logits: Tensor | None = None  # (B, T, V) the raw logits at s_t (a view of the forward's), when
+    # asked for (a full-vocabulary distillation loss; the padded forward only)
 
 
 def policy_forward(
@@ -40,6 +43,8 @@ def policy_forward(
     top_p: float = 1.0,
     min_p: float = 0.0,
     packed: bool = False,
+    with_argmax: bool = False,
+    with_logits: bool = False,
 ) -> PolicyOutput:
     """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
     under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
@@ -49,9 +54,11 @@ def policy_forward(
     every real response token (0 elsewhere).
     """
     if packed:
+        if with_logits:
+            raise ValueError("with_logits: the padded forward only")
         return _packed_policy_forward(
             model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
-            with_hidden, top_k, top_p, min_p,
+            with_hidden, top_k, top_p, min_p, with_argmax,
         )  # fmt: skip
     output = model(
         input_ids=input_ids,
@@ -70,6 +77,8 @@ def policy_forward(
             else None
         ),
         hidden=output.hidden_states[-1][:, prompt_length - 1 : -1] if with_hidden else None,
+        argmax=logits.argmax(-1) if with_argmax else None,
+        logits=logits if with_logits else None,
     )
 
 
@@ -84,6 +93,7 @@ def _packed_policy_forward(
     top_k: int,
     top_p: float,
     min_p: float,
+    with_argmax: bool = False,
 ) -> PolicyOutput:
     """``policy_forward`` on the packed rows. The log-probs (and entropies) are computed on
     the packed logits as they come, ``logits[:, s]`` scoring the line's next token, and then
@@ -109,6 +119,9 @@ def _packed_policy_forward(
         entropy=None if entropy is None else unpack(entropy, rows, columns, shape),
         hidden=unpack(output.hidden_states[-1][lines, slots], rows, columns, shape)
         if with_hidden
+        else None,
+        argmax=unpack(logits[lines, slots].argmax(-1), rows, columns, shape)
+        if with_argmax
         else None,
     )
 
@@ -152,6 +165,58 @@ def reference_pass(
             packed=packed,
         ).logprobs
     )
+
+
+def teacher_pass(
+    teacher: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_length: int,
+    temperature: float,
+    truncation: dict[str, Any],
+    packed: bool,
+) -> tuple[Tensor, Tensor]:
+    """(B, P + T) ids and mask → (B, T) log π_teacher of the response tokens, processed as
+    ``reference_pass`` processes π_ref (temperature, then ``truncation``), at least float32, and
+    (B, T) the teacher's likeliest token at each position; on the caller's device.
+
+    As ``reference_pass``, computed where the teacher lives: a module of this process, or a
+    stand-in for one placed elsewhere (placement ray's ``RemoteTeacher``) that runs this same
+    function in its actor and sends back 2 × B × T numbers."""
+    if not isinstance(teacher, nn.Module):
+        logprobs, argmax = teacher.teacher_logprobs(
+            input_ids, attention_mask, prompt_length, temperature, truncation, packed
+        )
+        return logprobs.to(input_ids.device), argmax.to(input_ids.device)
+    device = next(teacher.parameters()).device
+    out = policy_forward(
+        teacher,
+        input_ids.to(device),
+        attention_mask.to(device),
+        prompt_length,
+        temperature,
+        **truncation,
+        packed=packed,
+        with_argmax=True,
+    )
+    assert out.argmax is not None
+    return at_least_float32(out.logprobs).to(input_ids.device), out.argmax.to(input_ids.device)
+
+
+def response_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_length: int
+) -> Tensor:
+    """(B, P + T) ids and mask → (B, T, V) the logits that predict each response token (a view
+    of the forward's own logits), on the caller's device: the teacher's whole distribution
+    for a full-vocabulary distillation loss. Run it under ``torch.no_grad`` for a frozen model."""
+    device = next(model.parameters()).device
+    output = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids(attention_mask).to(device),
+        use_cache=False,
+    )
+    return output.logits[:, prompt_length - 1 : -1].to(input_ids.device)
 
 
 def critic_forward(

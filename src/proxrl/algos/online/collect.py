@@ -41,7 +41,7 @@ from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass
+from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass, teacher_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
@@ -191,6 +191,8 @@ def evaluate(
         **parts,
         **{f"rollout/{k}": v for k, v in correction.items()},
     }
+    if experience.teacher_logprobs is not None:
+        metrics |= distill_metrics(experience)
     if experience.logprobs is not None:  # else the update logs them (update.OnPolicyRecord)
         assert entropy is not None
         mask = experience.loss_mask.float()
@@ -204,6 +206,21 @@ def evaluate(
             models.tracks_kl,
         )
     return experience, completions, metrics
+
+
+def distill_metrics(experience: Experience) -> dict[str, float]:
+    """What the teacher says of the rollout, per sampled token: the reverse KL's k1 estimate
+    log π_old − log π_teacher (π_old: the policy that sampled), the teacher's log-prob, and the
+    share of sampled tokens that are the teacher's likeliest."""
+    teacher, argmax = experience.teacher_logprobs, experience.teacher_argmax
+    assert teacher is not None and argmax is not None and experience.logprobs is not None
+    mask = experience.loss_mask.float()
+    agrees = (experience.response_ids == argmax).to(mask.dtype)
+    return {
+        "distill/reverse_kl": masked_mean(experience.logprobs - teacher, mask).item(),
+        "distill/teacher_logprob": masked_mean(teacher, mask).item(),
+        "distill/teacher_argmax_agreement": masked_mean(agrees, mask).item(),
+    }
 
 
 def rollout_metrics(
@@ -389,6 +406,8 @@ def forward_passes(
         truncated=~scored.ended.to(device),
         action_mask=samples.action_mask,
         token_rewards=None if scored.token_rewards is None else scored.token_rewards.to(device),
+        teacher_logprobs=joined.get("teacher_logprobs"),
+        teacher_argmax=joined.get("teacher_argmax"),
     )
     if not source.correct:
         return Passes(experience, joined.get("entropy"), {}, 0.0)
@@ -458,6 +477,11 @@ def micro_batch_passes(
             out["ref_logprobs"] = reference_pass(
                 ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
             ).to(input_ids.device)
+    if models.teacher is not None:  # on-policy distillation: the teacher scores the samples
+        teacher = models.teacher
+        out["teacher_logprobs"], out["teacher_argmax"] = teacher_pass(
+            teacher, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
+        )
     out["values"] = critic.values(input_ids, attention_mask, P, hidden)
     return out
 
@@ -473,7 +497,8 @@ def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> boo
       sampler's log-probs differ from the trainer's by the engine's rounding;
     - nothing before the update reads π_old: the KL is paid in the loss (``Algorithm.kl_loss``,
       grpo), not in the reward (ppo, rloo, remax, reinforce, reinforce_pp*, whose advantages are
-      KL-shaped), and no value head reads the pass's hidden state for V_old;
+      KL-shaped), no teacher's term joins the advantages (on-policy distillation), and no value
+      head reads the pass's hidden state for V_old;
     - every rollout row reaches the update's forward, where the rollout metrics that read π_old
       (objective/kl, objective/entropy, objective/rlhf_reward) are then computed: not
       dynamic_sampling (those metrics cover the dropped groups too) nor mask_truncated (a
@@ -489,6 +514,7 @@ def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> boo
         and one_step
         and not cfg.sampler_logprobs
         and algo.kl_loss is not None
+        and cfg.teacher_model is None
         and not critic.needs_hidden
         and not cfg.dynamic_sampling
         and not cfg.mask_truncated

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from proxrl.algos.online.distill_fields import DistillFields
 from proxrl.algos.online.heldout_fields import HeldOutFields
 from proxrl.algos.online.placement_fields import PlacementFields
 from proxrl.core import (
@@ -103,7 +104,7 @@ RewardEnsembleChoice = literal(*ENSEMBLE_COMBINATIONS)
 
 
 @dataclass
-class OnlineRunFields(PlacementFields, HeldOutFields, ModelRunConfig):
+class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunConfig):
     """The fields of ``OnlineConfig`` that come before the policy loss's knobs (a base of their
     own so that the knobs keep their place in --help and config.yaml)."""
 
@@ -265,8 +266,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     rollout_correction_low: Annotated[float, Range(gt=0, lt=1)] = 0.5
     """icepop: lower bound α on the token ratio."""
     offload_frozen_roles: bool = False
-    """Keep the reference and reward models on the CPU (their forward passes run there), freeing
-    accelerator memory for the actor and critic."""
+    """Keep the reference, teacher and reward models on the CPU (their forward passes run
+    there), freeing accelerator memory for the actor and critic."""
     environment: str | None = None
     """Multi-turn episodes: a module:factory whose factory() makes each episode's Environment
     (rollout/environment.py; None: single-turn responses)."""
@@ -327,6 +328,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             separate_critic=getattr(self, "critic", None) == "separate",
         )
         self._check_inputs()
+        self.validate_distill(bool(self.max_tokens_per_micro_batch), self.rollouts_file is not None)
         self._check_rewards()
         self._check_dual_clip()
         self._check_kl()
@@ -344,9 +346,16 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             return self._check_rollouts_file(self.rollouts_file)
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
-        if not self.reward_model and not self.reward_fn and self.environment is None:
+        task_reward = self.reward_model or self.reward_fn or self.environment is not None
+        if not task_reward and not self.distills:
             raise ProxrlError(
-                "reward_model / reward_fn: give a reward model, a reward function, or both"
+                "reward_model / reward_fn: give a reward model, a reward function, or both (or "
+                "a teacher_model alone)"
+            )
+        if not task_reward and self.dynamic_sampling:
+            raise ProxrlError(
+                "dynamic_sampling: with a teacher_model alone every response scores 0, so every "
+                "group would be dropped; give a reward source or set it false"
             )
         from proxrl.rollout.environment import (
             load_environment_factory,

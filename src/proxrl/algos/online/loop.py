@@ -103,7 +103,7 @@ def run_iteration(
     run.rewards.trainer_state = TrainerState(iteration, iteration + 1, cfg.iterations)
     batch = rollout(run, iteration, timings)
     # 2. Advantages, once, over the rows that are trained on.
-    experience = estimate(algo, batch.experience, run.kl.value)
+    experience = estimate(algo, batch.experience, run.kl.value, cfg)
     row = batch.metrics
     if cfg.group_size > 1:
         constant = ~informative_groups(experience.scores, cfg.group_size)

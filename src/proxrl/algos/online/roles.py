@@ -42,6 +42,9 @@ class Models:
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
+    # on-policy distillation's frozen teacher (None: none); placement ray: a stand-in for the
+    # teacher actor (``rollout.forward.teacher_pass`` asks it for log-probs)
+    teacher: Any = None
 
 
 def measures_kl(cfg: OnlineConfig) -> bool:
@@ -51,11 +54,16 @@ def measures_kl(cfg: OnlineConfig) -> bool:
     )
 
 
-def load_models(cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True) -> Models:
-    """The roles of ``cfg`` in this process; ``with_reference`` False leaves the reference model
-    unloaded (``Models.reference`` None) for a caller that places it elsewhere."""
+def load_models(
+    cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True, with_teacher: bool = True
+) -> Models:
+    """The roles of ``cfg`` in this process; ``with_reference`` / ``with_teacher`` False leave
+    the reference / teacher unloaded (None) for a caller that places it elsewhere. A teacher
+    with another tokenizer is refused first, before any model loads."""
     kwargs = cfg.loader_kwargs()
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    if cfg.teacher_model is not None:
+        check_teacher_tokenizer(cfg.teacher_model, tokenizer, cfg.trust_remote_code)
     actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
     resize_for_tokenizer(actor, tokenizer)
     reference = None
@@ -68,7 +76,49 @@ def load_models(cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True)
     critic = algo.critic(
         cfg, actor, tokenizer
     )  # after the reference: the same random stream as before
-    return Models(actor, reference, critic, tokenizer, measures_kl(cfg))
+    teacher = None
+    if cfg.teacher_model is not None and with_teacher:  # after the critic: its random stream kept
+        teacher = load_teacher(cfg, tokenizer, actor)
+    return Models(actor, reference, critic, tokenizer, measures_kl(cfg), teacher)
+
+
+def check_teacher_tokenizer(path: str, tokenizer: Any, trust_remote_code: bool) -> None:
+    """The teacher scores the policy's token ids, so it must read them as the policy does:
+    the same token → id map (special tokens included), else one line."""
+    try:
+        theirs = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    except ProxrlError as error:
+        raise ProxrlError(f"teacher_model: {error}") from None
+    mine, other = tokenizer.get_vocab(), theirs.get_vocab()
+    if mine != other:
+        differ = sum(other.get(token) != index for token, index in mine.items())
+        raise ProxrlError(
+            f"teacher_model: {path} has another tokenizer than the policy ({len(other)} vs "
+            f"{len(mine)} tokens, {differ} of the policy's mapped to another id or missing); "
+            "on-policy distillation needs the one tokenizer both models read"
+        )
+
+
+def load_teacher(cfg: OnlineConfig, tokenizer: Any, actor: nn.Module) -> nn.Module:
+    """The frozen teacher, loaded as the reference is; with distill_loss gjsd its output width
+    must be the policy's (the divergence runs over every entry of both distributions)."""
+    assert cfg.teacher_model is not None
+    teacher = load_causal_lm(cfg.teacher_model, **cfg.loader_kwargs())
+    resize_for_tokenizer(teacher, tokenizer)
+    if cfg.distill_loss == "gjsd":
+        check_output_widths(teacher, actor, cfg.teacher_model)
+    return teacher.requires_grad_(False).eval()
+
+
+def check_output_widths(teacher: nn.Module, actor: nn.Module, path: str) -> None:
+    """distill_loss gjsd compares whole distributions: both models' logits one width."""
+    theirs = teacher.get_output_embeddings().weight.shape[0]  # type: ignore[operator]
+    mine = actor.get_output_embeddings().weight.shape[0]  # type: ignore[operator]
+    if theirs != mine:
+        raise ProxrlError(
+            f"teacher_model: {path} outputs {theirs} logits, the policy {mine}; distill_loss "
+            "gjsd compares whole distributions (use distill_loss reverse_kl_reward)"
+        )
 
 
 def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
@@ -125,7 +175,7 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
 
 def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) -> None:
     """Put the actor and critic on this process's device (``runtime.distributed.device``: the
-    CPU without a GPU, so a no-op there), and the reference and reward models too unless
+    CPU without a GPU, so a no-op there), and the reference, teacher and reward models too unless
     ``offload_frozen`` keeps them on the CPU. FSDP / DeepSpeed place the trained roles
     themselves when they wrap them."""
     device = dist.device()
@@ -135,8 +185,9 @@ def place_roles(models: Models, rewards: WeightedRewards, offload_frozen: bool) 
     for module in models.critic.modules():
         module.to(device)
     frozen_device = torch.device("cpu") if offload_frozen else device
-    if isinstance(models.reference, nn.Module):  # (not a stand-in for one placed elsewhere)
-        models.reference.to(frozen_device)
+    for frozen in (models.reference, models.teacher):
+        if isinstance(frozen, nn.Module):  # (not a stand-in for one placed elsewhere)
+            frozen.to(frozen_device)
     place_rewards(rewards, frozen_device)
 
 

@@ -20,9 +20,9 @@ from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.roles import Models
-from proxrl.core import DRAWING_LOSSES, entropy_bonus
+from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, entropy_bonus
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import PolicyOutput, policy_forward
+from proxrl.rollout.forward import PolicyOutput, policy_forward, response_logits
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
@@ -407,6 +407,7 @@ def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], Po
     actor, critic = losses.models.actor, losses.models.critic
     agg = cfg.aggregation
     mask = mb.loss_mask.float()  # model tokens: observations take no loss
+    full_distill = DISTILL_LOSSES[cfg.distill_loss].per_token_loss if cfg.distills else None
     out = policy_forward(
         actor,
         mb.input_ids,
@@ -419,6 +420,7 @@ def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], Po
         top_p=cfg.top_p,
         min_p=cfg.min_p,
         packed=bool(cfg.max_tokens_per_micro_batch),
+        with_logits=full_distill is not None and step.train_policy,
     )
     if mb.logprobs is None:  # π_old is π at this step (the rollout ran no pass for it)
         mb = replace(mb, logprobs=out.logprobs.detach())
@@ -434,10 +436,34 @@ def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], Po
             bonus, entropy_stats = entropy_bonus(out.entropy, mask, agg)  # type: ignore[arg-type]
             stats.update(entropy_stats)
             loss = loss + cfg.entropy_coef * bonus
+        if full_distill is not None:
+            loss = loss + distill_loss_term(losses, mb, out, mask, stats)
     v_loss, v_stats = critic.loss(mb, out.hidden, agg)  # 0 and {} without a critic
     loss = loss + v_loss
     stats.update(v_stats)
     return loss, stats, out
+
+
+def distill_loss_term(
+    losses: Losses, mb: Experience, out: PolicyOutput, mask: Tensor, stats: dict[str, Tensor]
+) -> Tensor:
+    """λ × the full-vocabulary distillation loss (distill_loss gjsd) of one micro-batch: the
+    teacher's logits at every response position (no gradient), the divergence per position in
+    chunks (``core.chunked_generalized_jsd``), reduced as every other term; stat
+    ``distill_loss``."""
+    cfg = losses.cfg
+    per_token_loss = DISTILL_LOSSES[cfg.distill_loss].per_token_loss
+    assert per_token_loss is not None and out.logits is not None
+    with torch.no_grad():
+        teacher = response_logits(
+            losses.models.teacher, mb.input_ids, mb.attention_mask, losses.prompt_width
+        )
+    per_token = per_token_loss(
+        out.logits, teacher, cfg.distill_beta, cfg.temperature, cfg.distill_chunk_size
+    )
+    divergence = cfg.aggregation(per_token, mask)
+    stats["distill_loss"] = divergence.detach()
+    return cfg.distill_coef * divergence
 
 
 def corrected(mb: Experience) -> Experience:
@@ -465,4 +491,5 @@ NAMESPACES = {
     "early_stopped": "policy/early_stopped",
     "steps": "policy/optimizer_steps",
     "skipped_steps": "policy/skipped_steps",
+    "distill_loss": "distill/loss",
 }

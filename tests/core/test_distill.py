@@ -1,0 +1,155 @@
+"""On-policy distillation's formulas by hand (float64, a two-token vocabulary), the chunked
+generalised JSD against the whole one, and the chunked form's memory: no tensor of the batch's
+(B, T, V) size is made besides the one gradient buffer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from proxrl.core import (
+    DISTILL_LOSSES,
+    chunked_generalized_jsd,
+    distill_advantage,
+    generalized_jsd,
+)
+from tests.core.helpers import close, t
+
+# student π = (0.5, 0.5) from logits (0, 0); teacher π_T = (0.8, 0.2) from logits (ln 4, 0)
+STUDENT, TEACHER = t([0.0, 0.0]), t([math.log(4.0), 0.0])
+P, Q = (0.5, 0.5), (0.8, 0.2)
+
+
+def kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q, strict=True))
+
+
+def test_distill_advantage_by_hand():
+    """π = 0.5, π_T = 0.25, λ = 2: k1 = ln 2 → −2 ln 2; k3 with r = π_T/π = 0.5: (r − 1) − ln r =
+    ln 2 − 0.5 → −2(ln 2 − 0.5); a masked token gets 0."""
+    logprobs = t([[math.log(0.5), math.log(0.5)]])
+    teacher = t([[math.log(0.25), math.log(0.9)]])
+    mask = t([[1.0, 0.0]])
+    close(distill_advantage(logprobs, teacher, mask, 2.0), [[-2 * math.log(2), 0.0]])
+    close(distill_advantage(logprobs, teacher, mask, 2.0, "k3"), [[-2 * (math.log(2) - 0.5), 0.0]])
+
+
+@pytest.mark.parametrize(
+    ("beta", "expected"),
+    [
+        (0.0, kl(Q, P)),  # forward KL(π_T‖π) = 0.8 ln 1.6 + 0.2 ln 0.4
+        (1.0, kl(P, Q)),  # reverse KL(π‖π_T) = ½ ln 1.5625
+        # M = ½π_T + ½π = (0.65, 0.35)
+        (0.5, 0.5 * kl(Q, (0.65, 0.35)) + 0.5 * kl(P, (0.65, 0.35))),
+        # M = ¼π_T + ¾π = (0.575, 0.425)
+        (0.25, 0.25 * kl(Q, (0.575, 0.425)) + 0.75 * kl(P, (0.575, 0.425))),
+    ],
+)
+def test_generalized_jsd_by_hand(beta, expected):
+    close(generalized_jsd(STUDENT, TEACHER, beta), expected)
+    close(chunked_generalized_jsd(STUDENT[None, None], TEACHER[None, None], beta), [[expected]])
+
+
+def test_the_endpoints_are_the_two_kls_by_hand_values():
+    """The β = 0 and β = 1 numbers themselves, written out."""
+    close(generalized_jsd(STUDENT, TEACHER, 0.0), 0.8 * math.log(1.6) + 0.2 * math.log(0.4))
+    close(generalized_jsd(STUDENT, TEACHER, 1.0), 0.5 * math.log(1.5625))
+
+
+def test_temperature_divides_both_logits():
+    """T = 2: the teacher's logits (ln 2, 0) give (2/3, 1/3); the student's stay uniform:
+    KL(π‖π_T) = ½ ln(0.75) + ½ ln(1.5) = ½ ln 1.125."""
+    close(generalized_jsd(STUDENT, TEACHER, 1.0, temperature=2.0), 0.5 * math.log(1.125))
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_the_chunked_gradient_by_hand(beta):
+    """d/dz_j of the divergence, p = π, s = log π, m = log M: reverse KL (β = 1):
+    p_j (s_j − log π_T,j − KL(π‖π_T)); inside: (1 − β) p_j ((s_j − m_j) − KL(π‖M)). Both
+    entries sum to 0 (a softmax's logits)."""
+    logits = STUDENT[None, None].clone().requires_grad_(True)
+    chunked_generalized_jsd(logits, TEACHER[None, None], beta).sum().backward()
+    if beta == 1.0:
+        reverse = kl(P, Q)
+        expected = [0.5 * (math.log(0.5 / 0.8) - reverse), 0.5 * (math.log(0.5 / 0.2) - reverse)]
+    else:
+        m = (0.65, 0.35)
+        inner = kl(P, m)
+        expected = [0.5 * 0.5 * (math.log(0.5 / mj) - inner) for mj in m]
+    close(logits.grad[0, 0], expected)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+def test_chunked_equals_whole(beta, chunk):
+    """Values and gradients (under a random weighting of the positions) of the chunked form
+    equal the whole form's, for chunks that divide T, do not, and exceed it."""
+    generator = torch.Generator().manual_seed(0)
+    student = torch.randn(3, 7, 11, dtype=torch.float64, generator=generator)
+    teacher = torch.randn(3, 7, 11, dtype=torch.float64, generator=generator) * 2
+    weights = torch.rand(3, 7, dtype=torch.float64, generator=generator)
+    whole_in = student.clone().requires_grad_(True)
+    whole = generalized_jsd(whole_in, teacher, beta, temperature=0.7)
+    (whole * weights).sum().backward()
+    chunked_in = student.clone().requires_grad_(True)
+    chunked = chunked_generalized_jsd(chunked_in, teacher, beta, temperature=0.7, chunk_size=chunk)
+    (chunked * weights).sum().backward()
+    close(chunked, whole)
+    close(chunked_in.grad, whole_in.grad)
+
+
+class LargestOutputs(TorchDispatchMode):
+    """Records the operations that allocate a tensor of at least ``limit`` elements (a result in
+    new storage: not a view, alias or in-place write of an argument)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.large: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        given = {
+            a.untyped_storage().data_ptr()
+            for a in (*args, *(kwargs or {}).values())
+            if isinstance(a, torch.Tensor)
+        }
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        for result in results:
+            if not isinstance(result, torch.Tensor) or result.numel() < self.limit:
+                continue
+            if result.untyped_storage().data_ptr() not in given:
+                self.large.append(str(func))
+        return out
+
+
+def test_the_chunked_form_holds_no_batch_sized_copy():
+    """Forward and backward of B = 2, T = 32, V = 50 in chunks of 4: the only operation that
+    allocates more than one chunk's working set (the mixture stacks two (B, chunk, V) copies)
+    is the one gradient buffer; the whole form allocates many (both log-softmaxes, the
+    probabilities, the products), so the count has power."""
+    B, T, V, chunk = 2, 32, 50, 4
+    student = torch.randn(B, T, V, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(B, T, V, dtype=torch.float64)
+    for form, most in ((chunked_generalized_jsd, 1), (generalized_jsd, None)):
+        kwargs = {"chunk_size": chunk} if form is chunked_generalized_jsd else {}
+        with LargestOutputs(limit=2 * B * chunk * V + 1) as seen:
+            form(student, teacher, 0.5, **kwargs).sum().backward()
+        if most is None:
+            assert len(seen.large) >= 5, seen.large
+        else:
+            assert len(seen.large) <= most, seen.large
+
+
+def test_each_distill_loss_acts_in_exactly_one_place():
+    for name, entry in DISTILL_LOSSES.items():
+        assert (entry.advantage is None) != (entry.per_token_loss is None), name
+    assert tuple(DISTILL_LOSSES) == ("reverse_kl_reward", "gjsd")
+
+
+def test_chunked_refuses_a_beta_outside_the_unit_interval():
+    with pytest.raises(ValueError, match="beta must lie in"):
+        chunked_generalized_jsd(STUDENT[None, None], TEACHER[None, None], 1.5)
