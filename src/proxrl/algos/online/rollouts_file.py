@@ -49,6 +49,7 @@ from proxrl.core import rewards_at_tokens
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.generation import Samples
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -257,10 +258,7 @@ def recorded_stage(
     samples = Samples(response_ids, response_mask, logprobs, None, action_mask)
     prompt_ids = pad_left([r.prompt_ids for r in rows], pad).to(device)
     prompt_mask = pad_left([[1] * len(r.prompt_ids) for r in rows], 0).to(device)
-    prompts = [
-        PromptExample(tokenizer.decode(r.prompt_ids, skip_special_tokens=True), None, r.where)
-        for r in rows
-    ]
+    prompts = prompt_examples(rows, tokenizer)
     completions = tokenizer.batch_decode(
         torch.where(response_mask.bool(), response_ids, pad), skip_special_tokens=True
     )
@@ -273,6 +271,23 @@ def recorded_stage(
             samples.response_mask if action_mask is None else action_mask,
         ).to(device)
     return sampled, torch.tensor([r.score for r in rows]), token_rewards
+
+
+def prompt_examples(rows: list[Trajectory], tokenizer: Any) -> list[PromptExample]:
+    """(B,) each row's prompt, decoded, named by its ``file:line``."""
+    return [
+        PromptExample(tokenizer.decode(r.prompt_ids, skip_special_tokens=True), None, r.where)
+        for r in rows
+    ]
+
+
+def this_ranks_rows(rows: list[Trajectory], group_size: int) -> list[Trajectory]:
+    """This process's share of ``rows``: a contiguous block of whole groups, rank 0's first,
+    so the gathered rollout (``gather.gather_rollout`` joins the ranks in order) is the file's
+    rows in the file's order. The world divides the groups (``rollout_batch_size``)."""
+    world = dist.world_size()
+    per_rank = len(rows) // group_size // world * group_size
+    return rows[dist.rank() * per_rank : (dist.rank() + 1) * per_rank]
 
 
 def limits_of(cfg: OnlineConfig, tokenizer: Any) -> Limits:
@@ -305,11 +320,13 @@ def recorded_rollout(
 ) -> RolloutBatch:
     """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
     between iterations), scored by its recorded rewards (then the shaping rules), evaluated
-    by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``."""
+    by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``. Several
+    processes each evaluate their share of the groups, and the rollout is gathered."""
     tokenizer = models.tokenizer
     rows = iteration_rows(cfg, tokenizer)
     device = next(models.actor.parameters()).device
-    sampled, raw, token_rewards = recorded_stage(rows, tokenizer, device)
+    mine = this_ranks_rows(rows, cfg.group_size)
+    sampled, raw, token_rewards = recorded_stage(mine, tokenizer, device)
     samples = sampled.samples
     ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     scores = shaped_scores(cfg, raw.clone(), ended, samples.response_mask.sum(-1).cpu())
@@ -322,4 +339,5 @@ def recorded_rollout(
         cfg, models, sampled, scored, recorded_source(cfg), kl_coef, timings
     )
     rows_index = list(range(len(rows)))
-    return RolloutBatch(experience, completions, rows_index, metrics, prompts=sampled.prompts)
+    prompts = prompt_examples(rows, tokenizer)  # every rank's rows, as gathered
+    return RolloutBatch(experience, completions, rows_index, metrics, prompts=prompts)
