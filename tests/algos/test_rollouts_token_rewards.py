@@ -133,8 +133,8 @@ def _estimates(monkeypatch: pytest.MonkeyPatch) -> list:
     seen = []
     estimate = loop.estimate
 
-    def recording(algo, experience, kl_coef):
-        estimated = estimate(algo, experience, kl_coef)
+    def recording(*args):
+        estimated = estimate(*args)
         seen.append(estimated)
         return estimated
 
