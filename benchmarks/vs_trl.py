@@ -92,9 +92,9 @@ def ensure_trl_venv(trainer: str) -> None:
     )
 
 
-def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
+def build_models(work: Path, hidden: int, layers: int, **shape: object) -> dict[str, str]:
     """A Qwen2-style causal LM, a reward model with the same body and a random head, both
-    with the locally trained tokenizer."""
+    with the locally trained tokenizer; ``shape`` replaces config fields (vs_trl_05b.py)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
@@ -111,13 +111,16 @@ def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
         num_hidden_layers=layers,
         num_attention_heads=max(hidden // 64, 2),
         num_key_value_heads=max(hidden // 64, 2),
-        max_position_embeddings=256,
+        # prompt + 256 response tokens: proxrl refuses a run longer than the model's context
+        max_position_embeddings=512,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         num_labels=1,
     )
+    for field, value in shape.items():
+        setattr(config, field, value)
     torch.manual_seed(0)
     paths = {"model": work / "policy", "reward": work / "reward"}
     Qwen2ForCausalLM(config).save_pretrained(paths["model"])
@@ -133,7 +136,7 @@ def build_models(work: Path, hidden: int, layers: int) -> dict[str, str]:
         "reward": str(paths["reward"]),
         "prompts": str(prompts),
         "eos": str(tokenizer.eos_token_id),
-        "vocab": str(len(tokenizer)),
+        "vocab": str(config.vocab_size),  # the LM head's width (the tokenizer's by default)
     }
 
 
@@ -264,10 +267,8 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         mixed_precision="bf16" if args.precision == "bf16" else "no",
         compile_sampler=args.compile_sampler,
     )
-    common |= getattr(args, "overrides", {})  # benchmarks/old_logprobs.py's variants
     if args.trainer == "ppo":
-        cfg = ppo.Config(
-            **common,
+        fields = dict(
             reward_model=paths["reward"],
             critic_model=paths["reward"],
             rollout_batch_size=32,
@@ -279,12 +280,9 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             critic_learning_rate=1e-5,
             max_grad_norm=0.0,
         )
-        started, cpu_started = time.perf_counter(), time.process_time()
-        ppo.train(cfg)
     else:
         sys.modules.setdefault("vs_trl", sys.modules[__name__])
-        cfg = grpo.Config(
-            **common,
+        fields = dict(
             reward_fn=("vs_trl:letter_share",),
             estimator="grpo",
             rollout_batch_size=8,
@@ -296,15 +294,24 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             max_grad_norm=1.0,
             track_kl=False,
         )
-        started, cpu_started = time.perf_counter(), time.process_time()
-        grpo.train(cfg)
+    # benchmarks/old_logprobs.py's variants, vs_trl_05b.py's shape (they may replace any field)
+    fields = common | fields | getattr(args, "overrides", {})
+    algo = ppo if args.trainer == "ppo" else grpo
+    cfg = algo.Config(**fields)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    algo.train(cfg)
     rows = metrics.read_metrics(args.out)
-    tokens = [
-        r["response/length_mean"] * 32 for r in rows
-    ]  # 32 responses per update on both trainers
+    responses = cfg.rollout_batch_size * cfg.group_size  # the same count on every side
+    tokens = [r["response/length_mean"] * responses for r in rows]
     split = {  # where an update's time goes (the warm-up left out)
         key.removeprefix("time/").removesuffix("_s"): statistics.median(r[key] for r in rows[1:])
-        for key in ("time/rollout_s", "time/score_s", "time/forward_s", "time/update_s")
+        for key in (
+            "time/rollout_s",
+            "time/score_s",
+            "time/forward_s",
+            "time/update_s",
+            "time/weight_sync_s",
+        )
         if len(rows) > 1 and key in rows[1]
     }
     return {
@@ -333,6 +340,10 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     stamps: list[float] = []
     cpu_stamps: list[float] = []
     tokens: list[float] = []
+    # vs_trl_05b.py's shape: config fields, a LoRA config and the rollout's size replace these
+    overrides = getattr(args, "trl_overrides", {})
+    peft_config = getattr(args, "peft_config", None)
+    responses = getattr(args, "responses", 32)  # responses per update, the same on every side
 
     dtypes = ComputeDtypes()
 
@@ -344,7 +355,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 
         def on_log(self, args, state, control, logs=None, **k):  # type: ignore[no-untyped-def]
             if logs and "completions/mean_length" in logs:  # GRPO: the kept completion tokens
-                tokens.append(logs["completions/mean_length"] * 32)
+                tokens.append(logs["completions/mean_length"] * responses)
 
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     workload = Workload(args.workload == "spread", int(paths["eos"]), int(paths["vocab"]))
@@ -355,7 +366,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         logging_steps=1,
         save_strategy="no",
         seed=1,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # (gpu_check.sh runs vs_trl_05b.py on a GPU)
         disable_tqdm=True,
         lr_scheduler_type="linear",
         gradient_checkpointing=False,
@@ -368,64 +379,85 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
 
         truncate = ppo_module.truncate_response
         kept: list[float] = []
+        fields = (
+            dict(
+                per_device_train_batch_size=16,
+                gradient_accumulation_steps=2,
+                num_mini_batches=2,
+                num_ppo_epochs=4,
+                response_length=args.tokens,
+                stop_token="eos",
+                temperature=1.0,
+                total_episodes=responses * args.updates,
+                local_rollout_forward_batch_size=16,
+                kl_coef=0.05,
+                num_sample_generations=0,
+                missing_eos_penalty=None,
+                max_grad_norm=None,
+            )
+            | overrides
+        )
+        chunks = responses // fields["local_rollout_forward_batch_size"]
 
         def counting_truncate(stop_token_id, pad_token_id, responses):  # type: ignore[no-untyped-def]
             out = truncate(stop_token_id, pad_token_id, responses)
             kept.append(float((out != pad_token_id).sum()))  # tokens up to and including EOS
-            if len(kept) % 2 == 0:  # two rollout chunks of 16 per update
-                tokens.append(kept[-1] + kept[-2])
+            if len(kept) % chunks == 0:  # the rollout's chunks of one update
+                tokens.append(sum(kept[-chunks:]))
             return out
 
         ppo_module.truncate_response = counting_truncate
 
-        dataset = Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS * 4]})
-        config = PPOConfig(
-            **common,
-            per_device_train_batch_size=16,
-            gradient_accumulation_steps=2,
-            num_mini_batches=2,
-            num_ppo_epochs=4,
-            response_length=args.tokens,
-            stop_token="eos",
-            temperature=1.0,
-            total_episodes=32 * args.updates,
-            local_rollout_forward_batch_size=16,
-            kl_coef=0.05,
-            num_sample_generations=0,
-            missing_eos_penalty=None,
-            max_grad_norm=None,
+        dataset = Dataset.from_dict(
+            {"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS * (responses // 8)]}
         )
+        config = PPOConfig(**common, **fields)
+        value_model = AutoModelForSequenceClassification.from_pretrained(
+            paths["reward"], num_labels=1
+        )
+        if peft_config is not None:  # LoRA on the critic too (TRL puts it on the policy only)
+            from peft import inject_adapter_in_model
+
+            # in place, so TRL still finds the backbone and the score head by their names
+            value_model = inject_adapter_in_model(peft_config(None), value_model)
+            for name, weight in value_model.named_parameters():
+                weight.requires_grad_("lora_" in name or name.startswith("score."))
         trainer = PPOTrainer(
             args=config,
             processing_class=tokenizer,
             model=AutoModelForCausalLM.from_pretrained(paths["model"]),
-            ref_model=AutoModelForCausalLM.from_pretrained(paths["model"]),
+            # with LoRA the reference is the adapter-disabled policy, as in proxrl
+            ref_model=None
+            if peft_config is not None
+            else AutoModelForCausalLM.from_pretrained(paths["model"]),
             reward_model=AutoModelForSequenceClassification.from_pretrained(
                 paths["reward"], num_labels=1
             ),
-            value_model=AutoModelForSequenceClassification.from_pretrained(
-                paths["reward"], num_labels=1
-            ),
+            value_model=value_model,
             train_dataset=dataset,
             callbacks=[Stamp()],
+            peft_config=None if peft_config is None else peft_config(),
         )
     else:
         from trl import GRPOConfig, GRPOTrainer
 
         dataset = Dataset.from_dict({"prompt": PROMPTS * 8})
-        config = GRPOConfig(
-            **common,
-            per_device_train_batch_size=16,
-            gradient_accumulation_steps=2,
-            num_generations=4,
-            max_completion_length=args.tokens,
-            temperature=1.0,
-            beta=0.0,
-            num_iterations=1,
-            max_steps=args.updates,
-            log_completions=False,
-            max_grad_norm=1.0,
+        fields = (
+            dict(
+                per_device_train_batch_size=16,
+                gradient_accumulation_steps=2,
+                num_generations=4,
+                max_completion_length=args.tokens,
+                temperature=1.0,
+                beta=0.0,
+                num_iterations=1,
+                max_steps=args.updates,
+                log_completions=False,
+                max_grad_norm=1.0,
+            )
+            | overrides
         )
+        config = GRPOConfig(**common, **fields)
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(paths["model"]),
             reward_funcs=letter_share,
@@ -433,6 +465,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[Stamp()],
+            peft_config=None if peft_config is None else peft_config(),
         )
     # TRL 1.12's experimental PPOTrainer leaves its bf16 flag unapplied on a CPU (ComputeDtypes
     # saw float32 throughout): autocast around its loop gives it the bf16 compute it asks for.
@@ -458,7 +491,11 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     PPO: sample with log-probs, the reward, reference and value passes, then 4 epochs × 2
     minibatches of policy + value forward, backward and two AdamW steps. GRPO: sample with
     log-probs, the reward function, then two micro-batches of policy forward and backward, one
-    clipped AdamW step."""
+    clipped AdamW step. ``args.floor_shape`` (vs_trl_05b.py) gives another shape: prompts and
+    group per update, minibatch and micro-batch rows, epochs, a LoRA rank (on the policy and the
+    critic; the reference is then the adapter-disabled policy) and ``engine``, the options of a
+    vLLM engine to sample with instead of the bare cached loop (its weights synced after each
+    update, as any vLLM trainer must)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -470,26 +507,53 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         shaped_rewards,
         value_loss,
     )
+    from proxrl.models.lora import adapter_disabled, apply_lora
     from proxrl.models.scalar_head import sequence_scores
     from proxrl.rollout.forward import critic_forward, position_ids
     from proxrl.rollout.generation import draw_tokens, response_mask_after_stop
 
+    ppo = args.trainer == "ppo"
+    shape = {
+        "prompts": 32 if ppo else 8,
+        "group": 1 if ppo else 4,
+        "mini": 16 if ppo else 32,
+        "micro": 16,
+        "epochs": 4 if ppo else 1,
+        "lora_r": 0,
+        "engine": None,
+    } | getattr(args, "floor_shape", {})
     torch.manual_seed(1)
     workload = Workload(args.workload == "spread", int(paths["eos"]), int(paths["vocab"]))
     tokenizer = AutoTokenizer.from_pretrained(paths["model"], padding_side="left")
     policy = AutoModelForCausalLM.from_pretrained(paths["model"])
-    prompts = PROMPTS * 4 if args.trainer == "ppo" else [p for p in PROMPTS for _ in range(4)]
+    if shape["lora_r"]:
+        policy = apply_lora(policy, shape["lora_r"])
+    prompts = [p for p in (PROMPTS * 8)[: shape["prompts"]] for _ in range(shape["group"])]
     batch = tokenizer(prompts, return_tensors="pt", padding=True)
     P, eos, pad = batch.input_ids.shape[1], tokenizer.eos_token_id, tokenizer.pad_token_id
-    params = list(policy.parameters())
+    params = [p for p in policy.parameters() if p.requires_grad]
     optimizers = [torch.optim.AdamW(params, lr=1e-5)]
-    if args.trainer == "ppo":
-        ref = AutoModelForCausalLM.from_pretrained(paths["model"]).requires_grad_(False)
+    if ppo:
+        ref = (
+            policy
+            if shape["lora_r"]
+            else AutoModelForCausalLM.from_pretrained(paths["model"]).requires_grad_(False)
+        )
         reward = AutoModelForSequenceClassification.from_pretrained(
             paths["reward"], num_labels=1
         ).requires_grad_(False)
         critic = AutoModelForSequenceClassification.from_pretrained(paths["reward"], num_labels=1)
-        optimizers.append(torch.optim.AdamW(critic.parameters(), lr=1e-5))
+        if shape["lora_r"]:
+            critic = apply_lora(critic, shape["lora_r"], task="seq_cls")
+        optimizers.append(
+            torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=1e-5)
+        )
+    engine = None
+    if shape["engine"] is not None:
+        from proxrl.rollout.vllm_sampler import start_engine, sync_weights
+
+        engine = start_engine(shape["engine"])
+        sync_weights(engine, policy)
     dtypes = ComputeDtypes()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
@@ -526,12 +590,35 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             )
             cache, logits, step = out.cache, out.logits[:, -1], step + 1
         response = torch.stack(tokens, 1)
+        return response, torch.stack(logprobs, 1)
+
+    def sample_vllm() -> tuple[torch.Tensor, torch.Tensor]:  # (B, T) ids, (B, T) log-probs
+        from vllm import SamplingParams
+
+        from proxrl.rollout.vllm_sampler import outputs_as_tensors
+
+        rows = [
+            ids[m.bool()].tolist()
+            for ids, m in zip(batch.input_ids, batch.attention_mask, strict=True)
+        ]
+        params = [
+            SamplingParams(
+                max_tokens=args.tokens, logprobs=0, stop_token_ids=[eos], temperature=1.0, seed=s
+            )
+            for s in torch.randint(0, 2**31 - 1, (len(rows),)).tolist()
+        ]
+        outputs = engine.generate(
+            [{"prompt_token_ids": row} for row in rows], params, use_tqdm=False
+        )
+        return outputs_as_tensors(outputs, pad, True)
+
+    def rollout() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        response, logprobs = sample_vllm() if engine is not None else sample()
         response_mask = response_mask_after_stop(response, eos, pad)
-        ids = torch.cat([batch.input_ids, response], 1)
         return (
-            ids,
+            torch.cat([batch.input_ids, response], 1),
             torch.cat([batch.attention_mask, response_mask], 1),
-            torch.stack(logprobs, 1) * response_mask,
+            logprobs * response_mask,
         )
 
     def policy_logprobs(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -540,66 +627,91 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         ]
         return logprobs_from_logits(logits, ids[:, P:])
 
-    update_s, update_cpu_s, tokens = [], [], []
+    def micro_batches(rows: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """One minibatch's micro-batches, each with its share of the minibatch's rows."""
+        return [(micro, len(micro) / len(rows)) for micro in rows.split(shape["micro"])]
+
+    update_s, update_cpu_s, tokens, splits = [], [], [], []
     for _ in range(args.updates):
         started, cpu_started = time.perf_counter(), time.process_time()
         with torch.no_grad(), autocast:
-            ids, mask, old = sample()
+            ids, mask, old = rollout()
+            sampled = time.perf_counter()
             response_mask = mask[:, P:].float()
             completions = tokenizer.batch_decode(
                 ids[:, P:] * mask[:, P:] + pad * (1 - mask[:, P:]), skip_special_tokens=True
             )
-            if args.trainer == "ppo":
+            if ppo:
                 scores = sequence_scores(reward, ids, mask)
-                ref_logprobs = logprobs_from_logits(
-                    ref(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[
-                        :, P - 1 : -1
-                    ],
-                    ids[:, P:],
-                )
+                with adapter_disabled(ref):
+                    ref_logprobs = logprobs_from_logits(
+                        ref(
+                            input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)
+                        ).logits[:, P - 1 : -1],
+                        ids[:, P:],
+                    )
                 old_values = critic_forward(critic, ids, mask, P)
             else:
                 scores = torch.tensor(letter_share(prompts, completions))
-        if args.trainer == "ppo":  # KL-shaped rewards and GAE, as both trainers compute them
+        scored = time.perf_counter()
+        if ppo:  # KL-shaped rewards and GAE, as both trainers compute them
             rewards = shaped_rewards(scores, old, ref_logprobs, response_mask, 0.05)
             advantages, returns = gae(rewards, old_values, response_mask, gamma=1.0, lam=0.95)
-            for _ in range(4):
-                for rows in torch.randperm(len(prompts)).split(16):
-                    with autocast:
-                        loss = ppo_clip_loss(
-                            policy_logprobs(ids[rows], mask[rows]),
-                            old[rows],
-                            advantages[rows],
-                            response_mask[rows],
-                        )[0]
-                        values = critic_forward(critic, ids[rows], mask[rows], P)
-                        loss = (
-                            loss
-                            + 0.1
-                            * value_loss(
-                                values, old_values[rows], returns[rows], response_mask[rows], 0.2
+            for _ in range(shape["epochs"]):
+                for minibatch in torch.randperm(len(prompts)).split(shape["mini"]):
+                    for rows, share in micro_batches(minibatch):
+                        with autocast:
+                            loss = ppo_clip_loss(
+                                policy_logprobs(ids[rows], mask[rows]),
+                                old[rows],
+                                advantages[rows],
+                                response_mask[rows],
                             )[0]
-                        )
-                    loss.backward()
+                            values = critic_forward(critic, ids[rows], mask[rows], P)
+                            loss = (
+                                loss
+                                + 0.1
+                                * value_loss(
+                                    values,
+                                    old_values[rows],
+                                    returns[rows],
+                                    response_mask[rows],
+                                    0.2,
+                                )[0]
+                            )
+                        (loss * share).backward()
                     for opt in optimizers:
                         opt.step()
                         opt.zero_grad()
         else:
-            advantages = group_scaled_advantages(scores, 4)[:, None].expand_as(old)
-            for rows in torch.arange(len(prompts)).split(16):
-                with autocast:
-                    loss = ppo_clip_loss(
-                        policy_logprobs(ids[rows], mask[rows]),
-                        old[rows],
-                        advantages[rows],
-                        response_mask[rows],
-                    )[0]
-                (loss / 2).backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizers[0].step()
-            optimizers[0].zero_grad()
+            advantages = group_scaled_advantages(scores, shape["group"])[:, None].expand_as(old)
+            for _ in range(shape["epochs"]):
+                for minibatch in torch.arange(len(prompts)).split(shape["mini"]):
+                    for rows, share in micro_batches(minibatch):
+                        with autocast:
+                            loss = ppo_clip_loss(
+                                policy_logprobs(ids[rows], mask[rows]),
+                                old[rows],
+                                advantages[rows],
+                                response_mask[rows],
+                            )[0]
+                        (loss * share).backward()
+                    torch.nn.utils.clip_grad_norm_(params, 1.0)
+                    optimizers[0].step()
+                    optimizers[0].zero_grad()
+        updated = time.perf_counter()
+        if engine is not None:
+            sync_weights(engine, policy)
         update_s.append(time.perf_counter() - started)
         update_cpu_s.append(time.process_time() - cpu_started)
+        splits.append(
+            {
+                "rollout": sampled - started,
+                "score+forward": scored - sampled,
+                "update": updated - scored,
+                "weight_sync": time.perf_counter() - updated,
+            }
+        )
         tokens.append(float(response_mask.sum()))
         dtypes.stop()
     return {
@@ -609,6 +721,9 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
         "padding_share": workload.padding_share,
+        "split": {k: statistics.median(s[k] for s in splits[1:]) for k in splits[-1]}
+        if len(splits) > 1
+        else {},
     }
 
 

