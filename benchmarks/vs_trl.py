@@ -166,6 +166,7 @@ class Workload:
         self.lengths = torch.tensor(SPREAD_LENGTHS)
         self.offset, self.step, self.rows, self.width = 0, 0, None, 0
         self.positions, self.pads = 0, 0
+        self.decode_steps, self.decode_rows = 0, 0  # one-token forwards and their rows
         self.handle = torch.nn.modules.module.register_module_forward_hook(self.hook)
 
     def hook(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
@@ -180,6 +181,7 @@ class Workload:
                 self.offset += n
             else:
                 self.step += 1
+                self.decode_steps, self.decode_rows = self.decode_steps + 1, self.decode_rows + n
                 if self.rows is not None and n < len(self.rows):
                     # the sampler left its stopped rows out of the batch (``drop_stopped``):
                     # those whose last token came before this step
@@ -200,6 +202,11 @@ class Workload:
     @property
     def padding_share(self) -> float:
         return self.pads / max(self.positions, 1)
+
+    @property
+    def rows_per_step(self) -> float:
+        """Mean rows of a decoding step: below the batch where stopped rows leave it."""
+        return self.decode_rows / max(self.decode_steps, 1)
 
 
 class ComputeDtypes:
@@ -323,6 +330,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
         "padding_share": workload.padding_share,
+        "rows_per_step": workload.rows_per_step,
         "split": split,
     }
 
@@ -482,6 +490,7 @@ def worker_trl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
         "padding_share": workload.padding_share,
+        "rows_per_step": workload.rows_per_step,
     }
 
 
@@ -495,7 +504,9 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     group per update, minibatch and micro-batch rows, epochs, a LoRA rank (on the policy and the
     critic; the reference is then the adapter-disabled policy) and ``engine``, the options of a
     vLLM engine to sample with instead of the bare cached loop (its weights synced after each
-    update, as any vLLM trainer must)."""
+    update, as any vLLM trainer must). The bare loop decodes every row until the last stops, as
+    TRL does: on the spread workload proxrl's sampler, which drops stopped rows, decodes fewer
+    (``rows_per_step``), so there it can run below this floor."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -709,8 +720,8 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                 "rollout": sampled - started,
                 "score+forward": scored - sampled,
                 "update": updated - scored,
-                "weight_sync": time.perf_counter() - updated,
             }
+            | ({"weight_sync": time.perf_counter() - updated} if engine is not None else {})
         )
         tokens.append(float(response_mask.sum()))
         dtypes.stop()
@@ -721,6 +732,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "peak_mb": _peak_mb(),
         "dtypes": sorted(dtypes.seen),
         "padding_share": workload.padding_share,
+        "rows_per_step": workload.rows_per_step,
         "split": {k: statistics.median(s[k] for s in splits[1:]) for k in splits[-1]}
         if len(splits) > 1
         else {},
@@ -906,7 +918,8 @@ def main() -> None:
                     f"{ratios[-1]:>6.2f} {padded_ratios[-1]:>6.2f} {packing_gains[-1]:>6.2f} "
                     f"{ceilings[-1]:>7.2f} {cpu_ratios[-1]:>5.2f}/{cpu_padded[-1]:<5.2f} "
                     f"{os.getloadavg()[0]:>4.1f}  {split}  "
-                    f"{' / '.join(run.dtypes for run in runs.values())}",
+                    f"{' / '.join(run.dtypes for run in runs.values())}  rows/decoding step "
+                    f"{'/'.join(f'{r.rows_per_step:.1f}' for r in runs.values())}",
                     flush=True,
                 )
             summary.append(
@@ -954,6 +967,7 @@ class Run:
     padding_share: float  # pad positions / positions of the training and scoring passes
     split: dict[str, float]  # proxrl: median seconds of rollout, score, forward, update
     cpu_tokens_per_s: float  # the same per second of the process's CPU time
+    rows_per_step: float  # mean rows per decoding step (the built-in samplers' and TRL's)
 
     @classmethod
     def of(cls, numbers: dict, warmup: int) -> Run:
@@ -970,6 +984,7 @@ class Run:
             statistics.median(
                 n / t for n, t in zip(tokens, numbers["update_cpu_s"][warmup:], strict=True)
             ),
+            numbers.get("rows_per_step", float("nan")),
         )
 
 

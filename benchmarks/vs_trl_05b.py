@@ -337,7 +337,8 @@ def describe(numbers: dict) -> str:
         f"{head} s/update {statistics.median(timed):8.1f} (cpu {statistics.median(cpu):8.1f}) "
         f"warm-up {numbers['update_s'][0]:7.1f}  tokens {statistics.mean(tokens):6.0f}  "
         f"peak {numbers['peak_mb']:6.0f} MB  process {numbers['process_s']:6.0f} s  "
-        f"load {numbers['load']:4.1f}  {split}"
+        f"load {numbers['load']:4.1f}  rows/decoding step {numbers.get('rows_per_step', 0):.1f}  "
+        f"{split}"
     )
 
 
