@@ -897,6 +897,21 @@ CASES: list[Case] = [
         "proxrl grpo: error: prompts: not with rollouts_file (the file brings the prompts, the responses and their scores)",
     ),
     Case(
+        "grpo: rollouts_file with placement ray",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts.jsonl",
+            "--output-dir",
+            "runs/new",
+            "--placement",
+            "ray",
+        ),
+        "proxrl grpo: error: placement: not with rollouts_file (the file brings the prompts, the responses and their scores)",
+    ),
+    Case(
         "grpo: a rollouts file's token id outside the vocabulary",
         (
             "grpo",

@@ -381,6 +381,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             "reward_fn": bool(self.reward_fn),
             "environment": self.environment is not None,
             "dynamic_sampling": self.dynamic_sampling,
+            # the file replaces the engines Ray would place (several processes: torchrun)
+            "placement": self.placement == "ray",
         }
         clash = next((name for name, on in given.items() if on), None)
         if clash is not None:
