@@ -18,8 +18,8 @@ class PlacementFields:
 
     placement: Literal["local", "ray"] = "local"
     """local: every role in this process (data parallel under accelerate); ray: the trainer, the
-    reference, the reward sources, a separate critic and the generation engines each a Ray
-    actor."""
+    reference, a teacher, the reward sources, a separate critic and the generation engines each
+    a Ray actor."""
     ray_address: str = ""
     """placement ray: the cluster to join (host:port or auto; empty: $RAY_ADDRESS, else a local
     Ray started for the run)."""
@@ -40,6 +40,11 @@ class PlacementFields:
     """placement ray: GPUs of the reference actor."""
     ray_reference_cpus: Annotated[float, Range(ge=0)] = 0.25
     """placement ray: CPUs of the reference actor."""
+    ray_teacher_gpus: Annotated[float, Range(ge=0)] = 0.0
+    """placement ray: GPUs of the teacher actor (teacher_model with distill_loss
+    reverse_kl_reward; gjsd reads the teacher's whole distribution, so it stays in the trainer)."""
+    ray_teacher_cpus: Annotated[float, Range(ge=0)] = 0.25
+    """placement ray: CPUs of the teacher actor."""
     ray_critic_gpus: Annotated[float, Range(ge=0)] = 0.0
     """placement ray: GPUs of the critic actor (critic separate: the value model and its
     optimizer; a value head, critic head, stays with the policy in the trainer)."""

@@ -1,6 +1,7 @@
 """The role actors of ``placement: ray`` and the stand-ins through which the trainer's loop calls
 them, each behind the interface the loop already uses: a reward source (``RemoteRewards``), a
-reference model (``RemoteReference``) and a sampler (``EnginePool``).
+reference model (``RemoteReference``), a teacher (``RemoteTeacher``) and a sampler
+(``EnginePool``).
 
 Weights travel from the trainer to the engines through Ray's object store (one ``ray.put`` per
 update, every engine reading the same object) or a process group of the trainer and the engines
@@ -34,7 +35,7 @@ from proxrl.algos.online.samplers import make_engine
 from proxrl.data.batching import pad_left, pad_to
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
-from proxrl.rollout.forward import reference_pass
+from proxrl.rollout.forward import reference_pass, teacher_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
@@ -50,10 +51,13 @@ class RoleActor:
         return self.error
 
 
-def frozen_model(cfg: OnlineConfig, on_cpu: bool = False) -> tuple[nn.Module, Any]:
-    """``cfg.model`` loaded as the trainer loads its reference, on this actor's device."""
+def frozen_model(
+    cfg: OnlineConfig, on_cpu: bool = False, path: str | None = None
+) -> tuple[nn.Module, Any]:
+    """``cfg.model`` (or ``path``: the teacher) loaded as the trainer loads its reference, on
+    this actor's device, resized for the policy's tokenizer."""
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    model = load_causal_lm(cfg.model, **cfg.loader_kwargs())
+    model = load_causal_lm(path or cfg.model, **cfg.loader_kwargs())
     resize_for_tokenizer(model, tokenizer)
     device = "cpu" if on_cpu else dist.device()
     return model.requires_grad_(False).eval().to(device), tokenizer
@@ -163,6 +167,66 @@ class RemoteReference:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self._answer(self.handle.load_state_dict.remote({k: v.cpu() for k, v in state.items()}))
+
+
+class TeacherActor(RoleActor):
+    """On-policy distillation's frozen teacher, scoring the trainer's sampled tokens where it
+    lives."""
+
+    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+        join_paths(paths)
+        try:
+            self.model, _ = frozen_model(cfg, path=cfg.teacher_model)
+        except ProxrlError as error:
+            self.error = str(error)
+
+    @torch.no_grad()
+    def teacher_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_length: int,
+        temperature: float,
+        truncation: dict[str, Any],
+        packed: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """``rollout.forward.teacher_pass`` on this actor's model: (B, T) log π_T and the
+        teacher's (B, T) likeliest tokens (CPU)."""
+        logprobs, argmax = teacher_pass(
+            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed
+        )
+        return logprobs.cpu(), argmax.cpu()
+
+
+class RemoteTeacher:
+    """The teacher actor as the loop's teacher: ``rollout.forward.teacher_pass`` hands it the
+    micro-batch's (B, P + T) ids and mask and gets back 2 × B × T numbers."""
+
+    def __init__(self, handle: Any, output_dir: str) -> None:
+        self.handle = handle
+        self.output_dir = output_dir  # named when the actor dies
+
+    def teacher_logprobs(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        prompt_length: int,
+        temperature: float,
+        truncation: dict[str, Any],
+        packed: bool,
+    ) -> tuple[Tensor, Tensor]:
+        return answer_of(
+            "the teacher actor",
+            self.output_dir,
+            self.handle.teacher_logprobs.remote(
+                input_ids.cpu(),
+                attention_mask.cpu(),
+                prompt_length,
+                temperature,
+                truncation,
+                packed,
+            ),
+        )
 
 
 @dataclass

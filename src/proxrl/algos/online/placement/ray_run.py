@@ -32,6 +32,7 @@ from proxrl.algos.online.placement_fields import RAY_INSTALL
 from proxrl.algos.online.prompts import per_response, prompt_order
 from proxrl.algos.online.roles import Models, load_models, measures_kl
 from proxrl.algos.online.samplers import sampling_settings
+from proxrl.core import DISTILL_LOSSES
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.signals import GracefulStop
@@ -46,6 +47,13 @@ def has_reference(cfg: OnlineConfig) -> bool:
     return measures_kl(cfg) and not cfg.lora_r
 
 
+def has_teacher_role(cfg: OnlineConfig) -> bool:
+    """A teacher actor: a teacher whose signal is its log-probs of the sampled tokens
+    (distill_loss reverse_kl_reward); gjsd reads its whole distribution at every position in
+    the update, so that teacher is loaded in the trainer, next to the policy."""
+    return cfg.teacher_model is not None and DISTILL_LOSSES[cfg.distill_loss].advantage is not None
+
+
 def has_critic_role(cfg: OnlineConfig) -> bool:
     """A critic actor: a separate value model (``critic: separate``; a value head is part of the
     policy)."""
@@ -57,6 +65,7 @@ ACTORS = {
     "ray_engine": "each generation engine",
     "ray_reward": "the reward actor",
     "ray_reference": "the reference actor",
+    "ray_teacher": "the teacher actor",
     "ray_critic": "the critic actor",
 }
 
@@ -72,6 +81,7 @@ def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
         ("ray_reward", 1),
     ]
     roles += [("ray_reference", 1)] if has_reference(cfg) else []
+    roles += [("ray_teacher", 1)] if has_teacher_role(cfg) else []
     return roles + [("ray_critic", 1)] if has_critic_role(cfg) else roles
 
 
@@ -345,12 +355,16 @@ class RayPlacement:
             EnginePool,
             ReferenceActor,
             RemoteReference,
+            RemoteTeacher,
+            TeacherActor,
         )
         from proxrl.algos.online.placement.ray_weights import TRANSPORTS
 
         run = self.run
         names = [f"{run}-engine-{i}" for i in range(cfg.ray_engines)]
-        names += [f"{run}-reference"] if has_reference(cfg) else []
+        frozen = [("reference", ReferenceActor)] if has_reference(cfg) else []
+        frozen += [("teacher", TeacherActor)] if has_teacher_role(cfg) else []
+        names += [f"{run}-{role}" for role, _ in frozen]
         started: list[Any] = []
         if dist.is_main():  # started now, to load while the policy does
             started = [
@@ -364,23 +378,28 @@ class RayPlacement:
                 for name in names[: cfg.ray_engines]
             ]
             started += [
-                self._actor(ReferenceActor, "reference", name=name)
-                for name in names[cfg.ray_engines :]
+                self._actor(cls, role, name=name)
+                for (role, cls), name in zip(frozen, names[cfg.ray_engines :], strict=True)
             ]
         if has_critic_role(cfg):  # loaded in its actor, at the point the loop would load it
             start = partial(self._actor, CriticActor, "critic", name=f"{run}-critic")
             algo = replace(algo, critic=remote_loader(start, algo.critic))
-        models = load_models(cfg, algo, with_reference=False)  # while the actors load
+        # while the actors load (a teacher's tokenizer is checked here, before any waiting)
+        models = load_models(
+            cfg, algo, with_reference=False, with_teacher=not has_teacher_role(cfg)
+        )
 
         def ready() -> list[Any]:
-            roles = "the generation engines" + (" or the reference" if has_reference(cfg) else "")
+            roles = " or ".join(["the generation engines", *(f"the {r}" for r, _ in frozen)])
             self._ready(started, roles)
             return started
 
         handles = ray_group.shared(ready, names)
-        engines, reference = handles[: cfg.ray_engines], (handles[cfg.ray_engines :] or [None])[0]
+        engines, placed = handles[: cfg.ray_engines], handles[cfg.ray_engines :]
+        by_role = {role: handle for (role, _), handle in zip(frozen, placed, strict=True)}
         transport = TRANSPORTS[cfg.ray_weight_transport]
         self.pool = EnginePool(engines, models.tokenizer.pad_token_id, transport)
+        reference, teacher = by_role.get("reference"), by_role.get("teacher")
         return replace(
             models,
             reference=(
@@ -388,6 +407,9 @@ class RayPlacement:
                 if reference is not None
                 else models.reference
             ),
+            teacher=RemoteTeacher(teacher, cfg.output_dir)
+            if teacher is not None
+            else models.teacher,
         )
 
     def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
