@@ -87,6 +87,8 @@ def _value(text: str):
 def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: str) -> None:
     overrides = {k: _value(v) for k, v in (item.split("=", 1) for item in extra)}
     ragged = overrides.pop("ragged", 0)
+    if "teacher_model" in overrides:  # a directory under OUT (a path would name the files)
+        overrides["teacher_model"] = str(Path(out) / overrides["teacher_model"])
     module, cfg = config(name, model, prompts_path, out, overrides)
     algo = module.build(cfg)
     seed_everything(cfg.seed)
@@ -103,7 +105,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
             0.05,
             {},
         )
-        experience = estimate(algo, experience, 0.05)
+        experience = estimate(algo, experience, 0.05, cfg)  # (with a teacher: its term)
         if ragged:
             experience = _ragged(experience)
         torch.save(

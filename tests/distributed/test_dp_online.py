@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from proxrl import cli
@@ -254,3 +255,40 @@ def test_the_2026_options_on_two_processes_match_one(algo, options, tiny_lm, pro
     assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
     base = load_file(str(Path(tiny_lm) / "model.safetensors"))
     assert max(float((one[f"actor.{k}"] - base[k].double()).abs().max()) for k in base) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("algo", "options"),
+    [
+        ("grpo", ("teacher_model=teacher", "distill_coef=0.5")),
+        ("ppo", ("teacher_model=teacher", "distill_kl_estimator=k3")),
+        ("grpo", ("teacher_model=teacher", "distill_loss=gjsd", "distill_beta=0.3")),
+    ],
+)
+def test_distillation_on_two_processes_matches_one(algo, options, tiny_lm, prompts, tmp_path):
+    """On-policy distillation (issue 36): the rollout scored by a teacher of another shape and
+    estimated once (reverse_kl_reward's term in the advantages), or the teacher's whole
+    distribution read in every micro-batch (gjsd); the update on 2 processes ends at the
+    1-process weights and stats."""
+    from proxrl.rollout.experience import Experience
+    from tests.algos.conftest import build_sharp_teacher
+
+    build_sharp_teacher(tmp_path / "teacher")
+    args = [algo, tiny_lm, prompts, str(tmp_path)]
+    _one_process("make", *args, *options)
+    saved = Experience(**torch.load(tmp_path / "experience.pt", weights_only=True))
+    assert saved.teacher_logprobs is not None and saved.teacher_argmax is not None
+    _one_process("update", *args, *options)
+    check(torchrun([str(SCRIPT), "update", *args, *options]))
+    tag = "".join(f"_{item}" for item in options)
+    one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
+    two = load_file(str(tmp_path / f"world2{tag}.safetensors"))
+    stats1 = json.loads((tmp_path / f"world1{tag}.json").read_text())
+    stats2 = json.loads((tmp_path / f"world2{tag}.json").read_text())
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"{algo} {options}: max |Δw| {diff:.2e}")
+    assert stats1.keys() == stats2.keys() and stats1["steps"] == 4.0
+    if "distill_loss=gjsd" in options:
+        assert stats1["distill_loss"] > 0.01, stats1  # the teacher's term acted
+    assert diff <= WEIGHT_TOL
+    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
