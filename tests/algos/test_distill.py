@@ -202,3 +202,49 @@ def test_a_killed_distillation_run_resumes_to_the_same_weights(
     assert comparable(read_metrics(killed)) == comparable(rows)
     a, b = load_file(whole / "model.safetensors"), load_file(killed / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_teacher, tmp_path):
+    """Trajectories produced elsewhere (rollouts_file): the teacher scores their tokens, and
+    distill/reverse_kl of the first iteration is the file's recorded log π minus the teacher's
+    log-probs of the same tokens, averaged over them."""
+    from proxrl.algos.online.client import TrainingClient
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.rollout.forward import teacher_pass
+    from tests.algos.test_client import config
+    from tests.algos.test_client_rollouts import write_rollouts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in WORDS))
+    writer = TrainingClient(config=config(tiny_lm, str(prompts), tmp_path / "w", seed=5))
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollout = write_rollouts(writer, rollouts)["rollout"]
+    cfg = config(
+        tiny_lm,
+        "",
+        tmp_path / "run",
+        reward_fn=(),
+        rollouts_file=str(rollouts),
+        rollout_batch_size=2,
+        mini_batch_size=2,
+        teacher_model=tiny_teacher,
+    )
+    cfg.validate()
+    grpo.train(cfg)
+    first = read_metrics(tmp_path / "run")[0]
+    teacher = load_causal_lm(tiny_teacher, dtype="float64").eval()
+    prompt_mask, mask = rollout.stage.prompt_mask, rollout.response_mask
+    with torch.no_grad():
+        logprobs, _ = teacher_pass(
+            teacher,
+            torch.cat([rollout.prompt_ids, rollout.response_ids], 1),
+            torch.cat([prompt_mask, mask], 1),
+            rollout.prompt_ids.shape[1],
+            cfg.temperature,
+            {"top_k": 0, "top_p": 1.0, "min_p": 0.0},
+            packed=False,
+        )
+    recorded = rollout.logprobs.double()
+    keep = mask.bool()
+    expected = float((recorded[keep] - logprobs[keep]).mean())
+    assert first["distill/reverse_kl"] == pytest.approx(expected, rel=1e-9)

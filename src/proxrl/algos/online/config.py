@@ -328,7 +328,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             separate_critic=getattr(self, "critic", None) == "separate",
         )
         self._check_inputs()
-        self.validate_distill(bool(self.max_tokens_per_micro_batch), self.rollouts_file is not None)
+        self.validate_distill(bool(self.max_tokens_per_micro_batch))
         self._check_rewards()
         self._check_dual_clip()
         self._check_kl()

@@ -44,7 +44,7 @@ class DistillFields:
         """Whether a teacher scores the samples."""
         return self.teacher_model is not None
 
-    def validate_distill(self, packed: bool, rollouts_file: bool) -> None:
+    def validate_distill(self, packed: bool) -> None:
         """What a teacher's options need: a teacher, and the padded forward for gjsd."""
         if self.teacher_model is None:
             return
@@ -54,9 +54,4 @@ class DistillFields:
             raise ProxrlError(
                 "distill_loss: gjsd reads both models' logits in the padded layout; set "
                 "max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)"
-            )
-        if rollouts_file:
-            raise ProxrlError(
-                "teacher_model: not with rollouts_file (the teacher scores the policy's own "
-                "samples)"
             )
