@@ -73,6 +73,7 @@ def test_gdpo_trains_on_two_reward_functions(tiny_lm, prompts, tmp_path, monkeyp
         {"policy_loss": "dppo_kl"},
         {"off_policy_mask": "opsm", "opsm_delta": 1e-4},
         {"off_policy_mask": "m2po", "m2po_tau": 1e-4},
+        {"policy_loss": "unclipped", "off_policy_mask": "m2po", "m2po_tau": 1e-4},
         {"policy_loss": "clip_cov", "clip_cov_lb": -1.0, "clip_cov_ratio": 0.2},
         {"policy_loss": "kl_cov", "kl_cov_ratio": 0.2},
         {"estimator": "maxrl"},
@@ -138,6 +139,7 @@ def test_clip_cov_moves_the_run_generator_by_one_draw_per_update():
         {"policy_loss": "kl_cov"},
         {"off_policy_mask": "opsm"},
         {"off_policy_mask": "m2po"},
+        {"policy_loss": "unclipped", "off_policy_mask": "m2po"},  # M2PO as its paper states it
     ],
     ids=lambda o: str(next(iter(o.values()))),
 )

@@ -25,7 +25,7 @@ from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
 
 LENGTHS = [6, 1, 2, 2, 1, 6, 2, 1]
-PER_FORWARD = ("clip_cov", "kl_cov")  # a statistic of one forward's tokens picks the tokens
+BATCH_WIDE_LOSSES = ("clip_cov", "kl_cov")  # chosen over the whole step: tested below
 REL_TOL = 1e-10
 
 
@@ -95,8 +95,9 @@ def _experience(actor, critic_values: bool) -> Experience:
     )
 
 
-def _step(module, tiny_lm, prompts, tmp_path, grad_accum, **overrides) -> torch.Tensor:
-    """−gradient of one optimizer step over all trained parameters, flattened."""
+def _step(module, tiny_lm, prompts, tmp_path, grad_accum, with_stats=False, **overrides):
+    """−gradient of one optimizer step over all trained parameters, flattened (and the step's
+    stats ``with_stats``)."""
     cfg = _config(module, tiny_lm, prompts, tmp_path, grad_accum, **overrides)
     algo = module.build(cfg)
     torch.manual_seed(cfg.seed)
@@ -116,7 +117,8 @@ def _step(module, tiny_lm, prompts, tmp_path, grad_accum, **overrides) -> torch.
         NonFiniteGuard(),
     )
     assert stats["steps"] == 1.0
-    return torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)])
+    return (change, stats) if with_stats else change
 
 
 def _assert_invariant(module, tiny_lm, prompts, tmp_path, **overrides) -> None:
@@ -144,7 +146,7 @@ def test_ppo_step_is_invariant_to_micro_batching(aggregation, tiny_lm, prompts, 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize(
-    "policy_loss", [name for name in POLICY_LOSSES if name not in ("ppo", *PER_FORWARD)]
+    "policy_loss", [name for name in POLICY_LOSSES if name not in ("ppo", *BATCH_WIDE_LOSSES)]
 )
 def test_new_surrogates_are_invariant_to_micro_batching(
     policy_loss, aggregation, tiny_lm, prompts, tmp_path
@@ -196,38 +198,51 @@ def test_opsm_is_invariant_to_micro_batching(policy_loss, aggregation, tiny_lm, 
     )
 
 
-@pytest.mark.parametrize("grad_accum", [2, 4])
-def test_m2po_is_a_statistic_of_one_forward(grad_accum, tiny_lm, prompts, tmp_path):
-    """M2PO's second moment is over the tokens of one forward (the micro-batch): the same step
-    whether the mini-batch runs in 1, 2 or 4 when τ masks nothing, a different one when it
-    does (its statistic is then the micro-batch's, as in the per-forward losses of veRL)."""
-    common = dict(loss_aggregation="token-mean", off_policy_mask="m2po")
-    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, m2po_tau=100.0, **common)
-    split = _step(grpo, tiny_lm, prompts, tmp_path, grad_accum, m2po_tau=100.0, **common)
-    assert float((split - one).abs().max()) <= REL_TOL * float(one.abs().max())
-    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, m2po_tau=0.02, **common)
-    split = _step(grpo, tiny_lm, prompts, tmp_path, grad_accum, m2po_tau=0.02, **common)
-    assert float((split - one).abs().max()) > 1e-3 * float(one.abs().max())
+# The choices made over a whole optimizer step (core.BATCH_WIDE_MASKS, core.TOKEN_SELECTIONS):
+# each case's options, with the stat that shows it acted, and options under which it is inert.
+BATCH_WIDE = {
+    "m2po": (
+        {"off_policy_mask": "m2po", "m2po_tau": 0.02},
+        "off_policy_masked",
+        {"m2po_tau": 100.0},
+    ),
+    "clip_cov": (
+        {"policy_loss": "clip_cov", "clip_cov_lb": -1.0, "clip_cov_ratio": 0.2},
+        "cov_dropped",
+        {"policy_loss": "ppo"},
+    ),
+    "kl_cov": (
+        {"policy_loss": "kl_cov", "kl_cov_ratio": 0.2},
+        "kl_cov_selected",
+        {"policy_loss": "kl_cov", "kl_cov_coef": 0.0},
+    ),
+}
 
 
-@pytest.mark.parametrize(
-    ("policy_loss", "idle", "active"),
-    [
-        ("clip_cov", {"clip_cov_lb": 5.0}, {"clip_cov_lb": -1.0, "clip_cov_ratio": 0.2}),
-        ("kl_cov", {"kl_cov_coef": 0.0}, {"kl_cov_ratio": 0.2}),
-    ],
-)
-def test_the_covariance_losses_select_per_forward(
-    policy_loss, idle, active, tiny_lm, prompts, tmp_path
+@pytest.mark.parametrize("old_is_pi", [False, True])
+@pytest.mark.parametrize("case", sorted(BATCH_WIDE))
+def test_batch_wide_choices_are_invariant_to_micro_batching(
+    case, old_is_pi, tiny_lm, prompts, tmp_path
 ):
-    """Clip-Cov and KL-Cov pick their tokens by a covariance over one forward's tokens (as
-    veRL's): the step is the same for 1, 2 or 4 micro-batches while the selection does nothing
-    (an empty covariance window; a zero penalty), and differs when it acts."""
-    common = dict(loss_aggregation="token-mean", policy_loss=policy_loss)
-    _assert_invariant(grpo, tiny_lm, prompts, tmp_path, **common, **idle)
-    one = _step(grpo, tiny_lm, prompts, tmp_path, 1, **common, **active)
-    split = _step(grpo, tiny_lm, prompts, tmp_path, 4, **common, **active)
-    assert float((split - one).abs().max()) > 1e-3 * float(one.abs().max())
+    """M2PO's second moment, Clip-Cov's draw and KL-Cov's top-k are chosen over all of the
+    step's rows before its micro-batches: 1, 2 or 4 micro-batches give the same step. π at the
+    step comes from a forward without gradient over the step (sampler_logprobs: the rollout's
+    π_old is not the trainer's π) or, where π_old is the trainer's own pass and the policy has
+    not stepped yet, from π_old itself (no forward: here π_old is the perturbed one, which
+    M2PO's moment then reads as π, so it masks nothing). The choice acts: some tokens chosen
+    (its stat > 0) and a step other than the inert options'."""
+    options, stat, inert = BATCH_WIDE[case]
+    source = {} if old_is_pi else {"sampler_logprobs": True}
+    common = dict(loss_aggregation="token-mean", **source)
+    if case == "m2po" and old_is_pi:
+        _, stats = _step(grpo, tiny_lm, prompts, tmp_path, 1, with_stats=True, **common, **options)
+        assert stats[stat] == 0.0  # log π = log π_old: every (log r)² is 0
+        return
+    _assert_invariant(grpo, tiny_lm, prompts, tmp_path, **common, **options)
+    one, stats = _step(grpo, tiny_lm, prompts, tmp_path, 4, with_stats=True, **common, **options)
+    assert stats[stat] > 0.0
+    idle = _step(grpo, tiny_lm, prompts, tmp_path, 1, **(common | options | inert))
+    assert float((idle - one).abs().max()) > 1e-3 * float(one.abs().max())
 
 
 @pytest.mark.parametrize("kl_loss_type", ["k1", "k2", "k3+"])

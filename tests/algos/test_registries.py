@@ -78,7 +78,7 @@ def test_aliases_name_registered_entries_and_never_shadow_one(aliases, registry)
 
 def test_the_help_choices_did_not_change():
     """The choices users saw before the registries, and the new ones at the end: sapo, issue
-    37's dppo_tv, dppo_kl, clip_cov and kl_cov."""
+    37's dppo_tv, dppo_kl, clip_cov, kl_cov and unclipped."""
     assert choices(ppo.Config, "loss_aggregation") == (
         "token-mean",
         "seq-mean-token-mean",
@@ -99,6 +99,7 @@ def test_the_help_choices_did_not_change():
         "dppo_kl",
         "clip_cov",
         "kl_cov",
+        "unclipped",
     )
     assert choices(ppo.Config, "kl_estimator") == ("k1", "k2", "k3")
     assert choices(ppo.Config, "rollout_correction") == (
@@ -160,17 +161,46 @@ def test_the_off_policy_mask_binding_zeroes_the_dropped_advantages(name):
     """surrogate(cfg) with a mask, on PPO-Clip: row 0 has log(μ/π) = 1 at both tokens (ratio
     e^−1, clipped for A < 0 at 0.8: −A·0.8 = 0.8 per token), row 1 is on-policy (−A·1 = 1).
     opsm (δ 0.5) drops row 0 (A < 0, diverged); m2po (τ 0.4) drops one of row 0's tokens
-    ((log r)² 1, 1, 0, 0: mean 0.5 > 0.4, then 1/3 ≤ 0.4). token-mean over 4 tokens."""
-    from proxrl.algos.online.algorithm import surrogate
+    ((log r)² 1, 1, 0, 0: mean 0.5 > 0.4, then 1/3 ≤ 0.4). token-mean over 4 tokens. m2po's
+    moment spans the whole step: its binding (``step_selection``) runs over the step's rows
+    before the loss, opsm's runs in the loss."""
+    from proxrl.algos.online.algorithm import step_selection, surrogate
 
     cfg = grpo.Config(**BASE, off_policy_mask=name, opsm_delta=0.5, m2po_tau=0.4)
     mb = _experience(scores=[1.0, 0.0])
     mb.advantages = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     logprobs = mb.logprobs - torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    select = step_selection(cfg)
+    assert (select is None) == (name == "opsm")
+    if select is not None:
+        mb, step_stats = select(logprobs, mb, None)
     loss, stats = surrogate(cfg)(logprobs, mb)
+    stats = step_stats if select is not None else stats
     kept_of_row_0 = {"opsm": 0, "m2po": 1}[name]
     assert math.isclose(loss.item(), (kept_of_row_0 * 0.8 + 2 * 1.0) / 4, rel_tol=1e-6)
-    assert math.isclose(stats["off_policy_masked"].item(), (2 - kept_of_row_0) / 4)
+    assert math.isclose(float(stats["off_policy_masked"]), (2 - kept_of_row_0) / 4)
+
+
+def test_m2po_on_the_unclipped_loss_keeps_the_ratio_a_clip_would_cut():
+    """M2PO as its paper states it: policy_loss unclipped with off_policy_mask m2po. The case
+    above: m2po (τ 0.4) drops row 0's first token (ties by position); its second (r = e^−1,
+    A = −1) keeps −A·r = e^−1 and its gradient, where PPO-Clip takes 0.8 and none. Row 1 is
+    on-policy: 1 per token. token-mean over 4."""
+    from proxrl.algos.online.algorithm import step_selection, surrogate
+
+    cfg = grpo.Config(**BASE, policy_loss="unclipped", off_policy_mask="m2po", m2po_tau=0.4)
+    mb = _experience(scores=[1.0, 0.0])
+    mb.advantages = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    logprobs = (mb.logprobs - torch.tensor([[1.0, 1.0], [0.0, 0.0]])).requires_grad_()
+    select = step_selection(cfg)
+    assert select is not None
+    rows, _ = select(logprobs.detach(), mb, None)
+    loss, stats = surrogate(cfg)(logprobs, rows)
+    assert math.isclose(loss.item(), (math.exp(-1.0) + 2.0) / 4, rel_tol=1e-6)
+    loss.backward()
+    expected = torch.tensor([[0.0, math.exp(-1.0)], [1.0, 1.0]]) / 4
+    assert torch.allclose(logprobs.grad, expected, rtol=1e-6, atol=0.0)
+    assert stats["clipfrac"].item() == 0.0
 
 
 def test_the_mask_knobs_are_config_fields_with_ranges():
@@ -191,22 +221,22 @@ def test_the_covariance_knobs_are_config_fields_with_ranges():
         grpo.Config(**BASE, kl_cov_coef=-1.0).validate()
 
 
-def test_clip_cov_draws_from_the_run_generator_while_an_update_runs():
-    """surrogate(cfg) with clip_cov reads the generator update() sets: two tokens inside the
-    window (on-policy, A = +1 | −3 by row; covariances 0 | … ), one drawn."""
-    from proxrl.algos.online.algorithm import RUN_GENERATOR, surrogate
+def test_clip_cov_draws_from_the_generator_it_is_given():
+    """clip_cov's binding draws over the step's rows (``step_selection``) from the generator
+    passed to it: two tokens inside the window (on-policy, A = +1 | −3 by row), one drawn; the
+    loss then drops it."""
+    from proxrl.algos.online.algorithm import step_selection, surrogate
 
     cfg = grpo.Config(**BASE, policy_loss="clip_cov", clip_cov_lb=-10.0, clip_cov_ratio=0.25)
     mb = _experience(scores=[1.0, 0.0])
     mb.advantages = torch.tensor([[1.0, 1.0], [-3.0, -3.0]])
+    select = step_selection(cfg)
+    assert select is not None
     drawn = []
     for seed in (0, 0, 1, 2, 3):
-        token = RUN_GENERATOR.set(torch.Generator().manual_seed(seed))
-        try:
-            _, stats = surrogate(cfg)(mb.logprobs.clone(), mb)
-            drawn.append(float(stats["policy_loss"]))
-        finally:
-            RUN_GENERATOR.reset(token)
+        rows, _ = select(mb.logprobs, mb, torch.Generator().manual_seed(seed))
+        _, stats = surrogate(cfg)(mb.logprobs.clone(), rows)
+        drawn.append(float(stats["policy_loss"]))
         assert math.isclose(stats["cov_dropped"].item(), 1 / 4)
     # the same seed draws the same token; some other seed another one
     assert drawn[0] == drawn[1] and len(set(drawn)) == 2

@@ -8,19 +8,23 @@ import torch
 
 from proxrl.core import (
     POLICY_LOSSES,
+    TOKEN_SELECTIONS,
     PolicyLossSettings,
     aggregation,
     binary_kl,
     cispo_loss,
+    clip_cov_draw,
     clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     gspo_loss,
     gspo_token_loss,
     kl_cov_loss,
+    kl_cov_select,
     ppo_clip_loss,
     sapo_loss,
     token_covariance,
+    unclipped_loss,
 )
 from tests.core.helpers import close, t
 
@@ -193,6 +197,8 @@ POLICY_LOSS_CASES = {
     # probability, but the rule's arithmetic), kept: −1.5; token 2 kept: −0.5.
     "dppo_tv": (0.0 - 0.5) / 2,
     "dppo_kl": (-1.5 - 0.5) / 2,
+    # no clip: −r·A per token
+    "unclipped": (-1.5 - 0.5) / 2,
     # A constant: every covariance 0. Clip-Cov: none inside (1, 5), PPO-Clip's value; KL-Cov:
     # one token (max(1, ⌊2·2e-4⌋)), the tie to the first: −r·A everywhere + |ln 1.5| there
     "clip_cov": (-1.2 - 0.5) / 2,
@@ -209,8 +215,11 @@ def test_policy_losses_by_name_by_hand(name):
     logprobs = _leaf([[math.log(1.5), math.log(0.5)]])
     old, advantages, mask = t([[0.0, 0.0]]), t([[1.0, 1.0]]), t([[1, 1]])
     settings, agg = PolicyLossSettings(), aggregation("token-mean")
-    generator = torch.Generator().manual_seed(0)
-    loss, stats = POLICY_LOSSES[name](logprobs, old, advantages, mask, settings, agg, generator)
+    selection = None  # the calling convention: a loss with a selection gets it chosen first
+    if name in TOKEN_SELECTIONS:
+        generator = torch.Generator().manual_seed(0)
+        selection = TOKEN_SELECTIONS[name](logprobs, old, advantages, mask, settings, generator)
+    loss, stats = POLICY_LOSSES[name](logprobs, old, advantages, mask, settings, agg, selection)
     close(loss, POLICY_LOSS_CASES[name])
     close(stats["policy_loss"], POLICY_LOSS_CASES[name])
 
@@ -298,7 +307,9 @@ def test_clip_cov_drops_the_drawn_high_covariance_tokens_by_hand():
     of them, both: loss (−1 − 1)/4, no gradient at either."""
     logprobs = _leaf(COV_LOGPROBS)
     old = logprobs.detach().clone()
-    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    drawn = clip_cov_draw(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    close(drawn, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, drawn)
     close(loss, -2 / 4)
     loss.backward()
     close(logprobs.grad, [[0.0, -0.25, -0.25], [0.0, 0.0, 0.0]])
@@ -313,9 +324,8 @@ def test_clip_cov_draws_one_from_the_generator():
     for seed in (0, 1, 2, 3, 0):
         generator = torch.Generator().manual_seed(seed)
         first = int(torch.randperm(2, generator=torch.Generator().manual_seed(seed))[0])
-        loss, stats = clip_cov_loss(
-            _leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, generator=generator
-        )
+        drawn = clip_cov_draw(old, old, COV_ADVANTAGES, COV_MASK, generator=generator)
+        loss, stats = clip_cov_loss(_leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, drawn)
         # dropping (0, 0): (−1 − 1 + 3)/4; dropping (1, 0): (−1 − 1 − 1)/4
         close(loss, [0.25, -0.75][first])
         close(stats["cov_dropped"], 1 / 4)
@@ -327,7 +337,8 @@ def test_clip_cov_never_draws_a_ratio_clipped_token():
     """(1, 0) at log r = −0.5 with A < 0 is clipped (loss 3·0.8): only (0, 0) may be drawn."""
     logprobs = _leaf(COV_LOGPROBS)
     old = logprobs.detach() + t([[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])
-    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    drawn = clip_cov_draw(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, drawn)
     close(loss, (0.0 - 1 - 1 + 3 * 0.8) / 4)
     close(stats["cov_dropped"], 1 / 4)
     close(stats["clipfrac"], 1 / 4)
@@ -339,7 +350,9 @@ def test_kl_cov_penalises_the_largest_covariances_by_hand():
     logprobs = _leaf(COV_LOGPROBS)
     log_ratio = t([[0.1, 0.2, 0.3], [0.4, 0.0, 0.0]])
     old = logprobs.detach() - log_ratio
-    loss, stats = kl_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, ratio=0.5, coef=2.0)
+    selected = kl_cov_select(logprobs, COV_ADVANTAGES, COV_MASK, ratio=0.5)
+    close(selected, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, stats = kl_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, selected, coef=2.0)
     e = math.exp
     close(loss, (-e(0.1) + 0.2 - e(0.2) - e(0.3) + 3 * e(0.4) + 0.8) / 4)
     loss.backward()
@@ -348,5 +361,24 @@ def test_kl_cov_penalises_the_largest_covariances_by_hand():
     )
     close(stats["kl_cov_selected"], 2 / 4)
     # the default ratio: one token, the largest covariance (1, 0)
-    loss, _ = kl_cov_loss(_leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, coef=2.0)
+    selected = kl_cov_select(t(COV_LOGPROBS), COV_ADVANTAGES, COV_MASK)
+    close(selected, [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, _ = kl_cov_loss(_leaf(COV_LOGPROBS), old, COV_ADVANTAGES, COV_MASK, selected, coef=2.0)
     close(loss, (-e(0.1) - e(0.2) - e(0.3) + 3 * e(0.4) + 0.8) / 4)
+
+
+def test_unclipped_loss_takes_every_ratio_by_hand():
+    """r = 3 | e^−1 | 1/2 (A = +1 | −1 | −2), a length-1 row, a 9.0 in padding: −r·A per token,
+    token-mean over 3: (−3 + e^−1 + 1)/3; the gradient −r·A/3 at each, where PPO-Clip's is 0 at
+    all three (each ratio outside [0.8, 1.2] on the side the clip cuts)."""
+    logprobs = _leaf([[math.log(3.0), -1.0], [math.log(0.5), 9.0]])
+    old, mask = t([[0.0, 0.0], [0.0, 0.0]]), t([[1, 1], [1, 0]])
+    advantages = t([[1.0, -1.0], [-2.0, -2.0]])
+    loss, stats = unclipped_loss(logprobs, old, advantages, mask)
+    close(loss, (-3.0 + math.exp(-1.0) + 1.0) / 3)
+    loss.backward()
+    close(logprobs.grad, [[-3.0 / 3, math.exp(-1.0) / 3], [1.0 / 3, 0.0]])
+    close(stats["clipfrac"], 0.0)
+    logprobs = _leaf([[math.log(3.0), -1.0], [math.log(0.5), 9.0]])
+    ppo_clip_loss(logprobs, old, advantages, mask)[0].backward()
+    close(logprobs.grad, [[0.0, 0.0], [0.0, 0.0]])

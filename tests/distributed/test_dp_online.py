@@ -232,11 +232,18 @@ def test_grpo_checkpoint_of_one_process_resumes_on_two(tiny_lm, prompts, tmp_pat
         ("ppo", ("critic_lam=1.0", "length_adaptive_alpha=0.05", "positive_nll_coef=0.1")),
         # issue 37's token-local masks: DPPO's trust region and OPSM's sequence mask
         ("grpo", ("policy_loss=dppo_tv", "off_policy_mask=opsm", "opsm_delta=0.0")),
+        # issue 37's choices over the whole step: M2PO's moment, Clip-Cov's draw, KL-Cov's top-k
+        ("grpo", ("off_policy_mask=m2po", "m2po_tau=0.001")),
+        ("grpo", ("policy_loss=clip_cov", "clip_cov_lb=-1.0", "clip_cov_ratio=0.2")),
+        ("grpo", ("policy_loss=kl_cov", "kl_cov_ratio=0.2")),
     ],
 )
 def test_the_2026_options_on_two_processes_match_one(algo, options, tiny_lm, prompts, tmp_path):
     """The rollout is estimated once (the positives, the λs: over the whole batch); its update
-    on 2 processes ends at the 1-process weights and stats."""
+    on 2 processes ends at the 1-process weights and stats. M2PO, Clip-Cov and KL-Cov choose
+    over each step's rows before its micro-batches: the first step from π_old (π has not moved),
+    the other three from a forward over the step, each rank's rows summed over ranks; Clip-Cov
+    draws on every rank alike."""
     args = [algo, tiny_lm, prompts, str(tmp_path)]
     _one_process("make", *args, *options)
     _one_process("update", *args, *options)
@@ -249,8 +256,9 @@ def test_the_2026_options_on_two_processes_match_one(algo, options, tiny_lm, pro
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
     print(f"{algo} {options}: max |Δw| {diff:.2e}")
     assert stats1.keys() == stats2.keys() and stats1["steps"] == 4.0
-    acting = "positive_nll" if algo == "ppo" else "off_policy_masked"
-    assert stats1[acting] > 0.01, stats1  # the option acted on this rollout
+    acting = {"ppo": "positive_nll", "clip_cov": "cov_dropped", "kl_cov": "kl_cov_selected"}
+    acting_stat = acting.get(algo, acting.get(options[0].split("=")[1], "off_policy_masked"))
+    assert stats1[acting_stat] > 0.01, stats1  # the option acted on this rollout
     assert diff <= WEIGHT_TOL
     assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
     base = load_file(str(Path(tiny_lm) / "model.safetensors"))

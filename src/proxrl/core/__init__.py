@@ -98,22 +98,26 @@ from proxrl.core.masked import (
     token_mean,
     valid_tokens,
 )
-from proxrl.core.masks import OFF_POLICY_MASKS, m2po_keep, opsm_keep
+from proxrl.core.masks import BATCH_WIDE_MASKS, OFF_POLICY_MASKS, m2po_keep, opsm_keep
 from proxrl.core.nll import positive_nll, positive_responses, positive_scale
 from proxrl.core.policy_losses import (
     DRAWING_LOSSES,
     POLICY_LOSSES,
+    TOKEN_SELECTIONS,
     PolicyLossSettings,
     binary_kl,
     cispo_loss,
+    clip_cov_draw,
     clip_cov_loss,
     dppo_kl_loss,
     dppo_tv_loss,
     gspo_loss,
     gspo_token_loss,
     kl_cov_loss,
+    kl_cov_select,
     sapo_loss,
     token_covariance,
+    unclipped_loss,
 )
 from proxrl.core.registry import Bound, Registry, UnknownName, literal
 from proxrl.core.sampling import (
@@ -125,8 +129,10 @@ from proxrl.core.sampling import (
 from proxrl.core.shaping import informative_groups, overlong_penalty
 
 __all__ = [
+    "BATCH_WIDE_MASKS",
     "DRAWING_LOSSES",
     "POLICY_LOSSES",
+    "TOKEN_SELECTIONS",
     "REWARD_KL_ESTIMATORS",
     "ROLLOUT_CORRECTIONS",
     "Bound",
@@ -144,9 +150,12 @@ __all__ = [
     "m2po_keep",
     "opsm_keep",
     "binary_kl",
+    "clip_cov_draw",
     "clip_cov_loss",
     "kl_cov_loss",
+    "kl_cov_select",
     "token_covariance",
+    "unclipped_loss",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "asymre_advantages",

@@ -30,6 +30,12 @@ OFF_POLICY_MASKS: Registry[OffPolicyMask] = Registry("off-policy mask")
 """``off_policy_mask`` → (log π (B, T), log μ (B, T), advantages (B, T), mask (B, T), settings
 with the knobs ``opsm_delta``, ``m2po_tau``) → (B, T) 0/1 keep."""
 
+BATCH_WIDE_MASKS = frozenset({"m2po"})
+"""The masks whose statistic spans the tokens given (m2po's second moment): the online update
+computes them once over an optimizer step's rows, before its micro-batches, so that the keep
+does not depend on the split; the others (opsm: per sequence) are the same on any split and run
+in each micro-batch."""
+
 
 def opsm_keep(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, delta: float
@@ -63,10 +69,10 @@ def m2po_keep(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, tau: float) 
     stale data are dropped, the informative tokens that a ratio clip would cut stay.
 
     Ties are broken by position (a stable sort), so the result is a function of the inputs.
-    As AReaL ``m2_threshold`` (τ = 0.04 in the paper). Departure: the moment is over the tokens
-    given, which the online loop makes one forward's micro-batch (π is known only there), so
-    a mini-batch split into several micro-batches masks by each one's moment; AReaL computes
-    it once over the whole batch from the log-probs recomputed before the update.
+    As AReaL ``m2_threshold`` (τ = 0.04 in the paper). The moment is over the tokens given: the
+    online update gives all of an optimizer step's rows (``BATCH_WIDE_MASKS``), with π at the
+    step. AReaL masks by the moment of log μ against the log-probs recomputed before the update
+    (fixed through it) in each micro-batch.
 
     Args:
         logprobs: (B, T) log π (read without gradient). old_logprobs: (B, T) log μ.

@@ -1,6 +1,6 @@
 """The policy losses an online algorithm picks by name (``POLICY_LOSSES``), and the surrogates
 published after PPO-Clip for language models: GSPO, GSPO-token, CISPO, SAPO, DPPO (binary TV
-and binary KL), Clip-Cov and KL-Cov.
+and binary KL), M2PO's unclipped one, Clip-Cov and KL-Cov.
 
 Each takes the per-token log-probabilities of the sampled tokens under the policy being trained
 (``logprobs``, with gradient) and under the sampling policy (``old_logprobs``), (B, T)
@@ -87,14 +87,37 @@ class PolicyLoss(Protocol):
         mask: Tensor,
         settings: PolicyLossSettings,
         agg: Aggregation,
-        generator: torch.Generator | None = None,
+        selection: Tensor | None = None,
     ) -> tuple[Tensor, Stats]: ...
 
 
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
 """``policy_loss`` → (log π (B, T) with gradient, log π_old (B, T), advantages (B, T), mask
-(B, T), settings, aggregation, generator) → (loss, stats). ``generator``: the run's, for a loss
-that draws at random (clip_cov), so that a resumed run draws the same; the others ignore it."""
+(B, T), settings, aggregation, selection) → (loss, stats). ``selection``: (B, T), for a loss
+with an entry in ``TOKEN_SELECTIONS`` (clip_cov, kl_cov), the tokens that entry chose over the
+whole optimizer step's rows, at these rows; None for the others (which ignore it)."""
+
+
+class TokenSelection(Protocol):
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        settings: PolicyLossSettings,
+        generator: torch.Generator | None,
+    ) -> Tensor: ...
+
+
+TOKEN_SELECTIONS: Registry[TokenSelection] = Registry("token selection")
+"""``policy_loss`` → (log π (B, T) without gradient, log π_old (B, T), advantages (B, T), mask
+(B, T), settings, generator) → (B, T) 0/1: the tokens a policy loss picks by a statistic of a
+whole batch (a covariance's means, a top-k, a random draw), which its ``POLICY_LOSSES`` entry
+then reads as ``selection``. The online update calls it once per optimizer step over all of the
+step's rows, before their micro-batches, so the choice does not depend on how the step is split
+into micro-batches or processes. ``generator``: the run's, for a selection that draws at random
+(clip_cov: a resumed run draws the same); the others ignore it."""
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -263,7 +286,7 @@ def _ppo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high, dual_clip = settings.clip, settings.clip_high, settings.dual_clip
     return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, dual_clip, agg)
@@ -277,7 +300,7 @@ def _gspo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high = settings.clip, settings.clip_high
     return gspo_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
@@ -291,7 +314,7 @@ def _gspo_token(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     clip, clip_high = settings.clip, settings.clip_high
     return gspo_token_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
@@ -305,7 +328,7 @@ def _cispo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """The paper's setting: no lower bound on the weight, the upper at 1 + clip_high."""
     upper = settings.upper_clip
@@ -320,7 +343,7 @@ def _sapo(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     tau_pos, tau_neg = settings.sapo_tau_pos, settings.sapo_tau_neg
     return sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos, tau_neg, agg)
@@ -418,7 +441,7 @@ def _dppo_tv(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
     return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
@@ -432,10 +455,33 @@ def _dppo_kl(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
     return dppo_kl_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
+
+
+def unclipped_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """The importance-weighted policy gradient with no clip: per token ``−r·A``,
+    ``r = π/π_old`` (the log-ratio clamped to ±20 before the exp, veRL's guard against
+    ``inf·0``). M2PO's surrogate (Zheng et al. 2025, arXiv 2510.01161): the paper drops PPO's
+    ratio clip and bounds the update by its second-moment mask instead (``off_policy_mask
+    m2po``), which then drops the extreme ratios and keeps the informative tokens a clip would
+    cut. Alone nothing bounds the step. Stats: the ratio diagnostics of ``ppo_clip_loss``,
+    ``clipfrac`` 0.
+
+    Args:
+        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T). mask: (B, T).
+    """
+    outside = torch.zeros_like(mask, dtype=torch.bool)
+    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -450,7 +496,19 @@ def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tens
         return torch.where(mask.bool(), centred_a * centred_logp, 0.0)
 
 
-def clip_cov_loss(
+def _ppo_clip_terms(
+    log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO-Clip's per-token ``max(−A·r, −A·clip(r))`` and the (B, T) bool of the tokens the clip
+    decides (padding's A zeroed)."""
+    ratio = torch.exp(log_ratio)
+    advantages = torch.where(mask.bool(), advantages, 0.0)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).detach()
+
+
+def clip_cov_draw(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
@@ -460,72 +518,79 @@ def clip_cov_loss(
     ratio: float = 2e-4,
     bounds: tuple[float, float] = (1.0, 5.0),
     generator: torch.Generator | None = None,
-    agg: str | Aggregation = "token-mean",
-) -> tuple[Tensor, Stats]:
-    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): PPO-Clip, and the gradient of a few
-    tokens of high covariance (``token_covariance``) dropped to stop the entropy's collapse:
-    among the valid tokens that the ratio clip left alone with ``lb < Cov < ub``, a random
-    ``max(1, ⌊ratio·N⌋)`` (N valid tokens; all of them when fewer) take neither loss nor
-    gradient. The draw is ``torch.randperm`` on ``generator`` (the run's, so a resumed run draws
-    the same). As veRL ``clip_cov`` (defaults ratio 2e-4, bounds 1 and 5).
-
-    The covariance's means are over the tokens given: the online loop gives one forward's
-    micro-batch (veRL: the same), so the draw depends on the split.
+) -> Tensor:
+    """Clip-Cov's draw (Cui et al. 2025, arXiv 2505.22617, §5.2): among the valid tokens that
+    PPO's ratio clip leaves alone with ``lb < Cov < ub`` (``token_covariance``), a random
+    ``max(1, ⌊ratio·N⌋)`` (N valid tokens; all of them when fewer), by ``torch.randperm`` on
+    ``generator``. The covariance's means and N are over the tokens given: the online update
+    gives all of an optimizer step's rows (veRL: one micro-batch's).
 
     Args:
-        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
+        logprobs: (B, T) log π (read without gradient). old_logprobs: (B, T) log π_old.
         advantages: (B, T). mask: (B, T).
-    Stats: ``clipfrac`` (ratio-clipped share), ``cov_dropped`` (share of valid tokens drawn),
-    the ratio diagnostics of ``ppo_clip_loss``.
+    Returns:
+        (B, T) 0/1 in the dtype of ``logprobs``: 1 at the tokens drawn.
     """
     clip_high = clip_low if clip_high is None else clip_high
-    log_ratio = logprobs - old_logprobs
-    token_ratio = torch.exp(log_ratio)
-    advantages = torch.where(mask.bool(), advantages, 0.0)
-    unclipped = -advantages * token_ratio
-    clipped = -advantages * torch.clamp(token_ratio, 1 - clip_low, 1 + clip_high)
     with torch.no_grad():
-        by_clip = clipped > unclipped
+        logprobs = logprobs.detach()
+        _, by_clip = _ppo_clip_terms(logprobs - old_logprobs, advantages, mask, clip_low, clip_high)
         covariance = token_covariance(logprobs, advantages, mask)
         lower, upper = bounds
         candidates = mask.bool() & ~by_clip & (covariance > lower) & (covariance < upper)
         where = candidates.flatten().nonzero().squeeze(-1)
         count = max(1, int(ratio * float(mask.sum())))
         drawn = where[torch.randperm(where.numel(), generator=generator)[:count]]
-        keep = torch.ones_like(token_ratio).flatten()
-        keep[drawn] = 0.0
-        keep = keep.view_as(token_ratio)
-    loss = aggregate_loss(torch.maximum(unclipped, clipped) * keep, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["clipfrac"] = masked_mean(by_clip.to(token_ratio.dtype), mask).detach()
-    stats["cov_dropped"] = masked_mean(1 - keep, mask).detach()
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+        chosen = torch.zeros_like(logprobs).flatten()
+        chosen[drawn] = 1.0
+        return chosen.view_as(logprobs)
 
 
-def kl_cov_loss(
+def clip_cov_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    ratio: float = 2e-4,
-    coef: float = 1.0,
+    drawn: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
     agg: str | Aggregation = "token-mean",
 ) -> tuple[Tensor, Stats]:
-    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): the unclipped ``−r·A`` on every token,
-    plus ``coef·|log π − log π_old|`` on the ``max(1, ⌊ratio·N⌋)`` valid tokens of the largest
-    covariance (``token_covariance``; ties to the earlier token, a stable sort). A KL penalty
-    only where the entropy collapses, instead of a clip everywhere. As veRL ``kl_cov``
-    (defaults ratio 2e-4, coef 1). The covariance is over the tokens given (one forward's
-    micro-batch in the online loop, as veRL's).
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): PPO-Clip, and the gradient of a few
+    tokens of high covariance dropped to stop the entropy's collapse: the tokens ``drawn``
+    (``clip_cov_draw``) take neither loss nor gradient. As veRL ``clip_cov`` (defaults ratio
+    2e-4, bounds 1 and 5).
 
     Args:
         logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
-        advantages: (B, T). mask: (B, T).
-    Stats: ``kl_cov_selected`` (share of valid tokens penalised), the ratio diagnostics.
+        advantages: (B, T). mask: (B, T). drawn: (B, T) 0/1, no gradient.
+    Stats: ``clipfrac`` (ratio-clipped share), ``cov_dropped`` (share of valid tokens drawn),
+    the ratio diagnostics of ``ppo_clip_loss``.
     """
+    clip_high = clip_low if clip_high is None else clip_high
     log_ratio = logprobs - old_logprobs
-    token_ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    per_token, by_clip = _ppo_clip_terms(log_ratio, advantages, mask, clip_low, clip_high)
+    loss = aggregate_loss(per_token * (1 - drawn), mask, agg)
+    stats = _ratio_stats(log_ratio, mask)
+    stats["clipfrac"] = masked_mean(by_clip.to(per_token.dtype), mask).detach()
+    stats["cov_dropped"] = masked_mean(drawn, mask).detach()
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
+def kl_cov_select(
+    logprobs: Tensor, advantages: Tensor, mask: Tensor, ratio: float = 2e-4
+) -> Tensor:
+    """KL-Cov's selection (Cui et al. 2025, arXiv 2505.22617, §5.2): the ``max(1, ⌊ratio·N⌋)``
+    valid tokens of the largest covariance (``token_covariance``; ties to the earlier token, a
+    stable sort), N and the covariance's means over the tokens given (the online update: all
+    of an optimizer step's rows; veRL: one micro-batch's).
+
+    Args:
+        logprobs: (B, T) log π (read without gradient). advantages: (B, T). mask: (B, T).
+    Returns:
+        (B, T) 0/1 in the dtype of ``logprobs``: 1 at the tokens selected.
+    """
     with torch.no_grad():
         covariance = token_covariance(logprobs, advantages, mask).flatten()
         valid = mask.bool().flatten()
@@ -533,13 +598,42 @@ def kl_cov_loss(
         count = min(max(1, int(ratio * float(mask.sum()))), int(valid.sum()))
         selected = torch.zeros_like(covariance)
         selected[order.indices[:count]] = 1.0
-        selected = selected.view_as(log_ratio)
+        return selected.view_as(logprobs)
+
+
+def kl_cov_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    selected: Tensor,
+    coef: float = 1.0,
+    agg: str | Aggregation = "token-mean",
+) -> tuple[Tensor, Stats]:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, §5.2): the unclipped ``−r·A`` on every token,
+    plus ``coef·|log π − log π_old|`` on the tokens ``selected`` (``kl_cov_select``: those of the
+    largest covariance). A KL penalty only where the entropy collapses, instead of a clip
+    everywhere. As veRL ``kl_cov`` (defaults ratio 2e-4, coef 1).
+
+    Args:
+        logprobs: (B, T) log π, with gradient. old_logprobs: (B, T) log π_old.
+        advantages: (B, T). mask: (B, T). selected: (B, T) 0/1, no gradient.
+    Stats: ``kl_cov_selected`` (share of valid tokens penalised), the ratio diagnostics.
+    """
+    log_ratio = logprobs - old_logprobs
+    token_ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
     per_token = -token_ratio * advantages + coef * log_ratio.abs() * selected
     loss = aggregate_loss(per_token, mask, agg)
     stats = _ratio_stats(log_ratio, mask)
     stats["kl_cov_selected"] = masked_mean(selected, mask).detach()
     stats["policy_loss"] = loss.detach()
     return loss, stats
+
+
+def _selected(name: str, selection: Tensor | None) -> Tensor:
+    if selection is None:
+        raise ValueError(f"policy loss {name}: the selection of TOKEN_SELECTIONS[{name!r}]")
+    return selection
 
 
 @POLICY_LOSSES.register("clip_cov", "PPO-Clip, a random few high-covariance tokens dropped")
@@ -550,25 +644,31 @@ def _clip_cov(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
+    drawn = _selected("clip_cov", selection)
+    clip, clip_high = settings.clip, settings.clip_high
+    return clip_cov_loss(logprobs, old_logprobs, advantages, mask, drawn, clip, clip_high, agg)
+
+
+@TOKEN_SELECTIONS.register("clip_cov", "a random clip_cov_ratio of the covariances in (lb, ub)")
+def _clip_cov_draw(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    generator: torch.Generator | None,
+) -> Tensor:
     bounds = (settings.clip_cov_lb, settings.clip_cov_ub)
-    return clip_cov_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        mask,
-        settings.clip,
-        settings.clip_high,
-        settings.clip_cov_ratio,
-        bounds,
-        generator,
-        agg,
+    clip, clip_high, ratio = settings.clip, settings.clip_high, settings.clip_cov_ratio
+    return clip_cov_draw(
+        logprobs, old_logprobs, advantages, mask, clip, clip_high, ratio, bounds, generator
     )
 
 
 DRAWING_LOSSES = frozenset({"clip_cov"})
-"""The policy losses that draw from the generator they are given (the others ignore it)."""
+"""The policy losses whose ``TOKEN_SELECTIONS`` entry draws from the generator it is given."""
 
 
 @POLICY_LOSSES.register("kl_cov", "−r·A, + |log r| on the tokens of largest covariance")
@@ -579,7 +679,34 @@ def _kl_cov(
     mask: Tensor,
     settings: PolicyLossSettings,
     agg: Aggregation,
-    generator: torch.Generator | None = None,
+    selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
-    ratio, coef = settings.kl_cov_ratio, settings.kl_cov_coef
-    return kl_cov_loss(logprobs, old_logprobs, advantages, mask, ratio, coef, agg)
+    selected = _selected("kl_cov", selection)
+    return kl_cov_loss(
+        logprobs, old_logprobs, advantages, mask, selected, settings.kl_cov_coef, agg
+    )
+
+
+@TOKEN_SELECTIONS.register("kl_cov", "the kl_cov_ratio of the tokens of largest covariance")
+def _kl_cov_select(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    generator: torch.Generator | None,
+) -> Tensor:
+    return kl_cov_select(logprobs, advantages, mask, settings.kl_cov_ratio)
+
+
+@POLICY_LOSSES.register("unclipped", "−r·A, no clip (M2PO's surrogate, with off_policy_mask m2po)")
+def _unclipped(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: PolicyLossSettings,
+    agg: Aggregation,
+    selection: Tensor | None = None,
+) -> tuple[Tensor, Stats]:
+    return unclipped_loss(logprobs, old_logprobs, advantages, mask, agg)

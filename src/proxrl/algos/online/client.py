@@ -30,7 +30,7 @@ from torch import Tensor
 from proxrl.algos.offline import dpo
 from proxrl.algos.offline.loop import under_autocast
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.algorithm import Algorithm, StepSelection, step_selection, surrogate
 from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import NoCritic
@@ -53,6 +53,7 @@ from proxrl.algos.online.update import (
     UpdateStep,
     accumulate,
     clipped_step,
+    loss_generator,
     minibatches,
 )
 from proxrl.core import KL_ESTIMATORS, POLICY_LOSSES, policy_gradient_loss
@@ -400,12 +401,16 @@ class TrainingClient:
         batch = self._checked_batch(batch, loss)
         train_policy = loss != VALUE_LOSS
         policy_loss = _policy_loss(self.cfg, loss) if train_policy else LOSSES["ppo"](self.cfg)
+        # a named surrogate's choices over the whole batch (clip_cov's draw: from a generator
+        # seeded by the client's, as the loop's update seeds it from the run's)
+        named = replace(self.cfg, policy_loss=loss) if loss in POLICY_LOSSES else None
         losses = Losses(
             self.cfg,
-            _algorithm(self.cfg, policy_loss),
+            _algorithm(self.cfg, policy_loss, None if named is None else step_selection(named)),
             self.models,
             batch.prompt_ids.shape[1],
             UpdateStep(self.cfg.kl_coef, train_policy=train_policy, iteration=self.steps + 1),
+            None if named is None else loss_generator(named, self.generator),
         )
         self._losses = losses
         if self.cfg.aggregation.units(batch.loss_mask) == 0:
@@ -616,9 +621,12 @@ def _critic(cfg: OnlineConfig) -> Any:
     return ppo.build(cfg).critic if isinstance(cfg, ppo.Config) else NoCritic.load
 
 
-def _algorithm(cfg: OnlineConfig, policy_loss: PolicyLoss) -> Algorithm:
-    """The critic-free family's choices around ``policy_loss``: the KL to the reference in the
-    loss (``kl_loss_type``, as grpo's estimators pay it) when the config has one."""
+def _algorithm(
+    cfg: OnlineConfig, policy_loss: PolicyLoss, selection: StepSelection | None = None
+) -> Algorithm:
+    """The critic-free family's choices around ``policy_loss`` (and its ``selection`` over the
+    whole batch): the KL to the reference in the loss (``kl_loss_type``, as grpo's estimators
+    pay it) when the config has one."""
     kl_type = getattr(cfg, "kl_loss_type", None)
 
     def no_estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -629,4 +637,5 @@ def _algorithm(cfg: OnlineConfig, policy_loss: PolicyLoss) -> Algorithm:
         estimate=no_estimate,
         policy_loss=policy_loss,
         kl_loss=None if kl_type is None else KL_ESTIMATORS[kl_type],
+        step_selection=selection,
     )

@@ -32,7 +32,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig, canonical
 from proxrl.algos.online.loop import train_online
 from proxrl.core import (
@@ -290,11 +290,13 @@ def build(cfg: Config) -> Algorithm:
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.aggregation)
     else:
         policy_loss = surrogate(cfg)
+    reinforce = cfg.estimator == "reinforce"
 
     return Algorithm(
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
+        step_selection=None if reinforce else step_selection(cfg),
         kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator in KL_IN_THE_LOSS else None,
         needs_greedy=cfg.estimator == "remax",
         combine_sources=_gdpo_combination(cfg) if cfg.estimator == "gdpo" else None,

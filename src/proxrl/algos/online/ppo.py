@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.algorithm import Algorithm, surrogate
+from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.loop import train_online
@@ -272,6 +272,7 @@ def build(cfg: Config) -> Algorithm:
         policy_loss=policy_loss,
         critic=partial(CRITICS[cfg.critic], settings),
         penalty=penalty,
+        step_selection=step_selection(cfg),
     )
 
 

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.algorithm import RUN_GENERATOR, Algorithm
+from proxrl.algos.online.algorithm import Algorithm, corrected
 from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
@@ -51,6 +51,8 @@ class Losses:
     models: Models
     prompt_width: int  # P: the prompt columns before the response's
     step: UpdateStep
+    drawing: torch.Generator | None = None  # what a TOKEN_SELECTIONS entry draws from
+    # (``loss_generator``: seeded by the run's generator), passed to it explicitly
 
 
 @dataclass
@@ -105,12 +107,10 @@ def update(
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
     computed from that forward and returned with the stats."""
     record = check_update(cfg, experience)
-    losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], step)
-    drawing = RUN_GENERATOR.set(loss_generator(cfg, generator))
-    try:
-        totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
-    finally:
-        RUN_GENERATOR.reset(drawing)
+    losses = Losses(
+        cfg, algo, models, experience.prompt_ids.shape[1], step, loss_generator(cfg, generator)
+    )
+    totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
     stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k != "early_stopped"}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
     stats_out["steps"] = float(taken)
@@ -122,11 +122,12 @@ def update(
 
 
 def loss_generator(cfg: OnlineConfig, generator: torch.Generator) -> torch.Generator | None:
-    """The generator a policy loss that draws (``core.DRAWING_LOSSES``: clip_cov) draws from in
-    this update: seeded by one draw from the run's ``generator``, taken before the update on
-    every rank alike, so the run's generator (checkpointed: a resumed run draws the same) moves
-    by that one draw however many micro-batches each rank runs, and every rank keeps drawing
-    the same minibatches. None (the run's generator untouched) for the other losses."""
+    """The generator a policy loss's selection that draws (``core.DRAWING_LOSSES``: clip_cov)
+    draws from in this update (``Losses.drawing``, passed to it explicitly): seeded by one draw
+    from the run's ``generator``, taken before the update on every rank alike, so the run's
+    generator (checkpointed: a resumed run draws the same) moves by that one draw however many
+    steps draw, and every rank keeps drawing the same minibatches. None (the run's generator
+    untouched) for the other losses."""
     if cfg.policy_loss not in DRAWING_LOSSES:
         return None
     seed = int(torch.randint(0, 2**62, (), generator=generator))
@@ -149,7 +150,10 @@ def _epochs(
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
         for minibatch in minibatches(cfg, len(experience), generator):
-            stats = optimizer_step(losses, experience, minibatch, optimization, guard, record)
+            current = taken == 0 and old_is_trainers_pass(cfg)  # π has not moved from π_old
+            stats = optimizer_step(
+                losses, experience, minibatch, optimization, guard, record, current
+            )
             if stats is None:
                 continue
             measured += 1
@@ -198,6 +202,7 @@ def optimizer_step(
     optimization: Optimization,
     guard: NonFiniteGuard,
     record: OnPolicyRecord | None,
+    old_is_current: bool = False,
 ) -> dict[str, float] | None:
     """One optimizer step on the rows ``minibatch``: this rank's micro-batches accumulated (a
     critic in its own process meanwhile), gradients summed over ranks, the global norm clipped,
@@ -205,7 +210,9 @@ def optimizer_step(
     if losses.cfg.aggregation.units(experience.loss_mask[minibatch]) == 0:
         return None  # every row masked out (mask_truncated): nothing to learn from
     optimization.zero_grad()
-    step_stats, elsewhere = accumulate(losses, experience, minibatch, optimization, record)
+    step_stats, elsewhere = accumulate(
+        losses, experience, minibatch, optimization, record, old_is_current
+    )
     return clipped_step(losses, step_stats, elsewhere, optimization, guard)
 
 
@@ -215,10 +222,16 @@ def accumulate(
     minibatch: Tensor,
     optimization: Optimization,
     record: OnPolicyRecord | None,
+    old_is_current: bool = False,
 ) -> tuple[dict[str, float], CriticGradient | None]:
     """The backward of one optimizer step's rows ``minibatch`` added to the gradients (this
     rank's micro-batches; a critic in its own process meanwhile), summed over ranks; the step's
-    stats and that critic's gradient. ``TrainingClient.forward_backward`` runs it too."""
+    stats and that critic's gradient. ``TrainingClient.forward_backward`` runs it too.
+
+    What the policy loss chooses over the whole step (``Algorithm.step_selection``) is chosen
+    first, from log π at every row of the step: the rows' log π_old where ``old_is_current``
+    (π has not moved since the rollout's pass for it), else a forward without gradient over the
+    step's micro-batches (``step_logprobs``)."""
     cfg, critic = losses.cfg, losses.models.critic
     world, rank, sharded = dist.world_size(), dist.rank(), dist.is_sharded()
     # The normaliser of every loss term is counted on the whole minibatch before its
@@ -229,6 +242,9 @@ def accumulate(
     )
     mine = [minibatch[rows] for rows in plan][rank::world]
     units = partial(_units, cfg, experience)
+    chosen: dict[str, float] = {}
+    if losses.algo.step_selection is not None and losses.step.train_policy:
+        experience, chosen = select_for_step(losses, experience, minibatch, mine, old_is_current)
     # FSDP / DeepSpeed average gradients over ranks themselves: weigh by world.
     step_units = float(total_units) / world if sharded else float(total_units)
     no_sync = contextlib.ExitStack()
@@ -255,7 +271,65 @@ def accumulate(
         step_stats = defaultdict(float, dist.all_reduce_sum(dict(step_stats)))
         if sharded:
             step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
+    step_stats.update(chosen)  # (the same on every rank: over the whole step)
     return dict(step_stats), elsewhere
+
+
+def old_is_trainers_pass(cfg: OnlineConfig) -> bool:
+    """Whether a rollout's log π_old is π at its update's start: the trainer's own forward pass
+    over the weights the update starts from, not the sampler's log-probs (sampler_logprobs
+    without a rollout_correction) nor a rollouts file's."""
+    from_sampler = cfg.sampler_logprobs and cfg.rollout_correction == "none"
+    return not from_sampler and cfg.rollouts_file is None
+
+
+def select_for_step(
+    losses: Losses,
+    experience: Experience,
+    minibatch: Tensor,
+    mine: list[Tensor],
+    old_is_current: bool,
+) -> tuple[Experience, dict[str, float]]:
+    """``Algorithm.step_selection`` over the rows ``minibatch`` (every rank alike), written into
+    a copy of ``experience`` that the step's micro-batches read; and the selection's stats."""
+    rows = experience.select(minibatch)
+    if old_is_current and rows.logprobs is not None:
+        logprobs = rows.logprobs
+    else:
+        logprobs = step_logprobs(losses, experience, minibatch, mine)
+    if rows.logprobs is None:  # π_old is π at this, the rollout's only, step
+        rows = replace(rows, logprobs=logprobs)
+    chosen, stats = losses.algo.step_selection(logprobs, rows, losses.drawing)  # type: ignore[misc]
+    width = rows.response_ids.shape[1]
+    advantages = experience.advantages.clone()  # type: ignore[union-attr]
+    advantages[minibatch, :width] = chosen.advantages.to(advantages.dtype)  # type: ignore[union-attr]
+    selection = None
+    if chosen.loss_selection is not None:
+        selection = torch.zeros_like(advantages)
+        selection[minibatch, :width] = chosen.loss_selection.to(advantages.dtype)
+    return replace(experience, advantages=advantages, loss_selection=selection), stats
+
+
+def step_logprobs(
+    losses: Losses, experience: Experience, minibatch: Tensor, mine: list[Tensor]
+) -> Tensor:
+    """(len(minibatch), T') log π at the rows ``minibatch`` now, T' their trimmed width, without
+    gradient: a forward over this rank's micro-batches ``mine``, summed over ranks (each row is
+    one rank's), in the dtype of log π_old (of the advantages without it)."""
+    dtype = (
+        experience.logprobs if experience.logprobs is not None else experience.advantages
+    ).dtype  # type: ignore[union-attr]
+    width = experience.select(minibatch).response_ids.shape[1]
+    at = torch.full((len(experience),), -1, dtype=torch.long, device=minibatch.device)
+    at[minibatch] = torch.arange(len(minibatch), device=minibatch.device)
+    logprobs = torch.zeros(
+        len(minibatch), width, dtype=torch.float64, device=experience.response_mask.device
+    )
+    with torch.no_grad(), losses.cfg.autocast():
+        for rows in mine:
+            out = policy_output(losses, experience.select(rows), with_entropy=False)
+            logprobs[at[rows], : out.logprobs.shape[1]] = out.logprobs.double()
+    return dist.all_reduce_sum(logprobs).to(dtype)
 
 
 def clipped_step(
@@ -404,24 +478,13 @@ def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], Po
     """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
     micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units."""
     cfg, algo, step = losses.cfg, losses.algo, losses.step
-    actor, critic = losses.models.actor, losses.models.critic
+    critic = losses.models.critic
     agg = cfg.aggregation
     mask = mb.loss_mask.float()  # model tokens: observations take no loss
     full_distill = DISTILL_LOSSES[cfg.distill_loss].per_token_loss if cfg.distills else None
-    out = policy_forward(
-        actor,
-        mb.input_ids,
-        mb.attention_mask,
-        losses.prompt_width,
-        cfg.temperature,
-        with_entropy=cfg.entropy_coef > 0 or mb.logprobs is None,
-        with_hidden=critic.needs_hidden,
-        top_k=cfg.top_k,  # π_θ on the distribution that was sampled from, as π_old
-        top_p=cfg.top_p,
-        min_p=cfg.min_p,
-        packed=bool(cfg.max_tokens_per_micro_batch),
-        with_logits=full_distill is not None and step.train_policy,
-    )
+    with_entropy = cfg.entropy_coef > 0 or mb.logprobs is None
+    with_logits = full_distill is not None and step.train_policy
+    out = policy_output(losses, mb, with_entropy, critic.needs_hidden, with_logits)
     if mb.logprobs is None:  # π_old is π at this step (the rollout ran no pass for it)
         mb = replace(mb, logprobs=out.logprobs.detach())
     loss = torch.zeros((), device=mask.device)
@@ -466,19 +529,30 @@ def distill_loss_term(
     return cfg.distill_coef * divergence
 
 
-def corrected(mb: Experience) -> Experience:
-    """The minibatch whose advantages carry the rollout correction's weights (rollout_weights),
-    the one place every algorithm's policy loss gets it.
-
-    Every policy loss is A_t times a function of the ratio, or a max/min of such terms with the
-    same A_t (PPO-Clip, dual clip, REINFORCE, PPO-Penalty's surrogate); for w_t ≥ 0 scaling A_t
-    by w_t scales that token's loss by w_t, as TIS/MIS/IcePop ask, and the weights hold no
-    gradient. Terms without A_t (PPO-Penalty's and clip+penalty's KL(π_old‖π)) stay unweighted.
-    A masked token (w = 0) still counts in the loss's normaliser, as in IcePop's formula.
-    """
-    if mb.rollout_weights is None:
-        return mb
-    return replace(mb, advantages=mb.advantages * mb.rollout_weights)
+def policy_output(
+    losses: Losses,
+    mb: Experience,
+    with_entropy: bool,
+    with_hidden: bool = False,
+    with_logits: bool = False,
+) -> PolicyOutput:
+    """The actor's forward over the rows ``mb``: log π on the distribution that was sampled
+    from (its temperature, top-k, top-p, min-p, as π_old)."""
+    cfg = losses.cfg
+    return policy_forward(
+        losses.models.actor,
+        mb.input_ids,
+        mb.attention_mask,
+        losses.prompt_width,
+        cfg.temperature,
+        with_entropy=with_entropy,
+        with_hidden=with_hidden,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        min_p=cfg.min_p,
+        packed=bool(cfg.max_tokens_per_micro_batch),
+        with_logits=with_logits,
+    )
 
 
 NAMESPACES = {
