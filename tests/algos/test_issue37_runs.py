@@ -37,8 +37,8 @@ def test_gdpo_trains_on_two_reward_functions(tiny_lm, prompts, tmp_path, monkeyp
     seen = []
     estimate = loop.estimate
 
-    def spy(algo, experience, kl_coef):  # type: ignore[no-untyped-def]
-        out = estimate(algo, experience, kl_coef)
+    def spy(algo, experience, kl_coef, *rest):  # type: ignore[no-untyped-def]
+        out = estimate(algo, experience, kl_coef, *rest)
         seen.append((experience.combined_scores.clone(), out.advantages[:, 0].clone()))
         return out
 
