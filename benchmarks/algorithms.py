@@ -91,6 +91,12 @@ ROWS = [
     Row("stale_dppo_tv", "grpo", {"ppo_epochs": 8, "policy_loss": "dppo_tv"}),
     Row("stale_opsm", "grpo", {"ppo_epochs": 8, "off_policy_mask": "opsm"}),
     Row("stale_m2po", "grpo", {"ppo_epochs": 8, "off_policy_mask": "m2po"}),
+    # M2PO as its paper states it: the second-moment mask instead of the ratio clip
+    Row(
+        "stale_m2po_unclipped",
+        "grpo",
+        {"ppo_epochs": 8, "policy_loss": "unclipped", "off_policy_mask": "m2po"},
+    ),
     Row("ppo_critic_rm", "ppo"),  # the demo's PPO: critic from the reward model
     Row("ppo_critic_policy", "ppo", {"critic_model": "policy"}),
     Row("ppo_critic_warm", "ppo", {"critic_model": "{demo}/ppo"}),  # the demo PPO's critic/
