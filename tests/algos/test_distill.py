@@ -248,3 +248,27 @@ def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_tea
     keep = mask.bool()
     expected = float((recorded[keep] - logprobs[keep]).mean())
     assert first["distill/reverse_kl"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(("offload", "frozen"), [(True, "cpu"), (False, "meta")])
+def test_the_teacher_is_placed_as_the_reference(offload, frozen, monkeypatch):
+    """On an accelerator (here the meta device stands in for one) the actor goes there; the
+    reference and the teacher too, or both stay on the CPU under offload_frozen_roles."""
+    from torch import nn
+
+    from proxrl.algos.online import roles
+    from proxrl.algos.online.critic import NoCritic
+    from proxrl.rollout.rewards import WeightedRewards
+
+    monkeypatch.setattr(roles.dist, "device", lambda: torch.device("meta"))
+    models = roles.Models(
+        actor=nn.Linear(2, 2),
+        reference=nn.Linear(2, 2),
+        critic=NoCritic(),
+        tokenizer=None,
+        teacher=nn.Linear(2, 2),
+    )
+    roles.place_roles(models, WeightedRewards([], []), offload_frozen=offload)
+    where = {name: getattr(models, name).weight.device.type for name in ("actor", "reference")}
+    where["teacher"] = models.teacher.weight.device.type
+    assert where == {"actor": "meta", "reference": frozen, "teacher": frozen}
