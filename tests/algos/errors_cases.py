@@ -224,6 +224,14 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
     PreTrainedTokenizerFast(
         tokenizer_object=no_merges, pad_token="<|pad|>", eos_token="<|eos|>"
     ).save_pretrained(broken)
+    # issue 36: the tiny model with 64 more output rows (its tokenizer unchanged).
+    from transformers import AutoModelForCausalLM
+
+    wide = AutoModelForCausalLM.from_pretrained(tiny_lm)
+    wide.resize_token_embeddings(wide.config.vocab_size + 64)
+    wide.save_pretrained(root / "models" / "wide_head")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny_lm) / name, root / "models" / "wide_head" / name)
     # A run whose checkpoint holds another model's weights.
     other = prepare_output_dir(root / "runs" / "other", resume=False, overwrite=False)
     CheckpointManager(other).save(4, {"model": {"encoder.weight": torch.zeros(2)}}, {"step": 4})
@@ -828,6 +836,12 @@ CASES: list[Case] = [
         ),
         "proxrl grpo: error: distill_loss: gjsd reads both models' logits in the padded layout; "
         "set max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)",
+    ),
+    Case(
+        "grpo: distill_loss gjsd with a teacher of another output width",
+        (*GRPO, "--teacher-model", "models/wide_head", "--distill-loss", "gjsd"),
+        "proxrl grpo: error: teacher_model: models/wide_head outputs 375 logits, the policy 311; "
+        "distill_loss gjsd compares whole distributions (use distill_loss reverse_kl_reward)",
     ),
     Case(
         "grpo: a teacher alone with dynamic_sampling",

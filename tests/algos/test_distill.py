@@ -272,3 +272,28 @@ def test_the_teacher_is_placed_as_the_reference(offload, frozen, monkeypatch):
     where = {name: getattr(models, name).weight.device.type for name in ("actor", "reference")}
     where["teacher"] = models.teacher.weight.device.type
     assert where == {"actor": "meta", "reference": frozen, "teacher": frozen}
+
+
+def test_the_teacher_pass_is_the_same_padded_and_packed(tiny_teacher):
+    """Left-padded prompts, right-padded responses, temperature 0.7 and top-p 0.9: the packed
+    teacher pass (max_tokens_per_micro_batch) gives the padded one's log-probs and argmax at
+    every response token (float64)."""
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.rollout.forward import teacher_pass
+
+    teacher = load_causal_lm(tiny_teacher, dtype="float64").eval()
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, 60, (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0
+    attention_mask[1, 7:] = 0
+    attention_mask[2, 0] = attention_mask[2, 8] = 0
+    input_ids = input_ids * attention_mask
+    truncation = {"top_k": 0, "top_p": 0.9, "min_p": 0.0}
+    with torch.no_grad():
+        padded = teacher_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, False)
+        packed = teacher_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, True)
+    real = attention_mask[:, 4:].bool()
+    torch.testing.assert_close(packed[0][real], padded[0][real], rtol=1e-12, atol=1e-12)
+    assert torch.equal(packed[1][real], padded[1][real])
+    assert (padded[0][real] < 0).all()
