@@ -6,6 +6,7 @@ a run killed after its first checkpoint resumes to the very weights of an uninte
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,35 @@ def test_the_teacher_pass_is_the_same_padded_and_packed(tiny_teacher):
     torch.testing.assert_close(packed[0][real], padded[0][real], rtol=1e-12, atol=1e-12)
     assert torch.equal(packed[1][real], padded[1][real])
     assert (padded[0][real] < 0).all()
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        (ppo, {"critic_learning_rate": 1e-3}),  # a value head beside the teacher's term
+        (grpo, {"dynamic_sampling": True}),  # rounds joined (teacher fields padded as the rest)
+        (grpo, {"max_tokens_per_micro_batch": 24}),  # packed teacher and π_old passes
+        (grpo, {"estimator": "remax", "offload_frozen_roles": True}),
+    ],
+)
+def test_a_teacher_beside_a_task_reward_trains_with_the_loops_options(
+    command, options, tiny_lm, tiny_teacher, prompts, tmp_path
+):
+    fields = _fields(
+        tiny_lm,
+        tiny_teacher,
+        prompts,
+        tmp_path,
+        iterations=2,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        kl_coef=0.05,
+        track_kl=True,
+    )
+    cfg = command.Config(**(fields | options))
+    cfg.validate()
+    command.train(cfg)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["distill/teacher_logprob"] < 0 and math.isfinite(row["distill/reverse_kl"])
+        assert "objective/kl" in row and "reward/target_fraction" in row
