@@ -118,3 +118,26 @@ def test_ppo_run_sharded_saves_whole_weights_that_resume_on_one_process(
     argv = ["--config", str(cfg), "--output-dir", str(out), "--resume", "--resume-with-changes"]
     ppo.train(parse_config(ppo.Config, argv, prog="proxrl"))
     assert CheckpointManager.step_of(manager.latest()) == 3
+
+
+def test_step_wide_choices_sharded_match_one_process(tiny_lm, prompts, tmp_path):  # noqa: F811
+    """GRPO with M2PO's mask and Clip-Cov's draw (both chosen over each optimizer step's rows)
+    under FSDP: the forward without gradient over the step runs on the sharded actor, each rank
+    its micro-batches, and the weights and stats equal one process's; both choices acted."""
+    options = ("policy_loss=clip_cov", "clip_cov_lb=-1.0", "clip_cov_ratio=0.2")
+    options += ("off_policy_mask=m2po", "m2po_tau=0.001")
+    args = ["grpo", tiny_lm, prompts, str(tmp_path)]
+    _one_process("make", *args, *options)
+    _one_process("update", *args, *options)
+    check(torchrun([str(SCRIPT), "update", *args, *options], env=FSDP_ENV))
+    tag = "".join(f"_{item}" for item in options)
+    one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
+    two = load_file(str(tmp_path / f"world2{tag}_fsdp.safetensors"))
+    stats1 = json.loads((tmp_path / f"world1{tag}.json").read_text())
+    stats2 = json.loads((tmp_path / f"world2{tag}_fsdp.json").read_text())
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"grpo m2po + clip_cov FSDP 2 procs vs 1: max |Δw| {diff:.2e}")
+    assert stats1["steps"] == 4.0
+    assert stats1["off_policy_masked"] > 0.01 and stats1["cov_dropped"] > 0.01, stats1
+    assert diff <= WEIGHT_TOL
+    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
