@@ -113,7 +113,7 @@ def test_clip_cov_draws_from_the_run_generator(tiny_lm, prompts, tmp_path):
 
 def test_clip_cov_moves_the_run_generator_by_one_draw_per_update():
     """Every rank draws the same minibatches from the run's generator: clip_cov's own draws come
-    from a child seeded by one draw of it, however many micro-batches draw; other losses leave
+    from a child seeded by one draw of it, however many steps draw; other losses leave
     it untouched."""
     import torch
 

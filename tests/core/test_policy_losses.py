@@ -382,3 +382,28 @@ def test_unclipped_loss_takes_every_ratio_by_hand():
     logprobs = _leaf([[math.log(3.0), -1.0], [math.log(0.5), 9.0]])
     ppo_clip_loss(logprobs, old, advantages, mask)[0].backward()
     close(logprobs.grad, [[0.0, 0.0], [0.0, 0.0]])
+
+
+# Every entry of TOKEN_SELECTIONS on the covariance case above (covariances (2, 0.5, −1) | 4.5,
+# on-policy): clip_cov (clip_cov_ratio 0.5: ⌊0.5·4⌋ = 2 of the 2 inside (1, 5)) draws (0, 0) and
+# (1, 0); kl_cov (the default ratio: 1 token) the largest covariance, (1, 0).
+SELECTION_CASES = {
+    "clip_cov": [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]],
+    "kl_cov": [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]],
+}
+
+
+def test_every_token_selection_has_a_case():
+    assert set(SELECTION_CASES) == set(TOKEN_SELECTIONS)
+    assert set(TOKEN_SELECTIONS) <= set(POLICY_LOSSES)  # each is a policy loss's choice
+
+
+@pytest.mark.parametrize("name", sorted(SELECTION_CASES))
+def test_token_selections_by_name_by_hand(name):
+    logprobs = t(COV_LOGPROBS)
+    settings = PolicyLossSettings(clip_cov_ratio=0.5)
+    generator = torch.Generator().manual_seed(0)
+    chosen = TOKEN_SELECTIONS[name](
+        logprobs, logprobs, COV_ADVANTAGES, COV_MASK, settings, generator
+    )
+    close(chosen, SELECTION_CASES[name])
