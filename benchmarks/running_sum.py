@@ -10,7 +10,17 @@ Per seed, under ``--out`` (default runs/running_sum/seed<N>): the data and the t
 from scratch, ``sft``, then one directory per RL run. The digits are 0–4 by default
 (``--largest-digit``): in trial SFT runs (seed 1, 10 epochs) the tiny model reached 0.06 gold
 on 0–9 and 0.12 on 0–4, and 0.06 leaves too few right answers for 12 iterations of RL to learn
-from. Each seed is one process (``--seeds 1``, ``--seeds 2``, ``--seeds 3`` side by side).
+from; with 0–1 and an annotator right on 80% (``--largest-digit 1 --demo-accuracy 0.8``) SFT
+reaches about 0.4 (results/running_sum/digits01/). Each seed is one process (``--seeds 1``,
+``--seeds 2``, ``--seeds 3`` side by side).
+
+VC-PPO's setting, a critic started from a reward model: ``rm`` trains a Bradley–Terry reward
+model from the SFT policy on the SFT prompts (the worked sum over the annotator's slipped one,
+a tenth held out), and ``ppo_rm_critic`` (today's defaults), ``ppo_rm_critic_vc`` (``critic_lam``
+1 and value pretraining) and ``ppo_rm_critic_vapo`` (VAPO's set) start their critic from it; the
+reward stays the exact gold one.
+
+    .venv/bin/python benchmarks/running_sum.py --runs sft rm ppo ppo_rm_critic ppo_rm_critic_vc
 Every policy is scored on the same held-out prompts, one response each sampled at temperature 1:
 gold accuracy (exact total) and mean response length in tokens; each PPO run's
 ``value/explained_var`` (first, last, and its median over the last quarter of iterations) comes
@@ -32,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "running_sum"
 GOLD_FN = "proxrl.demo.running_sum:gold"
 RL_RUNS = ("ppo", "ppo_critic_lam1", "ppo_vapo", "grpo")
+# PPO with its critic started from a reward model trained on the task (VC-PPO's setting: a value
+# head that scores only finished responses is biased at the tokens before the end); `rm` trains it
+RM_RUNS = ("ppo_rm_critic", "ppo_rm_critic_vc", "ppo_rm_critic_vapo")
+ALL_RUNS = ("sft", "rm", *RL_RUNS, *RM_RUNS)
 
 # Each PPO variant's options beyond the shared ones (today's defaults: lam 0.95 for both).
 PPO_VARIANTS: dict[str, dict[str, Any]] = {
@@ -42,13 +56,21 @@ PPO_VARIANTS: dict[str, dict[str, Any]] = {
         "length_adaptive_alpha": 0.05,
         "positive_nll_coef": 0.1,
     },  # and value pretraining: critic_warmup_iterations = --vapo-warmup, inside the budget
+    "ppo_rm_critic": {},
+    "ppo_rm_critic_vc": {"critic_lam": 1.0},  # and value pretraining (VC-PPO)
+    "ppo_rm_critic_vapo": {
+        "critic_lam": 1.0,
+        "length_adaptive_alpha": 0.05,
+        "positive_nll_coef": 0.1,
+    },  # and value pretraining
 }
+PRETRAINED_CRITIC = ("ppo_vapo", "ppo_rm_critic_vc", "ppo_rm_critic_vapo")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--runs", nargs="*", default=["sft", *RL_RUNS], choices=["sft", *RL_RUNS])
+    p.add_argument("--runs", nargs="*", default=["sft", *RL_RUNS], choices=ALL_RUNS)
     p.add_argument("--out", default="runs/running_sum")
     p.add_argument("--results", default=str(RESULTS))
     p.add_argument("--sft-examples", type=int, default=2000)
@@ -56,13 +78,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--largest-digit", type=int, default=4)
     p.add_argument("--sft-epochs", type=int, default=8)
     p.add_argument("--sft-learning-rate", type=float, default=5e-3)
+    p.add_argument("--rm-epochs", type=int, default=2, help="`rm`: the reward model's epochs")
+    p.add_argument("--rm-learning-rate", type=float, default=1e-3)
     p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--rollout-batch-size", type=int, default=16, help="prompts per iteration")
     p.add_argument("--group-size", type=int, default=4, help="responses per prompt (every run)")
     p.add_argument("--rl-learning-rate", type=float, default=5e-4)
     p.add_argument("--critic-learning-rate", type=float, default=1e-3)
     p.add_argument(
-        "--vapo-warmup", type=int, default=2, help="ppo_vapo's value pretraining, of --iterations"
+        "--vapo-warmup",
+        type=int,
+        default=2,
+        help="value pretraining of " + ", ".join(PRETRAINED_CRITIC) + ", of --iterations",
     )
     p.add_argument("--eval-prompts", type=int, default=100)
     p.add_argument("--hidden-size", type=int, default=64)
@@ -82,6 +109,47 @@ def sft_stage(args: argparse.Namespace, out: Path, data: Path, seed: int) -> Non
             output_dir=str(out / "sft"),
             epochs=args.sft_epochs,
             learning_rate=args.sft_learning_rate,
+            batch_size=32,
+            lr_schedule="linear",
+            warmup_steps=10,
+            max_length=128,
+            seed=seed,
+            progress=False,
+            overwrite=True,
+        )
+    )
+
+
+def rm_stage(args: argparse.Namespace, out: Path, seed: int) -> None:
+    """A Bradley–Terry reward model from the SFT policy: per SFT prompt, the worked sum (chosen)
+    against the annotator's slipped one (rejected), the pairs a right/wrong total makes."""
+    import random
+
+    from proxrl.algos.offline import reward
+    from proxrl.demo import running_sum
+
+    rng = random.Random(seed)
+    rows = []
+    for line in (out / "data" / "sft.jsonl").open():
+        digits = running_sum.digits_of(json.loads(line)["prompt"])
+        rows.append(
+            {
+                "prompt": running_sum.make_prompt(digits),
+                "chosen": running_sum.worked(digits),
+                "rejected": running_sum.sloppy_completion(rng, digits, accuracy=0.0),
+            }
+        )
+    held_out = len(rows) // 10
+    running_sum.write_jsonl(out / "data" / "preferences.jsonl", rows[held_out:])
+    running_sum.write_jsonl(out / "data" / "preferences_eval.jsonl", rows[:held_out])
+    reward.train(
+        reward.Config(
+            model=str(out / "sft"),
+            data=str(out / "data" / "preferences.jsonl"),
+            eval_data=str(out / "data" / "preferences_eval.jsonl"),
+            output_dir=str(out / "rm"),
+            epochs=args.rm_epochs,
+            learning_rate=args.rm_learning_rate,
             batch_size=32,
             lr_schedule="linear",
             warmup_steps=10,
@@ -126,10 +194,10 @@ def rl_stage(args: argparse.Namespace, out: Path, name: str, seed: int) -> None:
     ppo.train(
         ppo.Config(
             **fields,
-            critic_model="policy",
+            critic_model=str(out / "rm") if name in RM_RUNS else "policy",
             critic_learning_rate=args.critic_learning_rate,
             **PPO_VARIANTS[name],
-            **({"critic_warmup_iterations": args.vapo_warmup} if name == "ppo_vapo" else {}),
+            **({"critic_warmup_iterations": args.vapo_warmup} if name in PRETRAINED_CRITIC else {}),
         )
     )
 
@@ -162,6 +230,14 @@ def score(policy_dir: Path, prompts: list[str], seed: int) -> dict[str, float]:
         "gold": sum(correct) / len(correct),
         "length": float(sampled.response_mask.sum(1).float().mean()),
     }
+
+
+def rm_accuracy(run_dir: Path) -> dict[str, float]:
+    """The reward model's last held-out accuracy (right total over slipped one)."""
+    from proxrl.runtime.metrics import read_metrics
+
+    evals = [r for r in read_metrics(run_dir) if "eval/accuracy" in r]
+    return {"eval_accuracy": evals[-1]["eval/accuracy"]} if evals else {}
 
 
 def value_curve(run_dir: Path) -> dict[str, Any]:
@@ -206,6 +282,11 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         started = time.perf_counter()
         if name == "sft":
             sft_stage(args, out, data["sft"], seed)
+        elif name == "rm":
+            rm_stage(args, out, seed)
+            result["wall_s"][name] = round(time.perf_counter() - started, 1)
+            result["rm"] = rm_accuracy(out / "rm")
+            continue
         else:
             rl_stage(args, out, name, seed)
         result["wall_s"][name] = round(time.perf_counter() - started, 1)
@@ -239,7 +320,7 @@ def refresh_value_curves(out: Path, results: Path) -> None:
 def write_table(results: Path) -> None:
     """table.md: every seed as measured, and the mean over seeds."""
     rows = [json.loads(p.read_text()) for p in sorted(results.glob("seed*.json"))]
-    names = [n for n in ("sft", *RL_RUNS) if any(n in r["policies"] for r in rows)]
+    names = [n for n in ("sft", *RL_RUNS, *RM_RUNS) if any(n in r["policies"] for r in rows)]
     lines = [
         "| run | " + " | ".join(f"seed {r['seed']}" for r in rows) + " | mean |",
         "|---|" + "---|" * (len(rows) + 1),
@@ -257,6 +338,10 @@ def write_table(results: Path) -> None:
             cells.append(f"{p['gold']:.3f} ({p['length']:.0f} tok{ev_text})")
         mean = f"{sum(golds) / len(golds):.3f}" if golds else "—"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {mean} |")
+    rm = [f"{r['rm']['eval_accuracy']:.3f}" for r in rows if r.get("rm")]
+    if rm:
+        accuracies = ", ".join(rm)
+        lines.append(f"\nThe critics' reward model, held-out pair accuracy: {accuracies}")
     (results / "table.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -278,7 +363,7 @@ def plot(out: Path, results: Path) -> None:
     from proxrl.runtime.metrics import read_metrics
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(13, 3.6))
-    for index, name in enumerate(RL_RUNS):
+    for index, name in enumerate((*RL_RUNS, *RM_RUNS)):
         color = f"C{index}"
         runs = [read_metrics(d / name) for d in sorted(out.glob("seed*")) if (d / name).is_dir()]
         for ax, (key, title) in zip(axes, CURVES, strict=True):
@@ -320,6 +405,7 @@ def main() -> None:
             before = json.loads(path.read_text())
             result["policies"] = {**before.get("policies", {}), **result["policies"]}
             result["wall_s"] = {**before.get("wall_s", {}), **result["wall_s"]}
+            result.setdefault("rm", before.get("rm"))
         path.write_text(json.dumps(result, indent=2) + "\n")
         write_table(results)
 
