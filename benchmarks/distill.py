@@ -342,6 +342,7 @@ def main() -> None:
         run_seed(seed, args.rows, root, results, save)
     save()
     print_tables(results, args.rows, args.seeds)
+    print_curves(results, args.rows, args.seeds)
 
 
 def cell(value: float | None, digits: int = 3) -> str:
@@ -397,6 +398,27 @@ def print_tables(results: dict[str, Any], rows: list[str], seeds: list[int]) -> 
                 f"| {b['teacher_responses']} | {b['teacher_sample_gold']:.3f} | {b['gold']:.3f} "
                 f"| {b['reverse_kl']:.3f} |"
             )
+
+
+CURVE_AT = (1, 5, 10, 20, 30, 50, 75, 100)  # iterations shown of each curve
+
+
+def print_curves(results: dict[str, Any], rows: list[str], seeds: list[int]) -> None:
+    """Per online row and seed: the held-out gold (one sampled answer per prompt) and the
+    training batch's reverse KL to the teacher (``distill/reverse_kl``, per token) at
+    ``CURVE_AT``."""
+    head = " | ".join(str(i) for i in CURVE_AT)
+    print(f"\n| row | seed | series | {head} |")
+    print("|---|---|---|" + "---|" * len(CURVE_AT))
+    for name in rows:
+        for seed in seeds:
+            series = (results.get(f"{name}/{seed}") or {}).get("curve")
+            if not series:
+                continue
+            for key, label in (("eval/score", "held-out gold"), ("distill/reverse_kl", "rev. KL")):
+                values = series[key]
+                picked = [values[i - 1] if i <= len(values) else None for i in CURVE_AT]
+                print(f"| {name} | {seed} | {label} | {' | '.join(cell(v) for v in picked)} |")
 
 
 if __name__ == "__main__":
