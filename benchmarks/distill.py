@@ -21,9 +21,10 @@ answer each), which gives the first iteration at 90% of the teacher's gold. Rows
   teacher samples from the RL prompts (``external_rollouts.write_rollouts_with_transformers``,
   the demo's temperature and length), as many teacher tokens as ``opd`` consumed; also on
   1/64 ... 1/2 of them (each its own run), for the first budget at 90% of the teacher.
-- ``arch_*``: a student of another shape (hidden 32, 2 heads, 3 layers; the demo's: 64, 4, 2),
-  the same tokenizer, its own SFT on the demo's SFT data: ``arch_sft``, ``arch_grpo``,
-  ``arch_opd`` (distilled from the same teacher).
+- ``arch_*`` and ``wide_*``: students of other shapes (``arch``: hidden 32, 2 heads, 3 layers,
+  narrower and deeper; ``wide``: hidden 128, 4 heads, 1 layer; the demo's: 64, 4, 2), the same
+  tokenizer, each its own SFT on the demo's SFT data: ``*_sft``, ``*_grpo``, ``*_opd``
+  (distilled from the same teacher).
 - ``gjsd``: the supervised generalised JSD on the student's own samples (β 0.5).
 
 Every final policy is scored like the demo's (``demo.evaluate.evaluate_policy``: 4 sampled
@@ -62,7 +63,10 @@ from proxrl.runtime.metrics import read_metrics
 
 TEACHER_SHARE = 0.9  # "reached the teacher": held-out gold ≥ this share of the teacher's
 DISTILL_COEF = 1.0  # λ (Thinking Machines' on-policy distillation uses 1)
-ARCH = {"hidden_size": 32, "num_heads": 2, "num_layers": 3}  # the other student's shape
+SHAPES = {  # the other students' shapes
+    "arch": {"hidden_size": 32, "num_heads": 2, "num_layers": 3},
+    "wide": {"hidden_size": 128, "num_heads": 4, "num_layers": 1},
+}
 OFFPOLICY_SHARES = (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0)  # of opd's teacher tokens
 CURVE_KEYS = (
     "eval/score",
@@ -77,7 +81,7 @@ CURVE_KEYS = (
 @dataclass(frozen=True)
 class OnlineRow:
     name: str
-    student: str  # "sft" (the demo's) or "arch" (the other shape)
+    student: str  # "sft" (the demo's) or a name in SHAPES
     overrides: dict[str, Any] = field(default_factory=dict)  # "{demo}" is the demo's directory
 
 
@@ -93,13 +97,16 @@ ONLINE_ROWS = [
     OnlineRow("opd_gold", "sft", DISTILL | GOLD_ONLY),
     OnlineRow("arch_grpo", "arch", GOLD_ONLY | WATCH_TEACHER),
     OnlineRow("arch_opd", "arch", DISTILL | NO_REWARD),
+    OnlineRow("wide_grpo", "wide", GOLD_ONLY | WATCH_TEACHER),
+    OnlineRow("wide_opd", "wide", DISTILL | NO_REWARD),
     OnlineRow(
         "gjsd",
         "sft",
         DISTILL | NO_REWARD | {"distill_loss": "gjsd", "distill_beta": 0.5},
     ),
 ]
-ROW_NAMES = ["sft", "arch_sft", *(r.name for r in ONLINE_ROWS), "offpolicy_sft"]
+STUDENT_ROWS = {"sft": "sft", "arch_sft": "arch", "wide_sft": "wide"}  # a student as it is
+ROW_NAMES = [*STUDENT_ROWS, *(r.name for r in ONLINE_ROWS), "offpolicy_sft"]
 
 
 def heldout_fields(out: Path) -> dict[str, Any]:
@@ -133,22 +140,25 @@ def score(policy_dir: Path, demo: pipeline.Config, out: Path) -> dict[str, float
     return {"gold": scores.gold, "reverse_kl": scores.kl}
 
 
-def build_arch_student(demo: pipeline.Config, out: Path) -> Path:
-    """The other-shaped student: its own base model (the demo's tokenizer corpus, so the same
-    tokenizer, checked) and its own SFT on the demo's SFT data with the demo's SFT settings."""
-    student = out / "arch_sft"
+def student_dir(shape: str, demo: pipeline.Config, out: Path) -> Path:
+    """The demo's SFT policy ("sft"), or a student of the shape ``SHAPES[shape]``: its own base
+    model (the demo's tokenizer corpus, so the same tokenizer, checked) and its own SFT on the
+    demo's SFT data with the demo's SFT settings."""
+    if shape == "sft":
+        return out / "sft"
+    student = out / f"{shape}_sft"
     if (student / "model.safetensors").exists():
         return student
     base = build_tiny_lm(
-        out / "arch_base",
+        out / f"{shape}_base",
         task.tokenizer_corpus(),
         vocab_size=300,
         max_positions=64,
         seed=demo.seed,
-        **ARCH,
+        **SHAPES[shape],
     )
     if (base / "tokenizer.json").read_text() != (out / "base" / "tokenizer.json").read_text():
-        raise SystemExit("arch student: its tokenizer differs from the demo's")
+        raise SystemExit(f"{shape} student: its tokenizer differs from the demo's")
     sft.train(
         replace(
             pipeline.sft_config(demo, out, out / "data" / "sft.jsonl"),
@@ -182,7 +192,7 @@ def run_online(row: OnlineRow, demo: pipeline.Config, out: Path, teacher_gold: f
     sources = {k: v for k, v in row.overrides.items() if k in REWARD_SOURCES}
     overrides = {k: v for k, v in row.overrides.items() if k not in REWARD_SOURCES}
     cfg = rl_config(Row(f"distill_{row.name}", "grpo", overrides), demo, out)
-    student = out / "sft" if row.student == "sft" else build_arch_student(demo, out)
+    student = student_dir(row.student, demo, out)
     cfg = replace(cfg, model=str(student), **sources, **heldout_fields(out))
     started = time.perf_counter()
     grpo.train(cfg)
@@ -308,9 +318,8 @@ def run_seed(
             }
         elif key in results:
             continue
-        elif name in ("sft", "arch_sft"):
-            student = out / "sft" if name == "sft" else build_arch_student(demo, out)
-            results[key] = score(student, demo, out)
+        elif name in STUDENT_ROWS:
+            results[key] = score(student_dir(STUDENT_ROWS[name], demo, out), demo, out)
         else:
             row = next(r for r in ONLINE_ROWS if r.name == name)
             missing = [k for k in row.overrides if not hasattr(grpo.Config, k)]
