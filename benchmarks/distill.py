@@ -352,6 +352,7 @@ def main() -> None:
     save()
     print_tables(results, args.rows, args.seeds)
     print_curves(results, args.rows, args.seeds)
+    print_summary(results, args.rows, args.seeds)
 
 
 def cell(value: float | None, digits: int = 3) -> str:
@@ -428,6 +429,46 @@ def print_curves(results: dict[str, Any], rows: list[str], seeds: list[int]) -> 
                 values = series[key]
                 picked = [values[i - 1] if i <= len(values) else None for i in CURVE_AT]
                 print(f"| {name} | {seed} | {label} | {' | '.join(cell(v) for v in picked)} |")
+
+
+SMOOTHING = 5  # iterations a held-out curve is averaged over for the steadier first crossing
+
+
+def steady_reaching(run: dict[str, Any], target: float) -> int | None:
+    """The first iteration whose next ``SMOOTHING`` held-out evaluations average ≥ target (one
+    evaluation of 200 answers is noisy, and the first of 100 such crossing is biased early)."""
+    values = run["curve"]["eval/score"]
+    means = [statistics.mean(values[i : i + SMOOTHING]) for i in range(len(values) - SMOOTHING + 1)]
+    return first_reaching(means, target)
+
+
+def print_summary(results: dict[str, Any], rows: list[str], seeds: list[int]) -> None:
+    """One line per row over the seeds: gold, the first iteration at TEACHER_SHARE of the
+    teacher (single evaluation; steady: averaged over SMOOTHING), and the response tokens (for
+    the off-policy row: the teacher tokens of the smallest budget that reaches it)."""
+    print(
+        f"\n| row | gold per seed | mean | first iteration ≥ {TEACHER_SHARE} × teacher "
+        f"(steady: {SMOOTHING}-iteration mean) | response tokens to there |"
+    )
+    print("|---|---|---|---|---|")
+    for name in rows:
+        runs = [results.get(f"{name}/{s}") for s in seeds]
+        if any(r is None for r in runs):
+            continue
+        gold = [r["gold"] for r in runs]
+        firsts, tokens = [], []
+        for seed, run in zip(seeds, runs, strict=True):
+            if "curve" in run:
+                target = TEACHER_SHARE * results[f"teacher/{seed}"]["gold"]
+                steady = steady_reaching(run, target)
+                firsts.append(f"{run['iterations_to_target'] or 'never'} ({steady or 'never'})")
+            elif "budgets" in run:
+                firsts.append(share_cell(run))
+            tokens.append(cell(run.get("tokens_to_target"), 0))
+        print(
+            f"| {name} | {' / '.join(f'{g:.3f}' for g in gold)} | {statistics.mean(gold):.3f} "
+            f"| {' / '.join(firsts)} | {' / '.join(tokens)} |"
+        )
 
 
 if __name__ == "__main__":
