@@ -13,11 +13,14 @@ answer each), which gives the first iteration at 90% of the teacher's gold. Rows
 
 - ``sft``: the student as it is.
 - ``grpo``: the demo's grpo stage (the exact reward, the baseline the published claim compares
-  against).
+  against). The teacher rides along at λ 0 (it scores the samples for the ``distill/`` curves
+  and adds nothing: the run is the one without it). With the demo's seed this row repeats the
+  run that made the teacher, so it ends at the teacher itself.
 - ``opd``: on-policy distillation alone: per-token reward −λ(log π − log π_teacher), λ 1, no
   reward source (the held-out gold is still measured every iteration).
 - ``opd_gold``: on-policy distillation plus the exact reward (weight 1).
-- ``offpolicy_sft``: SFT of the student (the demo's SFT settings, one epoch) on responses the
+- ``offpolicy_sft`` (``_rl_lr``: at the RL runs' learning rate 5e-4 instead of the demo's SFT
+  one, 3e-3): SFT of the student (the demo's SFT settings, one epoch) on responses the
   teacher samples from the RL prompts (``external_rollouts.write_rollouts_with_transformers``,
   the demo's temperature and length), as many teacher tokens as ``opd`` consumed; also on
   1/64 ... 1/2 of them (each its own run), for the first budget at 90% of the teacher.
@@ -106,7 +109,13 @@ ONLINE_ROWS = [
     ),
 ]
 STUDENT_ROWS = {"sft": "sft", "arch_sft": "arch", "wide_sft": "wide"}  # a student as it is
-ROW_NAMES = [*STUDENT_ROWS, *(r.name for r in ONLINE_ROWS), "offpolicy_sft"]
+# off-policy rows: their runs' directory prefix and learning rate (the demo's SFT one, 3e-3, and
+# the RL runs' 5e-4, so that the step size per token is not what sets them apart)
+OFFPOLICY_ROWS: dict[str, tuple[str, Callable[[pipeline.Config], float]]] = {
+    "offpolicy_sft": ("distill_offpolicy", lambda demo: demo.sft_learning_rate),
+    "offpolicy_sft_rl_lr": ("distill_offpolicy_rl_lr", lambda demo: demo.rl_learning_rate),
+}
+ROW_NAMES = [*STUDENT_ROWS, *(r.name for r in ONLINE_ROWS), *OFFPOLICY_ROWS]
 
 
 def heldout_fields(out: Path) -> dict[str, Any]:
@@ -252,9 +261,11 @@ def teacher_samples(out: Path, demo: pipeline.Config, tokens: float) -> list[dic
     return kept
 
 
-def run_offpolicy(demo: pipeline.Config, out: Path, tokens: float, name: str) -> dict[str, Any]:
+def run_offpolicy(
+    demo: pipeline.Config, out: Path, tokens: float, name: str, learning_rate: float
+) -> dict[str, Any]:
     """SFT of the student on the teacher's samples worth ``tokens`` response tokens, one epoch
-    with the demo's SFT settings."""
+    with the demo's SFT settings at ``learning_rate``."""
     samples = teacher_samples(out, demo, tokens)
     data = out / f"{name}.jsonl"
     data.write_text(
@@ -267,6 +278,7 @@ def run_offpolicy(demo: pipeline.Config, out: Path, tokens: float, name: str) ->
         model=str(out / "sft"),
         output_dir=str(out / name),
         epochs=1,
+        learning_rate=learning_rate,
     )
     started = time.perf_counter()
     sft.train(cfg)
@@ -299,14 +311,17 @@ def run_seed(
     results[f"teacher/{seed}"] = score(out / "grpo", demo, out)
     for name in rows:
         key = f"{name}/{seed}"
-        if name == "offpolicy_sft":
+        if name in OFFPOLICY_ROWS:
             tokens, source = teacher_tokens_of(results, seed)
             if results.get(key, {}).get("budget_from") != source:
                 results[key] = {"budget_from": source, "budgets": {}}
             budgets = results[key]["budgets"]
+            prefix, learning_rate = OFFPOLICY_ROWS[name]
             for share in OFFPOLICY_SHARES:
                 if str(share) not in budgets:
-                    run = run_offpolicy(demo, out, share * tokens, f"distill_offpolicy_{share}")
+                    run = run_offpolicy(
+                        demo, out, share * tokens, f"{prefix}_{share}", learning_rate(demo)
+                    )
                     budgets[str(share)] = run
                     print(f"{key} {share}: gold {run['gold']:.3f}", flush=True)
                     save()
@@ -399,12 +414,12 @@ def print_tables(results: dict[str, Any], rows: list[str], seeds: list[int]) -> 
         "| their gold | student gold | reverse KL |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for seed in seeds:
-        run = results.get(f"offpolicy_sft/{seed}")
+    for name, seed in ((n, s) for n in OFFPOLICY_ROWS for s in seeds):
+        run = results.get(f"{name}/{seed}")
         budgets = (run or {}).get("budgets", {})
         for share, b in sorted(budgets.items(), key=lambda item: float(item[0])):
             print(
-                f"| from {run['budget_from']} | {seed} | {share} | {b['teacher_tokens']} "
+                f"| {name} | {seed} | {share} | {b['teacher_tokens']} "
                 f"| {b['teacher_responses']} | {b['teacher_sample_gold']:.3f} | {b['gold']:.3f} "
                 f"| {b['reverse_kl']:.3f} |"
             )
