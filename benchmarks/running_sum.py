@@ -240,6 +240,45 @@ def rm_accuracy(run_dir: Path) -> dict[str, float]:
     return {"eval_accuracy": evals[-1]["eval/accuracy"]} if evals else {}
 
 
+def rm_value_profile(out: Path, prompts: list[str]) -> dict[str, Any]:
+    """Where a critic started from the reward model begins: its raw head, read at every token of
+    the worked sum and of a slipped one per prompt, averaged by tenth of the response (the value
+    of the state each token is drawn from, as GAE reads it), and its score at the last token."""
+    import random
+
+    import torch
+
+    from proxrl.demo import running_sum
+    from proxrl.models.scalar_head import load_score_model
+    from proxrl.models.tokenizer import load_tokenizer
+
+    model = load_score_model(str(out / "rm"), new_head="zero").eval()
+    tokenizer = load_tokenizer(str(out / "rm"))
+    rng = random.Random(0)
+    tenths: list[list[float]] = [[] for _ in range(10)]
+    final: dict[str, list[float]] = {"right": [], "slipped": []}
+    for prompt in prompts:
+        digits = running_sum.digits_of(prompt)
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        for kind, completion in (
+            ("right", running_sum.worked(digits)),
+            ("slipped", running_sum.sloppy_completion(rng, digits, accuracy=0.0)),
+        ):
+            response = tokenizer(completion)["input_ids"] + [tokenizer.eos_token_id]
+            with torch.no_grad():
+                hidden = model.model(input_ids=torch.tensor([prompt_ids + response]))
+                scores = model.score(hidden.last_hidden_state)[0, :, 0].tolist()
+            values = scores[len(prompt_ids) - 1 : -1]
+            for index, value in enumerate(values):
+                tenths[10 * index // len(values)].append(value)
+            final[kind].append(scores[-1])
+    mean = lambda xs: round(sum(xs) / len(xs), 3)  # noqa: E731
+    return {
+        "value_by_tenth": [mean(t) for t in tenths],
+        "score_at_end": {kind: mean(xs) for kind, xs in final.items()},
+    }
+
+
 def value_curve(run_dir: Path) -> dict[str, Any]:
     """``value/explained_var`` per iteration of a PPO run, and its summary."""
     from proxrl.runtime.metrics import read_metrics
@@ -285,7 +324,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         elif name == "rm":
             rm_stage(args, out, seed)
             result["wall_s"][name] = round(time.perf_counter() - started, 1)
-            result["rm"] = rm_accuracy(out / "rm")
+            result["rm"] = rm_accuracy(out / "rm") | rm_value_profile(out, prompts[:40])
             continue
         else:
             rl_stage(args, out, name, seed)
@@ -307,9 +346,16 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def refresh_value_curves(out: Path, results: Path) -> None:
-    """Recompute each PPO run's explained-variance summary in seed<N>.json from its metrics."""
+    """Recompute each PPO run's explained-variance summary in seed<N>.json from its metrics, and
+    the reward model's summary where the seed has one."""
     for path in sorted(results.glob("seed*.json")):
         result = json.loads(path.read_text())
+        seed_dir = out / f"seed{result['seed']}"
+        if (seed_dir / "rm" / "config.json").is_file():
+            prompts = [
+                json.loads(x)["prompt"] for x in (seed_dir / "data" / "eval_prompts.jsonl").open()
+            ]
+            result["rm"] = rm_accuracy(seed_dir / "rm") | rm_value_profile(seed_dir, prompts[:40])
         for name, scores in result["policies"].items():
             run_dir = out / f"seed{result['seed']}" / name
             if name.startswith("ppo") and run_dir.is_dir():
