@@ -79,15 +79,22 @@ def ensure_trl_venv(trainer: str) -> None:
     venv, version = TRL_VENVS[trainer]
     if (venv / "bin" / "python").exists():
         return
+    import peft
     import transformers
 
     print(f"installing TRL {version} into {venv} …", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "pip"), "install", "--quiet"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU build on this machine's disk
-    # requests: GRPOTrainer imports it and TRL does not declare it.
+    # requests: GRPOTrainer imports it and TRL does not declare it; peft: vs_trl_05b.py's LoRA.
     subprocess.run(
-        [*pip, f"trl=={version}", f"transformers=={transformers.__version__}", "requests"],
+        [
+            *pip,
+            f"trl=={version}",
+            f"transformers=={transformers.__version__}",
+            f"peft=={peft.__version__}",
+            "requests",
+        ],
         check=True,
     )
 

@@ -273,6 +273,7 @@ def main() -> None:
     )
     parser.add_argument("--results", help="also append every run's numbers here (JSON lines)")
     parser.add_argument("--work", help="where the models are built (default: a temporary dir)")
+    parser.add_argument("--report", help="print the table of a --results file and stop")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--trainer", help=argparse.SUPPRESS)
     parser.add_argument("--paths", help=argparse.SUPPRESS)
@@ -288,8 +289,12 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
-    for trainer in args.trainers:
-        vs_trl.ensure_trl_venv(trainer)
+    if args.report:
+        report(args.report)
+        return
+    for trainer in args.trainers:  # (TRL_PYTHON: one environment for every side, nothing built)
+        if not os.environ.get("TRL_PYTHON") and (args.sides is None or "trl" in args.sides):
+            vs_trl.ensure_trl_venv(trainer)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="vs_trl_05b_"))
     if (work / "paths.json").exists():
         paths = json.loads((work / "paths.json").read_text())
@@ -340,6 +345,41 @@ def describe(numbers: dict) -> str:
         f"load {numbers['load']:4.1f}  rows/decoding step {numbers.get('rows_per_step', 0):.1f}  "
         f"{split}"
     )
+
+
+def report(path: str) -> None:
+    """One markdown row per run of a --results file, each proxrl side's tokens/s over TRL's of
+    the same pair (wall clock and CPU time) and over its floor's (CPU time)."""
+    runs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    done = {(r["trainer"], r["pair"], r["side"]): r for r in runs if "failed" not in r}
+    print(
+        "| trainer | pair | side | s/update wall | s/update CPU | tokens | peak MB | load | "
+        "/TRL wall | /TRL CPU | /floor CPU | split (s, wall) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        if "failed" in r:
+            print(f"| {r['trainer']} | {r['pair']} | {r['side']} | failed | | | | | | | | |")
+            continue
+        trl = done.get((r["trainer"], r["pair"], "trl"))
+        floor_side = "floor-vllm" if r["side"] == "vllm" else "floor"
+        floor = done.get((r["trainer"], r["pair"], floor_side))
+        versus = []
+        for other, key in ((trl, "update_s"), (trl, "update_cpu_s"), (floor, "update_cpu_s")):
+            proxrl_side = r["side"] in ("cached", "vllm")
+            versus.append(
+                f"{tokens_per_s(r, key) / tokens_per_s(other, key):.2f}"
+                if other is not None and proxrl_side
+                else ""
+            )
+        timed = r["update_s"][1:] or r["update_s"]
+        cpu = r["update_cpu_s"][1:] or r["update_cpu_s"]
+        split = ", ".join(f"{k} {v:.1f}" for k, v in r.get("split", {}).items() if v >= 0.05)
+        print(
+            f"| {r['trainer']} | {r['pair']} | {r['side']} | {statistics.median(timed):.1f} | "
+            f"{statistics.median(cpu):.1f} | {statistics.mean(r['tokens'][1:] or r['tokens']):.0f}"
+            f" | {r['peak_mb']:.0f} | {r['load']:.1f} | {' | '.join(versus)} | {split} |"
+        )
 
 
 def tokens_per_s(numbers: dict, key: str) -> float:
