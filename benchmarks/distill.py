@@ -28,6 +28,7 @@ answer each), which gives the first iteration at 90% of the teacher's gold. Rows
   narrower and deeper; ``wide``: hidden 128, 4 heads, 1 layer; the demo's: 64, 4, 2), the same
   tokenizer, each its own SFT on the demo's SFT data: ``*_sft``, ``*_grpo``, ``*_opd``
   (distilled from the same teacher).
+- ``grpo_reseeded``, ``opd_reseeded``: ``grpo`` and ``opd`` with the training seed + 1000.
 - ``gjsd``: the supervised generalised JSD on the student's own samples (β 0.5).
 
 Every final policy is scored like the demo's (``demo.evaluate.evaluate_policy``: 4 sampled
@@ -86,6 +87,7 @@ class OnlineRow:
     name: str
     student: str  # "sft" (the demo's) or a name in SHAPES
     overrides: dict[str, Any] = field(default_factory=dict)  # "{demo}" is the demo's directory
+    seed_offset: int = 0  # the run's seed: the demo's + this (0: the teacher's own run's seed)
 
 
 REWARD_SOURCES = ("reward_model", "reward_fn", "reward_weights")
@@ -98,6 +100,9 @@ ONLINE_ROWS = [
     OnlineRow("grpo", "sft", GOLD_ONLY | WATCH_TEACHER),
     OnlineRow("opd", "sft", DISTILL | NO_REWARD),
     OnlineRow("opd_gold", "sft", DISTILL | GOLD_ONLY),
+    # the same two with another training seed: GRPO then no longer repeats the teacher's run
+    OnlineRow("grpo_reseeded", "sft", GOLD_ONLY | WATCH_TEACHER, seed_offset=1000),
+    OnlineRow("opd_reseeded", "sft", DISTILL | NO_REWARD, seed_offset=1000),
     OnlineRow("arch_grpo", "arch", GOLD_ONLY | WATCH_TEACHER),
     OnlineRow("arch_opd", "arch", DISTILL | NO_REWARD),
     OnlineRow("wide_grpo", "wide", GOLD_ONLY | WATCH_TEACHER),
@@ -202,7 +207,9 @@ def run_online(row: OnlineRow, demo: pipeline.Config, out: Path, teacher_gold: f
     overrides = {k: v for k, v in row.overrides.items() if k not in REWARD_SOURCES}
     cfg = rl_config(Row(f"distill_{row.name}", "grpo", overrides), demo, out)
     student = student_dir(row.student, demo, out)
-    cfg = replace(cfg, model=str(student), **sources, **heldout_fields(out))
+    cfg = replace(
+        cfg, model=str(student), seed=cfg.seed + row.seed_offset, **sources, **heldout_fields(out)
+    )
     started = time.perf_counter()
     grpo.train(cfg)
     wall = time.perf_counter() - started
