@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -248,6 +249,8 @@ def run_side(side: str, trainer: str, paths: dict, args: argparse.Namespace, out
     }
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    # a proxrl run ends by saving its merged model (2 GB, and the critic's for PPO): not kept
+    shutil.rmtree(out, ignore_errors=True)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         return {"failed": result.stderr[-4000:], "process_s": time.perf_counter() - started}
