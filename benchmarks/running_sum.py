@@ -18,7 +18,8 @@ VC-PPO's setting, a critic started from a reward model: ``rm`` trains a Bradleyâ
 model from the SFT policy on the SFT prompts (the worked sum over the annotator's slipped one,
 a tenth held out), and ``ppo_rm_critic`` (today's defaults), ``ppo_rm_critic_vc`` (``critic_lam``
 1 and value pretraining) and ``ppo_rm_critic_vapo`` (VAPO's set) start their critic from it; the
-reward stays the exact gold one.
+reward stays the exact gold one. ``ppo_rm_critic_vc_alpha`` and ``ppo_rm_critic_vc_nll`` are
+VAPO's set less one of its two additions to VC-PPO (the positive NLL, the length-adaptive Î»).
 
     .venv/bin/python benchmarks/running_sum.py --runs sft rm ppo ppo_rm_critic ppo_rm_critic_vc
 Every policy is scored on the same held-out prompts, one response each sampled at temperature 1:
@@ -45,7 +46,9 @@ RL_RUNS = ("ppo", "ppo_critic_lam1", "ppo_vapo", "grpo")
 # PPO with its critic started from a reward model trained on the task (VC-PPO's setting: a value
 # head that scores only finished responses is biased at the tokens before the end); `rm` trains it
 RM_RUNS = ("ppo_rm_critic", "ppo_rm_critic_vc", "ppo_rm_critic_vapo")
-ALL_RUNS = ("sft", "rm", *RL_RUNS, *RM_RUNS)
+# VAPO's set less one piece each (which of its two additions to VC-PPO moves the result)
+ABLATIONS = ("ppo_rm_critic_vc_alpha", "ppo_rm_critic_vc_nll")
+ALL_RUNS = ("sft", "rm", *RL_RUNS, *RM_RUNS, *ABLATIONS)
 
 # Each PPO variant's options beyond the shared ones (today's defaults: lam 0.95 for both).
 PPO_VARIANTS: dict[str, dict[str, Any]] = {
@@ -63,8 +66,10 @@ PPO_VARIANTS: dict[str, dict[str, Any]] = {
         "length_adaptive_alpha": 0.05,
         "positive_nll_coef": 0.1,
     },  # and value pretraining
+    "ppo_rm_critic_vc_alpha": {"critic_lam": 1.0, "length_adaptive_alpha": 0.05},
+    "ppo_rm_critic_vc_nll": {"critic_lam": 1.0, "positive_nll_coef": 0.1},
 }
-PRETRAINED_CRITIC = ("ppo_vapo", "ppo_rm_critic_vc", "ppo_rm_critic_vapo")
+PRETRAINED_CRITIC = ("ppo_vapo", "ppo_rm_critic_vc", "ppo_rm_critic_vapo", *ABLATIONS)
 
 
 def parse_args() -> argparse.Namespace:
@@ -194,7 +199,7 @@ def rl_stage(args: argparse.Namespace, out: Path, name: str, seed: int) -> None:
     ppo.train(
         ppo.Config(
             **fields,
-            critic_model=str(out / "rm") if name in RM_RUNS else "policy",
+            critic_model=str(out / "rm") if name in (*RM_RUNS, *ABLATIONS) else "policy",
             critic_learning_rate=args.critic_learning_rate,
             **PPO_VARIANTS[name],
             **({"critic_warmup_iterations": args.vapo_warmup} if name in PRETRAINED_CRITIC else {}),
@@ -366,7 +371,7 @@ def refresh_value_curves(out: Path, results: Path) -> None:
 def write_table(results: Path) -> None:
     """table.md: every seed as measured, and the mean over seeds."""
     rows = [json.loads(p.read_text()) for p in sorted(results.glob("seed*.json"))]
-    names = [n for n in ("sft", *RL_RUNS, *RM_RUNS) if any(n in r["policies"] for r in rows)]
+    names = [n for n in ALL_RUNS if any(n in r["policies"] for r in rows)]
     lines = [
         "| run | " + " | ".join(f"seed {r['seed']}" for r in rows) + " | mean |",
         "|---|" + "---|" * (len(rows) + 1),
