@@ -51,6 +51,26 @@ def test_the_context_is_read_from_the_config(gpt2_lm: str, tiny_lm: str) -> None
     assert model_context(tiny_lm) == 256  # Llama: max_position_embeddings
 
 
+def test_a_missing_model_or_adapter_base_asks_no_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local path that is not there (here, a LoRA adapter's base) has no context to read, and
+    the hub is never asked for it: its retries took ~50 s before the loader's one-line error."""
+    from huggingface_hub import file_download
+
+    def no_request(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", no_request)
+    monkeypatch.chdir(tmp_path)
+    adapter = Path("models") / "orphan_adapter"
+    adapter.mkdir(parents=True)
+    base = {"peft_type": "LORA", "base_model_name_or_path": "models/gone"}
+    (adapter / "adapter_config.json").write_text(json.dumps(base))
+    assert model_context(str(adapter)) is None
+    assert model_context("models/gone") is None
+
+
 def test_sft_holds_max_length_to_the_context_and_says_so(
     gpt2_lm: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

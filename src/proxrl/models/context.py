@@ -9,7 +9,9 @@ import os
 from typing import Any
 
 from proxrl.models.lora import adapter_base
+from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime import objects
+from proxrl.runtime.errors import ProxrlError
 
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
 """Where transformers' configs record the context, asked in this order (GPT-2: n_positions)."""
@@ -33,6 +35,11 @@ def model_context(name_or_path: str, trust_remote_code: bool = False) -> int | N
     if objects.is_handle(name_or_path):
         config = getattr(objects.lookup(name_or_path), "config", None)
         return None if config is None else context_of(config)
+    try:  # a directory that is not there, or a hub that cannot be reached: transformers would
+        # retry the hub for ~25 s per lookup before giving up (twice for a LoRA adapter's base)
+        check_model_source(name_or_path)
+    except ProxrlError:
+        return None
     base = adapter_base(os.path.expanduser(name_or_path))
     if base:
         return model_context(base, trust_remote_code)
