@@ -116,24 +116,6 @@ def lora_config(task: str | None = "CAUSAL_LM") -> object:
     )
 
 
-def lora_critic() -> None:
-    """proxrl's separate critic trains every weight (it has no LoRA option): here it gets the
-    same LoRA as the policy (r 16 on every linear layer, the score head in full), as on TRL's
-    side, so both train the same parameters."""
-    from proxrl.algos.online import critic
-    from proxrl.models.lora import apply_lora
-
-    load = critic.SeparateCritic.load.__func__
-
-    @classmethod  # type: ignore[misc]
-    def load_with_lora(cls, settings, cfg, actor, tokenizer):  # type: ignore[no-untyped-def]
-        loaded = load(cls, settings, cfg, actor, tokenizer)
-        loaded.module = apply_lora(loaded.module, 16, task="seq_cls")
-        return loaded
-
-    critic.SeparateCritic.load = load_with_lora
-
-
 def worker(args: argparse.Namespace) -> dict:
     paths = json.loads(args.paths)
     lengths = spread_lengths(args.tokens)
@@ -156,8 +138,6 @@ def worker(args: argparse.Namespace) -> dict:
         packed=False,
     )
     if args.worker in ("cached", "vllm"):
-        if ppo:
-            lora_critic()
         w.overrides = dict(
             lora_r=16,
             rollout_batch_size=prompts,

@@ -21,6 +21,7 @@ import yaml
 from torch import Tensor, nn
 
 from proxrl.core import Aggregation, Registry, explained_variance, value_loss
+from proxrl.models.lora import apply_lora, save_model
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import resize_for_tokenizer
 from proxrl.models.value_head import ValueHead
@@ -54,6 +55,10 @@ class CriticSettings:
     """Where a separate critic starts (``critic_start``): None, ``policy``, a model, or a run."""
     packed: bool = False
     """A separate critic's forward passes run padding-free (``max_tokens_per_micro_batch``)."""
+    lora_r: int = 0
+    """LoRA rank of a separate critic (0: every weight trains); its score head trains in full."""
+    lora_alpha: float | None = None
+    """LoRA scale numerator of a separate critic (None: 2 × lora_r)."""
 
 
 class Critic(ABC):
@@ -354,7 +359,9 @@ def _is_online_run(path: Path) -> bool:
 
 class SeparateCritic(_TrainedCritic):
     """A value model of its own in the ``AutoModelForSequenceClassification`` (num_labels=1)
-    layout, its head read at every response token (InstructGPT's critic)."""
+    layout, its head read at every response token (InstructGPT's critic). With ``lora_r`` its
+    body trains as LoRA adapters and its head in full (OpenRLHF's critic under ``--lora_rank``):
+    no gradient or AdamW state for the body's weights."""
 
     module: PreTrainedModel
 
@@ -370,6 +377,10 @@ class SeparateCritic(_TrainedCritic):
             **cfg.loader_kwargs(),
         )
         resize_for_tokenizer(model, tokenizer)
+        if settings.lora_r:
+            return cls(
+                apply_lora(model, settings.lora_r, settings.lora_alpha, task="seq_cls"), settings
+            )
         return cls(model, settings)
 
     def values(
@@ -382,8 +393,9 @@ class SeparateCritic(_TrainedCritic):
     def save_pretrained(
         self, output_dir: Path, state_dict: dict[str, Tensor] | None = None
     ) -> None:
-        """Under ``critic/``, a sequence classifier transformers loads."""
-        self.module.save_pretrained(output_dir / "critic", state_dict=state_dict)
+        """Under ``critic/``, a sequence classifier transformers loads (under LoRA: merged,
+        with its adapter in ``critic/adapter``)."""
+        save_model(self.module, output_dir / "critic", state_dict=state_dict)
 
 
 class ValueHeadCritic(_TrainedCritic):

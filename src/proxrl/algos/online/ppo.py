@@ -90,6 +90,9 @@ class Config(OnlineConfig):
     start)."""
     critic_learning_rate: Annotated[float, Range(gt=0)] = 1e-5
     """Critic learning rate (AdamW)."""
+    critic_lora_r: Annotated[int | None, Range(ge=0)] = None
+    """LoRA rank of the separate critic, its score head trained in full (None: lora_r, as
+    OpenRLHF's --lora_rank; 0: train every critic weight)."""
     vf_coef: Annotated[float, Range(ge=0)] = 0.1
     """Weight of the value loss."""
     value_clip: Annotated[float | None, Range(gt=0)] = 0.2
@@ -110,6 +113,10 @@ class Config(OnlineConfig):
             )
         if self.critic_model is not None and self.critic == "head":
             raise ProxrlError("critic_model: only with critic=separate (a value head starts at 0)")
+        if self.critic_lora_r is not None and self.critic == "head":
+            raise ProxrlError(
+                "critic_lora_r: only with critic=separate (a value head is part of the policy)"
+            )
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
         if self.critic_warmup_patience is not None and not self.critic_warmup_iterations:
@@ -265,6 +272,8 @@ def build(cfg: Config) -> Algorithm:
         warmup_patience=cfg.critic_warmup_patience,
         source=cfg.critic_model,
         packed=bool(cfg.max_tokens_per_micro_batch),
+        lora_r=cfg.lora_r if cfg.critic_lora_r is None else cfg.critic_lora_r,
+        lora_alpha=cfg.lora_alpha or None,
     )
     return Algorithm(
         name="ppo",
