@@ -4,6 +4,8 @@
     python online_update_script.py update ALGO MODEL PROMPTS OUT  # update → OUT/weights.safetensors
     ... [key=value ...]  # config overrides (grad_accum=2, loss_aggregation=token-mean); on
                          # make, ragged=1 cuts the responses to very unequal lengths
+    ... update ... -- update ...  # several jobs, one after the other, in one launch (the
+                                  # ranks' start-up, seconds of CPU each, paid once)
 
 ``update`` builds the models and optimizers as ``train_online`` does (seeded; on several
 processes the update sums gradients over ranks; under FSDP the models are sharded first),
@@ -162,5 +164,17 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
     dist.barrier()
 
 
+def jobs(argv: list[str]) -> list[list[str]]:
+    """The command line's jobs: ``main``'s arguments, separated by ``--``."""
+    split: list[list[str]] = [[]]
+    for item in argv:
+        if item == "--":
+            split.append([])
+        else:
+            split[-1].append(item)
+    return [job for job in split if job]
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    for job in jobs(sys.argv[1:]):
+        main(*job)
