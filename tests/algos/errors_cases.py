@@ -1792,6 +1792,11 @@ def render() -> str:
         "...)` |",
         "| `--sampler vllm --stop-strings X` | `proxrl ppo: error: stop_strings: sampler vllm sees "
         "token ids only; use sampler hf` |",
+        "| `--sampler vllm --lora-r 4 --vllm-lora-sync adapter --placement ray` | `proxrl ppo: "
+        "error: vllm_lora_sync: adapter is not available with placement ray; use merged` |",
+        "| `--sampler vllm --lora-r 1024 --vllm-lora-sync adapter` | `proxrl ppo: error: "
+        "vllm_lora_sync: adapter: vLLM serves LoRA ranks up to 512, lora_r is 1024; use "
+        "vllm_lora_sync merged` |",
         "",
     ]
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from proxrl.core import (
     aggregate_loss,
 )
 from proxrl.rollout.experience import Experience
+from proxrl.rollout.vllm_sampler import LORA_SYNCS
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import field_table
 
@@ -51,6 +52,7 @@ def choices(cls: type, field: str) -> tuple[str, ...]:
         (grpo.Config, "scale_rewards", (*REWARD_SCALES, *grpo.SCALE_REWARDS_ALIASES)),
         (grpo.Config, "kl_loss_type", (*KL_ESTIMATORS,)),
         (ppo.Config, "sampler", (*ENGINES,)),
+        (grpo.Config, "vllm_lora_sync", (*LORA_SYNCS,)),
         (ppo.Config, "kl_controller", (*KL_CONTROLLERS,)),
         (ppo.Config, "no_stop_mode", (*NO_STOP_RULES,)),
         (ppo.Config, "surrogate", (*ppo.PPO_SURROGATES,)),

@@ -160,12 +160,13 @@ def adapter_head_modules(name_or_path: str) -> list[str]:
 # Saving
 
 
-def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+def merged_weights(model: nn.Module, deltas: bool = True) -> Iterator[tuple[str, Tensor]]:
     """The model's weights under the base model's checkpoint names; under LoRA each adapted
     weight is W + ΔW (peft's ``get_delta_weight``) and a head saved in full is its trained copy,
     computed into new tensors so the trained model itself is never merged and unmerged (which
     would round its weights). Each ΔW is computed when its weight is reached: at most one extra
-    weight at a time on the model's device."""
+    weight at a time on the model's device. ``deltas=False``: the frozen base's W alone (what an
+    engine that applies the adapter itself holds)."""
     base = model.get_base_model() if is_peft_model(model) else model
     adapted: dict[str, nn.Module] = {}  # "model.layers.0.self_attn.q_proj" → its LoRA layer
     copies: dict[str, str] = {}  # "score.modules_to_save.default." → "score."
@@ -188,7 +189,7 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
             continue
         name = name.replace(".base_layer", "")
         owner = name.rsplit(".", 1)[0]
-        if name.endswith(".weight") and owner in adapted:
+        if deltas and name.endswith(".weight") and owner in adapted:
             layer: Any = adapted[owner]
             for adapter in layer.active_adapters:
                 if adapter in getattr(layer, "lora_A", {}):

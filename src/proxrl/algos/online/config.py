@@ -241,6 +241,10 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """sampler vllm: skip CUDA graphs / torch.compile (a faster start, slower steps on a GPU)."""
     vllm_enable_prefix_caching: bool = True
     """sampler vllm: reuse the KV cache of a shared prompt (a GRPO group's) across requests."""
+    vllm_lora_sync: Literal["merged", "adapter"] = "merged"
+    """sampler vllm with lora_r > 0: after each update send the engine every weight with the LoRA
+    merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
+    placement ray)."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
@@ -451,6 +455,10 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
                 raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
             if self.stop_strings:
                 raise ProxrlError("stop_strings: sampler vllm sees token ids only; use sampler hf")
+            if self.vllm_lora_sync == "adapter" and self.lora_r and self.placement == "ray":
+                raise ProxrlError(  # its engine actors are sent merged weights (ray_weights)
+                    "vllm_lora_sync: adapter is not available with placement ray; use merged"
+                )
         if self.compile_sampler and (self.sampler != "cached" or self.stop_strings):
             raise ProxrlError(
                 "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"

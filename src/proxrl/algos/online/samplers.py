@@ -27,8 +27,16 @@ def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
     )
 
 
+def lora_sync(cfg: OnlineConfig) -> Any:
+    """How the engine gets the policy after an update: ``vllm_lora_sync``'s entry with LoRA,
+    the whole weights without (there is no adapter to send)."""
+    from proxrl.rollout.vllm_sampler import LORA_SYNCS
+
+    return LORA_SYNCS[cfg.vllm_lora_sync if cfg.lora_r else "merged"]
+
+
 def engine_options(cfg: OnlineConfig) -> Any:
-    from proxrl.rollout.vllm_sampler import EngineOptions
+    from proxrl.rollout.vllm_sampler import EngineOptions, lora_slot_rank
 
     return EngineOptions(
         # an adapter directory: the engine starts from its base; the first sync brings the rest
@@ -39,13 +47,14 @@ def engine_options(cfg: OnlineConfig) -> Any:
         tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         enforce_eager=cfg.vllm_enforce_eager,
         enable_prefix_caching=cfg.vllm_enable_prefix_caching,
+        max_lora_rank=lora_slot_rank(cfg.lora_r) if lora_sync(cfg).lora_slots else None,
     )
 
 
 def _vllm(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
     if dist.world_size() > 1:
         raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
-    return VLLMEngine(engine_options(cfg), tokenizer)
+    return VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg))
 
 
 ENGINES: dict[str, Callable[[OnlineConfig, Any], RolloutEngine]] = {
