@@ -201,8 +201,8 @@ def test_a_lora_sync_merges_and_sends_one_layer_at_a_time(setup, monkeypatch):
     per_layer: dict[str, int] = {}  # "model.layers.0" → bytes merged there
     peak = [0]
 
-    def tracked(module):
-        for name, tensor in merge(module):
+    def tracked(module, deltas=True):
+        for name, tensor in merge(module, deltas):
             if tensor.untyped_storage().data_ptr() not in own:  # made by the merge
                 key, size = id(tensor), tensor.nbytes
                 live[key] = (weakref.ref(tensor, lambda _, k=key: live.pop(k, None)), size)
