@@ -144,14 +144,6 @@ def record_pids_at_first_call(
     return target_fraction(prompts, completions, **columns)
 
 
-def kill_critic_at_third_call(prompts: list[str], completions: list[str], **columns: list):
-    """target_fraction; at its third call, the critic actor is killed (the run stops)."""
-    CALLS["n"] += 1
-    if CALLS["n"] == 3:
-        _kill("-critic")
-    return target_fraction(prompts, completions, **columns)
-
-
 def list_actors(prompts: list[str], completions: list[str], actors: list[str], **columns: list):
     """target_fraction; in a Ray worker (the reward actor) also writes the names of the run's
     actors, and this process's id, to the file the prompts' ``actors`` column names (JSON),
@@ -170,3 +162,22 @@ def list_actors(prompts: list[str], completions: list[str], actors: list[str], *
         with open(actors[0], "w") as f:
             json.dump({"names": names, "pid": os.getpid()}, f)
     return target_fraction(prompts, completions, **columns)
+
+
+def record_pids_then_kill_critic_at_third_call(
+    prompts: list[str], completions: list[str], pids: list[str], **columns: list
+):
+    """record_pids_at_first_call (which counts the call), and at the third call the critic
+    actor is killed (the run stops)."""
+    scores = record_pids_at_first_call(prompts, completions, pids=pids, **columns)
+    if CALLS["n"] == 3:
+        _kill("-critic")
+    return scores
+
+
+def list_actors_and_signal_driver_at_call(
+    prompts: list[str], completions: list[str], actors: list[str], **columns: list
+):
+    """list_actors, and signal_driver_at_call's signal at the call ``signal_at`` names."""
+    signal_driver_at_call(prompts, completions, **columns)
+    return list_actors(prompts, completions, actors, **columns)

@@ -66,35 +66,25 @@ def in_process(tiny_lm, tmp_path_factory) -> Path:
     return out
 
 
-def test_the_critic_actor_trains_as_the_critic_in_one_process(
+def test_the_critic_actor_trains_as_the_critic_in_one_process_and_a_killed_one_resumes(
     local_ray, tiny_lm, in_process, tmp_path
 ):
-    """The critic in its own process (not the trainer's) gives the run in one process to
-    round-off: every loss (value loss and total loss included), score and gradient norm, the
-    final policy and the final critic."""
+    """The critic in its own process (not the trainer's, the reward's nor the driver's), killed
+    in the third iteration: one-line error naming it, the checkpoint of iteration 2 whole (the
+    critic's weights and AdamW state fetched into it); --resume puts them back in a fresh critic
+    actor, and the run gives the one in one process to round-off: every loss (value loss and
+    total loss included), score and gradient norm (iterations 1 and 2 from the first critic
+    actor, the warm-up and a step after it; 3 from the fresh one), the final policy and the
+    final critic. (One run for both: each Ray run starts five actors.)"""
     pids = tmp_path / "pids.json"
     prompts = prompts_with(tmp_path / "prompts.jsonl", pids=str(pids))
-    reward = ("tests.ray.ray_rewards:record_pids_at_first_call",)
-    out = tmp_path / "run"
-    ppo.train(config(tiny_lm, prompts, out, placement="ray", reward_fn=reward, **CRITIC))
-    found = json.loads(pids.read_text())
-    assert len({found["trainer"], found["critic"], found["reward"], os.getpid()}) == 4, found
-    assert_same_run(out, in_process)
-    assert_same_critic(out, in_process)
-
-
-def test_a_killed_critic_stops_the_run_and_resume_finishes_it(
-    local_ray, tiny_lm, in_process, tmp_path
-):
-    """The critic actor is killed in the third iteration: one-line error naming it, the
-    checkpoint of iteration 2 whole (the critic's weights and AdamW state fetched into it);
-    --resume puts them back in a fresh critic actor and gives the undisturbed run, critic too."""
-    prompts = prompts_with(tmp_path / "prompts.jsonl")
-    reward = ("tests.ray.ray_rewards:kill_critic_at_third_call",)
+    reward = ("tests.ray.ray_rewards:record_pids_then_kill_critic_at_third_call",)
     out = tmp_path / "run"
     cfg = config(tiny_lm, prompts, out, placement="ray", reward_fn=reward, **CRITIC)
     with pytest.raises(ProxrlError, match="the critic actor died.*--resume continues"):
         ppo.train(cfg)
+    found = json.loads(pids.read_text())
+    assert len({found["trainer"], found["critic"], found["reward"], os.getpid()}) == 4, found
     assert not (out / "model.safetensors").exists()
     ppo.train(replace(cfg, resume=True))
     assert_same_run(out, in_process)
