@@ -89,21 +89,44 @@ def on_ray(tiny_lm: str, prompts: Path, out: Path, **overrides: object) -> grpo.
     )
 
 
-def test_two_trainer_actors_run_the_data_parallel_update_as_two_launched_processes(
+def trainer_pids(caplog: pytest.LogCaptureFixture) -> list[int]:
+    """The trainer actors' processes the driver has logged so far, in order."""
+    return [r.args[2] for r in caplog.records if r.getMessage().startswith("placement: trainer")]
+
+
+def test_two_trainer_actors_stopped_by_a_signal_and_resumed_give_the_two_launched_processes_run(
     local_ray, tiny_lm, prompts, launched, tmp_path, caplog
 ):
-    """GRPO with a reference: two trainer actors (in two processes other than the driver) give
-    the torchrun run's metrics to round-off and its final weights; the reward, reference and
-    engine actors exist once for the group, the checkpoint holds both ranks' streams, and the
-    trainers' placement group is gone at the end.
+    """GRPO with a reference on two trainer actors (in two processes other than the driver);
+    SIGTERM reaches the driver in the second iteration: forwarded to both trainers, they stop
+    after the same iteration with one checkpoint (rank 0's, both ranks' streams in it), exit
+    code 143, and --resume on two trainers again continues to the torchrun run's metrics to
+    round-off and its final weights. The reward, reference and engine actors exist once for
+    the group, the last checkpoint holds both ranks' streams, and each run's placement group
+    for the trainers is gone at its end. (One interrupted run and its resume: each Ray run
+    starts five actors.)
     (Without the gradient sum the ranks' policies part, and rank 1's next batch, sampled by
     the engines from rank 0's weights, differs from the one launched rank 1 samples itself.)"""
     out = tmp_path / "ray"
+    groups_before = set(local_ray.util.placement_group_table())
+    reward = ["tests.ray.ray_rewards:list_actors_and_signal_driver_at_call"]
+    cfg = on_ray(tiny_lm, prompts, out, reward_fn=reward)
     with caplog.at_level(logging.INFO, logger="proxrl.algos.online.placement.ray_run"):
-        grpo.train(on_ray(tiny_lm, prompts, out))
-    pids = [r.args[2] for r in caplog.records if r.getMessage().startswith("placement: trainer")]
-    assert len(set(pids)) == 2 and os.getpid() not in pids, pids
-    seen = json.loads(prompts.with_name("actors.json").read_text())
+        with pytest.raises(Interrupted) as info:
+            grpo.train(cfg)
+        first = trainer_pids(caplog)
+        assert info.value.exit_code == 143
+        checkpoints = CheckpointManager(out).checkpoints()
+        assert [p.name for p in checkpoints] == ["step_000000002"]
+        _, state = CheckpointManager(out).load(checkpoints[-1])
+        assert len(state["rng_ranks"]) == 2
+        assert [r["step"] for r in read_metrics(out)] == [1, 2]
+        assert not (out / "model.safetensors").exists()
+        grpo.train(replace(cfg, resume=True))
+        resumed = trainer_pids(caplog)[len(first) :]
+    for pids in (first, resumed):
+        assert len(set(pids)) == 2 and os.getpid() not in pids, pids
+    seen = json.loads(prompts.with_name("actors.json").read_text())  # the resumed run's
     run = seen["names"][0].rsplit("-", 2)[0]
     assert [name.removeprefix(run) for name in seen["names"]] == [
         "-engine-0",
@@ -112,32 +135,12 @@ def test_two_trainer_actors_run_the_data_parallel_update_as_two_launched_process
         "-trainer",
         "-trainer-1",
     ]
-    assert seen["pid"] not in pids
+    assert seen["pid"] not in resumed
     assert_same_run(out, launched)
     manager = CheckpointManager(out)
     _, state = manager.load(manager.latest())
     assert state["iteration"] == 3 and len(state["rng_ranks"]) == 2
     assert not state["rng_ranks"][0]["torch"].equal(state["rng_ranks"][1]["torch"])
-    groups = local_ray.util.placement_group_table().values()
-    assert [g["state"] for g in groups] == ["REMOVED"]  # the trainers' CPUs free for a next run
-
-
-def test_a_signal_stops_both_trainers_after_one_iteration_and_resume_finishes_the_run(
-    local_ray, tiny_lm, prompts, launched, tmp_path
-):
-    """SIGTERM reaches the driver in the second iteration: forwarded to both trainers, they
-    stop after the same iteration with one checkpoint (rank 0's, both ranks' streams in it),
-    exit code 143, and --resume on two trainers again continues to the torchrun run."""
-    out = tmp_path / "ray"
-    cfg = on_ray(tiny_lm, prompts, out, reward_fn=["tests.ray.ray_rewards:signal_driver_at_call"])
-    with pytest.raises(Interrupted) as info:
-        grpo.train(cfg)
-    assert info.value.exit_code == 143
-    checkpoints = CheckpointManager(out).checkpoints()
-    assert [p.name for p in checkpoints] == ["step_000000002"]
-    _, state = CheckpointManager(out).load(checkpoints[-1])
-    assert len(state["rng_ranks"]) == 2
-    assert [r["step"] for r in read_metrics(out)] == [1, 2]
-    assert not (out / "model.safetensors").exists()
-    grpo.train(replace(cfg, resume=True))
-    assert_same_run(out, launched)
+    groups = local_ray.util.placement_group_table()
+    new = [g["state"] for key, g in groups.items() if key not in groups_before]
+    assert new == ["REMOVED", "REMOVED"]  # the trainers' CPUs free for a next run
