@@ -17,27 +17,45 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from tests.distributed.launch import FSDP_CONFIG, FSDP_ENV, accelerate_launch, check, torchrun
-from tests.distributed.test_dp_online import SCRIPT, WEIGHT_TOL, _one_process, prompts  # noqa: F401 (a fixture)
+from tests.distributed.launch import FSDP_CONFIG, FSDP_ENV, accelerate_launch, check
+from tests.distributed.test_dp_online import (  # noqa: F401 (prompts: a fixture)
+    WEIGHT_TOL,
+    _one_process,
+    prompts,
+    two_process_updates,
+)
 
 GENERATION_SCRIPT = Path(__file__).with_name("sharded_generation_script.py")
 
 
-def test_ppo_update_sharded_matches_one_process(tiny_lm, prompts, tmp_path):  # noqa: F811
-    args = ["ppo", tiny_lm, prompts, str(tmp_path)]
-    _one_process("make", *args)
-    _one_process("update", *args)
-    result = torchrun([str(SCRIPT), "update", *args], env=FSDP_ENV)
-    check(result)
-    held = json.loads((tmp_path / "world2_fsdp_held.json").read_text())
+STEP_WIDE = ("policy_loss=clip_cov", "clip_cov_lb=-1.0", "clip_cov_ratio=0.2")
+STEP_WIDE += ("off_policy_mask=m2po", "m2po_tau=0.001")
+
+
+def test_ppo_and_step_wide_updates_sharded_match_one_process(tiny_lm, prompts, tmp_path):  # noqa: F811
+    """The PPO update, and GRPO with M2PO's mask and Clip-Cov's draw (both chosen over each
+    optimizer step's rows: the forward without gradient over the step runs on the sharded
+    actor, each rank its micro-batches), under FSDP give one process's weights and stats; both
+    choices acted. (Both 2-process updates in one launch.)"""
+    ppo_dir, grpo_dir = tmp_path / "ppo", tmp_path / "grpo"
+    jobs = [
+        ["ppo", tiny_lm, prompts, str(ppo_dir)],
+        ["grpo", tiny_lm, prompts, str(grpo_dir), *STEP_WIDE],
+    ]
+    for job in jobs:
+        Path(job[3]).mkdir()
+        _one_process("make", *job)
+        _one_process("update", *job)
+    two_process_updates(jobs, env=FSDP_ENV)
+    held = json.loads((ppo_dir / "world2_fsdp_held.json").read_text())
     assert 0.4 < held["actor"] < 0.6 and 0.4 < held["critic"] < 0.6, held  # both sharded
-    one = load_file(str(tmp_path / "world1.safetensors"))
-    two = load_file(str(tmp_path / "world2_fsdp.safetensors"))
+    one = load_file(str(ppo_dir / "world1.safetensors"))
+    two = load_file(str(ppo_dir / "world2_fsdp.safetensors"))
     assert one.keys() == two.keys()
     assert any(k.startswith("critic.") for k in one)
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
-    stats1 = json.loads((tmp_path / "world1.json").read_text())
-    stats2 = json.loads((tmp_path / "world2_fsdp.json").read_text())
+    stats1 = json.loads((ppo_dir / "world1.json").read_text())
+    stats2 = json.loads((ppo_dir / "world2_fsdp.json").read_text())
     assert stats1.keys() == stats2.keys()
     stat_diff = max(abs(stats1[k] - stats2[k]) for k in stats1)
     base = load_file(str(Path(tiny_lm) / "model.safetensors"))
@@ -47,6 +65,18 @@ def test_ppo_update_sharded_matches_one_process(tiny_lm, prompts, tmp_path):  # 
     assert moved > 1e-3
     assert diff <= WEIGHT_TOL
     assert stat_diff <= WEIGHT_TOL
+
+    tag = "".join(f"_{item}" for item in STEP_WIDE)
+    one = load_file(str(grpo_dir / f"world1{tag}.safetensors"))
+    two = load_file(str(grpo_dir / f"world2{tag}_fsdp.safetensors"))
+    stats1 = json.loads((grpo_dir / f"world1{tag}.json").read_text())
+    stats2 = json.loads((grpo_dir / f"world2{tag}_fsdp.json").read_text())
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"grpo m2po + clip_cov FSDP 2 procs vs 1: max |Δw| {diff:.2e}")
+    assert stats1["steps"] == 4.0
+    assert stats1["off_policy_masked"] > 0.01 and stats1["cov_dropped"] > 0.01, stats1
+    assert diff <= WEIGHT_TOL
+    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
 
 
 def test_generation_from_sharded_weights_gives_the_unsharded_tokens(tiny_lm, tmp_path):
@@ -118,26 +148,3 @@ def test_ppo_run_sharded_saves_whole_weights_that_resume_on_one_process(
     argv = ["--config", str(cfg), "--output-dir", str(out), "--resume", "--resume-with-changes"]
     ppo.train(parse_config(ppo.Config, argv, prog="proxrl"))
     assert CheckpointManager.step_of(manager.latest()) == 3
-
-
-def test_step_wide_choices_sharded_match_one_process(tiny_lm, prompts, tmp_path):  # noqa: F811
-    """GRPO with M2PO's mask and Clip-Cov's draw (both chosen over each optimizer step's rows)
-    under FSDP: the forward without gradient over the step runs on the sharded actor, each rank
-    its micro-batches, and the weights and stats equal one process's; both choices acted."""
-    options = ("policy_loss=clip_cov", "clip_cov_lb=-1.0", "clip_cov_ratio=0.2")
-    options += ("off_policy_mask=m2po", "m2po_tau=0.001")
-    args = ["grpo", tiny_lm, prompts, str(tmp_path)]
-    _one_process("make", *args, *options)
-    _one_process("update", *args, *options)
-    check(torchrun([str(SCRIPT), "update", *args, *options], env=FSDP_ENV))
-    tag = "".join(f"_{item}" for item in options)
-    one = load_file(str(tmp_path / f"world1{tag}.safetensors"))
-    two = load_file(str(tmp_path / f"world2{tag}_fsdp.safetensors"))
-    stats1 = json.loads((tmp_path / f"world1{tag}.json").read_text())
-    stats2 = json.loads((tmp_path / f"world2{tag}_fsdp.json").read_text())
-    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"grpo m2po + clip_cov FSDP 2 procs vs 1: max |Δw| {diff:.2e}")
-    assert stats1["steps"] == 4.0
-    assert stats1["off_policy_masked"] > 0.01 and stats1["cov_dropped"] > 0.01, stats1
-    assert diff <= WEIGHT_TOL
-    assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
