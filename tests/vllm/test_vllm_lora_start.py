@@ -6,20 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from proxrl.algos.online import grpo
+from proxrl.algos.online.samplers import engine_options
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
+from proxrl.rollout.engines import VLLMEngine
+from proxrl.rollout.vllm_sampler import start_engine
 from tests.vllm.test_vllm_training import _engine_matches_saved_policy, small
 
 HERE = Path(__file__).parent
 
 
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
 def test_a_lora_run_from_an_adapter_directory_samples_the_adapted_policy(
-    tiny_lm, prompts, tmp_path, monkeypatch
+    tiny_lm, prompts, tmp_path, monkeypatch, sync
 ):
+    """With adapter syncs the engine's base is the adapted model (the run's first sync sends the
+    policy's base weights) and the new adapter is applied on it."""
     monkeypatch.syspath_prepend(str(HERE))  # the reward functions of tests/vllm/rewards.py
+    kept: list = []  # the run's adapters, left loaded at its close to be checked
+    monkeypatch.setattr(VLLMEngine, "close", lambda engine: kept.append(engine.adapters))
     adapted = apply_lora(load_causal_lm(tiny_lm), r=4)
     with torch.no_grad():
         for param in adapted.parameters():
@@ -27,9 +36,16 @@ def test_a_lora_run_from_an_adapter_directory_samples_the_adapted_policy(
                 param.add_(0.05)
     adapted.save_pretrained(tmp_path / "adapter")  # no config.json, no tokenizer: peft's layout
     cfg = small(
-        grpo.Config, str(tmp_path / "adapter"), prompts, tmp_path / "run", lora_r=4, iterations=2
+        grpo.Config,
+        str(tmp_path / "adapter"),
+        prompts,
+        tmp_path / "run",
+        lora_r=4,
+        iterations=2,
+        vllm_lora_sync=sync,
     )
 
     grpo.train(cfg)
 
-    assert _engine_matches_saved_policy(cfg, tmp_path / "run") < 1e-4
+    assert _engine_matches_saved_policy(cfg, tmp_path / "run", kept[0]) < 1e-4
+    kept[0].close(start_engine(engine_options(cfg)))

@@ -57,9 +57,10 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run)]
 
 
-def _engine_matches_saved_policy(cfg, run: Path) -> float:
+def _engine_matches_saved_policy(cfg, run: Path, adapters=None) -> float:
     """Largest |engine − trainer| log-prob over a sampled batch, the trainer being the run's
-    saved policy: the engine must hold the weights of the last update."""
+    saved policy: the engine must hold the weights of the last update (``adapters``: the run's
+    ``AdapterVersions`` under vllm_lora_sync adapter, kept from its close)."""
     from transformers import AutoModelForCausalLM
 
     from proxrl.algos.online.samplers import engine_options
@@ -76,7 +77,7 @@ def _engine_matches_saved_policy(cfg, run: Path) -> float:
     prompt_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in ids])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
     torch.manual_seed(0)
-    samples = VLLMSampler(engine, tokenizer).sample(
+    samples = VLLMSampler(engine, tokenizer, adapters).sample(
         prompt_ids, mask, SamplingSettings(8, temperature=1.0), with_logprobs=True
     )
     with torch.no_grad():

@@ -241,10 +241,11 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """sampler vllm: skip CUDA graphs / torch.compile (a faster start, slower steps on a GPU)."""
     vllm_enable_prefix_caching: bool = True
     """sampler vllm: reuse the KV cache of a shared prompt (a GRPO group's) across requests."""
-    vllm_lora_sync: Literal["merged", "adapter"] = "merged"
+    vllm_lora_sync: Literal["auto", "merged", "adapter"] = "auto"
     """sampler vllm with lora_r > 0: after each update send the engine every weight with the LoRA
     merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
-    placement ray)."""
+    placement ray). auto: adapter (faster at Qwen2-0.5B's shape on a CPU), merged under
+    placement ray."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
@@ -317,6 +318,16 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         """``loss_aggregation`` bound to Dr. GRPO's constant horizon, the generation budget."""
         mode = canonical(self.loss_aggregation, LOSS_AGGREGATION_ALIASES)
         return aggregation(mode, self.response_horizon)
+
+    @property
+    def lora_sync(self) -> str:
+        """How the policy reaches a vLLM engine (``vllm_sampler.LORA_SYNCS``): the whole weights
+        without LoRA (no adapter to send), else ``vllm_lora_sync`` or its default."""
+        if not self.lora_r:
+            return "merged"
+        if self.vllm_lora_sync != "auto":
+            return self.vllm_lora_sync
+        return "merged" if self.placement == "ray" else "adapter"
 
     @property
     def response_horizon(self) -> int:

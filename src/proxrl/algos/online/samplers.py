@@ -28,11 +28,10 @@ def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
 
 
 def lora_sync(cfg: OnlineConfig) -> Any:
-    """How the engine gets the policy after an update: ``vllm_lora_sync``'s entry with LoRA,
-    the whole weights without (there is no adapter to send)."""
+    """How the engine gets the policy after an update (``OnlineConfig.lora_sync``)."""
     from proxrl.rollout.vllm_sampler import LORA_SYNCS
 
-    return LORA_SYNCS[cfg.vllm_lora_sync if cfg.lora_r else "merged"]
+    return LORA_SYNCS[cfg.lora_sync]
 
 
 def engine_options(cfg: OnlineConfig) -> Any:
