@@ -176,3 +176,21 @@ def test_adapter_sync_is_refused_with_placement_ray_and_beyond_vllms_ranks(tiny_
         ).max_lora_rank
         == 16
     )
+
+
+def test_a_run_that_fails_before_its_close_leaves_no_adapter_files(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from proxrl.rollout.vllm_sampler import AdapterVersions\n"
+        "versions = AdapterVersions()\n"
+        "versions.next_directory().mkdir(parents=True)\n"
+        "raise SystemExit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=os.environ | {"TMPDIR": str(tmp_path)}, check=False
+    )
+    assert done.returncode == 3
+    assert not list(tmp_path.glob("proxrl-lora-*"))

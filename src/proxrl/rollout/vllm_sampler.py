@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +220,8 @@ class AdapterVersions:
     def next_directory(self) -> Path:
         if self.root is None:
             self.root = Path(tempfile.mkdtemp(prefix="proxrl-lora-"))
+            # removed at exit too when a run fails before its close
+            weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
         return self.root / f"v{self.version + 1}"
 
     def replace(self, engine: Any, request: Any) -> None:
