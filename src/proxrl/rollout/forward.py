@@ -8,11 +8,13 @@ same forward padding-free (``rollout.packing``) and returns the same padded tens
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from proxrl.core import processed_entropy, processed_logprobs
 from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
@@ -27,8 +29,53 @@ class PolicyOutput:
     entropy: Tensor | None  # (B, T) entropy of that processed π(·|s_t), when asked for
     hidden: Tensor | None  # (B, T, d) last hidden state at s_t, when asked for (value head)
     argmax: Tensor | None = None  # (B, T) int64 likeliest token at s_t, when asked for (a teacher)
-    logits: Tensor | None = None  # (B, T, V) the raw logits at s_t (a view of the forward's), when
-    # asked for (a full-vocabulary distillation loss; the padded forward only)
+    logits: Tensor | None = None  # (B, T, V) the raw logits at s_t, when asked for (a
+    # full-vocabulary distillation loss; the padded forward only)
+
+
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The module that turns a causal LM's last hidden states into logits (``lm_head``, tied or
+    not, LoRA-wrapped or not), looking through data-parallel and peft wrappers; None when the
+    model names none."""
+    while isinstance(model, DataParallel | DistributedDataParallel):
+        model = model.module
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if isinstance(head, nn.Module) else None
+
+
+def logits_at(
+    model: nn.Module, select: Callable[[Tensor], Tensor], sequence_shape: torch.Size, **inputs: Any
+) -> tuple[Any, Tensor]:
+    """The model's forward over ``inputs`` and its logits at the positions ``select`` picks: a
+    function of a (B, L, ...) tensor that indexes its first two dimensions (``sequence_shape``
+    is (B, L)). → (the model's output, ``select(logits)``).
+
+    The output head (``output_head``) is applied to ``select(hidden states)`` only: the
+    vocabulary projection is ~28% of Qwen2-0.5B's FLOPs per token and the prompt positions
+    predict nothing that is scored. Whatever the model does after its head (Gemma-2's soft-cap,
+    Cohere's and Granite's logit scales) is position-wise, so it applies unchanged. The head's
+    input is narrowed by a forward pre-hook for the one call, which serves models without
+    ``logits_to_keep`` and the packed forward's per-line positions alike. A model whose head
+    is not found, or not called on (B, L, d) hidden states, computes every position's logits,
+    and ``select`` picks from those: the same values either way."""
+    head = output_head(model)
+    narrowed: list[bool] = []
+
+    def only_selected(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        hidden = args[0] if args else None
+        if narrowed or not isinstance(hidden, Tensor) or hidden.shape[:2] != sequence_shape:
+            return None
+        narrowed.append(True)
+        return (select(hidden), *args[1:])
+
+    handle = head.register_forward_pre_hook(only_selected) if head is not None else None
+    try:
+        output = model(**inputs)
+    finally:
+        if handle is not None:
+            handle.remove()
+    return output, output.logits if narrowed else select(output.logits)
 
 
 def policy_forward(
@@ -49,9 +96,9 @@ def policy_forward(
     """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
     under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
 
-    ``logits[:, P−1+t]`` predicts response token t, so the (B, T, V) slice is a view of the
-    model's own logits, never a copy. ``packed``: the padding-free forward, the same outputs at
-    every real response token (0 elsewhere).
+    ``logits[:, P−1+t]`` predicts response token t: only those T positions' logits are computed
+    (``logits_at``), never the prompt's or the last token's. ``packed``: the padding-free
+    forward, the same outputs at every real response token (0 elsewhere).
     """
     if packed:
         if with_logits:
@@ -60,14 +107,16 @@ def policy_forward(
             model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
             with_hidden, top_k, top_p, min_p, with_argmax,
         )  # fmt: skip
-    output = model(
+    output, logits = logits_at(
+        model,
+        lambda x: x[:, prompt_length - 1 : -1],
+        input_ids.shape,
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids(attention_mask),
         output_hidden_states=with_hidden,
         use_cache=False,
     )
-    logits = output.logits[:, prompt_length - 1 : -1]
     response = input_ids[:, prompt_length:]
     return PolicyOutput(
         logprobs=processed_logprobs(logits, response, temperature, top_k, top_p, min_p),
@@ -95,34 +144,36 @@ def _packed_policy_forward(
     min_p: float,
     with_argmax: bool = False,
 ) -> PolicyOutput:
-    """``policy_forward`` on the packed rows. The log-probs (and entropies) are computed on
-    the packed logits as they come, ``logits[:, s]`` scoring the line's next token, and then
-    picked at the (line, slot) that predicts each response token: no copy of the logits, and
-    one gather whose backward writes one gradient (a chunk-by-chunk gather of logits rows costs
-    a zero-filled logits-sized gradient per chunk, which made the packed backward slower than
-    the padded one). Positions that predict no response token (prompts, line starts, filler)
-    are scored too and dropped, as the padded forward scores its pad columns."""
+    """``policy_forward`` on the packed rows. The logits are computed only at the M (line,
+    slot) positions that predict a response token (``logits_at``), as one (1, M, V) sequence:
+    the positions are picked from the hidden states by one gather, whose backward writes one
+    (R, W, d) gradient (a chunk-by-chunk gather of logits rows costs a zero-filled
+    logits-sized gradient per chunk, which made the packed backward slower than the padded
+    one). Prompts, line starts and filler get no logits."""
     packed = pack_batch(input_ids, attention_mask)
-    output = model(**packed.model_inputs(), output_hidden_states=with_hidden)
     rows, columns, lines, slots = packed.predictions(prompt_length)
     shape = (input_ids.shape[0], input_ids.shape[1] - prompt_length)
-    logits = output.logits[:, :-1]  # (R, W−1, V): logits[r, s] predicts packed token (r, s+1)
-    next_tokens = packed.input_ids[:, 1:]
-    logprobs = processed_logprobs(logits, next_tokens, temperature, top_k, top_p, min_p)
+    output, logits = logits_at(
+        model,
+        lambda x: x[lines, slots].unsqueeze(0),
+        packed.input_ids.shape,
+        **packed.model_inputs(),
+        output_hidden_states=with_hidden,
+    )  # logits (1, M, V): logits[0, m] predicts packed token (lines[m], slots[m] + 1)
+    next_tokens = packed.input_ids[lines, slots + 1].unsqueeze(0)
+    logprobs = processed_logprobs(logits, next_tokens, temperature, top_k, top_p, min_p)[0]
     entropy = (
-        processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)[lines, slots]
+        processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)[0]
         if with_entropy
         else None
     )
     return PolicyOutput(
-        logprobs=unpack(logprobs[lines, slots], rows, columns, shape),
+        logprobs=unpack(logprobs, rows, columns, shape),
         entropy=None if entropy is None else unpack(entropy, rows, columns, shape),
         hidden=unpack(output.hidden_states[-1][lines, slots], rows, columns, shape)
         if with_hidden
         else None,
-        argmax=unpack(logits[lines, slots].argmax(-1), rows, columns, shape)
-        if with_argmax
-        else None,
+        argmax=unpack(logits[0].argmax(-1), rows, columns, shape) if with_argmax else None,
     )
 
 
@@ -206,17 +257,20 @@ def teacher_pass(
 def response_logits(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_length: int
 ) -> Tensor:
-    """(B, P + T) ids and mask → (B, T, V) the logits that predict each response token (a view
-    of the forward's own logits), on the caller's device: the teacher's whole distribution
+    """(B, P + T) ids and mask → (B, T, V) the logits that predict each response token (only
+    those computed: ``logits_at``), on the caller's device: the teacher's whole distribution
     for a full-vocabulary distillation loss. Run it under ``torch.no_grad`` for a frozen model."""
     device = next(model.parameters()).device
-    output = model(
+    _, logits = logits_at(
+        model,
+        lambda x: x[:, prompt_length - 1 : -1],
+        input_ids.shape,
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         position_ids=position_ids(attention_mask).to(device),
         use_cache=False,
     )
-    return output.logits[:, prompt_length - 1 : -1].to(input_ids.device)
+    return logits.to(input_ids.device)
 
 
 def critic_forward(
