@@ -244,7 +244,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     vllm_lora_sync: Literal["auto", "merged", "adapter"] = "auto"
     """sampler vllm with lora_r > 0: after each update send the engine every weight with the LoRA
     merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
-    placement ray). auto: adapter (faster at Qwen2-0.5B's shape on a CPU), merged under
+    placement ray). auto: adapter (faster at Qwen2-0.5B's shape with ~200 tokens per update on
+    a CPU, where vLLM's LoRA makes each token slower: merged for long rollouts), merged under
     placement ray."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
