@@ -148,12 +148,12 @@ def test_a_resumed_run_samples_its_restored_adapter(tiny_lm, prompts, tmp_path, 
     assert _rows(straight) == _rows(resumed)
 
 
-def test_auto_is_adapter_in_this_process_and_merged_under_ray_or_without_lora(tiny_lm, prompts):
+def test_merged_is_the_default_and_the_only_sync_without_lora(tiny_lm, prompts):
     def resolved(**fields):
         return small(grpo.Config, tiny_lm, prompts, "unused", **fields).lora_sync
 
-    assert resolved(lora_r=4) == "adapter"
-    assert resolved(lora_r=4, placement="ray") == "merged"
+    assert resolved(lora_r=4) == "merged"
+    assert resolved(lora_r=4, vllm_lora_sync="adapter") == "adapter"
     assert resolved(lora_r=0) == "merged"
     assert resolved(lora_r=0, vllm_lora_sync="adapter") == "merged"  # no adapter to send
     assert resolved(lora_r=4, vllm_lora_sync="merged") == "merged"

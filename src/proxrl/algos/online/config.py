@@ -241,12 +241,11 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """sampler vllm: skip CUDA graphs / torch.compile (a faster start, slower steps on a GPU)."""
     vllm_enable_prefix_caching: bool = True
     """sampler vllm: reuse the KV cache of a shared prompt (a GRPO group's) across requests."""
-    vllm_lora_sync: Literal["auto", "merged", "adapter"] = "auto"
+    vllm_lora_sync: Literal["merged", "adapter"] = "merged"
     """sampler vllm with lora_r > 0: after each update send the engine every weight with the LoRA
     merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
-    placement ray). auto: adapter (faster at Qwen2-0.5B's shape with ~200 tokens per update on
-    a CPU, where vLLM's LoRA makes each token slower: merged for long rollouts), merged under
-    placement ray."""
+    placement ray): a sync of ~0 s, but on a CPU each sampled token ~2× dearer, so it pays only
+    below ~130–300 sampled tokens per update at Qwen2-0.5B's shape."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
@@ -323,12 +322,8 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     @property
     def lora_sync(self) -> str:
         """How the policy reaches a vLLM engine (``vllm_sampler.LORA_SYNCS``): the whole weights
-        without LoRA (no adapter to send), else ``vllm_lora_sync`` or its default."""
-        if not self.lora_r:
-            return "merged"
-        if self.vllm_lora_sync != "auto":
-            return self.vllm_lora_sync
-        return "merged" if self.placement == "ray" else "adapter"
+        without LoRA (no adapter to send), else ``vllm_lora_sync``."""
+        return self.vllm_lora_sync if self.lora_r else "merged"
 
     @property
     def response_horizon(self) -> int:
