@@ -9,15 +9,15 @@ its output directory (final weights and checkpoints) and of every ``samples.json
 completions). Two snapshots, before and after a change, on the same machine, must be identical.
 
     # the baseline: the pre-refactor sources first on the path (checked: see proxrl_file)
-    git worktree add /work/baseline 8c7e3d4
-    PYTHONPATH=/work/baseline/src .venv/bin/python benchmarks/behaviour_snapshot.py \\
-        record --out /work/snapshots/baseline.json
+    git worktree add ../baseline 8c7e3d4
+    PYTHONPATH=../baseline/src .venv/bin/python benchmarks/behaviour_snapshot.py \\
+        record --out /tmp/snapshots/baseline.json
     # the working tree
     PYTHONPATH=src .venv/bin/python benchmarks/behaviour_snapshot.py record --out after.json
     .venv/bin/python benchmarks/behaviour_snapshot.py compare baseline.json after.json
     # `make demo` alone (also the last run of record): compared when --against is given
     PYTHONPATH=src .venv/bin/python benchmarks/behaviour_snapshot.py demo --out demo.json \\
-        --against /work/snapshots/baseline_demo.json
+        --against /tmp/snapshots/baseline_demo.json
 
 ``record --only NAME ...`` records some runs (and the runs they start from; ``compare --common``
 then compares only the runs both snapshots hold); ``--list`` names them. ``--src DIR`` puts DIR

@@ -13,7 +13,7 @@ and 9), responses of 29, 19, 27 and 30 tokens (vs_trl_05b's first micro-batch), 
 step's log-probs, advantages ±1), backward, AdamW step (lr 1e-5, weight decay 0, as
 ``run.make_optimizers``). Each process times one warm-up step and ``--steps`` steps after it.
 
-Candidates (each run a fresh process under ``flock /work/notes/05b.lock``, the order rotated
+Candidates (each run a fresh process under ``flock /tmp/proxrl-05b.lock``, the order rotated
 every repetition):
 
 - ``baseline``: main's forward before issue 39: logits at every position, then the response
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = os.environ.get("PROXRL_05B_LOCK", "/work/notes/05b.lock")
+LOCK = os.environ.get("PROXRL_05B_LOCK", "/tmp/proxrl-05b.lock")
 CANDIDATES = [
     "baseline", "response_logits", "fused_adamw", "foreach_adamw", "compile", "packed",
     "packed_baseline",

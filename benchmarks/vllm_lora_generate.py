@@ -1,7 +1,7 @@
 """What ``vllm_lora_sync: adapter`` costs and saves against ``merged``, outside a training loop.
 
     .venv/bin/python benchmarks/vllm_lora_generate.py --shape small --pairs 3
-    flock /work/notes/05b.lock .venv/bin/python benchmarks/vllm_lora_generate.py --shape 05b
+    flock /tmp/proxrl-05b.lock .venv/bin/python benchmarks/vllm_lora_generate.py --shape 05b
 
 Each side runs in a fresh process of the vLLM environment (``PROXRL_VLLM_PYTHON``, default
 ``.venv-vllm``), alternating every pair: a Qwen2-style model (``small``: hidden 512, 8 layers,

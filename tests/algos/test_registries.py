@@ -52,7 +52,7 @@ def choices(cls: type, field: str) -> tuple[str, ...]:
         (grpo.Config, "scale_rewards", (*REWARD_SCALES, *grpo.SCALE_REWARDS_ALIASES)),
         (grpo.Config, "kl_loss_type", (*KL_ESTIMATORS,)),
         (ppo.Config, "sampler", (*ENGINES,)),
-        (grpo.Config, "vllm_lora_sync", ("auto", *LORA_SYNCS)),
+        (grpo.Config, "vllm_lora_sync", tuple(LORA_SYNCS)),
         (ppo.Config, "kl_controller", (*KL_CONTROLLERS,)),
         (ppo.Config, "no_stop_mode", (*NO_STOP_RULES,)),
         (ppo.Config, "surrogate", (*ppo.PPO_SURROGATES,)),
