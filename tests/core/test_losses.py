@@ -16,6 +16,7 @@ from proxrl.core import (
     simpo_loss,
     value_loss,
 )
+from proxrl.core.losses import policy_loss_result
 from tests.core.helpers import close, t
 
 
@@ -94,6 +95,31 @@ def test_ppo_penalty_by_hand():
     close(loss, 0.875)
     close(stats["kl"], 0.25)
     close(ppo_penalty_loss(*args, beta=0.0)[0], 0.75)
+
+
+def test_policy_loss_result_by_hand():
+    """r = (1, 2, 0.5) on the valid tokens, the fourth masked: loss token-mean (1 + 2 + 3)/3 = 2,
+    gradient 1/3 on each valid token; k3 = (0, 1 − ln 2, ln 2 − 0.5), mean 0.5/3; k1 = mean(−log r)
+    = 0; ratio mean 3.5/3, max 2 (the masked r = 8 not counted); then the loss's own stats, then
+    policy_loss, every one detached."""
+    log_ratio = t([[0.0, math.log(2.0)], [math.log(0.5), math.log(8.0)]])
+    per_token = t([[1.0, 2.0], [3.0, 100.0]], requires_grad=True)
+    own = {"clipfrac": t(0.25), "seq_ratio_mean": t(1.5)}
+    loss, stats = policy_loss_result(per_token, log_ratio, t([[1, 1], [1, 0]]), "token-mean", own)
+    close(loss, 2.0)
+    loss.backward()
+    close(per_token.grad, t([[1 / 3, 1 / 3], [1 / 3, 0.0]]))
+    assert list(stats) == [
+        *("approx_kl", "approx_kl_k1", "ratio_mean", "ratio_max", "clipfrac", "seq_ratio_mean"),
+        "policy_loss",
+    ]
+    close(stats["approx_kl"], 0.5 / 3)
+    close(stats["approx_kl_k1"], 0.0)
+    close(stats["ratio_mean"], 3.5 / 3)
+    close(stats["ratio_max"], 2.0)
+    close(stats["clipfrac"], 0.25)
+    close(stats["policy_loss"], 2.0)
+    assert not any(value.requires_grad for value in stats.values())
 
 
 def test_policy_gradient_loss_by_hand():

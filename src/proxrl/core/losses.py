@@ -39,6 +39,31 @@ def _ratio_stats(log_ratio: Tensor, mask: Tensor) -> Stats:
         }
 
 
+def policy_loss_result(
+    per_token: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    agg: str | Aggregation,
+    extra: Stats | None = None,
+) -> tuple[Tensor, Stats]:
+    """What a policy loss returns, from its per-token loss: ``(loss, stats)`` with
+    ``loss = aggregate_loss(per_token, mask, agg)`` and the stats in this order: the ratio
+    diagnostics of ``_ratio_stats(log_ratio, mask)``, then ``extra`` (the loss's own), then
+    ``policy_loss`` (the loss, detached).
+
+    Args:
+        per_token: (B, T) loss of each token, with gradient.
+        log_ratio: (B, T) ``log π − log π_old`` of the sampled tokens (read without gradient).
+        mask: (B, T) 0/1, the valid tokens.
+        agg: the reduction (``core.masked.aggregate_loss``).
+        extra: name → 0-d tensor without gradient, the loss's own diagnostics.
+    """
+    loss = aggregate_loss(per_token, mask, agg)
+    stats = _ratio_stats(log_ratio, mask) | (extra or {})
+    stats["policy_loss"] = loss.detach()
+    return loss, stats
+
+
 def ppo_clip_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -68,20 +93,17 @@ def ppo_clip_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
-    stats = _ratio_stats(log_ratio, mask)
     with torch.no_grad():
-        stats["clipfrac"] = masked_mean((clipped > unclipped).to(ratio.dtype), mask)
+        extra = {"clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), mask)}
     if dual_clip is not None:
         if dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         bounded = torch.minimum(per_token, -advantages * dual_clip)
-        stats["dual_clipfrac"] = masked_mean(
+        extra["dual_clipfrac"] = masked_mean(
             ((advantages < 0) & (bounded < per_token)).to(ratio.dtype), mask
         ).detach()
         per_token = torch.where(advantages < 0, bounded, per_token)
-    loss = aggregate_loss(per_token, mask, agg)
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    return policy_loss_result(per_token, log_ratio, mask, agg, extra)
 
 
 def ppo_penalty_loss(
@@ -102,11 +124,8 @@ def ppo_penalty_loss(
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     kl = torch.expm1(log_ratio) - log_ratio
-    loss = aggregate_loss(-advantages * ratio + beta * kl, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["kl"] = stats["approx_kl"]
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    extra = {"kl": masked_mean(kl.detach(), mask)}  # the same floats as approx_kl's
+    return policy_loss_result(-advantages * ratio + beta * kl, log_ratio, mask, agg, extra)
 
 
 def value_loss(

@@ -21,8 +21,8 @@ from typing import Annotated, Protocol
 import torch
 from torch import Tensor
 
-from proxrl.core.losses import Stats, _ratio_stats, ppo_clip_loss
-from proxrl.core.masked import Aggregation, aggregate_loss, masked_mean
+from proxrl.core.losses import Stats, policy_loss_result, ppo_clip_loss
+from proxrl.core.masked import Aggregation, masked_mean
 from proxrl.core.masks import OFF_POLICY_MASKS
 from proxrl.core.registry import Bound, Registry, literal
 
@@ -168,14 +168,8 @@ def gspo_loss(
     clip_high = clip_low if clip_high is None else clip_high
     ratio = torch.exp(_sequence_log_ratio(logprobs, old_logprobs, mask))
     per_token, clipfrac = _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
-    loss = aggregate_loss(per_token, mask, agg)
-    stats = _ratio_stats(logprobs - old_logprobs, mask)
-    stats |= {
-        "clipfrac": clipfrac,
-        "seq_ratio_mean": ratio.mean().detach(),
-        "policy_loss": loss.detach(),
-    }
-    return loss, stats
+    extra = {"clipfrac": clipfrac, "seq_ratio_mean": ratio.mean().detach()}
+    return policy_loss_result(per_token, logprobs - old_logprobs, mask, agg, extra)
 
 
 def gspo_token_loss(
@@ -197,14 +191,8 @@ def gspo_token_loss(
     sequence = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()
     ratio = torch.exp(logprobs - logprobs.detach() + sequence)
     per_token, clipfrac = _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
-    loss = aggregate_loss(per_token, mask, agg)
-    stats = _ratio_stats(logprobs - old_logprobs, mask)
-    stats |= {
-        "clipfrac": clipfrac,
-        "seq_ratio_mean": torch.exp(sequence).mean().detach(),
-        "policy_loss": loss.detach(),
-    }
-    return loss, stats
+    extra = {"clipfrac": clipfrac, "seq_ratio_mean": torch.exp(sequence).mean().detach()}
+    return policy_loss_result(per_token, logprobs - old_logprobs, mask, agg, extra)
 
 
 def cispo_loss(
@@ -234,11 +222,9 @@ def cispo_loss(
     ratio = torch.exp(log_ratio)
     low = None if clip_low is None else 1 - clip_low
     weight = torch.clamp(ratio, low, 1 + clip_high).detach()
-    loss = aggregate_loss(-weight * advantages * logprobs, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["clipfrac"] = masked_mean((weight != ratio.detach()).to(ratio.dtype), mask).detach()
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    capped = masked_mean((weight != ratio.detach()).to(ratio.dtype), mask).detach()
+    per_token = -weight * advantages * logprobs
+    return policy_loss_result(per_token, log_ratio, mask, agg, {"clipfrac": capped})
 
 
 def sapo_loss(
@@ -272,10 +258,7 @@ def sapo_loss(
     negative = torch.as_tensor(tau_neg, dtype=ratio.dtype, device=ratio.device)
     tau = torch.where(advantages > 0, positive, negative)
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)
-    loss = aggregate_loss(-gate * advantages, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    return policy_loss_result(-gate * advantages, log_ratio, mask, agg)
 
 
 @POLICY_LOSSES.register("ppo", "token ratio, clipped (PPO-Clip; dual_clip bounds A < 0)")
@@ -362,11 +345,8 @@ def _divergence_masked_loss(
     # veRL's guard: exp of a large log-ratio would be inf, and inf × 0 (a masked token) NaN
     ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
     keep = (~outside).to(ratio.dtype)
-    loss = aggregate_loss(-ratio * advantages * keep, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["clipfrac"] = masked_mean(outside.to(ratio.dtype), mask).detach()
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    extra = {"clipfrac": masked_mean(outside.to(ratio.dtype), mask).detach()}
+    return policy_loss_result(-ratio * advantages * keep, log_ratio, mask, agg, extra)
 
 
 def dppo_tv_loss(
@@ -570,12 +550,11 @@ def clip_cov_loss(
     clip_high = clip_low if clip_high is None else clip_high
     log_ratio = logprobs - old_logprobs
     per_token, by_clip = _ppo_clip_terms(log_ratio, advantages, mask, clip_low, clip_high)
-    loss = aggregate_loss(per_token * (1 - drawn), mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["clipfrac"] = masked_mean(by_clip.to(per_token.dtype), mask).detach()
-    stats["cov_dropped"] = masked_mean(drawn, mask).detach()
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    extra = {
+        "clipfrac": masked_mean(by_clip.to(per_token.dtype), mask).detach(),
+        "cov_dropped": masked_mean(drawn, mask).detach(),
+    }
+    return policy_loss_result(per_token * (1 - drawn), log_ratio, mask, agg, extra)
 
 
 def kl_cov_select(
@@ -623,11 +602,8 @@ def kl_cov_loss(
     log_ratio = logprobs - old_logprobs
     token_ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
     per_token = -token_ratio * advantages + coef * log_ratio.abs() * selected
-    loss = aggregate_loss(per_token, mask, agg)
-    stats = _ratio_stats(log_ratio, mask)
-    stats["kl_cov_selected"] = masked_mean(selected, mask).detach()
-    stats["policy_loss"] = loss.detach()
-    return loss, stats
+    extra = {"kl_cov_selected": masked_mean(selected, mask).detach()}
+    return policy_loss_result(per_token, log_ratio, mask, agg, extra)
 
 
 def _selected(name: str, selection: Tensor | None) -> Tensor:
