@@ -211,7 +211,7 @@ def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_tea
     log-probs of the same tokens, averaged over them."""
     from proxrl.algos.online.client import TrainingClient
     from proxrl.models.causal_lm import load_causal_lm
-    from proxrl.rollout.forward import teacher_pass
+    from proxrl.rollout.forward import frozen_pass
     from tests.algos.test_client import config
     from tests.algos.test_client_rollouts import write_rollouts
 
@@ -236,7 +236,7 @@ def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_tea
     teacher = load_causal_lm(tiny_teacher, dtype="float64").eval()
     prompt_mask, mask = rollout.stage.prompt_mask, rollout.response_mask
     with torch.no_grad():
-        logprobs, _ = teacher_pass(
+        logprobs, _ = frozen_pass(
             teacher,
             torch.cat([rollout.prompt_ids, rollout.response_ids], 1),
             torch.cat([prompt_mask, mask], 1),
@@ -280,7 +280,7 @@ def test_the_teacher_pass_is_the_same_padded_and_packed(tiny_teacher):
     teacher pass (max_tokens_per_micro_batch) gives the padded one's log-probs and argmax at
     every response token (float64)."""
     from proxrl.models.causal_lm import load_causal_lm
-    from proxrl.rollout.forward import teacher_pass
+    from proxrl.rollout.forward import frozen_pass
 
     teacher = load_causal_lm(tiny_teacher, dtype="float64").eval()
     generator = torch.Generator().manual_seed(0)
@@ -292,8 +292,8 @@ def test_the_teacher_pass_is_the_same_padded_and_packed(tiny_teacher):
     input_ids = input_ids * attention_mask
     truncation = {"top_k": 0, "top_p": 0.9, "min_p": 0.0}
     with torch.no_grad():
-        padded = teacher_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, False)
-        packed = teacher_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, True)
+        padded = frozen_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, False, True)
+        packed = frozen_pass(teacher, input_ids, attention_mask, 4, 0.7, truncation, True, True)
     real = attention_mask[:, 4:].bool()
     torch.testing.assert_close(packed[0][real], padded[0][real], rtol=1e-12, atol=1e-12)
     assert torch.equal(packed[1][real], padded[1][real])

@@ -183,7 +183,8 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
     input_ids = input_ids * attention_mask
     truncation = {"top_k": 5, "top_p": 1.0, "min_p": 0.0}
     for packed in (False, True):
-        got = reference.logprobs(input_ids, attention_mask, 4, 0.7, truncation, packed)
+        got, argmax = reference.logprobs(input_ids, attention_mask, 4, 0.7, truncation, packed)
+        assert argmax is None
         with torch.no_grad():
             want = policy_forward(
                 local, input_ids, attention_mask, 4, 0.7, **truncation, packed=packed

@@ -78,7 +78,7 @@ def test_the_teacher_actor_sends_back_log_probs_and_argmax(
     to the same teacher's in this process, padded and packed."""
     from proxrl.algos.online.placement.ray_roles import RemoteTeacher, TeacherActor
     from proxrl.models.causal_lm import load_causal_lm
-    from proxrl.rollout.forward import teacher_pass
+    from proxrl.rollout.forward import frozen_pass
 
     cfg = config(tiny_lm, teacher, prompts, tmp_path, placement="ray")
     handle = local_ray.remote(TeacherActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
@@ -93,9 +93,9 @@ def test_the_teacher_actor_sends_back_log_probs_and_argmax(
     input_ids = input_ids * attention_mask
     truncation = {"top_k": 5, "top_p": 1.0, "min_p": 0.0}
     for packed in (False, True):
-        got = teacher_pass(remote, input_ids, attention_mask, 4, 0.7, truncation, packed)
+        got = frozen_pass(remote, input_ids, attention_mask, 4, 0.7, truncation, packed, True)
         with torch.no_grad():
-            want = teacher_pass(local, input_ids, attention_mask, 4, 0.7, truncation, packed)
+            want = frozen_pass(local, input_ids, attention_mask, 4, 0.7, truncation, packed, True)
         assert got[0].shape == (3, 5) and got[0].dtype == torch.float64
         torch.testing.assert_close(got[0], want[0], rtol=1e-12, atol=1e-12)
         assert torch.equal(got[1], want[1])

@@ -183,75 +183,45 @@ def at_least_float32(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def reference_pass(
-    reference: Any,
+def frozen_pass(
+    frozen: Any,
     input_ids: Tensor,
     attention_mask: Tensor,
     prompt_length: int,
     temperature: float,
     truncation: dict[str, Any],
     packed: bool,
-) -> Tensor:
-    """(B, P + T) ids and mask → (B, T) log π_ref of the response tokens under the processed
-    distribution (``policy_forward``: temperature, then ``truncation``'s top-k / top-p / min-p;
-    ``packed``: its padding-free forward), at least float32, on the reference's device.
+    with_argmax: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """A frozen role's pass (the reference's, a distillation teacher's): (B, P + T) ids and mask
+    → (B, T) log π of the response tokens under the processed distribution (``policy_forward``:
+    temperature, then ``truncation``'s top-k / top-p / min-p; ``packed``: its padding-free
+    forward), at least float32, and ``with_argmax`` the (B, T) int64 likeliest token at each
+    position (None without); both on the caller's device.
 
-    Computed where the reference lives: a module of this process (on the CPU under
+    Computed where the role lives: a module of this process (on the CPU under
     offload_frozen_roles), or a stand-in for one placed elsewhere (placement ray's
-    ``RemoteReference``), whose actor runs this same function on its model and sends back
-    these B × T floats, never the (B, P + T, V) logits."""
-    if not isinstance(reference, nn.Module):
-        return reference.logprobs(
-            input_ids, attention_mask, prompt_length, temperature, truncation, packed
-        )
-    device = next(reference.parameters()).device
-    return at_least_float32(
-        policy_forward(
-            reference,
+    ``RemoteFrozen``), whose actor runs this same function on its model and sends back these
+    B × T numbers, never the (B, P + T, V) logits."""
+    if isinstance(frozen, nn.Module):
+        device = next(frozen.parameters()).device
+        out = policy_forward(
+            frozen,
             input_ids.to(device),
             attention_mask.to(device),
             prompt_length,
             temperature,
             **truncation,
             packed=packed,
-        ).logprobs
-    )
-
-
-def teacher_pass(
-    teacher: Any,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    prompt_length: int,
-    temperature: float,
-    truncation: dict[str, Any],
-    packed: bool,
-) -> tuple[Tensor, Tensor]:
-    """(B, P + T) ids and mask → (B, T) log π_teacher of the response tokens, processed as
-    ``reference_pass`` processes π_ref (temperature, then ``truncation``), at least float32, and
-    (B, T) the teacher's likeliest token at each position; on the caller's device.
-
-    As ``reference_pass``, computed where the teacher lives: a module of this process, or a
-    stand-in for one placed elsewhere (placement ray's ``RemoteTeacher``) that runs this same
-    function in its actor and sends back 2 × B × T numbers."""
-    if not isinstance(teacher, nn.Module):
-        logprobs, argmax = teacher.teacher_logprobs(
-            input_ids, attention_mask, prompt_length, temperature, truncation, packed
+            with_argmax=with_argmax,
         )
-        return logprobs.to(input_ids.device), argmax.to(input_ids.device)
-    device = next(teacher.parameters()).device
-    out = policy_forward(
-        teacher,
-        input_ids.to(device),
-        attention_mask.to(device),
-        prompt_length,
-        temperature,
-        **truncation,
-        packed=packed,
-        with_argmax=True,
-    )
-    assert out.argmax is not None
-    return at_least_float32(out.logprobs).to(input_ids.device), out.argmax.to(input_ids.device)
+        logprobs, argmax = at_least_float32(out.logprobs), out.argmax
+    else:
+        logprobs, argmax = frozen.logprobs(
+            input_ids, attention_mask, prompt_length, temperature, truncation, packed, with_argmax
+        )
+    here = input_ids.device
+    return logprobs.to(here), None if argmax is None else argmax.to(here)
 
 
 def response_logits(

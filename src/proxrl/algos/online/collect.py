@@ -41,7 +41,7 @@ from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.experience import Experience
-from proxrl.rollout.forward import at_least_float32, policy_forward, reference_pass, teacher_pass
+from proxrl.rollout.forward import at_least_float32, frozen_pass, policy_forward
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import WeightedRewards
@@ -474,14 +474,16 @@ def micro_batch_passes(
             if models.reference is None
             else contextlib.nullcontext(models.reference) as ref
         ):
-            out["ref_logprobs"] = reference_pass(
+            out["ref_logprobs"], _ = frozen_pass(
                 ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
-            ).to(input_ids.device)
+            )
     if models.teacher is not None:  # on-policy distillation: the teacher scores the samples
-        teacher = models.teacher
-        out["teacher_logprobs"], out["teacher_argmax"] = teacher_pass(
-            teacher, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
+        teacher, truncation = models.teacher, settings.truncation
+        out["teacher_logprobs"], argmax = frozen_pass(
+            teacher, input_ids, attention_mask, P, cfg.temperature, truncation, packed, True
         )
+        assert argmax is not None
+        out["teacher_argmax"] = argmax
     out["values"] = critic.values(input_ids, attention_mask, P, hidden)
     return out
 

@@ -37,13 +37,13 @@ log = logging.getLogger(__name__)
 class Models:
     actor: nn.Module
     # None with LoRA: the adapter-disabled actor is the reference; placement ray: a stand-in
-    # for the reference actor (``rollout.forward.reference_pass`` asks it for log-probs)
+    # for the reference actor (``rollout.forward.frozen_pass`` asks it for log-probs)
     reference: Any
     critic: Critic  # NoCritic for the critic-free family
     tokenizer: Any
     tracks_kl: bool = True  # False: β is fixed at 0 and no reference pass is made
     # on-policy distillation's frozen teacher (None: none); placement ray: a stand-in for the
-    # teacher actor (``rollout.forward.teacher_pass`` asks it for log-probs)
+    # teacher actor (``rollout.forward.frozen_pass`` asks it for log-probs)
     teacher: Any = None
 
 

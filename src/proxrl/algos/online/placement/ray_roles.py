@@ -35,7 +35,7 @@ from proxrl.algos.online.samplers import make_engine
 from proxrl.data.batching import pad_left, pad_to
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
-from proxrl.rollout.forward import reference_pass, teacher_pass
+from proxrl.rollout.forward import frozen_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
@@ -117,11 +117,14 @@ class ReferenceActor(RoleActor):
         temperature: float,
         truncation: dict[str, Any],
         packed: bool,
-    ) -> Tensor:
-        """``rollout.forward.reference_pass`` on this actor's model: (B, T) log π_ref (CPU)."""
-        return reference_pass(
-            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed
-        ).cpu()
+        with_argmax: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``rollout.forward.frozen_pass`` on this actor's model: (B, T) log π_ref (CPU, as the
+        ids it is sent), and the (B, T) argmax ``with_argmax``."""
+        return frozen_pass(
+            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed,
+            with_argmax,
+        )  # fmt: skip
 
     def state_dict(self) -> dict[str, Tensor]:
         return {k: v.cpu() for k, v in self.model.state_dict().items()}
@@ -131,7 +134,7 @@ class ReferenceActor(RoleActor):
 
 
 class RemoteReference:
-    """The reference actor as the loop's reference: ``rollout.forward.reference_pass`` hands it the
+    """The reference actor as the loop's reference: ``rollout.forward.frozen_pass`` hands it the
     micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs computed in the
     actor, so per micro-batch B × (P + T) ids go there and B × T floats come back."""
 
@@ -150,7 +153,8 @@ class RemoteReference:
         temperature: float,
         truncation: dict[str, Any],
         packed: bool,
-    ) -> Tensor:
+        with_argmax: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         return self._answer(
             self.handle.logprobs.remote(
                 input_ids.cpu(),
@@ -159,6 +163,7 @@ class RemoteReference:
                 temperature,
                 truncation,
                 packed,
+                with_argmax,
             )
         )
 
@@ -181,7 +186,7 @@ class TeacherActor(RoleActor):
             self.error = str(error)
 
     @torch.no_grad()
-    def teacher_logprobs(
+    def logprobs(
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
@@ -189,24 +194,25 @@ class TeacherActor(RoleActor):
         temperature: float,
         truncation: dict[str, Any],
         packed: bool,
-    ) -> tuple[Tensor, Tensor]:
-        """``rollout.forward.teacher_pass`` on this actor's model: (B, T) log π_T and the
-        teacher's (B, T) likeliest tokens (CPU)."""
-        logprobs, argmax = teacher_pass(
-            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed
-        )
-        return logprobs.cpu(), argmax.cpu()
+        with_argmax: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``rollout.forward.frozen_pass`` on this actor's model: (B, T) log π_T and (with_argmax)
+        the teacher's (B, T) likeliest tokens (CPU, as the ids it is sent)."""
+        return frozen_pass(
+            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed,
+            with_argmax,
+        )  # fmt: skip
 
 
 class RemoteTeacher:
-    """The teacher actor as the loop's teacher: ``rollout.forward.teacher_pass`` hands it the
+    """The teacher actor as the loop's teacher: ``rollout.forward.frozen_pass`` hands it the
     micro-batch's (B, P + T) ids and mask and gets back 2 × B × T numbers."""
 
     def __init__(self, handle: Any, output_dir: str) -> None:
         self.handle = handle
         self.output_dir = output_dir  # named when the actor dies
 
-    def teacher_logprobs(
+    def logprobs(
         self,
         input_ids: Tensor,
         attention_mask: Tensor,
@@ -214,17 +220,19 @@ class RemoteTeacher:
         temperature: float,
         truncation: dict[str, Any],
         packed: bool,
-    ) -> tuple[Tensor, Tensor]:
+        with_argmax: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         return answer_of(
             "the teacher actor",
             self.output_dir,
-            self.handle.teacher_logprobs.remote(
+            self.handle.logprobs.remote(
                 input_ids.cpu(),
                 attention_mask.cpu(),
                 prompt_length,
                 temperature,
                 truncation,
                 packed,
+                with_argmax,
             ),
         )
 
