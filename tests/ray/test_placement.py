@@ -165,14 +165,14 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
     actor under temperature 0.7 and top-k 5, padded and packed: (B, T) float64 log-probs of the
     response tokens (not the (B, P + T, V) logits), equal to the same reference's in this
     process to round-off."""
-    from proxrl.algos.online.placement.ray_roles import ReferenceActor, RemoteReference
+    from proxrl.algos.online.placement.ray_roles import FrozenActor, RemoteFrozen
     from proxrl.models.causal_lm import load_causal_lm
     from proxrl.rollout.forward import policy_forward
 
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
-    handle = local_ray.remote(ReferenceActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    handle = local_ray.remote(FrozenActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
-    reference = RemoteReference(handle, str(tmp_path))
+    reference = RemoteFrozen(handle, str(tmp_path), "reference")
     local = load_causal_lm(tiny_lm, dtype="float64").eval()
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, 60, (3, 9), generator=generator)

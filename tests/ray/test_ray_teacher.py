@@ -76,14 +76,15 @@ def test_the_teacher_actor_sends_back_log_probs_and_argmax(
 ):
     """(B, T) float64 log-probs under temperature 0.7 and top-k 5, and the (B, T) argmax, equal
     to the same teacher's in this process, padded and packed."""
-    from proxrl.algos.online.placement.ray_roles import RemoteTeacher, TeacherActor
+    from proxrl.algos.online.placement.ray_roles import FrozenActor, RemoteFrozen
     from proxrl.models.causal_lm import load_causal_lm
     from proxrl.rollout.forward import frozen_pass
 
     cfg = config(tiny_lm, teacher, prompts, tmp_path, placement="ray")
-    handle = local_ray.remote(TeacherActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    actor = local_ray.remote(FrozenActor).options(num_cpus=0.25)
+    handle = actor.remote(cfg, list(sys.path), cfg.teacher_model)
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
-    remote = RemoteTeacher(handle, str(tmp_path))
+    remote = RemoteFrozen(handle, str(tmp_path), "teacher")
     local = load_causal_lm(teacher, dtype="float64").eval()
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(3, 60, (3, 9), generator=generator)

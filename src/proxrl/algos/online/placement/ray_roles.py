@@ -1,6 +1,6 @@
 """The role actors of ``placement: ray`` and the stand-ins through which the trainer's loop calls
 them, each behind the interface the loop already uses: a reward source (``RemoteRewards``), a
-reference model (``RemoteReference``), a teacher (``RemoteTeacher``) and a sampler
+reference model and a teacher (``RemoteFrozen``, each with its ``FrozenActor``) and a sampler
 (``EnginePool``).
 
 Weights travel from the trainer to the engines through Ray's object store (one ``ray.put`` per
@@ -98,13 +98,15 @@ class RemoteRewards:
         return answer_of("the reward actor", self.output_dir, ref)
 
 
-class ReferenceActor(RoleActor):
-    """The frozen reference policy, scoring the trainer's sampled tokens where it lives."""
+class FrozenActor(RoleActor):
+    """A frozen role's model, scoring the trainer's sampled tokens where it lives: the reference
+    (``model`` None: ``cfg.model``) or on-policy distillation's teacher (``model``:
+    ``cfg.teacher_model``)."""
 
-    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+    def __init__(self, cfg: OnlineConfig, paths: list[str], model: str | None = None) -> None:
         join_paths(paths)
         try:
-            self.model, _ = frozen_model(cfg)
+            self.model, _ = frozen_model(cfg, path=model)
         except ProxrlError as error:
             self.error = str(error)
 
@@ -119,8 +121,8 @@ class ReferenceActor(RoleActor):
         packed: bool,
         with_argmax: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """``rollout.forward.frozen_pass`` on this actor's model: (B, T) log π_ref (CPU, as the
-        ids it is sent), and the (B, T) argmax ``with_argmax``."""
+        """``rollout.forward.frozen_pass`` on this actor's model: (B, T) log π and (with_argmax)
+        the (B, T) likeliest tokens, on the CPU as the ids it is sent."""
         return frozen_pass(
             self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed,
             with_argmax,
@@ -133,17 +135,20 @@ class ReferenceActor(RoleActor):
         self.model.load_state_dict(state)
 
 
-class RemoteReference:
-    """The reference actor as the loop's reference: ``rollout.forward.frozen_pass`` hands it the
-    micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs computed in the
-    actor, so per micro-batch B × (P + T) ids go there and B × T floats come back."""
+class RemoteFrozen:
+    """A frozen role's actor as the loop's reference or teacher: ``rollout.forward.frozen_pass``
+    hands it the micro-batch's (B, P + T) ids and mask and gets back the (B, T) log-probs (and
+    with_argmax the (B, T) argmax) computed in the actor, so per micro-batch B × (P + T) ids go
+    there and B × T floats (and ids) come back. ``role``: "reference" or "teacher", named when
+    the actor dies."""
 
-    def __init__(self, handle: Any, output_dir: str) -> None:
+    def __init__(self, handle: Any, output_dir: str, role: str) -> None:
         self.handle = handle
         self.output_dir = output_dir  # named when the actor dies
+        self.role = role
 
     def _answer(self, ref: Any) -> Any:
-        return answer_of("the reference actor", self.output_dir, ref)
+        return answer_of(f"the {self.role} actor", self.output_dir, ref)
 
     def logprobs(
         self,
@@ -172,69 +177,6 @@ class RemoteReference:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self._answer(self.handle.load_state_dict.remote({k: v.cpu() for k, v in state.items()}))
-
-
-class TeacherActor(RoleActor):
-    """On-policy distillation's frozen teacher, scoring the trainer's sampled tokens where it
-    lives."""
-
-    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
-        join_paths(paths)
-        try:
-            self.model, _ = frozen_model(cfg, path=cfg.teacher_model)
-        except ProxrlError as error:
-            self.error = str(error)
-
-    @torch.no_grad()
-    def logprobs(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        prompt_length: int,
-        temperature: float,
-        truncation: dict[str, Any],
-        packed: bool,
-        with_argmax: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """``rollout.forward.frozen_pass`` on this actor's model: (B, T) log π_T and (with_argmax)
-        the teacher's (B, T) likeliest tokens (CPU, as the ids it is sent)."""
-        return frozen_pass(
-            self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed,
-            with_argmax,
-        )  # fmt: skip
-
-
-class RemoteTeacher:
-    """The teacher actor as the loop's teacher: ``rollout.forward.frozen_pass`` hands it the
-    micro-batch's (B, P + T) ids and mask and gets back 2 × B × T numbers."""
-
-    def __init__(self, handle: Any, output_dir: str) -> None:
-        self.handle = handle
-        self.output_dir = output_dir  # named when the actor dies
-
-    def logprobs(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        prompt_length: int,
-        temperature: float,
-        truncation: dict[str, Any],
-        packed: bool,
-        with_argmax: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        return answer_of(
-            "the teacher actor",
-            self.output_dir,
-            self.handle.logprobs.remote(
-                input_ids.cpu(),
-                attention_mask.cpu(),
-                prompt_length,
-                temperature,
-                truncation,
-                packed,
-                with_argmax,
-            ),
-        )
 
 
 @dataclass

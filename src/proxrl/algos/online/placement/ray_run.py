@@ -353,17 +353,16 @@ class RayPlacement:
         from proxrl.algos.online.placement.ray_roles import (
             EngineActor,
             EnginePool,
-            ReferenceActor,
-            RemoteReference,
-            RemoteTeacher,
-            TeacherActor,
+            FrozenActor,
+            RemoteFrozen,
         )
         from proxrl.algos.online.placement.ray_weights import TRANSPORTS
 
         run = self.run
         names = [f"{run}-engine-{i}" for i in range(cfg.ray_engines)]
-        frozen = [("reference", ReferenceActor)] if has_reference(cfg) else []
-        frozen += [("teacher", TeacherActor)] if has_teacher_role(cfg) else []
+        # each frozen role: its model (None: cfg.model)
+        frozen = [("reference", None)] if has_reference(cfg) else []
+        frozen += [("teacher", cfg.teacher_model)] if has_teacher_role(cfg) else []
         names += [f"{run}-{role}" for role, _ in frozen]
         started: list[Any] = []
         if dist.is_main():  # started now, to load while the policy does
@@ -378,8 +377,8 @@ class RayPlacement:
                 for name in names[: cfg.ray_engines]
             ]
             started += [
-                self._actor(cls, role, name=name)
-                for (role, cls), name in zip(frozen, names[cfg.ray_engines :], strict=True)
+                self._actor(FrozenActor, role, model, name=name)
+                for (role, model), name in zip(frozen, names[cfg.ray_engines :], strict=True)
             ]
         if has_critic_role(cfg):  # loaded in its actor, at the point the loop would load it
             start = partial(self._actor, CriticActor, "critic", name=f"{run}-critic")
@@ -403,13 +402,15 @@ class RayPlacement:
         return replace(
             models,
             reference=(
-                RemoteReference(reference, cfg.output_dir)
+                RemoteFrozen(reference, cfg.output_dir, "reference")
                 if reference is not None
                 else models.reference
             ),
-            teacher=RemoteTeacher(teacher, cfg.output_dir)
-            if teacher is not None
-            else models.teacher,
+            teacher=(
+                RemoteFrozen(teacher, cfg.output_dir, "teacher")
+                if teacher is not None
+                else models.teacher
+            ),
         )
 
     def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
