@@ -126,16 +126,27 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
     return masked_mean(logprobs - old_logprobs, mask, dim=-1).unsqueeze(-1)
 
 
-def _clipped_surrogate(
+def _clip_terms(
     ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor]:
-    # Padding's advantage is zeroed: a (B, 1) sequence ratio gathers gradient from every column,
-    # and 0 × NaN would reach it from a NaN sitting in padding.
+    """PPO-Clip's per-token ``max(−A·r, −A·clip(r, 1 − clip_low, 1 + clip_high))`` and the bool
+    of the tokens the clip decides, each (B, T), for a (B, T) token ratio or a (B, 1) sequence
+    ratio (GSPO's) with (B, T) advantages and mask.
+
+    Padding's advantage is zeroed: a (B, 1) sequence ratio gathers gradient from every column,
+    and 0 × NaN would reach it from a NaN sitting in padding."""
     advantages = torch.where(mask.bool(), advantages, 0.0)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clipfrac = masked_mean((clipped > unclipped).to(ratio.dtype).expand_as(mask), mask)
-    return torch.maximum(unclipped, clipped), clipfrac.detach()
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).detach()
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """``_clip_terms``' per-token loss and the share of valid tokens the clip decides."""
+    per_token, by_clip = _clip_terms(ratio, advantages, mask, clip_low, clip_high)
+    return per_token, masked_mean(by_clip.to(ratio.dtype), mask).detach()
 
 
 def gspo_loss(
@@ -476,18 +487,6 @@ def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tens
         return torch.where(mask.bool(), centred_a * centred_logp, 0.0)
 
 
-def _ppo_clip_terms(
-    log_ratio: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
-) -> tuple[Tensor, Tensor]:
-    """PPO-Clip's per-token ``max(−A·r, −A·clip(r))`` and the (B, T) bool of the tokens the clip
-    decides (padding's A zeroed)."""
-    ratio = torch.exp(log_ratio)
-    advantages = torch.where(mask.bool(), advantages, 0.0)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).detach()
-
-
 def clip_cov_draw(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -514,7 +513,8 @@ def clip_cov_draw(
     clip_high = clip_low if clip_high is None else clip_high
     with torch.no_grad():
         logprobs = logprobs.detach()
-        _, by_clip = _ppo_clip_terms(logprobs - old_logprobs, advantages, mask, clip_low, clip_high)
+        ratio_now = torch.exp(logprobs - old_logprobs)
+        _, by_clip = _clip_terms(ratio_now, advantages, mask, clip_low, clip_high)
         covariance = token_covariance(logprobs, advantages, mask)
         lower, upper = bounds
         candidates = mask.bool() & ~by_clip & (covariance > lower) & (covariance < upper)
@@ -549,7 +549,8 @@ def clip_cov_loss(
     """
     clip_high = clip_low if clip_high is None else clip_high
     log_ratio = logprobs - old_logprobs
-    per_token, by_clip = _ppo_clip_terms(log_ratio, advantages, mask, clip_low, clip_high)
+    ratio = torch.exp(log_ratio)
+    per_token, by_clip = _clip_terms(ratio, advantages, mask, clip_low, clip_high)
     extra = {
         "clipfrac": masked_mean(by_clip.to(per_token.dtype), mask).detach(),
         "cov_dropped": masked_mean(drawn, mask).detach(),
