@@ -26,6 +26,13 @@ test must be safe beside any other test running at the same moment in another pr
   itself.)
 - A test that times something or waits for a subprocess must allow for a loaded machine (the
   other worker runs beside it): wait on a condition with a generous deadline, not a sleep.
+- The order: ``--dist worksteal`` first hands worker k the k-th contiguous share of the
+  collection and a worker that runs dry steals the *end* of another's queue, so the modules of
+  HEAVY_MODULES (Ray runs, torchrun launches, SIGKILL-resumes: over half the suite's time) are
+  dealt to the workers' shares, longest first, and each share starts with its own: both
+  workers begin on heavy modules at once, each module stays whole on one worker (its module
+  fixtures, the local Ray among them, built once) and the tail is of short tests. Without
+  xdist (or with one worker) the order is pytest's.
 
 tests/vllm needs the vllm package, which lives in an environment of its own (.venv-vllm, built
 by ``make test``): elsewhere those tests are not collected at all, rather than shown as
@@ -34,6 +41,7 @@ skipped."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 
 import pytest
@@ -54,3 +62,56 @@ def pytest_configure(config: pytest.Config) -> None:
     SIGINT as an interactive ``pytest`` has it."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Seconds a module took in ``make test`` (2 workers on a shared 2-core machine, load ~5, the
+# calls and setups pytest's --durations listed): only their ratios matter, to deal the heavy
+# modules evenly between the workers. A module not listed counts as light.
+HEAVY_MODULES = {
+    "tests/ray/test_placement.py": 500,
+    "tests/ray/test_ray_weight_transport.py": 190,
+    "tests/ray/test_ray_trainer_group.py": 125,
+    "tests/algos/test_online.py": 125,
+    "tests/algos/test_kill_resume.py": 100,
+    "tests/distributed/test_dp_online.py": 100,
+    "tests/distributed/test_dp_offline.py": 65,
+    "tests/ray/test_ray_critic.py": 42,
+    "tests/distributed/test_fsdp_offline.py": 42,
+    "tests/distributed/test_fsdp_online.py": 40,
+    "tests/ray/test_ray_teacher.py": 39,
+    "tests/algos/test_issue37_runs.py": 33,
+    "tests/classic/test_train.py": 30,
+    "tests/classic/test_reliability.py": 26,
+    "tests/distributed/test_dp_rollouts_file.py": 26,
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deal HEAVY_MODULES to the xdist workers' first shares (module docstring: the order)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or len(items) < workers:
+        return
+    modules: dict[str, list[pytest.Item]] = {}
+    light: list[pytest.Item] = []
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if module in HEAVY_MODULES:
+            modules.setdefault(module, []).append(item)
+        else:
+            light.append(item)
+    bins: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for module in sorted(modules, key=lambda m: -HEAVY_MODULES[m]):  # longest first, to the
+        k = min(range(workers), key=lambda i: (load[i], i))  # least loaded share so far
+        bins[k] += modules[module]
+        load[k] += HEAVY_MODULES[module]
+    # the shares' sizes as worksteal cuts them: len(pending) // workers remaining, in turn
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for k in range(workers):
+        size = left // (workers - k)
+        left -= size
+        fill = max(0, size - len(bins[k]))
+        ordered += bins[k] + light[:fill]
+        light = light[fill:]
+    items[:] = ordered + light
