@@ -69,6 +69,17 @@ def kill_trainer_at_third_call(prompts: list[str], completions: list[str], **col
     return target_fraction(prompts, completions, **columns)
 
 
+def kill_engine_at_second_call_then_trainer_at_fourth_call(
+    prompts: list[str], completions: list[str], **columns: list
+):
+    """kill_engine_at_second_call (which counts the call), and at the fourth call the trainer
+    actor is killed (the run stops)."""
+    scores = kill_engine_at_second_call(prompts, completions, **columns)
+    if CALLS["n"] == 4:
+        _kill("-trainer")
+    return scores
+
+
 def _signal_driver(driver: int, signum: int) -> None:
     """Send ``signum`` to the driver and return once it has forwarded it to the trainer actor
     (rank 0's, named *-trainer)."""

@@ -73,11 +73,14 @@ def assert_same_run(out: Path, expected: Path) -> None:
         torch.testing.assert_close(b[key], a[key], rtol=1e-10, atol=1e-12)
 
 
+ITERATIONS = 4  # the engine-restart and killed-trainer run: a restart in 3, the kill in 4
+
+
 @pytest.fixture(scope="module")
 def in_process(tiny_lm, prompts, tmp_path_factory) -> Path:
     """The reference run: every role in this process."""
     out = tmp_path_factory.mktemp("in_process") / "run"
-    ppo.train(config(tiny_lm, prompts, out))
+    ppo.train(config(tiny_lm, prompts, out, iterations=ITERATIONS))
     first = load_file(Path(tiny_lm) / "model.safetensors")
     final = load_file(out / "model.safetensors")
     assert any(not torch.equal(first[k].double(), final[k]) for k in first), "nothing trained"
@@ -95,18 +98,38 @@ def in_process_packed(tiny_lm, prompts, tmp_path_factory) -> Path:
     return out
 
 
-def test_synchronous_ray_run_equals_the_in_process_run_through_an_engine_restart(
+def test_a_ray_run_through_an_engine_restart_and_a_killed_trainer_resumes_to_the_in_process_run(
     local_ray, tiny_lm, prompts, in_process, tmp_path
 ):
-    """Trainer, reference, reward and engine actors give the same metrics to round-off and the
-    same final weights as the run in one process, on the same seed, even though engine 0 is
-    killed after the second batch is sampled: Ray restarts it, it loads the latest weights
-    before it samples again, and the third batch is the one the undisturbed engine would draw."""
-    reward = ("tests.ray.ray_rewards:kill_engine_at_second_call",)
-    ppo.train(config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward))
+    """Trainer, reference, reward and engine actors, on the seed of the run in one process.
+    Engine 0 is killed after the second batch is sampled: Ray restarts it and it loads the
+    latest weights before it samples the third batch, the one the undisturbed engine would
+    draw. The trainer actor is killed in the fourth iteration: one-line error, the checkpoint
+    of iteration 3 whole; --resume continues from it. The metrics (losses, KL, scores,
+    advantages) equal the in-process run's to round-off and so do the final weights.
+    (One run for both faults: each Ray run starts four actors.)"""
+    reward = ("tests.ray.ray_rewards:kill_engine_at_second_call_then_trainer_at_fourth_call",)
+    cfg = config(
+        tiny_lm,
+        prompts,
+        tmp_path,
+        placement="ray",
+        reward_fn=reward,
+        save_every=1,
+        iterations=ITERATIONS,
+    )
+    with pytest.raises(ProxrlError, match="the trainer actor died.*--resume continues"):
+        ppo.train(cfg)
+    assert not (tmp_path / "model.safetensors").exists()
     rows = read_metrics(tmp_path)
     assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0]
     assert [r["rollout/staleness"] for r in rows] == [0.0] * 3
+    for a, b in zip(losses(in_process)[:3], losses(tmp_path), strict=True):  # before the resume
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12), a["step"]
+    ppo.train(replace(cfg, resume=True))
+    rows = read_metrics(tmp_path)
+    assert [r["rollout/engine_restarts"] for r in rows] == [0.0, 0.0, 1.0, 0.0]
+    assert [r["rollout/staleness"] for r in rows] == [0.0] * 4
     assert_same_run(tmp_path, in_process)
 
 
@@ -230,20 +253,6 @@ def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
         wait_forwarding_signals([caller], [caller.train.remote(handle)], str(tmp_path))
     assert "the trainer actor" not in str(info.value)
     local_ray.kill(caller)
-
-
-def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
-    local_ray, tiny_lm, prompts, in_process, tmp_path
-):
-    """The trainer actor is killed in the third iteration: one-line error, the checkpoint of
-    iteration 2 whole; --resume continues from it to the run an undisturbed one gives."""
-    reward = ("tests.ray.ray_rewards:kill_trainer_at_third_call",)
-    cfg = config(tiny_lm, prompts, tmp_path, placement="ray", reward_fn=reward, save_every=1)
-    with pytest.raises(ProxrlError, match="the trainer actor died.*--resume continues"):
-        ppo.train(cfg)
-    assert not (tmp_path / "model.safetensors").exists()
-    ppo.train(replace(cfg, resume=True))
-    assert_same_run(tmp_path, in_process)
 
 
 @pytest.mark.parametrize(
