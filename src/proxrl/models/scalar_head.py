@@ -114,8 +114,11 @@ def score_head(model: nn.Module) -> nn.Linear:
     for name in ("score", "classifier"):
         head = getattr(inner, name, None)
         if head is not None:
-            # peft wraps trained heads in ModulesToSaveWrapper; the active copy is the head.
+            # peft wraps trained heads in ModulesToSaveWrapper; the active copy is the head,
+            # the original one with the adapters disabled (``models.lora.adapter_disabled``).
             active = getattr(head, "modules_to_save", None)
+            if active is not None and getattr(head, "disable_adapters", False):
+                return head.original_module
             if active is not None:
                 return active[
                     head.active_adapter

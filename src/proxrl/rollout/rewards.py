@@ -29,6 +29,7 @@ import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import Tensor, nn
 from proxrl.data.batching import pack_lengths, pad_right
 from proxrl.data.encoding import check_round_trip, encode_prompt_text, encode_response_text
 from proxrl.data.formats import PromptExample
+from proxrl.models.lora import adapter_disabled
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout.forward import packed_sequence_scores
 from proxrl.runtime import objects
@@ -264,6 +266,8 @@ class RewardModelReward:
     batch_size: int = 64
     checked: bool = False  # its tokenizer judged on the run's first prompts
     max_tokens: int = 0  # > 0: padding-free forwards of at most this many real tokens each
+    adapter_disabled: bool = False  # ``model`` is a LoRA critic whose base is this reward
+    # model (``roles.share_reward_model``): scored with its adapters (and trained head) off
 
     name = "reward_model"
 
@@ -290,11 +294,14 @@ class RewardModelReward:
         )
         score = packed_sequence_scores if self.max_tokens else sequence_scores
         scores = torch.zeros(len(rows))
-        for indices in plan:
-            chunk = [rows[i] for i in indices]
-            ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
-            mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
-            scores[indices] = score(self.model, ids, mask, normalize=self.normalize).float().cpu()
+        with adapter_disabled(self.model) if self.adapter_disabled else nullcontext():
+            for indices in plan:
+                chunk = [rows[i] for i in indices]
+                ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
+                mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
+                scores[indices] = (
+                    score(self.model, ids, mask, normalize=self.normalize).float().cpu()
+                )
         return scores
 
 

@@ -3,8 +3,9 @@ the reward sources loaded from a config, placed on devices, and the prompts they
 
 from __future__ import annotations
 
+import gc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -12,13 +13,13 @@ from torch import nn
 
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import Critic
+from proxrl.algos.online.critic import Critic, SeparateCritic
 from proxrl.algos.online.episodes import environment_tools
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import load_causal_lm
-from proxrl.models.lora import apply_lora
-from proxrl.models.scalar_head import load_score_model
+from proxrl.models.lora import apply_lora, is_peft_model
+from proxrl.models.scalar_head import load_score_model, unwrap_peft
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.ensemble import EnsembleReward, training_score_std
 from proxrl.rollout.rewards import (
@@ -196,3 +197,54 @@ def place_rewards(rewards: WeightedRewards, device: torch.device) -> None:
     for source in rewards.sources:
         for model in getattr(source, "models", [source.model] if hasattr(source, "model") else []):
             model.to(device)
+
+
+def share_reward_model(cfg: OnlineConfig, models: Models, rewards: WeightedRewards) -> bool:
+    """Score with the LoRA critic's frozen base where that base is the reward model, weight
+    for weight (the default critic start, InstructGPT's: ``critic_model`` unset, one reward
+    model, ``critic_lora_r`` > 0), and drop the reward model's own copy: one model's weights
+    less in memory (2 GB at Qwen2-0.5B in float32), the same scores bit for bit (with its
+    adapters off a peft model computes its base layers and original head alone).
+
+    Only in one process, with the roles on one device (not offload_frozen_roles) and no
+    rollout running beside the update (not async_rollout: the adapters are off while it
+    scores). Returns whether the reward model is shared."""
+    critic = models.critic
+    if (
+        dist.world_size() > 1
+        or cfg.offload_frozen_roles
+        or cfg.async_rollout
+        or not isinstance(critic, SeparateCritic)
+        or not is_peft_model(critic.module)
+    ):
+        return False
+    for i, source in enumerate(rewards.sources):
+        if isinstance(source, RewardModelReward) and is_base_of(source.model, critic.module):
+            rewards.sources[i] = replace(source, model=critic.module, adapter_disabled=True)
+            del source
+            gc.collect()  # (the reward model's weights are freed here)
+            log.info("the reward model is the critic's base: scored with its adapters off")
+            return True
+    return False
+
+
+def is_base_of(model: nn.Module, adapted: nn.Module) -> bool:
+    """Whether ``model`` is what the peft model ``adapted`` computes with its adapters off:
+    the same tensors (names, dtypes, devices, values) once peft's LoRA and trained copies of
+    saved modules are set aside, and the same stored score offset."""
+    inner = unwrap_peft(adapted)
+    base = {
+        name.replace(".base_layer.", ".").replace(".original_module.", "."): tensor
+        for name, tensor in inner.state_dict().items()
+        if "lora_" not in name and ".modules_to_save." not in name
+    }
+    own = model.state_dict()
+    offset = [getattr(m.config, "reward_offset", 0.0) for m in (model, inner)]
+    return (
+        base.keys() == own.keys()
+        and offset[0] == offset[1]
+        and all(
+            base[k].dtype == v.dtype and base[k].device == v.device and torch.equal(base[k], v)
+            for k, v in own.items()
+        )
+    )

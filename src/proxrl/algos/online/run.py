@@ -18,7 +18,7 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.placement.base import Placement
-from proxrl.algos.online.roles import Models, load_prompts, place_roles
+from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
 from proxrl.algos.online.rollouts_file import iteration_rows
 from proxrl.core import FixedKL, ProportionalKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
@@ -107,6 +107,7 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
         check_reward_columns(cfg.reward_fn, load_prompt_examples(cfg.prompts))
     rewards = placement.rewards(cfg)
     models = placement.models(cfg, algo)
+    share_reward_model(cfg, models, rewards)  # the LoRA critic's base, when it is the same
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
     prompts, prompt_ids = run_prompts(cfg, models)
