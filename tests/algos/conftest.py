@@ -64,3 +64,16 @@ def word_prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
         "".join(json.dumps({"prompt": f"say: {w} ->", "word": w}) + "\n" for w in WORDS)
     )
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A reward model in the sequence-classifier layout: the tiny model's body with a new scalar
+    head (drawn from the global generator, as each module's copy of this fixture did)."""
+    from proxrl.models.scalar_head import load_score_model
+    from proxrl.models.tokenizer import load_tokenizer
+
+    out = tmp_path_factory.mktemp("rm") / "rm"
+    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
+    load_tokenizer(tiny_lm).save_pretrained(out)
+    return str(out)

@@ -24,16 +24,6 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from proxrl.models.tokenizer import load_tokenizer
-
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
-    load_tokenizer(tiny_lm).save_pretrained(out)
-    return str(out)
-
-
 def config(module, tiny_lm, prompts, out: Path, **overrides):
     fields = dict(
         model=tiny_lm,

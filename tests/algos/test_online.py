@@ -117,18 +117,6 @@ def _grpo_learns(tiny_lm, prompts, tmp_path, **overrides):
 # ---------------------------------------------------------------- what a step must do
 
 
-@pytest.fixture(scope="module")
-def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A randomly initialised reward model in the sequence-classifier layout."""
-    from proxrl.models.scalar_head import load_score_model
-    from proxrl.models.tokenizer import load_tokenizer
-
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
-    load_tokenizer(tiny_lm).save_pretrained(out)
-    return str(out)
-
-
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -280,17 +280,6 @@ def test_packed_update_of_multi_turn_rows_equals_the_padded_one(module, tiny_lm,
 # ---------------------------------------------------------------- the rollout
 
 
-@pytest.fixture(scope="module")
-def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    from proxrl.models.scalar_head import load_score_model
-    from proxrl.models.tokenizer import load_tokenizer
-
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
-    load_tokenizer(tiny_lm).save_pretrained(out)
-    return str(out)
-
-
 def test_packed_rollout_equals_the_padded_one(
     tiny_lm, prompts, reward_model, tmp_path, monkeypatch
 ):

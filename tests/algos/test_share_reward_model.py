@@ -13,7 +13,6 @@ import torch
 from proxrl.algos.online import ppo, roles, run
 from proxrl.models.lora import apply_lora
 from proxrl.models.scalar_head import load_score_model
-from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.metrics import read_metrics
 
@@ -23,14 +22,6 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in "abcd"))
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def reward_model(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("rm") / "rm"
-    load_score_model(tiny_lm, new_head="reward").save_pretrained(out)
-    load_tokenizer(tiny_lm).save_pretrained(out)
-    return str(out)
 
 
 def config(tiny_lm: str, prompts: str, reward_model: str, out: Path, **overrides: object):
