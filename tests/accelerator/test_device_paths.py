@@ -12,16 +12,17 @@ from safetensors.torch import load_file
 
 from proxrl.algos.offline import sft
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online import loop as online
+from proxrl.algos.online import run as online
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.conftest import reward_model  # noqa: F401  (a fixture)
 from tests.algos.lm_tasks import sft_rows, write_jsonl
 from tests.algos.test_mixed_precision import linear_output_dtypes
-from tests.algos.test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
+from tests.algos.test_online import prompts, scores, small  # noqa: F401  (fixtures)
 
 
 @pytest.mark.parametrize("sampler", ["hf", "cached", "compiled"])

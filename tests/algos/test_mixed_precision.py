@@ -17,7 +17,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.lm_tasks import preference_rows, sft_rows, write_jsonl
-from tests.algos.test_online import prompts, reward_model, scores, small  # noqa: F401  (fixtures)
+from tests.algos.test_online import prompts, scores, small  # noqa: F401  (fixtures)
 
 
 @contextmanager
