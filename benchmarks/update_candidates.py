@@ -54,7 +54,13 @@ RESPONSES = [29, 19, 27, 30]  # vs_trl_05b's first micro-batch of 4
 OTHER_RESPONSES = [[12, 20, 15, 11], [33, 25, 40, 18], [16, 16, 16, 16], [22, 35, 28, 10], [45]]
 
 
-def build_policy(dtype_name: str = "float32") -> Any:
+TINY = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+)  # fmt: skip  # --tiny: every candidate's code path in seconds, nothing measured
+
+
+def build_policy(dtype_name: str = "float32", tiny: bool = False) -> Any:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -63,7 +69,8 @@ def build_policy(dtype_name: str = "float32") -> Any:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from vs_trl_05b import QWEN2_05B
 
-    config = Qwen2Config(**QWEN2_05B, max_position_embeddings=512)
+    shape = TINY if tiny else QWEN2_05B
+    config = Qwen2Config(**shape, max_position_embeddings=512)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype_name))
@@ -83,7 +90,7 @@ def make_batch(responses: list[int], seed: int = 0) -> tuple[Any, Any, int]:
     return ids * mask, mask, P
 
 
-def child(candidate: str, steps: int) -> dict[str, Any]:
+def child(candidate: str, steps: int, tiny: bool = False) -> dict[str, Any]:
     import torch
 
     import proxrl.rollout.forward as forward
@@ -92,7 +99,7 @@ def child(candidate: str, steps: int) -> dict[str, Any]:
     torch.set_num_threads(int(os.environ.get("PROXRL_NUM_THREADS", "1")))
     if candidate in ("baseline", "packed_baseline"):
         forward.output_head = lambda model: None  # the full-logits path: main before issue 39
-    model = build_policy()
+    model = build_policy(tiny=tiny)
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     optimizer_kwargs: dict[str, Any] = dict(lr=1e-5, weight_decay=0.0)
@@ -164,12 +171,11 @@ def versions() -> dict[str, str]:
     )
 
 
-def run_one(candidate: str, steps: int, results: Path) -> dict[str, Any]:
+def run_one(candidate: str, steps: int, results: Path, tiny: bool = False) -> dict[str, Any]:
     env = dict(os.environ, PROXRL_NUM_THREADS="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    command = [
-        "flock", LOCK, sys.executable, __file__, "--child", candidate, "--steps", str(steps),
-    ]  # fmt: skip
+    command = [sys.executable, __file__, "--child", candidate, "--steps", str(steps)]
+    command = command + ["--tiny"] if tiny else ["flock", LOCK, *command]
     started = time.time()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
@@ -228,10 +234,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per process")
     parser.add_argument("--results", type=Path, default=Path("update_candidates_runs.jsonl"))
     parser.add_argument("--report", type=Path, nargs="*")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model, no lock: a check")
     parser.add_argument("--child", choices=CANDIDATES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps) | versions()), flush=True)
+        print(json.dumps(child(args.child, args.steps, args.tiny) | versions()), flush=True)
         return
     if args.report:
         report(args.report)
@@ -241,7 +248,7 @@ def main() -> None:
         shift = rep % len(args.candidates)
         order = args.candidates[shift:] + args.candidates[:shift]
         for candidate in order if rep % 2 == 0 else order[::-1]:
-            run_one(candidate, args.steps, args.results)
+            run_one(candidate, args.steps, args.results, args.tiny)
     report([args.results])
 
 
