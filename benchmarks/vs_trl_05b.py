@@ -360,7 +360,7 @@ def report(path: str) -> None:
         floor = done.get((r["trainer"], r["pair"], floor_side))
         versus = []
         for other, key in ((trl, "update_s"), (trl, "update_cpu_s"), (floor, "update_cpu_s")):
-            proxrl_side = r["side"] in ("cached", "vllm", "vllm-adapter")
+            proxrl_side = r["side"] in ("cached", "packed", "vllm", "vllm-adapter")
             versus.append(
                 f"{tokens_per_s(r, key) / tokens_per_s(other, key):.2f}"
                 if other is not None and proxrl_side
