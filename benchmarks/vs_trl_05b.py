@@ -250,6 +250,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainers", nargs="+", default=["grpo", "ppo"], choices=["grpo", "ppo"])
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument(
+        "--first-pair",
+        type=int,
+        default=0,
+        help="number the pairs from here (to extend an earlier --results file; the side order "
+        "still alternates by pair number)",
+    )
     parser.add_argument("--updates", type=int, default=2, help="per run; the first is warm-up")
     parser.add_argument("--tokens", type=int, default=32, help="the longest response")
     parser.add_argument("--threads", type=int, default=1)
@@ -307,7 +314,7 @@ def main() -> None:
             if trainer == "grpo"
             else ["cached", "trl", "floor"]
         )
-        for pair in range(args.pairs):
+        for pair in range(args.first_pair, args.first_pair + args.pairs):
             order = sides if pair % 2 == 0 else sides[::-1]
             runs = {}
             for side in order:
@@ -373,6 +380,37 @@ def report(path: str) -> None:
             f"| {r['trainer']} | {r['pair']} | {r['side']} | {statistics.median(timed):.1f} | "
             f"{statistics.median(cpu):.1f} | {statistics.mean(r['tokens'][1:] or r['tokens']):.0f}"
             f" | {r['peak_mb']:.0f} | {r['load']:.1f} | {' | '.join(versus)} | {split} |"
+        )
+    report_medians(done)
+
+
+def report_medians(done: dict) -> None:
+    """Each proxrl side's tokens/s over TRL's of the same pair: median (min-max) over the pairs
+    that have both, by wall clock and by CPU time, with the peak RSS range of each side."""
+    print(
+        "\n| trainer | side | pairs | /TRL wall median (min-max) | /TRL CPU median (min-max) | "
+        "peak MB (min-max) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for trainer, side in sorted({(k[0], k[2]) for k in done}):
+        pairs = [k[1] for k in done if k[0] == trainer and k[2] == side]
+        peaks = [done[(trainer, p, side)]["peak_mb"] for p in pairs]
+        cells = []
+        for key in ("update_s", "update_cpu_s"):
+            ratios = [
+                tokens_per_s(done[(trainer, p, side)], key)
+                / tokens_per_s(done[(trainer, p, "trl")], key)
+                for p in pairs
+                if (trainer, p, "trl") in done
+            ]
+            cells.append(
+                f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                if ratios and side != "trl"
+                else ""
+            )
+        print(
+            f"| {trainer} | {side} | {len(pairs)} | {cells[0]} | {cells[1]} | "
+            f"{min(peaks):.0f}-{max(peaks):.0f} |"
         )
 
 
