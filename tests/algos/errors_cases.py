@@ -1625,7 +1625,116 @@ CASES: list[Case] = [
         (*GRPO, "--reward-fn", "trl_reward:needs_answer"),
         "proxrl grpo: error: reward_fn 'trl_reward:needs_answer': parameter 'answer' is not passed (proxrl passes prompts, completions, completion_ids, trainer_state and the prompt data's columns: none)",
     ),
+    Case(
+        "grpo: a rollouts file's misspelt column (refused, not dropped)",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_misspelt.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: rollouts_misspelt.jsonl:2: loss_masks: unknown column; did you mean loss_mask?",
+    ),
+    Case(
+        "grpo: a rollouts file's -inf log-probability",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_minus_inf.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: rollouts_minus_inf.jsonl:2: logprobs: expected finite log-probabilities <= 0, got -inf",
+    ),
+    Case(
+        "ppo: a rollouts file's loss_mask not as long as its response",
+        (
+            "ppo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_mask_length.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl ppo: error: rollouts_mask_length.jsonl:1: loss_mask: expected 2 values (one per response token), got 3",
+    ),
+    Case(
+        "grpo: a rollouts file's row longer than the model's context",
+        (
+            "grpo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_long.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--max-prompt-length",
+            "250",
+            "--max-new-tokens",
+            "16",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl grpo: error: rollouts_long.jsonl:2: response_ids: prompt_ids (250 tokens) + response_ids (7 tokens) = 257 tokens is longer than the model's context (256 positions)",
+    ),
+    Case(
+        "ppo: a rollouts file's row with nothing to train (loss_mask all 0)",
+        (
+            "ppo",
+            "--model",
+            "model",
+            "--rollouts-file",
+            "rollouts_no_model_token.jsonl",
+            "--group-size",
+            "2",
+            "--rollout-batch-size",
+            "1",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl ppo: error: rollouts_no_model_token.jsonl:2: loss_mask: expected at least one 1 (a token the policy produced), got all 2 0: the row has nothing to train on",
+    ),
 ]
+# issue 49 data: rollouts files refused by their schema (rollouts_file.RolloutRow)
+LONG_ROLLOUT = {**ROLLOUT, "prompt_ids": [1] * 250, "reward": 1.0}
+FILES |= {
+    "rollouts_misspelt.jsonl": _jsonl(
+        [{**ROLLOUT, "reward": 1.0}, {**ROLLOUT, "reward": 1.0, "loss_masks": [1, 0]}]
+    ),
+    "rollouts_minus_inf.jsonl": _jsonl([{**ROLLOUT, "reward": 1.0}])
+    + '{"prompt_ids": [1, 2], "response_ids": [3, 4], "logprobs": [-1.0, -Infinity], '
+    '"reward": 1.0, "group": 0}\n',
+    "rollouts_mask_length.jsonl": _jsonl([{**ROLLOUT, "reward": 1.0, "loss_mask": [1, 1, 0]}] * 2),
+    "rollouts_long.jsonl": _jsonl(
+        [
+            {**LONG_ROLLOUT, "response_ids": [3] * 6, "logprobs": [-1.0] * 6},
+            {**LONG_ROLLOUT, "response_ids": [3] * 7, "logprobs": [-1.0] * 7},
+        ]
+    ),
+    "rollouts_no_model_token.jsonl": _jsonl(
+        [{**ROLLOUT, "reward": 1.0}, {**ROLLOUT, "reward": 1.0, "loss_mask": [0, 0]}]
+    ),
+}
 
 
 # -- issue 16 api: the Python API --------------------------------------------------------------

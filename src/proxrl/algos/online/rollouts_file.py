@@ -3,34 +3,42 @@ file into the sample stage's record, so the online loop's later stages (forward 
 advantages, update) train on them as on their own.
 
 One JSONL line or Parquet row per trajectory (README, "Rollouts from elsewhere"; in Parquet a
-null is an absent field):
+null is an absent field), read through one schema, ``RolloutRow``; no other column is taken
+(a misspelt one is refused with the column it is likely meant to be):
 
 - ``prompt_ids``: the prompt's token ids (as the policy reads them: chat template applied);
 - ``response_ids``: the response's token ids (a multi-turn episode: model turns and the
-  observations between them);
-- ``logprobs``: the behaviour policy's log-probability of each response token (any value where
-  ``loss_mask`` is 0);
+  observations between them); prompt and response together fit the model's context;
+- ``logprobs``: the behaviour policy's log-probability of each response token, finite, and
+  <= 0 where ``loss_mask`` is 1 (any finite value where it is 0: it is masked by
+  multiplication, so an infinity or NaN there would still poison the batch);
 - ``reward`` (a number) or ``rewards`` (one per response token, 0 where ``loss_mask`` is 0):
   their sum is the trajectory's score, which the critic-free estimators take; PPO's GAE takes
   each at its token (``Experience.token_rewards``);
 - ``group``: a string or integer naming the prompt's group; a group's rows share their
   ``prompt_ids`` and number ``group_size``;
-- optional ``loss_mask``: 1 at tokens the policy produced, 0 at observations (default all 1);
+- optional ``loss_mask``: 1 at tokens the policy produced, 0 at observations (default all 1;
+  at least one 1: a row with nothing to train on is refused);
 - optional ``response``: the response's text, checked against the tokenizer's decoding of
   ``response_ids`` (another tokenizer's ids are refused).
 
-A bad line is refused with ``file:line: field: expected …`` (a Parquet row: ``file:row N``, N
+The whole file is checked before a run's output directory is touched (``run.run_prompts``
+reads it through ``iteration_rows``), and again each iteration it is read afresh. A bad line
+is refused with one line, ``file:line: field: expected …`` (a Parquet row: ``file:row N``, N
 counted from 0 as ``readers`` counts a data file's Parquet rows).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import torch
 from torch import Tensor
 
@@ -48,19 +56,26 @@ from proxrl.algos.online.roles import Models
 from proxrl.core import rewards_at_tokens
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
+from proxrl.models.context import model_context
 from proxrl.rollout.generation import Samples
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
+LOGPROB_SLACK = 1e-6
+"""A model token's log-probability may read up to this above 0 (an engine's float round-off
+on a near-certain token)."""
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What a trajectory must fit: the tokenizer's vocabulary and the run's lengths."""
+    """What a trajectory must fit: the tokenizer's vocabulary, the run's lengths and the
+    model's context (None: the model's config records none, and nothing is checked)."""
 
     vocab_size: int  # len(tokenizer): every id below it
     group_size: int  # rows per group
     max_prompt_length: int
     max_new_tokens: int  # the response budget (Dr. GRPO's horizon is this)
+    context: int | None = None  # the model's positions: prompt + response fit in them
 
 
 @dataclass
@@ -75,6 +90,236 @@ class Trajectory:
     score: float
     group: str
     rewards: list[float] | None = None  # one per response token (the row's ``rewards``)
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What ``RolloutRow`` checks a row against beyond its own columns (pydantic's
+    ``context``): where it is, and (when given) the tokenizer and the run's limits."""
+
+    where: str = "row"
+    tokenizer: Any = None
+    limits: Limits | None = None
+
+
+EXPECTED = {
+    "prompt_ids": "a non-empty list of token ids (integers)",
+    "response_ids": "a non-empty list of token ids (integers)",
+    "logprobs": "a list of numbers (one per response token)",
+    "group": "a string or an integer",
+    "reward": "a number",
+    "rewards": "a list of numbers (one per response token)",
+    "loss_mask": "a list of 0s and 1s (one per response token)",
+    "response": "the response's text (a string)",
+}
+"""Each column's type, in words: a row's value of another type is refused with it."""
+
+
+class RolloutRow(pydantic.BaseModel):
+    """One trajectory of a rollouts file, every column named (no other is taken). Validate
+    with ``RolloutRow.model_validate(row, context=RowContext(...))``; a bad row raises
+    ``ProxrlError`` with one line naming the row and the field (``rollout_row`` turns
+    pydantic's type errors into that line too)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    group: str | int
+    reward: float | None = None
+    rewards: list[float] | None = None
+    loss_mask: list[int] | None = None
+    response: str | None = None
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _known_columns(cls, row: Any, info: pydantic.ValidationInfo) -> Any:
+        """A column the schema does not name is refused, not dropped (a misspelt ``loss_mask``
+        would train observation tokens as the policy's own)."""
+        if isinstance(row, dict):
+            unknown = next((k for k in row if k not in cls.model_fields), None)
+            if unknown is not None:
+                names = list(cls.model_fields)
+                close = difflib.get_close_matches(str(unknown), names, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"expected {', '.join(names)}"
+                raise ProxrlError(f"{_where(info)}: {unknown}: unknown column; {hint}")
+        return row
+
+    @pydantic.field_validator("loss_mask", mode="before")
+    @classmethod
+    def _bools_as_ints(cls, mask: Any) -> Any:
+        """A mask of booleans (a Parquet bool column, JSON true/false) reads as 1s and 0s."""
+        if isinstance(mask, list):
+            return [int(m) if isinstance(m, bool) else m for m in mask]
+        return mask
+
+    @pydantic.model_validator(mode="after")
+    def _checked(self, info: pydantic.ValidationInfo) -> RolloutRow:
+        context = info.context if isinstance(info.context, RowContext) else RowContext()
+        where, limits = context.where, context.limits
+        _check_ids(where, "prompt_ids", self.prompt_ids, limits)
+        _check_ids(where, "response_ids", self.response_ids, limits)
+        _check_lengths(where, self)
+        _check_mask(where, self.loss_mask)
+        _check_logprobs(where, self.logprobs, self.policy_mask)
+        _check_rewards(where, self)
+        if limits is not None:
+            _check_context(where, len(self.prompt_ids), len(self.response_ids), limits.context)
+        if context.tokenizer is not None:
+            _check_text(where, self.response, self.response_ids, context.tokenizer)
+        return self
+
+    @property
+    def policy_mask(self) -> list[int]:
+        """1 at the tokens the policy produced (``loss_mask``, default all)."""
+        return [int(m) for m in self.loss_mask or [1] * len(self.response_ids)]
+
+    @property
+    def score(self) -> float:
+        """The trajectory's score: its ``reward``, or the sum of its ``rewards``."""
+        if self.rewards is not None:
+            return math.fsum(self.rewards)
+        assert self.reward is not None  # (``_check_rewards``: one of them)
+        return float(self.reward)
+
+
+def rollout_row(
+    where: str, record: Any, tokenizer: Any = None, limits: Limits | None = None
+) -> RolloutRow:
+    """``record`` through ``RolloutRow``: the row, or ``ProxrlError`` in one line."""
+    try:
+        return RolloutRow.model_validate(record, context=RowContext(where, tokenizer, limits))
+    except pydantic.ValidationError as exc:
+        raise ProxrlError(_type_error(where, exc)) from None
+
+
+def _type_error(where: str, exc: pydantic.ValidationError) -> str:
+    """Pydantic's first complaint as one line: ``where: field: expected …, got …``."""
+    error = exc.errors()[0]
+    loc = error["loc"]
+    if error["type"] == "model_type":  # the row itself (a JSON line is checked before)
+        return f"{where}: expected an object of columns, got {type(error['input']).__name__}"
+    if not loc:
+        return f"{where}: {error['msg']}"
+    field = str(loc[0])
+    if error["type"] == "extra_forbidden":
+        return f"{where}: {field}: unknown column"
+    if error["type"] == "missing":
+        return f"{where}: {field}: expected {EXPECTED[field]}; the row has none"
+    item = next((f" at position {i}" for i in loc[1:] if isinstance(i, int)), "")
+    return f"{where}: {field}: expected {EXPECTED[field]}, got {error['input']!r}{item}"
+
+
+def _where(info: pydantic.ValidationInfo) -> str:
+    return info.context.where if isinstance(info.context, RowContext) else "row"
+
+
+def _check_ids(where: str, field: str, ids: list[int], limits: Limits | None) -> None:
+    if not ids:
+        raise ProxrlError(f"{where}: {field}: expected {EXPECTED[field]}, got an empty list")
+    if limits is None:
+        return
+    outside = next((i for i in ids if not 0 <= i < limits.vocab_size), None)
+    if outside is not None:
+        raise ProxrlError(
+            f"{where}: {field}: token id {outside} is outside this tokenizer's vocabulary "
+            f"(0..{limits.vocab_size - 1}): ids of another tokenizer?"
+        )
+    most, limit = (
+        (limits.max_prompt_length, "max_prompt_length")
+        if field == "prompt_ids"
+        else (limits.max_new_tokens, "max_new_tokens")
+    )
+    if len(ids) > most:
+        raise ProxrlError(
+            f"{where}: {field}: expected at most {most} tokens ({limit}), got {len(ids)}"
+        )
+
+
+def _check_lengths(where: str, row: RolloutRow) -> None:
+    """Every per-token column holds one value per response token."""
+    n = len(row.response_ids)
+    for field in ("logprobs", "rewards", "loss_mask"):
+        values = getattr(row, field)
+        if values is not None and len(values) != n:
+            noun = "values" if field == "loss_mask" else "numbers"
+            raise ProxrlError(
+                f"{where}: {field}: expected {n} {noun} (one per response token), got {len(values)}"
+            )
+
+
+def _check_mask(where: str, mask: list[int] | None) -> None:
+    """0s and 1s, at least one 1: a row with no model token has nothing to train."""
+    if mask is None:
+        return
+    bad = next((m for m in mask if m not in (0, 1)), None)
+    if bad is not None:
+        raise ProxrlError(
+            f"{where}: loss_mask: expected {len(mask)} values, each 0 or 1, got {bad}"
+        )
+    if not any(mask):
+        raise ProxrlError(
+            f"{where}: loss_mask: expected at least one 1 (a token the policy produced), got all "
+            f"{len(mask)} 0: the row has nothing to train on"
+        )
+
+
+def _check_logprobs(where: str, logprobs: list[float], model: list[int]) -> None:
+    """Finite everywhere (masked by multiplication: an infinity or NaN would poison the batch);
+    <= 0 at model tokens (``-inf``: a token the behaviour policy could not have sampled)."""
+    for token, (value, m) in enumerate(zip(logprobs, model, strict=True)):
+        if m and not (math.isfinite(value) and value <= LOGPROB_SLACK):
+            raise ProxrlError(
+                f"{where}: logprobs: expected finite log-probabilities <= 0, got {value}"
+            )
+        if not math.isfinite(value):
+            raise ProxrlError(
+                f"{where}: logprobs: expected a finite number at token {token} (loss_mask 0: "
+                f"any finite value), got {value}"
+            )
+
+
+def _check_rewards(where: str, row: RolloutRow) -> None:
+    """One ``reward`` or per-token ``rewards``, finite; ``rewards`` 0 at the tokens
+    ``loss_mask`` leaves out (an observation is not an action to credit)."""
+    if (row.reward is None) == (row.rewards is None):
+        raise ProxrlError(f"{where}: reward: expected reward (a number) or rewards (per token)")
+    if row.reward is not None and not math.isfinite(row.reward):
+        raise ProxrlError(f"{where}: reward: expected a finite number, got {row.reward}")
+    if row.rewards is None:
+        return
+    for token, (value, m) in enumerate(zip(row.rewards, row.policy_mask, strict=True)):
+        if not math.isfinite(value):
+            raise ProxrlError(f"{where}: rewards: expected finite numbers, got {value}")
+        if value and not m:
+            raise ProxrlError(
+                f"{where}: rewards: expected 0 at token {token} (loss_mask 0: an observation); "
+                "put a turn's reward on its last model token"
+            )
+
+
+def _check_context(where: str, prompt: int, response: int, context: int | None) -> None:
+    """Prompt and response together within the model's positions (past them a learned-position
+    model fails mid-run, and a rotary one runs past the positions it was trained on)."""
+    if context is not None and prompt + response > context:
+        raise ProxrlError(
+            f"{where}: response_ids: prompt_ids ({prompt} tokens) + response_ids ({response} "
+            f"tokens) = {prompt + response} tokens is longer than the model's context "
+            f"({context} positions)"
+        )
+
+
+def _check_text(where: str, text: str | None, response: list[int], tokenizer: Any) -> None:
+    """A row's ``response`` text, when given, is what this tokenizer decodes its ids to."""
+    if text is None:
+        return
+    decoded = tokenizer.decode(response, skip_special_tokens=True)
+    if decoded != text:
+        raise ProxrlError(
+            f"{where}: response_ids: decode to {decoded[:40]!r} with this model's tokenizer, "
+            f"not the row's response {str(text)[:40]!r}: ids of another tokenizer?"
+        )
 
 
 def read_rollouts(path: str | Path, tokenizer: Any, limits: Limits) -> list[Trajectory]:
@@ -138,101 +383,12 @@ def _parquet_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def _trajectory(where: str, row: dict[str, Any], tokenizer: Any, limits: Limits) -> Trajectory:
-    prompt = _ids(where, row, "prompt_ids", limits.vocab_size, limits.max_prompt_length)
-    response = _ids(where, row, "response_ids", limits.vocab_size, limits.max_new_tokens)
-    n = len(response)
-    mask = row.get("loss_mask")
-    if mask is not None and (
-        not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) for m in mask)
-    ):
-        raise ProxrlError(f"{where}: loss_mask: expected {n} values, each 0 or 1")
-    logprobs = _numbers(where, row, "logprobs", n)
-    scored = mask or [1] * n
-    bad = next((v for v, m in zip(logprobs, scored, strict=True) if m and not v <= 1e-6), None)
-    if bad is not None:
-        raise ProxrlError(f"{where}: logprobs: expected finite log-probabilities <= 0, got {bad}")
-    _check_text(where, row, response, tokenizer)
-    group = row.get("group")
-    if not isinstance(group, (str, int)) or isinstance(group, bool):
-        raise ProxrlError(f"{where}: group: expected a string or an integer, got {group!r}")
-    rewards = _token_rewards(where, row, scored)
-    score = _score(where, row) if rewards is None else math.fsum(rewards)
-    return Trajectory(where, prompt, response, logprobs, mask, score, str(group), rewards)
-
-
-def _ids(where: str, row: dict[str, Any], field: str, vocab: int, most: int) -> list[int]:
-    ids = row.get(field)
-    if not isinstance(ids, list) or not ids:
-        raise ProxrlError(f"{where}: {field}: expected a non-empty list of token ids")
-    bad = next((i for i in ids if not isinstance(i, int) or isinstance(i, bool)), None)
-    if bad is not None:
-        raise ProxrlError(f"{where}: {field}: expected integer token ids, got {bad!r}")
-    outside = next((i for i in ids if not 0 <= i < vocab), None)
-    if outside is not None:
-        raise ProxrlError(
-            f"{where}: {field}: token id {outside} is outside this tokenizer's vocabulary "
-            f"(0..{vocab - 1}): ids of another tokenizer?"
-        )
-    if len(ids) > most:
-        limit = "max_prompt_length" if field == "prompt_ids" else "max_new_tokens"
-        raise ProxrlError(
-            f"{where}: {field}: expected at most {most} tokens ({limit}), got {len(ids)}"
-        )
-    return ids
-
-
-def _numbers(where: str, row: dict[str, Any], field: str, n: int) -> list[float]:
-    values = row.get(field)
-    if (
-        not isinstance(values, list)
-        or len(values) != n
-        or any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values)
-    ):
-        raise ProxrlError(f"{where}: {field}: expected {n} numbers (one per response token)")
-    return [float(v) for v in values]
-
-
-def _token_rewards(where: str, row: dict[str, Any], scored: list[int]) -> list[float] | None:
-    """The per-token ``rewards`` (None: the row gives one ``reward``): finite, and 0 at the
-    tokens ``loss_mask`` leaves out (an observation is not an action to credit)."""
-    if ("reward" in row) == ("rewards" in row):
-        raise ProxrlError(f"{where}: reward: expected reward (a number) or rewards (per token)")
-    if "rewards" not in row:
-        return None
-    rewards = _numbers(where, row, "rewards", len(scored))
-    for token, (value, model) in enumerate(zip(rewards, scored, strict=True)):
-        if not math.isfinite(value):
-            raise ProxrlError(f"{where}: rewards: expected finite numbers, got {value}")
-        if value and not model:
-            raise ProxrlError(
-                f"{where}: rewards: expected 0 at token {token} (loss_mask 0: an observation); "
-                "put a turn's reward on its last model token"
-            )
-    return rewards
-
-
-def _score(where: str, row: dict[str, Any]) -> float:
-    """The row's one ``reward``."""
-    score = row["reward"]
-    if not isinstance(score, (int, float)) or isinstance(score, bool):
-        raise ProxrlError(f"{where}: reward: expected a number, got {score!r}")
-    if not math.isfinite(score):
-        raise ProxrlError(f"{where}: reward: expected a finite number, got {score}")
-    return float(score)
-
-
-def _check_text(where: str, row: dict[str, Any], response: list[int], tokenizer: Any) -> None:
-    """A row's ``response`` text, when given, is what this tokenizer decodes its ids to."""
-    text = row.get("response")
-    if text is None:
-        return
-    decoded = tokenizer.decode(response, skip_special_tokens=True)
-    if decoded != text:
-        raise ProxrlError(
-            f"{where}: response_ids: decode to {decoded[:40]!r} with this model's tokenizer, "
-            f"not the row's response {str(text)[:40]!r}: ids of another tokenizer?"
-        )
+def _trajectory(where: str, record: Any, tokenizer: Any, limits: Limits) -> Trajectory:
+    row = rollout_row(where, record, tokenizer, limits)
+    return Trajectory(
+        where, row.prompt_ids, row.response_ids, row.logprobs, row.loss_mask, row.score,
+        str(row.group), row.rewards,
+    )  # fmt: skip
 
 
 def recorded_stage(
@@ -291,7 +447,29 @@ def this_ranks_rows(rows: list[Trajectory], group_size: int) -> list[Trajectory]
 
 
 def limits_of(cfg: OnlineConfig, tokenizer: Any) -> Limits:
-    return Limits(len(tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens)
+    """The run's limits on a trajectory, the model's context read from its config."""
+    context = _context(cfg.model, cfg.trust_remote_code)
+    return Limits(
+        len(tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens, context
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _context(model: str, trust_remote_code: bool) -> int | None:
+    """``model_context``, once per model: the file is read each iteration, and a hub id's
+    config would be looked up each time."""
+    return model_context(model, trust_remote_code)
+
+
+def validate_rollouts_file(cfg: OnlineConfig, tokenizer: Any = None) -> list[Trajectory]:
+    """The whole of ``cfg.rollouts_file`` through the schema (``iteration_rows``), against
+    ``cfg.model``'s tokenizer (loaded when not given) and context: for a check before any
+    model loads; the run already reads the file so before its output directory is touched."""
+    if tokenizer is None:
+        from proxrl.models.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    return iteration_rows(cfg, tokenizer)
 
 
 def recorded_source(cfg: OnlineConfig) -> OldPolicySource:
