@@ -31,6 +31,16 @@ from proxrl.algos.offline import dpo
 from proxrl.algos.offline.loop import under_autocast
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.algorithm import Algorithm, StepSelection, step_selection, surrogate
+from proxrl.algos.online.client_checks import (
+    check_experience,
+    check_token_ids,
+    checked_config,
+    count,
+    flag,
+    learning_rate,
+    prompt_examples,
+    token_values,
+)
 from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import NoCritic
@@ -61,13 +71,12 @@ from proxrl.data.encoding import EncodedPair, encode_preferences, encode_prompt_
 from proxrl.data.formats import PreferenceExample, PromptExample, preference_examples
 from proxrl.data.readers import Row
 from proxrl.models.lora import adapter_disabled, is_peft_model
-from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import objects
 from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import config_from_mapping
+from proxrl.runtime.config import config_to_dict
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import seed_everything
@@ -193,10 +202,31 @@ def client_config(
             f"{where}: command: expected one of {', '.join(COMMANDS)}, got {command!r}"
         )
     values = {"model": str(model), **options}
-    cfg = config_from_mapping(COMMANDS[command], values, where, validate=False)
-    ModelRunConfig.validate(cfg)  # ranges, dtype, precision (prompts and rewards: not ours)
+    cfg = checked_config(COMMANDS[command], values, where)  # (prompts and rewards: not ours)
     objects.attach(cfg, entries)
     return cfg
+
+
+def given_config(
+    config: Any, model: Any, tokenizer: Any, options: dict[str, Any], command: str
+) -> OnlineConfig:
+    """``TrainingClient(config=…)``'s config checked as the options are (every field read
+    as a YAML value is, then the ranges), with ``options`` replaced into it."""
+    where = "proxrl.TrainingClient()"
+    if not isinstance(config, tuple(COMMANDS.values())):
+        raise ProxrlError(
+            f"{where}: config: expected a grpo.Config or ppo.Config, got {type(config).__name__}"
+        )
+    for name, given in (("model", model), ("tokenizer", tokenizer)):
+        if given is not None:
+            raise ProxrlError(f"{where}: {name}: not with config= (the config names its model)")
+    if command != "grpo" and not isinstance(config, COMMANDS.get(command, ())):
+        raise ProxrlError(
+            f"{where}: command: {command} does not match config= (a "
+            f"{type(config).__module__.rsplit('.', 1)[-1]} config)"
+        )
+    checked = checked_config(type(config), config_to_dict(config) | options, where, config)
+    return checked if options else config  # (as given when nothing is replaced)
 
 
 class TrainingClient:
@@ -208,7 +238,13 @@ class TrainingClient:
     loss knobs: ``clip``, ``loss_aggregation``, ``kl_coef``…; ``lora_r``, ``dtype``, ``seed``),
     or with ``command="ppo"`` of ``proxrl ppo`` (its critic: ``critic``, ``vf_coef``,
     ``critic_learning_rate``…). ``TrainingClient(config=cfg)`` takes a ``grpo``/``ppo`` config
-    as it is."""
+    (the options, if any, replaced into it).
+
+    Every argument is checked (``client_checks``): the options, a given config and a call's
+    config overrides as a YAML file's values are (type, range), the client's own arguments
+    against what it holds (its vocabulary, the batch's shape); a wrong call raises a one-line
+    ``ProxrlError`` naming the argument (``TrainingClient.sample: n: expected an int >= 1, got
+    0``)."""
 
     def __init__(
         self,
@@ -223,6 +259,8 @@ class TrainingClient:
             raise ProxrlError("proxrl.TrainingClient(): model: expected a path or a model")
         if config is None:
             config = client_config(model, tokenizer, options, command)
+        else:
+            config = given_config(config, model, tokenizer, options, command)
         self.cfg = config
         seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
         roles = replace(_algorithm(self.cfg, LOSSES["ppo"](self.cfg)), critic=_critic(self.cfg))
@@ -235,6 +273,8 @@ class TrainingClient:
         self.guard = NonFiniteGuard(self.cfg.max_consecutive_skips)
         self.engine = make_engine(self.cfg, self.models.tokenizer)
         self.engine.start(self.models.actor, 0)
+        # the token ids the policy embeds (a batch's are checked against them)
+        self.vocabulary = int(self.models.actor.get_input_embeddings().num_embeddings)
         self.engine_behind = False  # the policy may have moved since the engine last synced
         self.steps = 0  # optimizer steps asked for (optim_step calls)
         self._losses: Losses | None = None  # the latest forward_backward's
@@ -261,21 +301,27 @@ class TrainingClient:
         logprobs: bool = True,
         **sampling: Any,
     ) -> Rollout:
-        """``n`` responses (default: the config's ``group_size``) to each prompt from the run's
+        """``n`` responses (default: the config's ``group_size``) to each of ``prompts`` (a
+        non-empty list of strings, message lists or ``PromptExample``s) from the run's
         engine, with the sampler's log-probs of them (``logprobs=False``: without; the built-in
         sampler draws the same tokens either way). ``sampling`` overrides the config's
         ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``stop_strings``
         for this call."""
+        where = "TrainingClient.sample"
         unknown = set(sampling) - set(SAMPLING_OPTIONS)
         if unknown:
             raise ProxrlError(
-                f"TrainingClient.sample: {sorted(unknown)[0]}: expected one of "
-                f"{', '.join(SAMPLING_OPTIONS)}"
+                f"{where}: {sorted(unknown)[0]}: expected one of {', '.join(SAMPLING_OPTIONS)}"
             )
-        cfg = replace(self.cfg, group_size=n or self.cfg.group_size, **sampling)
-        examples = [_as_example(p, i) for i, p in enumerate(prompts)]
+        examples = prompt_examples(prompts, where)
+        n = self.cfg.group_size if n is None else count(n, "n", where)
+        logprobs = flag(logprobs, "logprobs", where)
+        cfg = checked_config(type(self.cfg), {**sampling, "group_size": n}, where, self.cfg)
         tools = environment_tools(cfg)
         ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
+        empty = next((i for i, row in enumerate(ids) if not row), None)
+        if empty is not None:
+            raise ProxrlError(f"{where}: prompts[{empty}]: encodes to no tokens")
         if self.engine_behind:  # as the loop after an update: vLLM gets the new weights
             self.engine.after_update(self.models.actor, self.steps)
             self.engine_behind = False
@@ -308,6 +354,14 @@ class TrainingClient:
         ``rollout_correction`` the trainer's, the recorded ones giving the correction's weights
         (``rollout_weights``). Its ``advantages`` are the caller's to fill
         (``dataclasses.replace``)."""
+        where = "TrainingClient.logprobs"
+        if not isinstance(rollout, Rollout):
+            raise ProxrlError(
+                f"{where}: rollout: expected the Rollout of TrainingClient.sample or "
+                f"read_rollouts, got {type(rollout).__name__}"
+            )
+        check_token_ids(rollout.prompt_ids, "rollout: prompt_ids", self.vocabulary, where)
+        check_token_ids(rollout.response_ids, "rollout: response_ids", self.vocabulary, where)
         device = next(self.models.actor.parameters()).device
         samples = rollout.stage.samples
         n = len(rollout)
@@ -384,8 +438,10 @@ class TrainingClient:
         bonus, from the config) and normaliser (the batch's loss units, counted before its
         micro-batches run). ``loss``: a name in ``LOSSES`` (``core.POLICY_LOSSES``' and
         ``sft``), or a callable (log π (b, t), micro-batch Experience) → scalar, the
-        micro-batch's loss as a mean over its units (then weighed by their share). A batch
-        without ``logprobs`` takes π_old = π (detached). A ``ppo`` client adds its critic's
+        micro-batch's loss as a mean over its units (then weighed by their share). The batch's
+        ``advantages`` are (B, T), or (B,) one per row (spread over its loss tokens), or None
+        (zeros); no other shape is broadcast. A batch without ``logprobs`` takes π_old = π
+        (detached). A ``ppo`` client adds its critic's
         value loss on the batch's ``returns`` (and ``values``, V_old) to every loss, and
         ``loss="value"`` trains the critic alone. ``dpo``/``ipo``/``simpo`` (``PAIR_LOSSES``)
         take ``pairs``' batch and ``proxrl dpo``'s loss and normaliser (the mean over the pairs,
@@ -403,7 +459,11 @@ class TrainingClient:
         policy_loss = _policy_loss(self.cfg, loss) if train_policy else LOSSES["ppo"](self.cfg)
         # a named surrogate's choices over the whole batch (clip_cov's draw: from a generator
         # seeded by the client's, as the loop's update seeds it from the run's)
-        named = replace(self.cfg, policy_loss=loss) if loss in POLICY_LOSSES else None
+        named = (
+            checked_config(type(self.cfg), {"policy_loss": loss}, FORWARD_BACKWARD, self.cfg)
+            if isinstance(loss, str) and loss in POLICY_LOSSES
+            else None
+        )
         losses = Losses(
             self.cfg,
             _algorithm(self.cfg, policy_loss, None if named is None else step_selection(named)),
@@ -425,9 +485,11 @@ class TrainingClient:
         return stats
 
     def _checked_batch(self, batch: Experience, loss: str | UserLoss) -> Experience:
-        """``batch`` with zero advantages where it has none; a critic's value targets
-        required."""
-        where = "TrainingClient.forward_backward"
+        """``batch`` this client's (``check_experience``: its token ids in the vocabulary), its
+        advantages (B, T), or (B,) spread over each row's tokens (zeros where it has none); a
+        critic's (B, T) value targets required."""
+        where = FORWARD_BACKWARD
+        check_experience(batch, self.vocabulary, where)
         critic = bool(self.models.critic.modules())
         if loss == VALUE_LOSS and not critic:
             raise ProxrlError(f"{where}: loss: value trains a critic; this client has none (ppo)")
@@ -436,18 +498,23 @@ class TrainingClient:
                 f"{where}: batch: returns: expected the critic's (B, T) value targets "
                 "(set them with dataclasses.replace, as advantages)"
             )
-        if batch.advantages is None:
-            batch = replace(
-                batch, advantages=torch.zeros_like(batch.loss_mask, dtype=torch.float32)
-            )
-        return batch
+        mask = batch.loss_mask
+        advantages = (
+            torch.zeros_like(mask, dtype=torch.float32)
+            if batch.advantages is None
+            else token_values(batch.advantages, "advantages", mask, where, per_row=True)
+        )
+        returns = batch.returns
+        if critic:
+            returns = token_values(returns, "returns", mask, where, per_row=False)
+        return replace(batch, advantages=advantages, returns=returns)
 
     def _pairs_forward_backward(
         self, batch: Any, loss: Any, options: dict[str, float]
     ) -> dict[str, float]:
         """``proxrl dpo``'s step gradient on ``batch`` (``dpo.make_batch``, ``preference_loss``
         under the run's autocast, ``accumulate_gradients`` weighing by pairs)."""
-        where = "TrainingClient.forward_backward"
+        where = FORWARD_BACKWARD
         if not isinstance(batch, PreferencePairs) or loss not in PAIR_LOSSES:
             raise ProxrlError(
                 f"{where}: batch: a pair loss ({', '.join(PAIR_LOSSES)}) takes the "
@@ -465,7 +532,7 @@ class TrainingClient:
             )
         if not batch.items:
             return {}
-        knobs = dpo.PairLoss(PAIR_LOSSES[loss], **options)  # type: ignore[arg-type]
+        knobs = _pair_loss(PAIR_LOSSES[loss], options, where)
         dtype = torch.promote_types(next(self.models.actor.parameters()).dtype, torch.float32)
         size, pad_id = self.cfg.micro_batch_size, self.tokenizer.pad_token_id
         micro = [
@@ -501,9 +568,15 @@ class TrainingClient:
         """One optimizer step on the accumulated gradient (``update.clipped_step``: the policy's
         and a critic's clipped to ``max_grad_norm`` by their one global norm, skipped when a
         stat or the gradient is not finite, and no step for an optimizer whose gradient is
-        exactly zero), at ``lr`` (default: the config's ``learning_rate``) and a critic's
+        exactly zero), at ``lr`` (a finite number > 0; default: the config's ``learning_rate``)
+        and a critic's
         ``critic_lr`` (default: ``critic_learning_rate``); the gradients are zeroed after.
         Returns the step's stats with ``grad_norm`` and ``stepped`` (1: the policy moved)."""
+        where = "TrainingClient.optim_step"
+        lr = learning_rate(lr, "lr", where)
+        critic_lr = learning_rate(critic_lr, "critic_lr", where)
+        if critic_lr is not None and len(self.optimizers) < 2:
+            raise ProxrlError(f"{where}: critic_lr: this client has no critic (command ppo)")
         self.steps += 1
         policy_rate = self.cfg.learning_rate if lr is None else lr
         critic_rate = (
@@ -565,19 +638,25 @@ class TrainingClient:
 TRAINER_PASS = OldPolicySource(from_sampler=False, correct=False, forward_pass=True)
 """π_old from the trainer's own forward pass over the rollout."""
 
+FORWARD_BACKWARD = "TrainingClient.forward_backward"  # its refusals start so
+
 SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "stop_strings")
 """The config fields ``TrainingClient.sample`` may override per call."""
 
 
-def _as_example(prompt: str | PromptExample, index: int) -> PromptExample:
-    if isinstance(prompt, PromptExample):
-        return prompt
-    if not isinstance(prompt, str):
-        raise ProxrlError(
-            f"TrainingClient.sample: prompts[{index}]: expected a string, got "
-            f"{type(prompt).__name__}"
-        )
-    return PromptExample(prompt, None, f"prompts[{index}]")
+def _pair_loss(option: str, options: dict[str, float], where: str) -> dpo.PairLoss:
+    """``proxrl dpo``'s loss options, read and range-checked as its config's fields are (not
+    its ``validate()``, which asks for a model and data the client does not have), and its
+    rule that label smoothing is no part of IPO."""
+    cfg = checked_config(dpo.Config, {"loss": option, **options}, where)
+    if cfg.loss == "ipo" and cfg.label_smoothing:
+        raise ProxrlError(f"{where}: label_smoothing: does not apply to loss ipo")
+    return dpo.PairLoss(
+        cfg.loss,
+        beta=cfg.beta,
+        label_smoothing=cfg.label_smoothing,
+        simpo_gamma_beta_ratio=cfg.simpo_gamma_beta_ratio,
+    )
 
 
 def _pairs_in(batch: dpo.DPOBatch) -> float:
