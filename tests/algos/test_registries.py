@@ -206,7 +206,8 @@ def test_m2po_on_the_unclipped_loss_keeps_the_ratio_a_clip_would_cut():
 
 
 def test_the_mask_knobs_are_config_fields_with_ranges():
-    grpo.Config(**BASE, off_policy_mask="m2po", m2po_tau=0.1, opsm_delta=0.0).validate()
+    grpo.Config(**BASE, off_policy_mask="m2po", m2po_tau=0.1).validate()
+    grpo.Config(**BASE, off_policy_mask="opsm", opsm_delta=0.0).validate()
     with pytest.raises(ProxrlError, match="^m2po_tau: expected > 0, got 0.0$"):
         grpo.Config(**BASE, m2po_tau=0.0).validate()
     with pytest.raises(ProxrlError, match="^opsm_delta: expected >= 0, got -1.0$"):

@@ -219,7 +219,9 @@ def test_a_multiplicative_coefficient_cannot_start_at_zero():
         assert _refused(ppo.Config(**ONLINE, surrogate=surrogate, penalty_beta=0.0)) == (
             f"penalty_beta: surrogate={surrogate} doubles or halves β, so it cannot start from 0"
         )
-    ppo.Config(**ONLINE, surrogate="clip", penalty_beta=0.0).validate()
+    assert _refused(ppo.Config(**ONLINE, surrogate="clip", penalty_beta=0.0)) == (
+        "penalty_beta: applies to surrogate penalty, clip+penalty; this run has clip"
+    )
     assert _refused(ClassicConfig(objective="adaptive-kl", penalty_beta=0.0)) == (
         "--penalty-beta must be > 0 with --objective adaptive-kl (it doubles or halves β)"
     )

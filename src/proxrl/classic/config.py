@@ -23,16 +23,28 @@ spellings are accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``e
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import tyro
 
+from proxrl.registry import Registry
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 from proxrl.runtime.run_config import RunConfig
 
-Objective = Literal["clip", "adaptive-kl", "fixed-kl", "none"]
-OBJECTIVES: tuple[str, ...] = ("clip", "adaptive-kl", "fixed-kl", "none")
+OBJECTIVE_TABLE: Registry[None] = Registry("objective")
+"""``objective`` → the PPO paper's surrogates (Table 1), built in ``classic.ppo``."""
+OBJECTIVE_TABLE.add("clip", None, "the clipped surrogate")
+OBJECTIVE_TABLE.add("adaptive-kl", None, "the KL penalty with an adaptive β")
+OBJECTIVE_TABLE.add("fixed-kl", None, "the KL penalty with a fixed β")
+OBJECTIVE_TABLE.add("none", None, "the plain surrogate")
+OBJECTIVES: tuple[str, ...] = OBJECTIVE_TABLE.names()
+Objective = OBJECTIVE_TABLE.choice()
+ALGOS: Registry[None] = Registry("classic algorithm")
+"""``algo`` → the policy update (``classic.train``)."""
+ALGOS.add("ppo", None, "PPO with the objective chosen")
+ALGOS.add("trpo", None, "natural gradient + KL-constrained line search")
+AlgoChoice = ALGOS.choice()
 
 _CONTINUOUS: dict[str, Any] = dict(
     total_steps=1_000_000,
@@ -68,7 +80,7 @@ class ClassicConfig(RunConfig):
     """Save a checkpoint every this many iterations (0: only at the end)."""
     env: str = "CartPole-v1"
     """Gymnasium environment id, e.g. CartPole-v1 or Hopper-v5."""
-    algo: Literal["ppo", "trpo"] = "ppo"
+    algo: AlgoChoice = "ppo"
     """ppo, or trpo (natural gradient + KL-constrained line search) as the baseline."""
     objective: Objective = "clip"
     """PPO surrogate (paper Table 1): clip, adaptive-kl, fixed-kl, or none (plain surrogate)."""

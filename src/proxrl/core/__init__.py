@@ -50,6 +50,7 @@ from proxrl.core.ensemble import (
     standardised_scores,
 )
 from proxrl.core.kl import (
+    KL_CONTROLLERS,
     KL_ESTIMATORS,
     REWARD_KL_ESTIMATORS,
     AdaptiveKL,
@@ -119,14 +120,14 @@ from proxrl.core.policy_losses import (
     token_covariance,
     unclipped_loss,
 )
-from proxrl.core.registry import Bound, Registry, UnknownName, literal
 from proxrl.core.sampling import (
     processed_entropy,
     processed_logprobs,
     truncate_logits,
     truncates,
 )
-from proxrl.core.shaping import informative_groups, overlong_penalty
+from proxrl.core.shaping import NO_STOP_RULES, informative_groups, overlong_penalty
+from proxrl.registry import Bound, Registry, UnknownName, literal
 
 __all__ = [
     "BATCH_WIDE_MASKS",
@@ -171,6 +172,8 @@ __all__ = [
     "ensemble_spread",
     "standardised_scores",
     "REWARD_SCALES",
+    "KL_CONTROLLERS",
+    "NO_STOP_RULES",
     "KL_ESTIMATORS",
     "AdaptiveKL",
     "Aggregation",

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from proxrl.core.kl import last_valid_index
 from proxrl.core.masked import masked_whiten
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 GroupAdvantages = Callable[[Tensor, int, float], Tensor]
 REWARD_SCALES: Registry[GroupAdvantages] = Registry("reward scale")

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from proxrl.core.kl import kl_k1, kl_k3
 from proxrl.core.masked import masked_mean, masked_sum
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 Correction = Callable[[Tensor, Tensor, float, float], Tensor]
 ROLLOUT_CORRECTIONS: Registry[Correction] = Registry("rollout correction")
@@ -103,25 +103,34 @@ def correction_stats(
     }
 
 
+CAP = ("rollout_correction_cap",)
 ROLLOUT_CORRECTIONS.add(
-    "tis", lambda log_ratio, mask, low, cap: tis_weights(log_ratio, mask, cap), "min(ρ_t, C)"
+    "tis",
+    lambda log_ratio, mask, low, cap: tis_weights(log_ratio, mask, cap),
+    "min(ρ_t, C)",
+    knobs=CAP,
 )
 ROLLOUT_CORRECTIONS.add(
     "seq_tis",
     lambda log_ratio, mask, low, cap: seq_tis_weights(log_ratio, mask, cap),
     "min(ρ(y), C) for every token of a response",
+    knobs=CAP,
 )
 ROLLOUT_CORRECTIONS.add(
     "mis",
     lambda log_ratio, mask, low, cap: mis_weights(log_ratio, mask, cap),
     "ρ_t, or 0 above C",
+    knobs=CAP,
 )
 ROLLOUT_CORRECTIONS.add(
     "seq_mis",
     lambda log_ratio, mask, low, cap: seq_mis_weights(log_ratio, mask, cap),
     "ρ(y), or 0 above C: a response dropped whole",
+    knobs=CAP,
 )
-ROLLOUT_CORRECTIONS.add("icepop", icepop_weights, "ρ_t, or 0 outside [α, C]")
+ROLLOUT_CORRECTIONS.add(
+    "icepop", icepop_weights, "ρ_t, or 0 outside [α, C]", knobs=(*CAP, "rollout_correction_low")
+)
 
 
 EXTREMES = {"is_ratio_min": min, "is_ratio_max": max}

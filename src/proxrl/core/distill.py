@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from proxrl.core.kl import KL_ESTIMATORS
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 
 def distill_advantage(
@@ -166,9 +166,12 @@ DISTILL_LOSSES.add(
     "reverse_kl_reward",
     DistillLoss(distill_advantage, None),
     "−λ·KL(π‖π_T) of each sampled token added to its advantage (Thinking Machines, slime)",
+    knobs=("distill_kl_estimator",),
 )
 DISTILL_LOSSES.add(
     "gjsd",
     DistillLoss(None, chunked_generalized_jsd),
     "full-vocabulary generalised JSD with distill_beta on the student's samples (TRL GKD)",
+    knobs=("distill_beta", "distill_chunk_size"),
+    logits=True,
 )

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 
 def standardised_scores(scores: Tensor, mean: float, std: float) -> Tensor:
@@ -60,5 +60,8 @@ ENSEMBLE_COMBINATIONS.add(
     "min", lambda scores, k: ensemble_min(scores), "the lowest member's score (the worst case)"
 )
 ENSEMBLE_COMBINATIONS.add(
-    "mean_minus_std", ensemble_mean_minus_std, "mean − k × the members' std (disagreement costs)"
+    "mean_minus_std",
+    ensemble_mean_minus_std,
+    "mean − k × the members' std (disagreement costs)",
+    knobs=("reward_ensemble_std_coef",),
 )

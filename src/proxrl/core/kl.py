@@ -10,12 +10,13 @@ and ``log r = log π_ref(a) − log π(a)``:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from proxrl.core.masked import masked_sum
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
@@ -168,3 +169,17 @@ class ProportionalKL(FixedKL):
     def update(self, measured_kl: float, n_steps: int = 1) -> None:
         error = min(max(measured_kl / self.target - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
+
+
+KL_CONTROLLERS: Registry[Callable[[Any], FixedKL]] = Registry("KL controller")
+"""``kl_controller`` → (settings with ``kl_coef`` and the entry's knobs) → the β of the KL to
+the reference. Trait ``adapts``: β moves with the measured KL (the reference is needed even at
+kl_coef 0)."""
+KL_CONTROLLERS.add("fixed", lambda s: FixedKL(s.kl_coef), "a constant β, kl_coef")
+KL_CONTROLLERS.add(
+    "proportional",
+    lambda s: ProportionalKL(s.kl_coef, s.kl_target, s.kl_horizon),
+    "Ziegler et al.'s proportional controller towards kl_target",
+    knobs=("kl_target", "kl_horizon"),
+    adapts=True,
+)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 
 def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:

@@ -23,18 +23,16 @@ import torch
 from torch import Tensor
 
 from proxrl.core.masked import masked_mean
-from proxrl.core.registry import Registry
+from proxrl.registry import Registry
 
 OffPolicyMask = Callable[[Tensor, Tensor, Tensor, Tensor, Any], Tensor]
 OFF_POLICY_MASKS: Registry[OffPolicyMask] = Registry("off-policy mask")
 """``off_policy_mask`` → (log π (B, T), log μ (B, T), advantages (B, T), mask (B, T), settings
-with the knobs ``opsm_delta``, ``m2po_tau``) → (B, T) 0/1 keep."""
-
-BATCH_WIDE_MASKS = frozenset({"m2po"})
-"""The masks whose statistic spans the tokens given (m2po's second moment): the online update
-computes them once over an optimizer step's rows, before its micro-batches, so that the keep
-does not depend on the split; the others (opsm: per sequence) are the same on any split and run
-in each micro-batch."""
+with the knobs ``opsm_delta``, ``m2po_tau``) → (B, T) 0/1 keep. The trait ``batch_wide``
+marks the masks whose statistic spans the tokens given (m2po's second moment): the online
+update computes them once over an optimizer step's rows, before its micro-batches, so that the
+keep does not depend on the split; the others (opsm: per sequence) are the same on any split
+and run in each micro-batch."""
 
 
 def opsm_keep(
@@ -98,15 +96,26 @@ def m2po_keep(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, tau: float) 
     return keep.view_as(logprobs)
 
 
-@OFF_POLICY_MASKS.register("opsm", "drop a sequence with A < 0 once KL(μ‖π) > opsm_delta")
+@OFF_POLICY_MASKS.register(
+    "opsm", "drop a sequence with A < 0 once KL(μ‖π) > opsm_delta", knobs=("opsm_delta",)
+)
 def _opsm(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: Any
 ) -> Tensor:
     return opsm_keep(logprobs, old_logprobs, advantages, mask, settings.opsm_delta)
 
 
-@OFF_POLICY_MASKS.register("m2po", "drop the largest (log r)² until their mean ≤ m2po_tau")
+@OFF_POLICY_MASKS.register(
+    "m2po",
+    "drop the largest (log r)² until their mean ≤ m2po_tau",
+    knobs=("m2po_tau",),
+    batch_wide=True,
+)
 def _m2po(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, settings: Any
 ) -> Tensor:
     return m2po_keep(logprobs, old_logprobs, mask, settings.m2po_tau)
+
+
+BATCH_WIDE_MASKS = OFF_POLICY_MASKS.having("batch_wide")
+"""The masks chosen over a whole optimizer step (their trait ``batch_wide``)."""

@@ -24,9 +24,12 @@ from torch import Tensor
 from proxrl.core.losses import Stats, policy_loss_result, ppo_clip_loss
 from proxrl.core.masked import Aggregation, masked_mean
 from proxrl.core.masks import OFF_POLICY_MASKS
-from proxrl.core.registry import Bound, Registry, literal
+from proxrl.registry import Bound, Registry
 
-OffPolicyMaskChoice = literal("none", *OFF_POLICY_MASKS)
+OffPolicyMaskChoice = OFF_POLICY_MASKS.choice(off=("none",))
+CLIP = ("clip", "clip_high")
+"""The knobs of the clipped ratio (cispo: the weight's upper bound 1 + clip_high)."""
+DPPO_DELTAS = ("dppo_delta_low", "dppo_delta_high")
 
 
 @dataclass
@@ -54,7 +57,7 @@ class PolicyLossSettings:
     clip_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
     """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with a
     covariance in (clip_cov_lb, clip_cov_ub) (at least one)."""
-    clip_cov_lb: Annotated[float, Bound()] = 1.0
+    clip_cov_lb: Annotated[float, Bound(below="clip_cov_ub")] = 1.0
     """clip_cov: lower bound of the covariance of the tokens that may be drawn."""
     clip_cov_ub: Annotated[float, Bound()] = 5.0
     """clip_cov: upper bound of the covariance of the tokens that may be drawn."""
@@ -272,7 +275,9 @@ def sapo_loss(
     return policy_loss_result(-gate * advantages, log_ratio, mask, agg)
 
 
-@POLICY_LOSSES.register("ppo", "token ratio, clipped (PPO-Clip; dual_clip bounds A < 0)")
+@POLICY_LOSSES.register(
+    "ppo", "token ratio, clipped (PPO-Clip; dual_clip bounds A < 0)", knobs=CLIP + ("dual_clip",)
+)
 def _ppo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -286,7 +291,9 @@ def _ppo(
     return ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, dual_clip, agg)
 
 
-@POLICY_LOSSES.register("gspo", "sequence ratio, clipped per sequence (Zheng et al. 2025)")
+@POLICY_LOSSES.register(
+    "gspo", "sequence ratio, clipped per sequence (Zheng et al. 2025)", knobs=CLIP
+)
 def _gspo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -300,7 +307,9 @@ def _gspo(
     return gspo_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
 
 
-@POLICY_LOSSES.register("gspo_token", "GSPO's sequence ratio, each token its own gradient")
+@POLICY_LOSSES.register(
+    "gspo_token", "GSPO's sequence ratio, each token its own gradient", knobs=CLIP
+)
 def _gspo_token(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -314,7 +323,7 @@ def _gspo_token(
     return gspo_token_loss(logprobs, old_logprobs, advantages, mask, clip, clip_high, agg)
 
 
-@POLICY_LOSSES.register("cispo", "clipped stop-gradient IS weight × log π (MiniMax-M1)")
+@POLICY_LOSSES.register("cispo", "clipped stop-gradient IS weight × log π (MiniMax-M1)", knobs=CLIP)
 def _cispo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -329,7 +338,11 @@ def _cispo(
     return cispo_loss(logprobs, old_logprobs, advantages, mask, upper, None, agg)
 
 
-@POLICY_LOSSES.register("sapo", "token ratio through a soft sigmoid gate (Gao et al. 2025)")
+@POLICY_LOSSES.register(
+    "sapo",
+    "token ratio through a soft sigmoid gate (Gao et al. 2025)",
+    knobs=("sapo_tau_pos", "sapo_tau_neg"),
+)
 def _sapo(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -424,7 +437,9 @@ def dppo_kl_loss(
     return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
 
 
-@POLICY_LOSSES.register("dppo_tv", "−r·A, no gradient past a TV trust region on π(a) (DPPO)")
+@POLICY_LOSSES.register(
+    "dppo_tv", "−r·A, no gradient past a TV trust region on π(a) (DPPO)", knobs=DPPO_DELTAS
+)
 def _dppo_tv(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -438,7 +453,9 @@ def _dppo_tv(
     return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
 
 
-@POLICY_LOSSES.register("dppo_kl", "−r·A, no gradient past a binary-KL trust region (DPPO)")
+@POLICY_LOSSES.register(
+    "dppo_kl", "−r·A, no gradient past a binary-KL trust region (DPPO)", knobs=DPPO_DELTAS
+)
 def _dppo_kl(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -613,7 +630,12 @@ def _selected(name: str, selection: Tensor | None) -> Tensor:
     return selection
 
 
-@POLICY_LOSSES.register("clip_cov", "PPO-Clip, a random few high-covariance tokens dropped")
+@POLICY_LOSSES.register(
+    "clip_cov",
+    "PPO-Clip, a random few high-covariance tokens dropped",
+    knobs=CLIP + ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+    draws=True,
+)
 def _clip_cov(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -644,11 +666,16 @@ def _clip_cov_draw(
     )
 
 
-DRAWING_LOSSES = frozenset({"clip_cov"})
-"""The policy losses whose ``TOKEN_SELECTIONS`` entry draws from the generator it is given."""
+DRAWING_LOSSES = POLICY_LOSSES.having("draws")
+"""The policy losses whose ``TOKEN_SELECTIONS`` entry draws from the generator it is given
+(their trait ``draws``)."""
 
 
-@POLICY_LOSSES.register("kl_cov", "−r·A, + |log r| on the tokens of largest covariance")
+@POLICY_LOSSES.register(
+    "kl_cov",
+    "−r·A, + |log r| on the tokens of largest covariance",
+    knobs=("kl_cov_ratio", "kl_cov_coef"),
+)
 def _kl_cov(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -7,8 +7,12 @@ consecutively, as every generator here produces them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+
+from proxrl.registry import Registry
 
 
 def overlong_penalty(lengths: Tensor, max_length: int, buffer: int, factor: float) -> Tensor:
@@ -52,3 +56,14 @@ def informative_groups(scores: Tensor, group_size: int) -> Tensor:
         )
     groups = scores.view(-1, group_size)
     return (groups != groups[:, :1]).any(dim=1)
+
+
+NO_STOP_RULES: Registry[Callable[[Tensor, float], Tensor]] = Registry("no-stop rule")
+"""``no_stop_mode`` → (scores (B,), no_stop_penalty) → the score of a response that did not
+stop."""
+NO_STOP_RULES.add(
+    "replace", lambda scores, penalty: torch.full_like(scores, penalty), "the score becomes it"
+)
+NO_STOP_RULES.add(
+    "subtract", lambda scores, penalty: scores - penalty, "it is subtracted from the score"
+)

@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from proxrl.data.formats import (
     Message,
@@ -32,6 +32,7 @@ from proxrl.data.formats import (
     SFTExample,
     Text,
 )
+from proxrl.registry import Registry
 from proxrl.runtime.errors import ProxrlError
 
 if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not with a config
@@ -39,7 +40,11 @@ if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not w
 
 log = logging.getLogger(__name__)
 
-Overlong = Literal["truncate", "drop"]
+OVERLONG: Registry[None] = Registry("overlong policy")
+"""``overlong`` → what happens to an example longer than max_length."""
+OVERLONG.add("truncate", None, "cut at max_length (the prompt's left side first)")
+OVERLONG.add("drop", None, "leave the example out (counted in the log)")
+Overlong = OVERLONG.choice()
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import torch
 
 from proxrl.algos.offline import reward, sft
 from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.samplers import SamplerChoice
 from proxrl.data.formats import load_prompt_examples
 from proxrl.demo import task
 from proxrl.demo.evaluate import PolicyScores, evaluate_policy
@@ -147,7 +148,7 @@ class Config:
     """Longest response in tokens (a correct one is 1 token + EOS)."""
     temperature: Annotated[float, Range(gt=0)] = 1.0
     """Sampling temperature of rollouts and evaluation."""
-    sampler: Literal["cached", "hf", "vllm"] = "cached"
+    sampler: SamplerChoice = "cached"
     """Sampler of the three RL runs' rollouts (as ppo's and grpo's sampler)."""
     vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.05
     """With sampler vllm: the engine's share of GPU memory (on a CPU, of RAM for its KV cache);

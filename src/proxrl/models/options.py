@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import torch
 
@@ -13,6 +13,7 @@ from proxrl.models.causal_lm import resolve_dtype
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
+from proxrl.runtime.lr_schedule import LRScheduleChoice
 from proxrl.runtime.run_config import RunConfig
 
 
@@ -22,7 +23,7 @@ class ModelRunConfig(RunConfig):
 
     learning_rate: Annotated[float, Range(gt=0)] = 1e-5
     """Peak AdamW learning rate."""
-    lr_schedule: Literal["constant", "linear"] = "linear"
+    lr_schedule: LRScheduleChoice = "linear"
     """After warm-up: keep the rate, or decay it linearly to 0 at the last step."""
     max_grad_norm: Annotated[float, Range(ge=0)] = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.models.lora import is_peft_model, merged_weights
+from proxrl.registry import Registry
 from proxrl.rollout.generation import Samples, SamplingSettings, response_mask_after_stop
 from proxrl.runtime.errors import ProxrlError
 
@@ -293,12 +294,18 @@ class LoraSync:
     lora_slots: bool  # the engine applies adapters itself (started with vLLM's LoRA layers)
 
 
-LORA_SYNCS: dict[str, LoraSync] = {
-    "merged": LoraSync(sync_merged, lora_slots=False),
-    "adapter": LoraSync(sync_adapter, lora_slots=True),
-}
+LORA_SYNCS: Registry[LoraSync] = Registry("LoRA sync")
 """``vllm_lora_sync`` → how the weights are synced when ``lora_r > 0`` (without LoRA: merged,
-which is then every weight as trained)."""
+which is then every weight as trained). Trait ``ray``: the Ray engine actors can take it."""
+LORA_SYNCS.add(
+    "merged",
+    LoraSync(sync_merged, lora_slots=False),
+    "every weight with the LoRA merged in",
+    ray=True,
+)
+LORA_SYNCS.add(
+    "adapter", LoraSync(sync_adapter, lora_slots=True), "the adapter alone, vLLM's LoRA layers"
+)
 
 
 class WeightlessLayerFilter(logging.Filter):

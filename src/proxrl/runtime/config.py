@@ -21,6 +21,7 @@ import pydantic
 import tyro
 import yaml
 
+from proxrl.registry import AppliesWith, Choice
 from proxrl.runtime.errors import ProxrlError
 
 T = TypeVar("T")
@@ -44,12 +45,14 @@ def alias(*names: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """Bounds of a finite number (of each item of a list); ``Range()``: any finite number."""
+    """Bounds of a finite number (of each item of a list); ``Range()``: any finite number.
+    ``below``: the field whose value this one must stay under (a lower bound's upper one)."""
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
+    below: str | None = None
 
 
 class FieldSpec(NamedTuple):
@@ -59,6 +62,8 @@ class FieldSpec(NamedTuple):
     switch: bool  # --name / --no-name: a bool, or a bool-or-None marked tyro.conf.DisallowNone
     positional: bool  # tyro.conf.Positional
     required: bool  # no default
+    choice: Choice | None  # the registry whose entry (each item's, for a list) the value picks
+    applies_with: str | None  # the field that must be set for this one to apply
 
 
 @functools.cache
@@ -70,6 +75,9 @@ def field_table(config_cls: Any) -> dict[str, FieldSpec]:
         tp, *extras = typing.get_args(hint) if typing.get_origin(hint) is Annotated else (hint,)
         metadata = [m for h in hints for m in getattr(h.get(f.name), "__metadata__", ())]
         names = [a[2:].replace("-", "_") for m in extras for a in getattr(m, "aliases", 0) or ()]
+        item = list_item(tp)[1]
+        item_extras = getattr(item, "__metadata__", ()) if list_item(tp)[0] else ()
+        markers = [*metadata, *item_extras]
         table[f.name] = FieldSpec(
             tp,
             ([None] + [m for m in metadata if isinstance(m, Range)])[-1],
@@ -77,13 +85,15 @@ def field_table(config_cls: Any) -> dict[str, FieldSpec]:
             tp is bool or (optional_inner(tp)[1] is bool and tyro.conf.DisallowNone in extras),
             tyro.conf.Positional in extras,
             f.default is f.default_factory is dataclasses.MISSING,
+            next((m for m in markers if isinstance(m, Choice)), None),
+            next((m.field for m in markers if isinstance(m, AppliesWith)), None),
         )
     return table
 
 
 @functools.cache
 def _bounds(r: Range) -> pydantic.TypeAdapter[list[float]]:
-    bounds = pydantic.Field(**dataclasses.asdict(r), allow_inf_nan=False)
+    bounds = pydantic.Field(ge=r.ge, gt=r.gt, le=r.le, lt=r.lt, allow_inf_nan=False)
     return pydantic.TypeAdapter(list[Annotated[float, bounds]])
 
 
@@ -108,6 +118,95 @@ def check_ranges(cfg: Any) -> None:
             want = f"in {ends[0]}{low[0][1]:.15g}, {high[0][1]:.15g}{ends[1]}"
         want = want if math.isfinite(got) else "a finite number"
         raise ProxrlError(f"{name}: expected {want}, got {got}")
+
+
+def _check_order(cfg: Any) -> None:
+    """A lower bound at or above its upper one (``Range(below=...)``) would leave nothing
+    between them: refused, naming both."""
+    for name, f in field_table(type(cfg)).items():
+        upper = f.range.below if f.range else None
+        low, high = getattr(cfg, name), getattr(cfg, upper) if upper else None
+        if upper and low is not None and high is not None and low >= high:
+            raise ProxrlError(f"{name}: expected < {upper} ({high:g}), got {low}")
+
+
+@functools.cache
+def field_defaults(config_cls: Any) -> dict[str, Any]:
+    """Field → its default (a default_factory called once) in ``config_cls``."""
+    return {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(config_cls)
+        if f.init and not (f.default is f.default_factory is dataclasses.MISSING)
+    }
+
+
+@functools.cache
+def knob_owners(config_cls: Any) -> dict[str, list[tuple[str, str | None]]]:
+    """Field → what makes it apply: (choice field, entry) for each registry entry of the
+    config's choice fields that declares it a knob, (field, None) for ``AppliesWith(field)``.
+    A field with no owner always applies."""
+    table, owners = field_table(config_cls), {}
+    for name, f in table.items():
+        for entry in f.choice.registry if f.choice else ():
+            for knob in f.choice.registry.knobs(entry):
+                if knob in table:  # a knob of a field this command lacks is not its business
+                    owners.setdefault(knob, []).append((name, entry))
+        if f.applies_with is not None:
+            owners.setdefault(name, []).append((f.applies_with, None))
+    return owners
+
+
+def _is_set(cfg: Any, name: str) -> bool:
+    return getattr(cfg, name) != field_defaults(type(cfg)).get(name, dataclasses.MISSING)
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == ():
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def knob_refusal(cfg: Any, name: str, seen: frozenset[str] = frozenset()) -> str | None:
+    """None where field ``name`` applies to the run, else why not (the option that would make
+    it apply and what the run has instead)."""
+    owners, table = knob_owners(type(cfg)), field_table(type(cfg))
+    if name not in owners or name in seen:
+        return None
+    seen |= {name}
+    for field, entry in owners[name]:
+        choice = table[field].choice
+        on = _is_set(cfg, field) if entry is None else entry in choice.selected(getattr(cfg, field))
+        if on:
+            reason = knob_refusal(cfg, field, seen)
+            if reason is None:
+                return None
+            through = f"with {field}" if entry is None else f"to {field} {entry}"
+            return f"{name}: applies {through}, and {reason.replace(':', '', 1)}"
+    wanted: dict[str, list[str]] = {}
+    for field, entry in owners[name]:
+        wanted.setdefault(field, []).extend([] if entry is None else [entry])
+    parts = [f"{f} {', '.join(e)}" if e else f"with {f}" for f, e in wanted.items()]
+    has = [_shown(getattr(cfg, f)) for f in wanted]
+    if len(wanted) > 1:
+        has = [f"{f} {h}" for f, h in zip(wanted, has, strict=True)]
+    target = " or ".join(p if p.startswith("with ") else f"to {p}" for p in parts)
+    return f"{name}: applies {target}; this run has {', '.join(has)}"
+
+
+def check_knobs(cfg: Any) -> None:
+    """Raise ``ProxrlError`` for a field set away from its default while nothing that reads it
+    is selected: a knob of a registry entry the run has not chosen (``sapo_tau_pos: applies to
+    policy_loss sapo; this run has ppo``), or a field ``AppliesWith`` another that is unset.
+    The config class's ``harmless_when_unused`` (field → why) lists the deliberate exceptions.
+    First, a lower bound at or above its upper one (``Range(below=...)``) is refused."""
+    _check_order(cfg)
+    exempt = getattr(type(cfg), "harmless_when_unused", {})
+    for name in field_table(type(cfg)):
+        reason = None if name in exempt or not _is_set(cfg, name) else knob_refusal(cfg, name)
+        if reason is not None:
+            raise ProxrlError(reason)
 
 
 def optional_inner(tp: Any) -> tuple[bool, Any]:

@@ -17,18 +17,25 @@ config, so a resumed run whose learning rate or length changed uses the new ones
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
+
+from proxrl.registry import Registry
 
 Rate = Callable[[float, int], float]
 """``(base learning rate, 1-based step) → learning rate`` of that step."""
 
 
-def warmup_then_decay(
-    total: int, warmup: int = 0, decay: Literal["linear", "constant"] = "linear"
-) -> Rate:
+LR_SCHEDULES: Registry[None] = Registry("learning-rate schedule")
+"""``lr_schedule`` → what follows the warm-up (``warmup_then_decay`` reads the name)."""
+LR_SCHEDULES.add("constant", None, "keep the rate")
+LR_SCHEDULES.add("linear", None, "decay it linearly to 0 at the last step")
+LRScheduleChoice = LR_SCHEDULES.choice()
+
+
+def warmup_then_decay(total: int, warmup: int = 0, decay: str = "linear") -> Rate:
     """Linear warm-up to the base rate over ``warmup`` steps, then ``constant`` or ``linear``
     decay to 0 at step ``total + 1``. Step ``k`` (1-based) of ``total``:
 

@@ -29,12 +29,11 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from proxrl.registry import Registry
 from proxrl.runtime.errors import ProxrlError
-
-TrackerName = Literal["tensorboard", "wandb", "mlflow", "trackio", "none"]
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
@@ -177,21 +176,16 @@ class TrackioTracker:
             self._run = None
 
 
-TRACKERS: dict[str, type] = {
-    "tensorboard": TensorBoardTracker,
-    "wandb": WandbTracker,
-    "mlflow": MlflowTracker,
-    "trackio": TrackioTracker,
-}
-"""``report_to`` name → the tracker class."""
-
-PACKAGES = {
-    "tensorboard": "tensorboard",
-    "wandb": "wandb",
-    "mlflow": "mlflow",
-    "trackio": "trackio",
-}
-"""The import each tracker needs (mlflow: mlflow or mlflow-skinny)."""
+TRACKERS: Registry[type] = Registry("tracker")
+"""``report_to`` name → the tracker class; trait ``package``: the import it needs (mlflow:
+mlflow or mlflow-skinny)."""
+TRACKERS.add("tensorboard", TensorBoardTracker, "TensorBoard event files", package="tensorboard")
+TRACKERS.add("wandb", WandbTracker, "Weights & Biases", package="wandb")
+TRACKERS.add("mlflow", MlflowTracker, "MLflow (MLFLOW_TRACKING_URI or ./mlruns)", package="mlflow")
+TRACKERS.add("trackio", TrackioTracker, "Trackio, Hugging Face's local tracker", package="trackio")
+PACKAGES = {name: TRACKERS.trait(name, "package") for name in TRACKERS}
+"""The import each tracker needs."""
+TrackerName = TRACKERS.choice(off=("none",))
 
 
 def check_report_to(names: Sequence[str]) -> None:

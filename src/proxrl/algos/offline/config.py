@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import torch
 from torch import nn
 
+from proxrl.data.encoding import Overlong
 from proxrl.data.readers import check_data_source
 from proxrl.models.context import model_context
 from proxrl.models.lora import apply_lora
@@ -38,7 +39,7 @@ class OfflineConfig(ModelRunConfig):
     """Share of data held out for evaluation when eval_data is not given (0: no evaluation)."""
     max_length: Annotated[int, Range(ge=2)] = 512
     """Longest prompt + response, in tokens; longer examples follow the overlong policy."""
-    overlong: Literal["truncate", "drop"] = "truncate"
+    overlong: Overlong = "truncate"
     """What to do with an example longer than max_length: cut its end, or drop it (counted in the
     log)."""
     batch_size: Annotated[int, Range(ge=1)] = 8

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from proxrl.algos.online.gather import gather_rollout, gathered_correction_stats
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.samplers import make_engine, sampling_settings
 from proxrl.core import (
+    NO_STOP_RULES,
     ROLLOUT_CORRECTIONS,
     correction_stats,
     masked_mean,
@@ -281,14 +282,6 @@ def prompt_columns(prompts: list[PromptExample]) -> dict[str, list[Any]]:
         for key, value in getattr(p, "columns", {}).items():
             columns[key].append(value)
     return dict(columns)
-
-
-NO_STOP_RULES: dict[str, Callable[[Tensor, float], Tensor]] = {
-    "replace": lambda scores, penalty: torch.full_like(scores, penalty),
-    "subtract": lambda scores, penalty: scores - penalty,
-}
-"""``no_stop_mode`` → (scores (B,), no_stop_penalty) → the score of a response that did not
-stop."""
 
 
 def shaped_scores(cfg: OnlineConfig, scores: Tensor, ended: Tensor, lengths: Tensor) -> Tensor:

@@ -11,28 +11,34 @@ minibatches of ``mini_batch_size`` responses, one optimizer step each, computed 
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar
 
 from proxrl.algos.online.distill_fields import DistillFields
 from proxrl.algos.online.heldout_fields import HeldOutFields
 from proxrl.algos.online.placement_fields import PlacementFields
+from proxrl.algos.online.samplers import ENGINES, SamplerChoice
 from proxrl.core import (
     AGGREGATIONS,
     ENSEMBLE_COMBINATIONS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    NO_STOP_RULES,
     POLICY_LOSSES,
-    REWARD_KL_ESTIMATORS,
     ROLLOUT_CORRECTIONS,
     Aggregation,
     Bound,
     PolicyLossSettings,
     aggregation,
-    literal,
 )
 from proxrl.models.options import ModelRunConfig
+from proxrl.registry import AppliesWith
+from proxrl.rollout.vllm_sampler import LORA_SYNCS
+from proxrl.runtime.config import check_knobs
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
@@ -58,9 +64,7 @@ def _ranged(hint: Any) -> Any:
     if typing.get_origin(hint) is not Annotated:
         return hint
     tp, *extras = typing.get_args(hint)
-    extras = [
-        Range(ge=m.ge, gt=m.gt, le=m.le, lt=m.lt) if isinstance(m, Bound) else m for m in extras
-    ]
+    extras = [Range(m.ge, m.gt, m.le, m.lt, m.below) if isinstance(m, Bound) else m for m in extras]
     return Annotated[(tp, *extras)] if extras else tp
 
 
@@ -96,11 +100,21 @@ class PolicyLossFields(PolicyLossSettings):
     __annotations__ = _config_annotations(PolicyLossSettings, POLICY_LOSS_ALIASES)
 
 
-PolicyLossChoice = literal(*POLICY_LOSSES)
-LossAggregationChoice = literal(*AGGREGATIONS, *LOSS_AGGREGATION_ALIASES)
-RewardKLChoice = literal(*REWARD_KL_ESTIMATORS)
-RolloutCorrectionChoice = literal("none", *ROLLOUT_CORRECTIONS)
-RewardEnsembleChoice = literal(*ENSEMBLE_COMBINATIONS)
+PolicyLossChoice = POLICY_LOSSES.choice()
+LossAggregationChoice = AGGREGATIONS.choice(aliases=LOSS_AGGREGATION_ALIASES)
+RewardKLChoice = KL_ESTIMATORS.choice(exclude=("k3+",))  # k3+ differs from k3 in its gradient
+RolloutCorrectionChoice = ROLLOUT_CORRECTIONS.choice(off=("none",))
+RewardEnsembleChoice = ENSEMBLE_COMBINATIONS.choice()
+NoStopChoice = NO_STOP_RULES.choice()
+KLControllerChoice = KL_CONTROLLERS.choice()
+LoraSyncChoice = LORA_SYNCS.choice()
+
+HARMLESS_WHEN_UNUSED = {
+    "clip": "TRL's epsilon: accepted whatever the loss, so a config moves between losses as is",
+    "clip_high": "TRL's epsilon_high: accepted whatever the loss, as clip",
+}
+"""The knobs accepted while no selected entry reads them (``runtime.config.check_knobs``),
+each with the reason: every other knob of an entry the run has not chosen is refused."""
 
 
 @dataclass
@@ -158,7 +172,7 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     """Strings that end a response besides EOS."""
     no_stop_penalty: Annotated[float | None, Range()] = None
     """Score for a response that hit max_new_tokens without stopping (None: no penalty)."""
-    no_stop_mode: Literal["replace", "subtract"] = "replace"
+    no_stop_mode: Annotated[NoStopChoice, AppliesWith("no_stop_penalty")] = "replace"
     """replace: the score becomes no_stop_penalty; subtract: no_stop_penalty is subtracted from
     it."""
     reward_clip: Annotated[float, Range(ge=0)] = 0.0
@@ -167,7 +181,7 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     overlong_buffer: Annotated[int, Range(ge=0)] = 0
     """DAPO overlong shaping: over the last N tokens before max_new_tokens the score loses
     overlong_penalty × (length − (max_new_tokens − N)) / N (0: off)."""
-    overlong_penalty: Annotated[float, Range(ge=0)] = 1.0
+    overlong_penalty: Annotated[float, Range(ge=0), AppliesWith("overlong_buffer")] = 1.0
     """Score lost by a response that reaches max_new_tokens under overlong_buffer."""
     mask_truncated: bool = False
     """Leave responses that hit max_new_tokens without stopping out of the loss (their tokens
@@ -175,7 +189,7 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose scores (after penalties and shaping) are all
     equal, sampling more prompts until rollout_batch_size groups are kept (group_size >= 2)."""
-    max_sampling_rounds: Annotated[int, Range(ge=1)] = 4
+    max_sampling_rounds: Annotated[int, Range(ge=1), AppliesWith("dynamic_sampling")] = 4
     """dynamic_sampling: most sampling rounds per iteration, the first included; a batch still
     short after them is filled with dropped groups (counted in sampling/filled_groups)."""
     ppo_epochs: Annotated[int, Range(ge=1), alias("num_iterations", "num_ppo_epochs")] = 1
@@ -210,7 +224,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """Initial coefficient β of the KL to the reference policy."""
     kl_estimator: RewardKLChoice = "k1"
     """Per-token KL estimator for the KL paid in the reward."""
-    kl_controller: Literal["fixed", "proportional"] = "fixed"
+    kl_controller: KLControllerChoice = "fixed"
     """fixed β, or the proportional controller of Ziegler et al. (InstructGPT)."""
     kl_target: Annotated[float, Range(gt=0)] = 6.0
     """Target sequence KL of the proportional controller."""
@@ -226,7 +240,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     sample_every: Annotated[int, Range(ge=0)] = 10
     """Write sampled prompts, completions and scores to samples.jsonl every N iterations (0:
     never)."""
-    sampler: Literal["cached", "hf", "vllm"] = "cached"
+    sampler: SamplerChoice = "cached"
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings); vllm: a vLLM engine in this process (in the environment make setup-vllm
     builds)."""
@@ -241,7 +255,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """sampler vllm: skip CUDA graphs / torch.compile (a faster start, slower steps on a GPU)."""
     vllm_enable_prefix_caching: bool = True
     """sampler vllm: reuse the KV cache of a shared prompt (a GRPO group's) across requests."""
-    vllm_lora_sync: Literal["merged", "adapter"] = "merged"
+    vllm_lora_sync: LoraSyncChoice = "merged"
     """sampler vllm with lora_r > 0: after each update send the engine every weight with the LoRA
     merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
     placement ray): a sync of ~0 s, but on a CPU each sampled token ~2× dearer, so it pays only
@@ -276,9 +290,9 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     environment: str | None = None
     """Multi-turn episodes: a module:factory whose factory() makes each episode's Environment
     (rollout/environment.py; None: single-turn responses)."""
-    max_turns: Annotated[int, Range(ge=1)] = 4
+    max_turns: Annotated[int, Range(ge=1), AppliesWith("environment")] = 4
     """environment: most model turns per episode."""
-    max_episode_tokens: Annotated[int, Range(ge=1)] = 512
+    max_episode_tokens: Annotated[int, Range(ge=1), AppliesWith("environment")] = 512
     """environment: most model + observation tokens per episode after its prompt (a model turn
     also stops at max_new_tokens)."""
     tool_call_format: str = "hermes"
@@ -330,8 +344,11 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         """The most tokens a response holds: max_new_tokens, or a whole episode's budget."""
         return self.max_new_tokens if self.environment is None else self.max_episode_tokens
 
+    harmless_when_unused: ClassVar[dict[str, str]] = HARMLESS_WHEN_UNUSED
+
     def validate(self) -> None:
         super().validate()
+        check_knobs(self)
         self.validate_held_out()
         self.validate_placement(
             self.sampler_logprobs,
@@ -345,7 +362,6 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         self._check_kl()
         self._check_batches()
         self._check_sampler()
-        self._check_policy_loss()
         self._check_shaping()
 
     def _check_inputs(self) -> None:
@@ -393,7 +409,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             "environment": self.environment is not None,
             "dynamic_sampling": self.dynamic_sampling,
             # the file replaces the engines Ray would place (several processes: torchrun)
-            "placement": self.placement == "ray",
+            "placement": self.ray_actors,
         }
         clash = next((name for name, on in given.items() if on), None)
         if clash is not None:
@@ -427,9 +443,9 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             )
 
     def _check_kl(self) -> None:
-        if self.kl_controller == "proportional" and self.kl_coef == 0:
+        if KL_CONTROLLERS.trait(self.kl_controller, "adapts") and self.kl_coef == 0:
             raise ProxrlError(
-                "kl_coef: the proportional controller scales β, so it cannot start from 0"
+                f"kl_coef: the {self.kl_controller} controller scales β, so it cannot start from 0"
             )
 
     def _check_batches(self) -> None:
@@ -449,38 +465,37 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
 
     def _check_sampler(self) -> None:
         """What each sampler can do, and a rollout correction only of the sampler's log-probs."""
-        if self.sampler == "vllm" and self.min_p > 0 and self.top_p < 1:
+        trait = functools.partial(ENGINES.trait, self.sampler)
+        if trait("min_p_first") and self.min_p > 0 and self.top_p < 1:
             raise ProxrlError(  # the trainer replays generate's order (core.truncate_logits)
-                f"min_p: sampler vllm applies min-p before top-p, the trainer after it (as "
-                f"generate), so with top_p {self.top_p} they would score different "
+                f"min_p: sampler {self.sampler} applies min-p before top-p, the trainer after it "
+                f"(as generate), so with top_p {self.top_p} they would score different "
                 "distributions; set min_p 0 or top_p 1, or use sampler cached"
             )
-        if self.sampler == "vllm":
+        if trait("needs_vllm"):
             from proxrl.rollout.vllm_sampler import INSTALL, vllm_available
 
             if not vllm_available():
-                raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
-            if self.stop_strings:
-                raise ProxrlError("stop_strings: sampler vllm sees token ids only; use sampler hf")
-            if self.vllm_lora_sync == "adapter" and self.lora_r and self.placement == "ray":
-                raise ProxrlError(  # its engine actors are sent merged weights (ray_weights)
-                    "vllm_lora_sync: adapter is not available with placement ray; use merged"
-                )
-        if self.compile_sampler and (self.sampler != "cached" or self.stop_strings):
+                raise ProxrlError(f"sampler: {self.sampler} needs the vllm package: {INSTALL}")
+        if trait("token_ids_only") and self.stop_strings:
             raise ProxrlError(
-                "compile_sampler: needs sampler=cached without stop_strings (generate runs those)"
+                f"stop_strings: sampler {self.sampler} sees token ids only; use sampler hf"
+            )
+        ray_sync = LORA_SYNCS.trait(self.vllm_lora_sync, "ray")
+        if trait("needs_vllm") and self.lora_r and self.ray_actors and not ray_sync:
+            raise ProxrlError(  # its engine actors are sent merged weights (ray_weights)
+                f"vllm_lora_sync: {self.vllm_lora_sync} is not available with placement ray; "
+                "use merged"
+            )
+        if self.compile_sampler and self.stop_strings:
+            raise ProxrlError(
+                "compile_sampler: not with stop_strings (generate runs those, not the cached loop)"
             )
         recorded = self.sampler_logprobs or self.rollouts_file is not None  # (a file's are)
         if self.rollout_correction != "none" and not recorded:
             raise ProxrlError(
                 f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
                 "set sampler_logprobs true (or rollout_correction none)"
-            )
-
-    def _check_policy_loss(self) -> None:
-        if self.dual_clip is not None and self.policy_loss != "ppo":
-            raise ProxrlError(
-                f"dual_clip: bounds the ppo surrogate only, not policy_loss {self.policy_loss}"
             )
 
     def _check_shaping(self) -> None:

@@ -443,5 +443,10 @@ CRITICS: Registry[Callable[[CriticSettings, OnlineConfig, nn.Module, Any], Criti
     "critic"
 )
 """PPO's ``critic`` option → the load function of that critic (bind its settings first)."""
-CRITICS.add("separate", SeparateCritic.load, "a separate value model")
+CRITICS.add(
+    "separate",
+    SeparateCritic.load,
+    "a separate value model",
+    knobs=("critic_model", "critic_lora_r"),
+)
 CRITICS.add("head", ValueHeadCritic.load, "a value head on the policy's backbone")

@@ -7,12 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from proxrl.core import DISTILL_LOSSES, REWARD_KL_ESTIMATORS, literal
+from proxrl.core import DISTILL_LOSSES, KL_ESTIMATORS
+from proxrl.registry import AppliesWith
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 
-DistillLossChoice = literal(*DISTILL_LOSSES)
-DistillKLChoice = literal(*REWARD_KL_ESTIMATORS)
+DistillLossChoice = DISTILL_LOSSES.choice()
+DistillKLChoice = KL_ESTIMATORS.choice(exclude=("k3+",))  # a per-token reward has no gradient
+TEACHER = AppliesWith("teacher_model")
 
 
 @dataclass
@@ -22,10 +24,10 @@ class DistillFields:
     teacher_model: str | None = None
     """On-policy distillation: a causal LM with the policy's tokenizer (hub id or local
     directory) that scores every sampled token; the reward sources become optional (None: off)."""
-    distill_coef: Annotated[float, Range(ge=0)] = 1.0
+    distill_coef: Annotated[float, Range(ge=0), TEACHER] = 1.0
     """λ of the teacher's signal: reverse_kl_reward adds −λ·KL_t(π‖π_teacher) to each token's
     advantage; gjsd adds λ × the aggregated divergence to the loss."""
-    distill_loss: DistillLossChoice = "reverse_kl_reward"
+    distill_loss: Annotated[DistillLossChoice, TEACHER] = "reverse_kl_reward"
     """reverse_kl_reward: the teacher's log-prob of each sampled token as a per-token reward
     (Thinking Machines, slime --use-opd); gjsd: a full-vocabulary generalised JSD on the same
     samples (TRL GKD)."""
@@ -50,8 +52,8 @@ class DistillFields:
             return
         if not self.teacher_model:
             raise ProxrlError("teacher_model: expected a hub id or a local directory")
-        if self.distill_loss == "gjsd" and packed:
+        if DISTILL_LOSSES.trait(self.distill_loss, "logits") and packed:
             raise ProxrlError(
-                "distill_loss: gjsd reads both models' logits in the padded layout; set "
-                "max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)"
+                f"distill_loss: {self.distill_loss} reads both models' logits in the padded "
+                "layout; set max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)"
             )

@@ -25,6 +25,7 @@ Departure: GRPO's KL term uses β·k3(π‖π_ref) of the current policy on toke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
@@ -44,7 +45,6 @@ from proxrl.core import (
     discounted_returns,
     gdpo_normalised_sum,
     last_valid_index,
-    literal,
     maxrl_advantages,
     mixed_group_advantages,
     policy_gradient_loss,
@@ -60,14 +60,25 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline", "maxrl", "asymre", "gdpo")
-KL_IN_THE_LOSS = ("grpo", "maxrl", "asymre", "gdpo")
-"""The estimators that pay the KL as a loss term (``kl_loss_type``), not in the reward."""
 SCALE_REWARDS_ALIASES = {"std": "group"}
 """proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
 Estimate = tuple[Tensor, Tensor, Tensor]
 ESTIMATORS: Registry[Callable[[Config, Experience, float], Estimate]] = Registry("estimator")
-"""``estimator`` → (config, rollout, β) → (rewards, advantages, returns), each (B, T)."""
+"""``estimator`` → (config, rollout, β) → (rewards, advantages, returns), each (B, T).
+
+An estimator is one function and one registration: its knobs (the fields only it reads) and
+its traits, which the config's checks and ``build`` read instead of its name:
+- ``group``: a baseline from the prompt's group (group_size ≥ 2);
+- ``kl_in_loss``: the KL is paid as a loss term (``kl_loss_type``), not in the reward
+  (``kl_estimator``);
+- ``policy_gradient``: the plain policy-gradient loss, no ratio (no ``policy_loss``);
+- ``needs_greedy``: the rollout carries the greedy decode's score;
+- ``combines_sources``: it reads each reward source's scores apart (not from a rollouts file).
+"""
+KL_IN_REWARD = ("kl_estimator", "policy_loss")
+"""The knobs of an estimator paying the KL in the reward with a surrogate."""
+KL_IN_LOSS = ("kl_loss_type", "policy_loss")
+"""The knobs of an estimator paying the KL in the loss with a surrogate."""
 
 
 @dataclass
@@ -98,20 +109,16 @@ class Config(OnlineConfig):
     positive samples more (AsymRE's −0.1)."""
 
     def validate(self) -> None:
-        if self.estimator in GROUP_ESTIMATORS and self.group_size < 2:
+        trait = functools.partial(ESTIMATORS.trait, self.estimator)
+        if trait("group") and self.group_size < 2:
             raise ProxrlError(
                 f"group_size: {self.estimator} needs at least 2 samples per prompt, "
                 f"got {self.group_size}"
             )
-        if self.estimator == "gdpo" and self.rollouts_file is not None:
+        if trait("combines_sources") and self.rollouts_file is not None:
             raise ProxrlError(
-                "estimator: gdpo normalises each reward source in its group; a rollouts_file "
-                "brings one score per trajectory (pick grpo)"
-            )
-        if self.estimator == "reinforce" and self.policy_loss != "ppo":
-            raise ProxrlError(
-                f"policy_loss: estimator reinforce takes the plain policy-gradient loss, not "
-                f"{self.policy_loss} (pick another estimator)"
+                f"estimator: {self.estimator} normalises each reward source in its group; a "
+                "rollouts_file brings one score per trajectory (pick grpo)"
             )
         super().validate()
 
@@ -127,7 +134,13 @@ def _at_last_token(returns: Tensor, mask: Tensor) -> Tensor:
     )
 
 
-@ESTIMATORS.register("grpo", "group mean baseline, scaled by scale_rewards; KL in the loss")
+@ESTIMATORS.register(
+    "grpo",
+    "group mean baseline, scaled by scale_rewards; KL in the loss",
+    knobs=(*KL_IN_LOSS, "scale_rewards", "rank_weight"),
+    group=True,
+    kl_in_loss=True,
+)
 def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
     """Group baseline; the KL is paid in the loss, so the return is the score."""
     mask, returns = exp.loss_mask.float(), exp.scores
@@ -151,23 +164,6 @@ def _group_estimator(advantages_of):  # type: ignore[no-untyped-def]
         return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
 
     return estimate
-
-
-def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
-    try:
-        return maxrl_advantages(scores, cfg.group_size)
-    except ValueError as error:  # a reward outside [0, 1]: the run's data, not a bug
-        raise ProxrlError(f"reward_fn: {error} (estimator maxrl)") from None
-
-
-def _gdpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
-    """The sources' group-normalised weighted sum (taken when scored), whitened over the batch
-    trained on; the return is the score, as grpo's."""
-    if exp.combined_scores is None:
-        raise ValueError("gdpo: the rollout carries no combined_scores (combine_sources unset)")
-    mask, scores = exp.loss_mask.float(), exp.scores
-    advantages = batch_whitened(exp.combined_scores)
-    return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
 
 
 def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
@@ -238,43 +234,86 @@ ESTIMATORS.add(
     "rloo",
     _sequence_estimator(lambda cfg, exp, r: rloo_advantages(r, cfg.group_size)),
     "the mean of the prompt's other samples; KL in the sequence reward",
+    knobs=KL_IN_REWARD,
+    group=True,
 )
 ESTIMATORS.add(
     "remax",
     _sequence_estimator(_remax_baseline),
     "the score of the prompt's greedy decode; KL in the sequence reward",
+    knobs=KL_IN_REWARD,
+    needs_greedy=True,
 )
 ESTIMATORS.add(
-    "reinforce_pp", _reinforce_pp, "per-token KL rewards, reward-to-go whitened over the batch"
+    "reinforce_pp",
+    _reinforce_pp,
+    "per-token KL rewards, reward-to-go whitened over the batch",
+    knobs=(*KL_IN_REWARD, "gamma"),
 )
 ESTIMATORS.add(
     "reinforce_pp_baseline",
     _reinforce_pp_baseline,
     "reinforce_pp after the group mean is subtracted from each score",
+    knobs=(*KL_IN_REWARD, "gamma"),
+    group=True,
 )
 ESTIMATORS.add(
     "reinforce",
     _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
     "the batch mean; KL in the sequence reward; the plain policy-gradient loss",
+    knobs=("kl_estimator",),
+    policy_gradient=True,
 )
-ESTIMATORS.add(
+
+
+@ESTIMATORS.register(
     "maxrl",
-    _group_estimator(_maxrl),
     "group mean baseline ÷ the group mean, rewards in [0, 1] (MaxRL); KL in the loss",
+    knobs=KL_IN_LOSS,
+    group=True,
+    kl_in_loss=True,
 )
-ESTIMATORS.add(
+@_group_estimator
+def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
+    try:
+        return maxrl_advantages(scores, cfg.group_size)
+    except ValueError as error:  # a reward outside [0, 1]: the run's data, not a bug
+        raise ProxrlError(f"reward_fn: {error} (estimator maxrl)") from None
+
+
+@ESTIMATORS.register(
     "asymre",
-    _group_estimator(lambda cfg, r: asymre_advantages(r, cfg.group_size, cfg.baseline_shift)),
     "group mean + baseline_shift as the baseline (AsymRE); KL in the loss",
+    knobs=(*KL_IN_LOSS, "baseline_shift"),
+    group=True,
+    kl_in_loss=True,
 )
-ESTIMATORS.add(
+@_group_estimator
+def _asymre(cfg: Config, scores: Tensor) -> Tensor:
+    return asymre_advantages(scores, cfg.group_size, cfg.baseline_shift)
+
+
+@ESTIMATORS.register(
     "gdpo",
-    _gdpo,
     "each reward source normalised in its group, weighted, summed, whitened over the batch",
+    knobs=KL_IN_LOSS,
+    group=True,
+    kl_in_loss=True,
+    combines_sources=True,
 )
-EstimatorChoice = ESTIMATORS.literal()
-ScaleRewardsChoice = literal(*REWARD_SCALES, *SCALE_REWARDS_ALIASES)
-KLLossChoice = KL_ESTIMATORS.literal()
+def _gdpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    """The sources' group-normalised weighted sum (taken when scored), whitened over the batch
+    trained on; the return is the score, as grpo's."""
+    if exp.combined_scores is None:
+        raise ValueError("gdpo: the rollout carries no combined_scores (combine_sources unset)")
+    mask, scores = exp.loss_mask.float(), exp.scores
+    advantages = batch_whitened(exp.combined_scores)
+    return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
+
+
+EstimatorChoice = ESTIMATORS.choice()
+ScaleRewardsChoice = REWARD_SCALES.choice(aliases=SCALE_REWARDS_ALIASES)
+KLLossChoice = KL_ESTIMATORS.choice()
 
 
 def build(cfg: Config) -> Algorithm:
@@ -283,23 +322,24 @@ def build(cfg: Config) -> Algorithm:
     def estimate(exp: Experience, kl_coef: float) -> Estimate:
         return estimator(cfg, exp, kl_coef)
 
-    if cfg.estimator == "reinforce":  # on-policy: no ratio to clip
+    trait = functools.partial(ESTIMATORS.trait, cfg.estimator)
+    if trait("policy_gradient"):  # on-policy: no ratio to clip
 
         def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
             mask = mb.loss_mask.float()
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.aggregation)
     else:
         policy_loss = surrogate(cfg)
-    reinforce = cfg.estimator == "reinforce"
+    reinforce = trait("policy_gradient")
 
     return Algorithm(
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
         step_selection=None if reinforce else step_selection(cfg),
-        kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if cfg.estimator in KL_IN_THE_LOSS else None,
-        needs_greedy=cfg.estimator == "remax",
-        combine_sources=_gdpo_combination(cfg) if cfg.estimator == "gdpo" else None,
+        kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if trait("kl_in_loss") else None,
+        needs_greedy=trait("needs_greedy"),
+        combine_sources=_gdpo_combination(cfg) if trait("combines_sources") else None,
     )
 
 

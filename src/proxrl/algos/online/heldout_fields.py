@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
+from proxrl.registry import Registry
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
+
+FINAL_MODELS: Registry[None] = Registry("final model")
+"""``final_model`` → which policy a run leaves in its output directory."""
+FINAL_MODELS.add("last", None, "the policy after the last iteration")
+FINAL_MODELS.add("best", None, "the best by eval/score (best/ holds it either way)")
+FinalModelChoice = FINAL_MODELS.choice()
 
 
 @dataclass
@@ -31,7 +38,7 @@ class HeldOutFields:
     stop_on_reward_hacking: bool = False
     """Stop when eval/score falls while the training reward rises (runtime.health's
     reward_hacking rule)."""
-    final_model: Literal["last", "best"] = "last"
+    final_model: FinalModelChoice = "last"
     """The policy saved in output_dir at the end: the last one, or the best by eval/score (best/
     holds that one either way)."""
 

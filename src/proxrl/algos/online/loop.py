@@ -56,7 +56,7 @@ def train_online(
     if placement is None:  # (the trainer actors of placement ray run a validated config)
         cfg.validate()
     check_run(cfg)
-    if placement is None and cfg.placement == "ray":  # the loop runs again in trainer actors
+    if placement is None and cfg.ray_actors:  # the loop runs again in trainer actors
         from proxrl.algos.online.placement.ray_run import train_on_ray
 
         return train_on_ray(cfg, algo, train_online)

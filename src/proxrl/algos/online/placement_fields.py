@@ -4,19 +4,59 @@ and ``grpo``; docs/scaling.md ("Ray placement") shows them filled in for a 7B ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
+from proxrl.registry import AppliesWith, Registry
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 
 RAY_INSTALL = "pip install 'proxrl[ray]' (or pip install ray)"
+
+PLACEMENTS: Registry[None] = Registry("placement")
+"""``placement`` → where the roles live (``algos.online.placement`` builds each); an entry's
+knobs are the fields that only it reads."""
+PLACEMENTS.add("local", None, "every role in this process (data parallel under accelerate)")
+PLACEMENTS.add(
+    "ray",
+    None,
+    "the trainer, the frozen roles, the critic and the engines each a Ray actor",
+    ray=True,
+    knobs=(
+        "ray_address",
+        "ray_engines",
+        "ray_engine_gpus",
+        "ray_engine_cpus",
+        "ray_trainer_gpus",
+        "ray_trainer_cpus",
+        "ray_trainer_processes",
+        "ray_reference_gpus",
+        "ray_reference_cpus",
+        "ray_teacher_gpus",
+        "ray_teacher_cpus",
+        "ray_critic_gpus",
+        "ray_critic_cpus",
+        "ray_reward_gpus",
+        "ray_reward_cpus",
+        "ray_engine_restarts",
+        "ray_weight_transport",
+        "async_rollout",
+    ),
+)
+WEIGHT_TRANSPORTS: Registry[None] = Registry("weight transport")
+"""``ray_weight_transport`` → how weights reach the Ray engines (``placement.ray_weights``)."""
+WEIGHT_TRANSPORTS.add(
+    "object_store", None, "one ray.put read by every engine", reaches_restarted=True
+)
+WEIGHT_TRANSPORTS.add("process_group", None, "a broadcast; gloo on CPUs, NCCL on GPUs")
+PlacementChoice = PLACEMENTS.choice()
+WeightTransportChoice = WEIGHT_TRANSPORTS.choice()
 
 
 @dataclass
 class PlacementFields:
     """Where the roles of an online run live, and how far generation may run ahead."""
 
-    placement: Literal["local", "ray"] = "local"
+    placement: PlacementChoice = "local"
     """local: every role in this process (data parallel under accelerate); ray: the trainer, the
     reference, a teacher, the reward sources, a separate critic and the generation engines each
     a Ray actor."""
@@ -56,22 +96,25 @@ class PlacementFields:
     """placement ray: CPUs of the reward actor."""
     ray_engine_restarts: Annotated[int, Range(ge=0)] = 3
     """placement ray: times Ray restarts a generation engine that died (its batch is retried)."""
-    ray_weight_transport: Literal["object_store", "process_group"] = "object_store"
+    ray_weight_transport: WeightTransportChoice = "object_store"
     """placement ray: how weights reach the engines after an update: object_store (one ray.put
     read by every engine) or process_group (a broadcast; gloo on CPUs, NCCL on GPUs)."""
     async_rollout: bool = False
     """placement ray: generate the next batches while this one trains (needs sampler_logprobs:
     the engine's log-probs are the behaviour policy's; pair with a rollout_correction)."""
-    max_staleness: Annotated[int, Range(ge=1)] = 1
+    max_staleness: Annotated[int, Range(ge=1), AppliesWith("async_rollout")] = 1
     """async_rollout: batches generated ahead, so the most policy versions a sample may lag the
     policy it trains (1: one-step-off)."""
+
+    @property
+    def ray_actors(self) -> bool:
+        """The roles are Ray actors (the placement's trait ``ray``)."""
+        return PLACEMENTS.trait(self.placement, "ray")
 
     def validate_placement(
         self, sampler_logprobs: bool, dynamic_sampling: bool, separate_critic: bool = False
     ) -> None:
-        if self.placement != "ray":
-            if self.async_rollout:
-                raise ProxrlError("async_rollout: needs placement ray (engines of their own)")
+        if not self.ray_actors:
             return
         if self.ray_trainer_processes > 1 and separate_critic:
             raise ProxrlError(
@@ -83,10 +126,11 @@ class PlacementFields:
                 "ray_trainer_processes: several trainers do not generate ahead yet; "
                 "set async_rollout false, or ray_trainer_processes 1"
             )
-        if self.ray_weight_transport == "process_group" and self.ray_engine_restarts:
+        rejoins = WEIGHT_TRANSPORTS.trait(self.ray_weight_transport, "reaches_restarted")
+        if self.ray_engine_restarts and not rejoins:
             raise ProxrlError(
-                "ray_weight_transport: process_group cannot reach an engine Ray restarted (it "
-                "left the group): set ray_engine_restarts 0, or use object_store"
+                f"ray_weight_transport: {self.ray_weight_transport} cannot reach an engine Ray "
+                "restarted (it left the group): set ray_engine_restarts 0, or use object_store"
             )
         try:
             import ray  # noqa: F401

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Literal
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -42,9 +42,56 @@ from proxrl.core import (
     ppo_penalty_loss,
     shaped_rewards,
 )
+from proxrl.registry import AppliesWith, Registry
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
+
+PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
+
+
+def _clip(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    return clipped
+
+
+def _penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    assert penalty is not None
+
+    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        mask = mb.loss_mask.float()
+        return ppo_penalty_loss(
+            logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
+        )
+
+    return loss
+
+
+def _clip_plus_penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+    assert penalty is not None
+
+    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        total, stats = clipped(logprobs, mb)
+        # β·KL(π_old‖π), k3 of r = π/π_old
+        kl = aggregate_loss(kl_k3(mb.logprobs, logprobs), mb.loss_mask.float(), cfg.aggregation)
+        return total + penalty.value * kl, stats
+
+    return loss
+
+
+PPO_SURROGATES: Registry[Callable[[Config, PolicyLoss, AdaptiveKL | None], PolicyLoss]] = Registry(
+    "surrogate"
+)
+"""``surrogate`` → (config, the clipped policy loss, PPO-Penalty's β or None) → the loss.
+Knobs: ``policy_loss`` (the clipped loss a surrogate builds on) and PPO-Penalty's."""
+PENALTY = ("penalty_beta", "penalty_target")
+PPO_SURROGATES.add("clip", _clip, "PPO-Clip (or the policy_loss chosen)", knobs=("policy_loss",))
+PPO_SURROGATES.add("penalty", _penalty, "PPO-Penalty: adaptive β on KL(π_old‖π)", knobs=PENALTY)
+PPO_SURROGATES.add(
+    "clip+penalty",
+    _clip_plus_penalty,
+    "the clipped surrogate plus the penalty",
+    knobs=("policy_loss", *PENALTY),
+)
 
 
 @dataclass
@@ -53,7 +100,7 @@ class Config(OnlineConfig):
 
     ppo_epochs: Annotated[int, alias("num_iterations", "num_ppo_epochs")] = 4
     """Passes over each rollout batch."""
-    surrogate: Literal["clip", "penalty", "clip+penalty"] = "clip"
+    surrogate: SurrogateChoice = "clip"
     """PPO-Clip (or the policy_loss chosen), PPO-Penalty (adaptive β on KL(π_old‖π)), or the
     clipped surrogate plus the penalty."""
     penalty_beta: Annotated[float, Range(ge=0)] = 1.0
@@ -74,7 +121,7 @@ class Config(OnlineConfig):
     positive_nll_coef: Annotated[float | None, Range(ge=0)] = None
     """Weight of VAPO's NLL on the rollout's positive responses, reduced as loss_aggregation
     (token-mean: their tokens' mean) (None or 0: off; VAPO: 0.1)."""
-    positive_threshold: Annotated[float | None, Range()] = None
+    positive_threshold: Annotated[float | None, Range(), AppliesWith("positive_nll_coef")] = None
     """A response is positive at or above this score (None: it has the rollout's best score,
     when not all are equal; a reward model needs a threshold)."""
     whiten_rewards: bool = False
@@ -106,22 +153,11 @@ class Config(OnlineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.surrogate == "penalty" and self.policy_loss != "ppo":
-            raise ProxrlError(
-                f"policy_loss: surrogate penalty is PPO-Penalty; {self.policy_loss} needs "
-                "surrogate clip or clip+penalty"
-            )
-        if self.critic_model is not None and self.critic == "head":
-            raise ProxrlError("critic_model: only with critic=separate (a value head starts at 0)")
-        if self.critic_lora_r is not None and self.critic == "head":
-            raise ProxrlError(
-                "critic_lora_r: only with critic=separate (a value head is part of the policy)"
-            )
         if self.critic_warmup_iterations >= self.iterations:
             raise ProxrlError("critic_warmup_iterations: must be fewer than iterations")
         if self.critic_warmup_patience is not None and not self.critic_warmup_iterations:
             raise ProxrlError("critic_warmup_patience: needs a warm-up (critic_warmup_iterations)")
-        if self.critic_warmup_patience is not None and self.placement == "ray":
+        if self.critic_warmup_patience is not None and self.ray_actors:
             raise ProxrlError(
                 "critic_warmup_patience: not with placement ray (its critic actor runs the "
                 "whole warm-up)"
@@ -131,7 +167,7 @@ class Config(OnlineConfig):
                 "positive_threshold: positive_nll_coef with a reward model needs the score at or "
                 "above which a response is positive (a learned score has no 'correct')"
             )
-        if "penalty" in self.surrogate and self.penalty_beta == 0:
+        if "penalty_beta" in PPO_SURROGATES.knobs(self.surrogate) and self.penalty_beta == 0:
             raise ProxrlError(
                 f"penalty_beta: surrogate={self.surrogate} doubles or halves β, so it cannot "
                 "start from 0"
@@ -148,7 +184,8 @@ class Config(OnlineConfig):
         return self.lam if self.critic_lam is None else self.critic_lam
 
 
-CriticChoice = CRITICS.literal()
+CriticChoice = CRITICS.choice()
+SurrogateChoice = PPO_SURROGATES.choice()
 
 
 def gae_estimate(
@@ -212,45 +249,6 @@ class PositiveExamples:
             return total + self.coef * nll, stats | {"positive_nll": nll.detach()}
 
         return with_nll
-
-
-PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
-
-
-def _clip(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
-    return clipped
-
-
-def _penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
-    assert penalty is not None
-
-    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        mask = mb.loss_mask.float()
-        return ppo_penalty_loss(
-            logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
-        )
-
-    return loss
-
-
-def _clip_plus_penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
-    assert penalty is not None
-
-    def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
-        total, stats = clipped(logprobs, mb)
-        # β·KL(π_old‖π), k3 of r = π/π_old
-        kl = aggregate_loss(kl_k3(mb.logprobs, logprobs), mb.loss_mask.float(), cfg.aggregation)
-        return total + penalty.value * kl, stats
-
-    return loss
-
-
-PPO_SURROGATES: dict[str, Callable[[Config, PolicyLoss, AdaptiveKL | None], PolicyLoss]] = {
-    "clip": _clip,
-    "penalty": _penalty,
-    "clip+penalty": _clip_plus_penalty,
-}
-"""``surrogate`` → (config, the clipped policy loss, PPO-Penalty's β or None) → the loss."""
 
 
 def build(cfg: Config) -> Algorithm:

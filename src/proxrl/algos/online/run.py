@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
 from proxrl.algos.online.rollouts_file import iteration_rows
-from proxrl.core import FixedKL, ProportionalKL
+from proxrl.core import KL_CONTROLLERS, FixedKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.context import context_of
 from proxrl.rollout.engines import RolloutEngine
@@ -38,14 +37,6 @@ from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
 
 log = logging.getLogger(__name__)
-
-
-KL_CONTROLLERS: dict[str, Callable[[OnlineConfig], FixedKL]] = {
-    "fixed": lambda cfg: FixedKL(cfg.kl_coef),
-    "proportional": lambda cfg: ProportionalKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon),
-}
-"""``kl_controller`` → the β of the KL to the reference: fixed, or Ziegler et al.'s
-proportional controller."""
 
 
 def run_context(cfg: OnlineConfig) -> Run:

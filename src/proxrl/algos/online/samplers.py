@@ -1,5 +1,7 @@
 """Which engine an online run samples its responses from (``sampler:``): one table, each entry
-building a ``rollout.engines.RolloutEngine`` from the run's config."""
+building a ``rollout.engines.RolloutEngine`` from the run's config (an ``OnlineConfig``, typed
+``Any`` here: the config takes its ``sampler`` choices and their knobs from this table, so this
+module is below it)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.models.lora import adapter_base
+from proxrl.registry import Registry
 from proxrl.rollout.engines import PolicySampling, RolloutEngine, VLLMEngine
 from proxrl.rollout.generation import Sampler, SamplingSettings
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
 
-def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
+def sampling_settings(cfg: Any) -> SamplingSettings:
     """The distribution a run samples from, as the trainer's log-probs replay it."""
     return SamplingSettings(
         cfg.max_new_tokens,
@@ -27,14 +29,14 @@ def sampling_settings(cfg: OnlineConfig) -> SamplingSettings:
     )
 
 
-def lora_sync(cfg: OnlineConfig) -> Any:
+def lora_sync(cfg: Any) -> Any:
     """How the engine gets the policy after an update (``OnlineConfig.lora_sync``)."""
     from proxrl.rollout.vllm_sampler import LORA_SYNCS
 
     return LORA_SYNCS[cfg.lora_sync]
 
 
-def engine_options(cfg: OnlineConfig) -> Any:
+def engine_options(cfg: Any) -> Any:
     from proxrl.rollout.vllm_sampler import EngineOptions, lora_slot_rank
 
     return EngineOptions(
@@ -50,34 +52,55 @@ def engine_options(cfg: OnlineConfig) -> Any:
     )
 
 
-def _vllm(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
+def _vllm(cfg: Any, tokenizer: Any) -> RolloutEngine:
     if dist.world_size() > 1:
         raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
     return VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg))
 
 
-ENGINES: dict[str, Callable[[OnlineConfig, Any], RolloutEngine]] = {
-    "cached": lambda cfg, tok: PolicySampling(tok, compile_step=cfg.compile_sampler),
-    "hf": lambda cfg, tok: PolicySampling(tok, generate=True),
-    "vllm": _vllm,
-}
+ENGINES: Registry[Callable[[Any, Any], RolloutEngine]] = Registry("sampler")
 """``sampler`` → (config, tokenizer) → the engine; ``hf`` whenever stop strings need
-generate's text matching."""
+generate's text matching. Traits: ``token_ids_only`` (no stop strings), ``min_p_first`` (min-p
+before top-p, unlike generate), ``needs_vllm`` (the vllm package)."""
+ENGINES.add(
+    "cached",
+    lambda cfg, tok: PolicySampling(tok, compile_step=cfg.compile_sampler),
+    "a lean decoding loop over the KV cache",
+    knobs=("compile_sampler",),
+)
+ENGINES.add("hf", lambda cfg, tok: PolicySampling(tok, generate=True), "transformers' generate")
+ENGINES.add(
+    "vllm",
+    _vllm,
+    "a vLLM engine in this process",
+    knobs=(
+        "vllm_gpu_memory_utilization",
+        "vllm_max_model_length",
+        "vllm_tensor_parallel_size",
+        "vllm_enforce_eager",
+        "vllm_enable_prefix_caching",
+        "vllm_lora_sync",
+    ),
+    token_ids_only=True,
+    min_p_first=True,
+    needs_vllm=True,
+)
+SamplerChoice = ENGINES.choice()
 
 
-def make_engine(cfg: OnlineConfig, tokenizer: Any) -> RolloutEngine:
+def make_engine(cfg: Any, tokenizer: Any) -> RolloutEngine:
     """The engine ``cfg.sampler`` names (``hf`` for ``cached`` with stop strings: the same
     transformers policy in this process, generate matching the text, as the option says).
     vLLM with stop strings is refused, never replaced: no path runs another engine than the
     one asked for (the config's validation refuses it first; this holds where it was skipped)."""
-    if cfg.sampler == "vllm" and cfg.stop_strings:
+    if ENGINES.trait(cfg.sampler, "token_ids_only") and cfg.stop_strings:
         raise ProxrlError(
             "stop_strings: sampler vllm sees token ids only; use sampler hf, or drop stop_strings"
         )
     return ENGINES["hf" if cfg.stop_strings else cfg.sampler](cfg, tokenizer)
 
 
-def make_sampler(cfg: OnlineConfig, model: Any, tokenizer: Any) -> Sampler:
+def make_sampler(cfg: Any, model: Any, tokenizer: Any) -> Sampler:
     """One sampler of ``model`` as ``make_engine``'s engine gives it (started: vLLM's engine
     starts from ``cfg.model``; a caller syncs the weights it wants)."""
     return make_engine(cfg, tokenizer).sampler(model)
