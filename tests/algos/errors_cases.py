@@ -232,6 +232,21 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
     wide.save_pretrained(root / "models" / "wide_head")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(Path(tiny_lm) / name, root / "models" / "wide_head" / name)
+    # issue 49: the tiny model's body as a reward model (a sequence classifier), and the tiny
+    # model without lm_head.weight in its checkpoint (its head is not tied to the embeddings).
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        rm = AutoModelForSequenceClassification.from_pretrained(tiny_lm, num_labels=1)
+    rm.save_pretrained(root / "models" / "rm")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tiny_lm) / name, root / "models" / "rm" / name)
+    shutil.copytree(tiny_lm, root / "models" / "no_head")
+    weights = root / "models" / "no_head" / "model.safetensors"
+    kept = {k: v for k, v in load_file(weights).items() if not k.startswith("lm_head.")}
+    save_file(kept, weights, metadata={"format": "pt"})
     # A run whose checkpoint holds another model's weights.
     other = prepare_output_dir(root / "runs" / "other", resume=False, overwrite=False)
     CheckpointManager(other).save(4, {"model": {"encoder.weight": torch.zeros(2)}}, {"step": 4})
@@ -1713,6 +1728,42 @@ CASES: list[Case] = [
             "runs/new",
         ),
         "proxrl ppo: error: rollouts_no_model_token.jsonl:2: loss_mask: expected at least one 1 (a token the policy produced), got all 2 0: the row has nothing to train on",
+    ),
+    # -- issue 49: each model role checked by its head, before any training ------------------
+    Case(
+        "grpo: a reward model given as teacher_model (its LM head would be random)",
+        (*GRPO, "--teacher-model", "models/rm"),
+        "proxrl grpo: error: teacher_model: models/rm is a LlamaForSequenceClassification checkpoint (a scalar-head reward model), not a causal LM with its LM head",
+    ),
+    Case(
+        "grpo: a causal LM without lm_head weights in its checkpoint as teacher_model",
+        (*GRPO, "--teacher-model", "models/no_head"),
+        "proxrl grpo: error: teacher_model: models/no_head is a LlamaForCausalLM checkpoint without lm_head.weight (its LM head would be newly initialised), not a causal LM with its LM head",
+    ),
+    Case(
+        "ppo: a reward model given as model (the policy)",
+        (
+            "ppo",
+            "--model",
+            "models/rm",
+            "--prompts",
+            "prompts.jsonl",
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--output-dir",
+            "runs/new",
+        ),
+        "proxrl ppo: error: model: models/rm is a LlamaForSequenceClassification checkpoint (a scalar-head reward model), not a causal LM with its LM head",
+    ),
+    Case(
+        "sft: a reward model given as model",
+        ("sft", "--model", "models/rm", "--data", "sft.jsonl", "--output-dir", "runs/new"),
+        "proxrl sft: error: model: models/rm is a LlamaForSequenceClassification checkpoint (a scalar-head reward model), not a causal LM with its LM head",
+    ),
+    Case(
+        "dpo: a reward model given as ref_model",
+        (*PAIRS_DPO, "--ref-model", "models/rm"),
+        "proxrl dpo: error: ref_model: models/rm is a LlamaForSequenceClassification checkpoint (a scalar-head reward model), not a causal LM with its LM head",
     ),
 ]
 # issue 49 data: rollouts files refused by their schema (rollouts_file.RolloutRow)

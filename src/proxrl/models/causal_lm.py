@@ -7,17 +7,32 @@ Options map one to one onto transformers: ``dtype`` (``"float32"``, ``"bfloat16"
 which stays off unless the user turns it on. Dropout is disabled in every model loaded for
 RLHF: with dropout on, the log-probs of the same tokens differ between the rollout and the
 update, and the PPO ratio is no longer 1 at the first step.
+
+A policy, reference or teacher must be a causal LM whose LM head came from its checkpoint:
+transformers loads a reward model (a sequence classifier) or a transformer body as a causal LM
+with a random LM head and only warns, and a run would then distill towards noise. The config's
+recorded architecture refuses such a checkpoint before any weight loads (``check_causal_lm``);
+a head reported missing at load time refuses the rest (``check_lm_head``; a head tied to the
+input embeddings is never saved apart, and is fine). A model object given to the Python API is
+judged by its class.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from proxrl.models.lora import adapter_base, adapter_head_modules, merge_adapter
+from proxrl.models.lora import (
+    adapter_base,
+    adapter_config,
+    adapter_head_modules,
+    is_peft_model,
+    merge_adapter,
+)
 from proxrl.models.tokenizer import check_model_source
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
@@ -130,14 +145,144 @@ def load_causal_lm(
     attn_implementation: str | None = None,
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
+    role: str = "model",
 ) -> PreTrainedModel:
-    """A causal LM ready for RLHF: dropout off, optional gradient checkpointing."""
+    """A causal LM ready for RLHF: dropout off, optional gradient checkpointing. A checkpoint
+    that is not a causal LM with its LM head is refused in one line that names ``role`` (the
+    config field it was given as): by its config before any weight loads, else by its load
+    report."""
+    check_causal_lm(name_or_path, role, trust_remote_code)
     kwargs = from_pretrained_kwargs(dtype, attn_implementation, trust_remote_code)
     from transformers import AutoModelForCausalLM
 
-    model = load_pretrained(AutoModelForCausalLM, name_or_path, **kwargs)
+    model, info = load_pretrained(
+        AutoModelForCausalLM, name_or_path, output_loading_info=True, **kwargs
+    )
+    check_lm_head(model, info, name_or_path, role)
     prepare_for_training(model, gradient_checkpointing)
     return model
+
+
+NOT_A_CAUSAL_LM = "not a causal LM with its LM head"
+
+OTHER_HEADS = {
+    "ForTokenClassification": "a token classifier",
+    "ForQuestionAnswering": "a question-answering model",
+    "ForMultipleChoice": "a multiple-choice model",
+}
+"""Class-name endings of transformers models with a head other than an LM head."""
+
+
+def other_head(architecture: str, config: Any = None) -> str | None:
+    """What a model of class ``architecture`` is, in words, when it is known not to be a causal
+    LM (a classifier, a transformer body without a head); None for a causal LM or a class not
+    known here (a model with remote code: its load report decides)."""
+    if architecture.endswith("ForSequenceClassification"):
+        labels = getattr(config, "num_labels", None)
+        return (
+            "a scalar-head reward model"
+            if labels == 1
+            else f"a sequence classifier, {labels} labels"
+        )
+    for ending, kind in OTHER_HEADS.items():
+        if architecture.endswith(ending):
+            return kind
+    if architecture in _transformer_bodies():
+        return "a transformer body without an LM head"
+    return None
+
+
+@functools.cache
+def _transformer_bodies() -> frozenset[str]:
+    """transformers' bare model classes (``LlamaModel``) that are not also a causal LM."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
+    )
+
+    def names(mapping: Any) -> set[str]:
+        return {n for v in mapping.values() for n in ((v,) if isinstance(v, str) else v)}
+
+    return frozenset(names(MODEL_MAPPING_NAMES) - names(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+
+
+def check_causal_lm(
+    name_or_path: str, role: str = "model", trust_remote_code: bool = False
+) -> None:
+    """Refuse, before any weight loads, a model for ``role`` (a policy, reference or teacher)
+    that is not a causal LM: a checkpoint whose config records only classes with another head
+    (``architectures``), a LoRA adapter trained for a sequence classifier or on such a base, or
+    a model object (``runtime.objects``) without an output embedding. A source that cannot be
+    read is left to the loader, which says why."""
+    what = _not_causal_lm(name_or_path, trust_remote_code)
+    if what is not None:
+        raise ProxrlError(f"{role}: {name_or_path} is {what}, {NOT_A_CAUSAL_LM}")
+
+
+def _not_causal_lm(name_or_path: str, trust_remote_code: bool) -> str | None:
+    """What ``name_or_path`` is ("a LlamaForSequenceClassification checkpoint (a scalar-head
+    reward model)") when it is known not to be a causal LM, else None."""
+    if objects.is_handle(name_or_path):
+        model = objects.lookup(name_or_path)
+        inner = model.get_base_model() if is_peft_model(model) else model
+        output = getattr(inner, "get_output_embeddings", None)
+        if output is not None and output() is not None:
+            return None
+        name = type(inner).__name__
+        kind = other_head(name, getattr(inner, "config", None)) or "no LM head"
+        return f"a {name} object ({kind})"
+    try:
+        check_model_source(name_or_path)
+    except ProxrlError:
+        return None  # (the loader says what is wrong with the source)
+    path = os.path.expanduser(name_or_path)
+    adapter = adapter_config(path)
+    if adapter is not None:
+        if str(adapter.get("task_type") or "").upper() == "SEQ_CLS":
+            return "a LoRA adapter for a sequence classifier (task_type SEQ_CLS)"
+        base = adapter.get("base_model_name_or_path")
+        under = _not_causal_lm(str(base), trust_remote_code) if base else None
+        return None if under is None else f"a LoRA adapter on {base}, {under}"
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    saved = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
+    kinds = [other_head(a, config) for a in saved]
+    if not saved or not all(kinds):
+        return None
+    return f"a {saved[0]} checkpoint ({kinds[0]})"
+
+
+def check_lm_head(
+    model: nn.Module, info: dict[str, Any], name_or_path: str, role: str = "model"
+) -> None:
+    """Refuse a loaded causal LM whose LM head the checkpoint lacked (``info``:
+    ``output_loading_info``, whose ``missing_keys`` transformers filled with random weights).
+    A head tied to the input embeddings is never saved apart: it came with the embeddings."""
+    head = model.get_output_embeddings()
+    if head is None:
+        return
+    weight = getattr(head, "weight", None)
+    if weight is not None and weight is getattr(model.get_input_embeddings(), "weight", None):
+        return
+    names = {
+        f"{name}.{p}"
+        for name, module in model.named_modules()
+        if module is head
+        for p in ("weight", "bias")
+    }
+    missing = sorted(names & set(info.get("missing_keys") or ()))
+    if not missing:
+        return
+    saved = [a for a in getattr(model.config, "architectures", None) or [] if isinstance(a, str)]
+    kind = f"a {saved[0]} checkpoint" if saved else "a checkpoint"
+    raise ProxrlError(
+        f"{role}: {name_or_path} is {kind} without {missing[0]} (its LM head would be newly "
+        f"initialised), {NOT_A_CAUSAL_LM}"
+    )
 
 
 def prepare_for_training(model: PreTrainedModel, gradient_checkpointing: bool) -> None:

@@ -40,7 +40,7 @@ from proxrl.core.masked import masked_mean, masked_sum
 from proxrl.data.batching import Batch, PairBatch, bucket_batches, collate_pairs
 from proxrl.data.encoding import EncodedPair, encode_preferences
 from proxrl.data.formats import load_preference_examples
-from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.forward import policy_forward
@@ -227,7 +227,10 @@ def reference_pairs(
         ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
     elif cfg.ref_model:
         reference = load_causal_lm(
-            cfg.ref_model, **cfg.loader_kwargs(), gradient_checkpointing=cfg.gradient_checkpointing
+            cfg.ref_model,
+            **cfg.loader_kwargs(),
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            role="ref_model",
         ).to(dist.device())
         resize_for_tokenizer(reference, tokenizer)
         with cfg.autocast():
@@ -257,6 +260,8 @@ def train(cfg: Config) -> dict[str, float]:
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
     cfg = fit_to_context(cfg)  # max_length held to the model's context (the run keeps cfg)
+    if cfg.ref_model and cfg.loss != "simpo":  # a reward model given as one: before any loads
+        check_causal_lm(cfg.ref_model, "ref_model", cfg.trust_remote_code)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id
 

@@ -17,7 +17,7 @@ from proxrl.algos.online.critic import Critic, SeparateCritic
 from proxrl.algos.online.episodes import environment_tools
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
-from proxrl.models.causal_lm import load_causal_lm
+from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
 from proxrl.models.lora import apply_lora, is_peft_model
 from proxrl.models.scalar_head import load_score_model, unwrap_peft
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
@@ -59,9 +59,13 @@ def load_models(
     cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True, with_teacher: bool = True
 ) -> Models:
     """The roles of ``cfg`` in this process; ``with_reference`` / ``with_teacher`` False leave
-    the reference / teacher unloaded (None) for a caller that places it elsewhere. A teacher
-    with another tokenizer is refused first, before any model loads."""
+    the reference / teacher unloaded (None) for a caller that places it elsewhere. A policy
+    or teacher that is not a causal LM (a reward model's checkpoint: its LM head would be
+    random), and a teacher with another tokenizer, are refused first, before any model loads."""
     kwargs = cfg.loader_kwargs()
+    check_causal_lm(cfg.model, "model", cfg.trust_remote_code)
+    if cfg.teacher_model is not None:
+        check_causal_lm(cfg.teacher_model, "teacher_model", cfg.trust_remote_code)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     if cfg.teacher_model is not None:
         check_teacher_tokenizer(cfg.teacher_model, tokenizer, cfg.trust_remote_code)
@@ -104,7 +108,7 @@ def load_teacher(cfg: OnlineConfig, tokenizer: Any, actor: nn.Module) -> nn.Modu
     """The frozen teacher, loaded as the reference is; with distill_loss gjsd its output width
     must be the policy's (the divergence runs over every entry of both distributions)."""
     assert cfg.teacher_model is not None
-    teacher = load_causal_lm(cfg.teacher_model, **cfg.loader_kwargs())
+    teacher = load_causal_lm(cfg.teacher_model, role="teacher_model", **cfg.loader_kwargs())
     resize_for_tokenizer(teacher, tokenizer)
     if cfg.distill_loss == "gjsd":
         check_output_widths(teacher, actor, cfg.teacher_model)
