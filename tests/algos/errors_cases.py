@@ -443,7 +443,7 @@ CASES: list[Case] = [
     Case(
         "dpo: label_smoothing with ipo",
         (*PAIRS_DPO, "--loss", "ipo", "--label-smoothing", "0.1"),
-        "proxrl dpo: error: label_smoothing does not apply to loss=ipo",
+        "proxrl dpo: error: label_smoothing: applies to loss sigmoid, simpo; this run has ipo",
     ),
     Case(
         "dpo: missing ref_model",
@@ -892,7 +892,7 @@ CASES: list[Case] = [
     Case(
         "ppo: compile_sampler with generate",
         (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--sampler", "hf", "--compile-sampler"),
-        "proxrl ppo: error: compile_sampler: needs sampler=cached without stop_strings (generate runs those)",
+        "proxrl ppo: error: compile_sampler: applies to sampler cached; this run has hf",
     ),
     Case(
         "ppo: sampler vllm without the vllm package",
@@ -1199,7 +1199,7 @@ CASES: list[Case] = [
             "--dual-clip",
             "3",
         ),
-        "proxrl ppo: error: dual_clip: bounds the ppo surrogate only, not policy_loss cispo",
+        "proxrl ppo: error: dual_clip: applies to policy_loss ppo; this run has cispo",
     ),
     Case(
         "ppo: PPO-Penalty with another surrogate",
@@ -1212,7 +1212,7 @@ CASES: list[Case] = [
             "--policy-loss",
             "gspo",
         ),
-        "proxrl ppo: error: policy_loss: surrogate penalty is PPO-Penalty; gspo needs surrogate clip or clip+penalty",
+        "proxrl ppo: error: policy_loss: applies to surrogate clip, clip+penalty; this run has penalty",
     ),
     Case(
         "grpo: reinforce with another surrogate",
@@ -1225,7 +1225,8 @@ CASES: list[Case] = [
             "--policy-loss",
             "gspo",
         ),
-        "proxrl grpo: error: policy_loss: estimator reinforce takes the plain policy-gradient loss, not gspo (pick another estimator)",
+        "proxrl grpo: error: policy_loss: applies to estimator grpo, rloo, remax, reinforce_pp, "
+        "reinforce_pp_baseline, maxrl, asymre, gdpo; this run has reinforce",
     ),
     # -- DAPO sampling options and the critic's start (issue 15) ---------------------------
     Case(
@@ -1249,7 +1250,7 @@ CASES: list[Case] = [
             "--critic-model",
             "policy",
         ),
-        "proxrl ppo: error: critic_model: only with critic=separate (a value head starts at 0)",
+        "proxrl ppo: error: critic_model: applies to critic separate; this run has head",
     ),
     Case(
         "ppo: critic_model directory with no critic",
@@ -1461,8 +1462,8 @@ CASES: list[Case] = [
     Case(
         "report_to: an unknown tracker",
         (*SFT, "--report-to", "neptune"),
-        "proxrl sft: error: --report-to expects a list of one of tensorboard, wandb, mlflow, "
-        "trackio, none, found 'neptune'",
+        "proxrl sft: error: --report-to expects a list of one of none, tensorboard, wandb, "
+        "mlflow, trackio, found 'neptune'",
     ),
     # issue 23 seams
     Case(
@@ -1544,7 +1545,7 @@ CASES: list[Case] = [
     Case(
         "ppo: async_rollout without placement ray",
         (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--async-rollout"),
-        "proxrl ppo: error: async_rollout: needs placement ray (engines of their own)",
+        "proxrl ppo: error: async_rollout: applies to placement ray; this run has local",
     ),
     Case(
         "grpo: async_rollout without the engine's log-probs",
@@ -1764,6 +1765,44 @@ CASES: list[Case] = [
         "dpo: a reward model given as ref_model",
         (*PAIRS_DPO, "--ref-model", "models/rm"),
         "proxrl dpo: error: ref_model: models/rm is a LlamaForSequenceClassification checkpoint (a scalar-head reward model), not a causal LM with its LM head",
+    ),  # issue 49: a knob of an option the run has not selected, and contradictory bounds
+    Case(
+        "ppo: a knob of a policy loss the run has not selected",
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--sapo-tau-pos", "2"),
+        "proxrl ppo: error: sapo_tau_pos: applies to policy_loss sapo; this run has ppo",
+    ),
+    Case(
+        "grpo: a knob of an estimator the run has not selected",
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--baseline-shift", "0.2"),
+        "proxrl grpo: error: baseline_shift: applies to estimator asymre; this run has grpo",
+    ),
+    Case(
+        "grpo: a knob of an off-policy mask the run has not selected",
+        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--m2po-tau", "0.1"),
+        "proxrl grpo: error: m2po_tau: applies to off_policy_mask m2po; this run has none",
+    ),
+    Case(
+        "ppo: a distillation knob without a teacher_model",
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--distill-coef", "2"),
+        "proxrl ppo: error: distill_coef: applies with teacher_model; this run has none",
+    ),
+    Case(
+        "ppo: a vLLM knob with the cached sampler",
+        (*PPO, "--reward-fn", "proxrl.demo.task:gold", "--vllm-enforce-eager", "false"),
+        "proxrl ppo: error: vllm_enforce_eager: applies to sampler vllm; this run has cached",
+    ),
+    Case(
+        "ppo: clip_cov_lb above clip_cov_ub",
+        (
+            *PPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--policy-loss",
+            "clip_cov",
+            "--clip-cov-lb",
+            "6",
+        ),
+        "proxrl ppo: error: clip_cov_lb: expected < clip_cov_ub (5), got 6.0",
     ),
 ]
 # issue 49 data: rollouts files refused by their schema (rollouts_file.RolloutRow)

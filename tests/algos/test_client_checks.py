@@ -219,7 +219,8 @@ def test_pair_options_are_checked_as_proxrl_dpo_checks_them(client):
         beta=-1.0,
     )
     _refused(
-        r"^TrainingClient.forward_backward: label_smoothing: does not apply to loss ipo$",
+        r"^TrainingClient.forward_backward: label_smoothing: applies to loss sigmoid, simpo; "
+        r"this run has ipo$",
         client.forward_backward,
         replace(pairs, loss="ipo"),
         "ipo",

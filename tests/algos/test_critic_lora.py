@@ -83,7 +83,7 @@ def test_critic_lora_r_0_trains_every_critic_weight(tiny_lm):
 
 
 def test_a_value_head_refuses_critic_lora_r(tiny_lm, prompts, tmp_path):
-    with pytest.raises(ProxrlError, match="critic_lora_r: only with critic=separate"):
+    with pytest.raises(ProxrlError, match="critic_lora_r: applies to critic separate"):
         config(tiny_lm, prompts, tmp_path, critic="head", critic_lora_r=4).validate()
 
 

@@ -97,7 +97,7 @@ def test_a_run_without_a_critic_is_a_one_line_error(tiny_lm, prompts, tmp_path):
     empty.mkdir()
     with pytest.raises(ProxrlError, match=r"holds no critic \(no critic/, no config.json\)"):
         critic_weights(config(ppo, tiny_lm, prompts, tmp_path / "r", critic_model=str(empty)))
-    with pytest.raises(ProxrlError, match="critic_model: only with critic=separate"):
+    with pytest.raises(ProxrlError, match="critic_model: applies to critic separate"):
         config(
             ppo, tiny_lm, prompts, tmp_path / "r", critic="head", critic_model="policy"
         ).validate()

@@ -58,7 +58,10 @@ def dynamic(tiny_lm: str, prompts: str, out: Path, **overrides) -> grpo.Config:
         dynamic_sampling=True,
         max_sampling_rounds=2,
     )
-    return grpo.Config(**(fields | overrides))
+    fields |= overrides
+    if not fields["dynamic_sampling"]:  # max_sampling_rounds applies with it only
+        del fields["max_sampling_rounds"]
+    return grpo.Config(**fields)
 
 
 def expected_rounds(cfg: grpo.Config) -> list[tuple[int, int, int, list[str]]]:

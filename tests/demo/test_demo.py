@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from proxrl import cli
-from proxrl.demo import task
+from proxrl.demo import pipeline, task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STAGES = [
@@ -102,10 +102,13 @@ def test_every_stage_ran_and_summary_has_the_issue_shape(toy_demo: Path) -> None
 
 def test_the_rl_runs_take_the_demos_small_vllm_share(toy_demo: Path) -> None:
     """The demo's 0.05, not ppo's 0.3 (0.3 of RAM for a toy model's KV cache can exceed what a
-    CPU machine's NUMA node has free, and vLLM then refuses to start)."""
+    CPU machine's NUMA node has free, and vLLM then refuses to start), where the RL runs sample
+    with vllm; the cached sampler's runs are not given it (a knob of sampler vllm only)."""
+    vllm = pipeline.online_fields(pipeline.Config(sampler="vllm"), toy_demo, "ppo")
+    assert vllm["vllm_gpu_memory_utilization"] == 0.05
     for run in ("ppo", "ppo_no_kl", "grpo"):
         config = (toy_demo / run / "config.yaml").read_text()
-        assert "\nvllm_gpu_memory_utilization: 0.05\n" in config, run
+        assert "\nsampler: cached\nvllm_gpu_memory_utilization: 0.3\n" in config, run
 
 
 def test_every_artefact_was_written(toy_demo: Path) -> None:

@@ -259,3 +259,40 @@ def test_estimator_traits_decide_the_group_size_and_the_kl_term():
         algorithm = grpo.build(_config(grpo.Config, estimator=name))
         assert (algorithm.kl_loss is not None) == grpo.ESTIMATORS.trait(name, "kl_in_loss")
         assert algorithm.needs_greedy == grpo.ESTIMATORS.trait(name, "needs_greedy")
+
+
+def test_every_way_in_gets_the_same_refusal(tmp_path, capsys):
+    """CLI flags, a YAML file, the Python API and the training client: one check, one line,
+    and the output directory left as it was (not made)."""
+    import proxrl
+    from proxrl.cli import main
+
+    message = "baseline_shift: applies to estimator asymre; this run has grpo"
+    out = tmp_path / "run"
+    given = {"model": "m", "prompts": "p", "reward_fn": "proxrl.demo.task:gold"}
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in given.items()]
+    config = tmp_path / "config.yaml"
+    config.write_text("".join(f"{k}: {v}\n" for k, v in given.items()) + "baseline_shift: 0.2\n")
+    for argv in (
+        ["grpo", *flags, "--baseline-shift", "0.2", "--output-dir", str(out)],
+        ["grpo", "--config", str(config), "--output-dir", str(out)],
+    ):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"proxrl grpo: error: {message}"
+    with pytest.raises(ProxrlError, match=f"^{message}$"):
+        proxrl.grpo(**given, baseline_shift=0.2, output_dir=str(out))
+    with pytest.raises(ProxrlError, match=rf"^proxrl.TrainingClient\(\): {message}$"):
+        proxrl.TrainingClient("m", baseline_shift=0.2)
+    assert not out.exists()
+
+
+def test_a_client_leaves_the_policy_loss_open_but_refuses_other_unused_knobs():
+    """A client picks its loss per call (forward_backward's ``loss``), so a policy loss's knob
+    is taken whatever its config's policy_loss; any other unused knob is refused as by the
+    command."""
+    from proxrl.algos.online.client_checks import checked_config
+
+    cfg = checked_config(grpo.Config, {"model": "m", "sapo_tau_pos": 2.0}, "client")
+    assert cfg.sapo_tau_pos == 2.0
+    with pytest.raises(ProxrlError, match="^client: m2po_tau: applies to off_policy_mask m2po"):
+        checked_config(grpo.Config, {"model": "m", "m2po_tau": 0.1}, "client")

@@ -47,7 +47,7 @@ import torch
 
 from proxrl.algos.offline import reward, sft
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.samplers import SamplerChoice
+from proxrl.algos.online.samplers import ENGINES, SamplerChoice
 from proxrl.data.formats import load_prompt_examples
 from proxrl.demo import task
 from proxrl.demo.evaluate import PolicyScores, evaluate_policy
@@ -344,8 +344,9 @@ def sft_config(cfg: Config, out: Path, data: Path) -> sft.Config:
 
 
 def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
-    """What the three RL runs share."""
-    return dict(
+    """What the three RL runs share (the demo's engine knobs where its sampler reads them)."""
+    engine = {knob: getattr(cfg, knob) for knob in ENGINES.knobs(cfg.sampler) if hasattr(cfg, knob)}
+    return engine | dict(
         output_dir=str(out / name),
         prompts=str(out / "data" / "rl_prompts.jsonl"),
         model=str(out / "sft"),
@@ -357,7 +358,6 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
         ppo_epochs=cfg.ppo_epochs,
         seed=cfg.seed,
         sampler=cfg.sampler,
-        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         sample_every=max(1, cfg.rl_iterations // 4),
         progress=cfg.progress,
         save_every=max(1, cfg.rl_iterations // 4),  # a killed stage resumes from the last quarter

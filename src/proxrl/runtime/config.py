@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar, Union
 
@@ -168,9 +169,12 @@ def _shown(value: Any) -> str:
     return ", ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
-def knob_refusal(cfg: Any, name: str, seen: frozenset[str] = frozenset()) -> str | None:
+def knob_refusal(
+    cfg: Any, name: str, open_choices: Collection[str] = (), seen: frozenset[str] = frozenset()
+) -> str | None:
     """None where field ``name`` applies to the run, else why not (the option that would make
-    it apply and what the run has instead)."""
+    it apply and what the run has instead). ``open_choices``: choice fields whose entry is
+    picked later (a training client's loss, per call): any knob of theirs applies."""
     owners, table = knob_owners(type(cfg)), field_table(type(cfg))
     if name not in owners or name in seen:
         return None
@@ -178,8 +182,8 @@ def knob_refusal(cfg: Any, name: str, seen: frozenset[str] = frozenset()) -> str
     for field, entry in owners[name]:
         choice = table[field].choice
         on = _is_set(cfg, field) if entry is None else entry in choice.selected(getattr(cfg, field))
-        if on:
-            reason = knob_refusal(cfg, field, seen)
+        if on or field in open_choices:
+            reason = knob_refusal(cfg, field, open_choices, seen)
             if reason is None:
                 return None
             through = f"with {field}" if entry is None else f"to {field} {entry}"
@@ -195,16 +199,18 @@ def knob_refusal(cfg: Any, name: str, seen: frozenset[str] = frozenset()) -> str
     return f"{name}: applies {target}; this run has {', '.join(has)}"
 
 
-def check_knobs(cfg: Any) -> None:
+def check_knobs(cfg: Any, open_choices: Collection[str] = ()) -> None:
     """Raise ``ProxrlError`` for a field set away from its default while nothing that reads it
     is selected: a knob of a registry entry the run has not chosen (``sapo_tau_pos: applies to
     policy_loss sapo; this run has ppo``), or a field ``AppliesWith`` another that is unset.
     The config class's ``harmless_when_unused`` (field → why) lists the deliberate exceptions.
-    First, a lower bound at or above its upper one (``Range(below=...)``) is refused."""
+    First, a lower bound at or above its upper one (``Range(below=...)``) is refused.
+    ``open_choices``: as ``knob_refusal``'s."""
     _check_order(cfg)
     exempt = getattr(type(cfg), "harmless_when_unused", {})
     for name in field_table(type(cfg)):
-        reason = None if name in exempt or not _is_set(cfg, name) else knob_refusal(cfg, name)
+        unused = name not in exempt and _is_set(cfg, name)
+        reason = knob_refusal(cfg, name, open_choices) if unused else None
         if reason is not None:
             raise ProxrlError(reason)
 
@@ -225,6 +231,8 @@ def list_item(tp: Any) -> tuple[Any, Any]:
 
 
 def type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Annotated:  # a list item's registry marker
+        tp = typing.get_args(tp)[0]
     (optional, inner), (kind, item) = optional_inner(tp), list_item(tp)
     if optional or kind:
         return f"{type_name(inner)} or None" if optional else f"a list of {type_name(item)}"

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -43,8 +44,10 @@ from proxrl.data.formats import load_preference_examples
 from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.tokenizer import check_model_source, load_tokenizer, resize_for_tokenizer
+from proxrl.registry import Registry
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.config import check_knobs
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 from proxrl.runtime.run import Run
@@ -56,6 +59,38 @@ if TYPE_CHECKING:  # transformers loads with the first model, not with a config
 log = logging.getLogger(__name__)
 
 
+PairLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, Any], tuple[Tensor, dict[str, Tensor]]]
+DPO_LOSSES: Registry[PairLossFn] = Registry("DPO loss")
+"""``loss`` → (chosen log π (B,), rejected log π (B,), their reference log-probs (B,) each,
+options) → (loss, stats) (formulas in ``core.losses``). Traits: ``average`` (log π is the
+response's mean token log-prob, not its sum), ``reference`` (reads a reference model)."""
+DPO_LOSSES.add(
+    "sigmoid",
+    lambda c, r, ref_c, ref_r, o: dpo_loss(c, r, ref_c, ref_r, o.beta, o.label_smoothing),
+    "DPO; cDPO with label_smoothing",
+    knobs=("label_smoothing", "ref_model"),
+    reference=True,
+)
+DPO_LOSSES.add(
+    "ipo",
+    lambda c, r, ref_c, ref_r, o: ipo_loss(c, r, ref_c, ref_r, o.beta),
+    "IPO: the squared distance of the margin to 1/(2β)",
+    knobs=("ref_model",),
+    reference=True,
+    average=True,
+)
+DPO_LOSSES.add(
+    "simpo",
+    lambda c, r, ref_c, ref_r, o: simpo_loss(
+        c, r, o.beta, o.simpo_gamma_beta_ratio, o.label_smoothing
+    ),
+    "SimPO: length-normalised margin, no reference model",
+    knobs=("label_smoothing", "simpo_gamma_beta_ratio"),
+    average=True,
+)
+DPOLossChoice = DPO_LOSSES.choice()
+
+
 @dataclass
 class Config(OfflineConfig):
     """proxrl dpo: DPO, IPO or SimPO on {"prompt", "chosen", "rejected"} pairs."""
@@ -64,7 +99,7 @@ class Config(OfflineConfig):
     """Directory for metrics, checkpoints and the final model."""
     learning_rate: float = 5e-7
     """Peak AdamW learning rate (DPO needs small ones: 5e-7 for 7B models)."""
-    loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid"
+    loss: DPOLossChoice = "sigmoid"
     """sigmoid: DPO / cDPO; ipo: IPO; simpo: SimPO (no reference model)."""
     beta: Annotated[float, Range(gt=0)] = 0.1
     """Strength of the implicit KL constraint (SimPO: reward scale, 2.0-2.5 in the paper)."""
@@ -80,8 +115,7 @@ class Config(OfflineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.loss == "ipo" and self.label_smoothing:
-            raise ProxrlError("label_smoothing does not apply to loss=ipo")
+        check_knobs(self)
         if self.ref_model:
             try:
                 check_model_source(self.ref_model)
@@ -120,7 +154,7 @@ def response_logps(
 
 
 def uses_average(loss: str) -> bool:
-    return loss in ("ipo", "simpo")
+    return DPO_LOSSES.trait(loss, "average")
 
 
 class PairLossOptions(Protocol):
@@ -158,15 +192,8 @@ def preference_loss(
     logps = response_logps(model, batch.pairs.sequences, uses_average(cfg.loss), cfg.packing)
     b = batch.pairs.num_pairs
     chosen, rejected = logps[:b], logps[b:]
-    if cfg.loss == "simpo":
-        return simpo_loss(
-            chosen, rejected, cfg.beta, cfg.simpo_gamma_beta_ratio, cfg.label_smoothing
-        )
-    if cfg.loss == "ipo":
-        return ipo_loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta)
-    return dpo_loss(
-        chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg.beta, cfg.label_smoothing
-    )
+    loss = DPO_LOSSES[cfg.loss]
+    return loss(chosen, rejected, batch.ref_chosen, batch.ref_rejected, cfg)
 
 
 @torch.no_grad()
@@ -222,7 +249,7 @@ def reference_pairs(
     SimPO (no reference), else under ``cfg.ref_model`` or the starting policy (LoRA: the
     adapter disabled)."""
     average, pad_id = uses_average(cfg.loss), tokenizer.pad_token_id
-    if cfg.loss == "simpo":
+    if not DPO_LOSSES.trait(cfg.loss, "reference"):
         ref_train = (torch.zeros(len(train_items)), torch.zeros(len(train_items)))
         ref_eval = (torch.zeros(len(eval_items)), torch.zeros(len(eval_items)))
     elif cfg.ref_model:
@@ -260,7 +287,7 @@ def train(cfg: Config) -> dict[str, float]:
     run = Run(cfg)
     run.check()  # the output directory, and changed options refused before anything loads
     cfg = fit_to_context(cfg)  # max_length held to the model's context (the run keeps cfg)
-    if cfg.ref_model and cfg.loss != "simpo":  # a reward model given as one: before any loads
+    if cfg.ref_model and DPO_LOSSES.trait(cfg.loss, "reference"):  # checked before any loads
         check_causal_lm(cfg.ref_model, "ref_model", cfg.trust_remote_code)
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
     pad_id = tokenizer.pad_token_id

@@ -406,7 +406,7 @@ class TrainingClient:
         examples = _preference_examples(rows)
         items = encode_preferences(examples, self.tokenizer, max_length, "truncate", "pairs")
         option = PAIR_LOSSES[loss]
-        if option == "simpo":
+        if not dpo.DPO_LOSSES.trait(option, "reference"):
             return PreferencePairs(items, loss, (torch.zeros(len(items)), torch.zeros(len(items))))
         if isinstance(self.models.reference, torch.nn.Module):
             reference = self.models.reference
@@ -645,12 +645,10 @@ SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", 
 
 
 def _pair_loss(option: str, options: dict[str, float], where: str) -> dpo.PairLoss:
-    """``proxrl dpo``'s loss options, read and range-checked as its config's fields are (not
-    its ``validate()``, which asks for a model and data the client does not have), and its
-    rule that label smoothing is no part of IPO."""
+    """``proxrl dpo``'s loss options, read and checked as its config's fields are (not its
+    ``validate()``, which asks for a model and data the client does not have): their ranges,
+    and a knob of another loss refused (label smoothing is no part of IPO)."""
     cfg = checked_config(dpo.Config, {"loss": option, **options}, where)
-    if cfg.loss == "ipo" and cfg.label_smoothing:
-        raise ProxrlError(f"{where}: label_smoothing: does not apply to loss ipo")
     return dpo.PairLoss(
         cfg.loss,
         beta=cfg.beta,

@@ -24,22 +24,31 @@ from proxrl.data.readers import Row
 from proxrl.models.options import ModelRunConfig
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import objects
-from proxrl.runtime.config import config_from_mapping
+from proxrl.runtime.config import check_knobs, config_from_mapping
 from proxrl.runtime.errors import ProxrlError
+
+OPEN_CHOICES = ("policy_loss",)
+"""The choice fields a client's call picks (``forward_backward``'s loss): their knobs apply."""
 
 
 def checked_config(cls: type, values: Mapping[str, Any], where: str, base: Any = None) -> Any:
     """``base`` (or a new ``cls``) with ``values`` (field → value) replaced, each read as a YAML
-    value is (``config_from_mapping``), then checked as the constructor checks its options
-    (``ModelRunConfig.validate``: every field's range, the dtype and precision); ``base``'s
+    value is (``config_from_mapping``), then checked as the command checks its options
+    (``ModelRunConfig.validate``: every field's range, the dtype and precision; an online
+    config's ``validate_options``: the rules between options, a knob of an entry not selected
+    refused, the policy loss open since each call picks it; else ``check_knobs``); ``base``'s
     attached Python objects (a model given as a model) kept. A refusal starts with ``where``.
 
-    Not the command's full ``validate()``: an online config's cross-field rules start with the
-    run's inputs (prompts or a rollouts file, a reward source, an environment that loads), which
-    a client's user brings to each call instead, so it would refuse every client's config."""
+    Not the command's full ``validate()``: its input checks (prompts or a rollouts file, a
+    reward source, an environment that loads, a model and data) are for what a client's user
+    brings to each call instead."""
     cfg = config_from_mapping(cls, dict(values), where, validate=False, base=base)
     try:
         ModelRunConfig.validate(cfg)  # every field's range (check_ranges), dtype, precision
+        if hasattr(cfg, "validate_options"):
+            cfg.validate_options(OPEN_CHOICES)
+        else:
+            check_knobs(cfg)
     except ProxrlError as e:
         raise ProxrlError(f"{where}: {e}") from None
     if base is not None:

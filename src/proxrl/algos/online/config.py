@@ -348,7 +348,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
 
     def validate(self) -> None:
         super().validate()
-        check_knobs(self)
+        self.validate_options()
         self.validate_held_out()
         self.validate_placement(
             self.sampler_logprobs,
@@ -358,9 +358,17 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         self._check_inputs()
         self.validate_distill(bool(self.max_tokens_per_micro_batch))
         self._check_rewards()
+        self._check_batches()
+        self._check_correction()
+        self._check_dynamic_sampling()
+
+    def validate_options(self, open_choices: tuple[str, ...] = ()) -> None:
+        """The rules between the options themselves, not the run's inputs (its prompts, reward
+        sources, environment): what a ``TrainingClient``, whose user brings those to each call,
+        checks too. ``open_choices``: choice fields picked per call (the client's loss)."""
+        check_knobs(self, open_choices)
         self._check_dual_clip()
         self._check_kl()
-        self._check_batches()
         self._check_sampler()
         self._check_shaping()
 
@@ -464,7 +472,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             )
 
     def _check_sampler(self) -> None:
-        """What each sampler can do, and a rollout correction only of the sampler's log-probs."""
+        """What each sampler can do (its traits)."""
         trait = functools.partial(ENGINES.trait, self.sampler)
         if trait("min_p_first") and self.min_p > 0 and self.top_p < 1:
             raise ProxrlError(  # the trainer replays generate's order (core.truncate_logits)
@@ -491,24 +499,30 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             raise ProxrlError(
                 "compile_sampler: not with stop_strings (generate runs those, not the cached loop)"
             )
-        recorded = self.sampler_logprobs or self.rollouts_file is not None  # (a file's are)
+
+    def _check_correction(self) -> None:
+        """A rollout correction weighs recorded log-probs: the sampler's or a file's (a
+        client's recorded rollouts bring theirs per call)."""
+        recorded = self.sampler_logprobs or self.rollouts_file is not None
         if self.rollout_correction != "none" and not recorded:
             raise ProxrlError(
                 f"rollout_correction: {self.rollout_correction} corrects the sampler's log-probs; "
                 "set sampler_logprobs true (or rollout_correction none)"
             )
 
-    def _check_shaping(self) -> None:
-        """DAPO's overlong buffer and dynamic sampling; the reference a LoRA run keeps."""
-        if self.overlong_buffer > self.max_new_tokens:
-            raise ProxrlError(
-                f"overlong_buffer: {self.overlong_buffer} exceeds max_new_tokens "
-                f"{self.max_new_tokens}"
-            )
+    def _check_dynamic_sampling(self) -> None:
         if self.dynamic_sampling and self.group_size < 2:
             raise ProxrlError(
                 f"dynamic_sampling: needs groups of at least 2 responses, got group_size "
                 f"{self.group_size}"
+            )
+
+    def _check_shaping(self) -> None:
+        """DAPO's overlong buffer; the reference a LoRA run keeps."""
+        if self.overlong_buffer > self.max_new_tokens:
+            raise ProxrlError(
+                f"overlong_buffer: {self.overlong_buffer} exceeds max_new_tokens "
+                f"{self.max_new_tokens}"
             )
         if self.lora_r and self.ref_reset_every:
             raise ProxrlError(

@@ -15,6 +15,7 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, SeparateCritic
 from proxrl.algos.online.episodes import environment_tools
+from proxrl.core import KL_CONTROLLERS
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
@@ -51,7 +52,10 @@ class Models:
 def measures_kl(cfg: OnlineConfig) -> bool:
     """Whether the run measures the KL to a reference (False: β is fixed at 0)."""
     return (
-        cfg.track_kl or cfg.kl_coef > 0 or cfg.kl_controller != "fixed" or cfg.ref_reset_every > 0
+        cfg.track_kl
+        or cfg.kl_coef > 0
+        or KL_CONTROLLERS.trait(cfg.kl_controller, "adapts")
+        or cfg.ref_reset_every > 0
     )
 
 
