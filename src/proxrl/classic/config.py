@@ -33,16 +33,21 @@ from proxrl.runtime.fields import Range, alias
 from proxrl.runtime.run_config import RunConfig
 
 OBJECTIVE_TABLE: Registry[None] = Registry("objective")
-"""``objective`` → the PPO paper's surrogates (Table 1), built in ``classic.ppo``."""
-OBJECTIVE_TABLE.add("clip", None, "the clipped surrogate")
-OBJECTIVE_TABLE.add("adaptive-kl", None, "the KL penalty with an adaptive β")
-OBJECTIVE_TABLE.add("fixed-kl", None, "the KL penalty with a fixed β")
+"""``objective`` → the PPO paper's surrogates (Table 1), built in ``classic.ppo`` from their
+traits: ``clipped`` (the clipped surrogate), ``penalty`` (β·KL in the loss), ``adaptive`` (β
+moves with the measured KL)."""
+OBJECTIVE_TABLE.add("clip", None, "the clipped surrogate", clipped=True)
+OBJECTIVE_TABLE.add(
+    "adaptive-kl", None, "the KL penalty with an adaptive β", penalty=True, adaptive=True
+)
+OBJECTIVE_TABLE.add("fixed-kl", None, "the KL penalty with a fixed β", penalty=True)
 OBJECTIVE_TABLE.add("none", None, "the plain surrogate")
 OBJECTIVES: tuple[str, ...] = OBJECTIVE_TABLE.names()
 Objective = OBJECTIVE_TABLE.choice()
 ALGOS: Registry[None] = Registry("classic algorithm")
-"""``algo`` → the policy update (``classic.train``)."""
-ALGOS.add("ppo", None, "PPO with the objective chosen")
+"""``algo`` → the policy update (``classic.train``); trait ``trains_policy_by_gradient``: the
+optimizer steps the policy too (TRPO's line search moves it, the optimizer the critic only)."""
+ALGOS.add("ppo", None, "PPO with the objective chosen", trains_policy_by_gradient=True)
 ALGOS.add("trpo", None, "natural gradient + KL-constrained line search")
 AlgoChoice = ALGOS.choice()
 
@@ -155,7 +160,7 @@ class ClassicConfig(RunConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.objective == "adaptive-kl" and self.penalty_beta == 0:
+        if OBJECTIVE_TABLE.trait(self.objective, "adaptive") and self.penalty_beta == 0:
             raise ProxrlError(
                 "--penalty-beta must be > 0 with --objective adaptive-kl (it doubles or halves β)"
             )

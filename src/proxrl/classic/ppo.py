@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.classic.agent import Agent, detach_dist
-from proxrl.classic.config import ClassicConfig
+from proxrl.classic.config import OBJECTIVE_TABLE, ClassicConfig
 from proxrl.classic.rollout import Batch
 from proxrl.core import (
     FixedKL,
@@ -65,11 +65,10 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The chosen surrogate as a loss, plus clip-style statistics for every objective."""
     mask = torch.ones_like(adv)
-    if cfg.objective == "clip":
+    if OBJECTIVE_TABLE.trait(cfg.objective, "clipped"):
         return ppo_clip_loss(logprobs, old_logprobs, adv, mask, clip_low=cfg.clip)
-    loss, stats = ppo_penalty_loss(
-        logprobs, old_logprobs, adv, mask, beta=beta if cfg.objective != "none" else 0.0
-    )
+    penalised = OBJECTIVE_TABLE.trait(cfg.objective, "penalty")
+    loss, stats = ppo_penalty_loss(logprobs, old_logprobs, adv, mask, beta=beta if penalised else 0)
     with torch.no_grad():  # clipfrac at ε = cfg.clip, for comparison across objectives
         _, clip_stats = ppo_clip_loss(logprobs, old_logprobs, adv, mask, clip_low=cfg.clip)
     stats["clipfrac"] = clip_stats["clipfrac"]
@@ -94,7 +93,7 @@ def ppo_update(
     )
     with torch.no_grad():
         old_dist = detach_dist(agent.dist(batch.obs))
-    beta = kl_ctrl.value if cfg.objective in ("adaptive-kl", "fixed-kl") else 0.0
+    beta = kl_ctrl.value if OBJECTIVE_TABLE.trait(cfg.objective, "penalty") else 0.0
     parameters = list(agent.named_parameters())
     sums: dict[str, float] = {}
     count = 0

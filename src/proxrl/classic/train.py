@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from proxrl.classic.agent import Agent
-from proxrl.classic.config import ClassicConfig
+from proxrl.classic.config import ALGOS, OBJECTIVE_TABLE, ClassicConfig
 from proxrl.classic.envs import (
     ObsNormalizer,
     RewardScaler,
@@ -129,13 +129,14 @@ def build_learner(cfg: ClassicConfig, obs_dim: int, action_dim: int, discrete: b
     """Environments, networks, optimiser and KL-penalty controller."""
     envs = make_vec_env(cfg.env, cfg.num_envs)  # type: ignore[arg-type]
     agent = Agent(obs_dim, action_dim, discrete, cfg.hidden_size)
-    trainable = agent.parameters() if cfg.algo == "ppo" else agent.critic.parameters()
+    by_gradient = ALGOS.trait(cfg.algo, "trains_policy_by_gradient")
+    trainable = agent.parameters() if by_gradient else agent.critic.parameters()
     # fused: one kernel per step instead of ~10 per parameter tensor (the update's largest
     # overhead at these sizes); the same Adam, equal to the unfused one within float32 rounding.
     optimizer = torch.optim.Adam(trainable, lr=cfg.learning_rate, eps=1e-5, fused=True)
     kl_ctrl = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target)
-        if cfg.objective == "adaptive-kl"
+        if OBJECTIVE_TABLE.trait(cfg.objective, "adaptive")
         else FixedKL(cfg.penalty_beta)
     )
     collector = Collector(
@@ -272,7 +273,7 @@ def iterate(
     targets = {"advantages": advantages, "returns": returns}
     agent, optimizer = learner.agent, learner.optimizer
     if guard.problem(tensors=targets) is None or guard.check(iteration, tensors=targets):
-        if cfg.algo == "ppo":
+        if ALGOS.trait(cfg.algo, "trains_policy_by_gradient"):
             stats = ppo_update(cfg, agent, optimizer, batch, learner.kl_ctrl, guard, iteration)
         else:
             stats = trpo_update(cfg, agent, optimizer, batch, guard, iteration)

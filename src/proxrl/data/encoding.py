@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 OVERLONG: Registry[None] = Registry("overlong policy")
 """``overlong`` → what happens to an example longer than max_length."""
 OVERLONG.add("truncate", None, "cut at max_length (the prompt's left side first)")
-OVERLONG.add("drop", None, "leave the example out (counted in the log)")
+OVERLONG.add("drop", None, "leave the example out (counted in the log)", drops=True)
 Overlong = OVERLONG.choice()
 
 
@@ -243,7 +243,7 @@ def _join(
         response_mask = [1] * len(response_ids)
     truncated = len(prompt_ids) + len(response_ids) > max_length
     if truncated:
-        if overlong == "drop" or len(prompt_ids) >= max_length:
+        if OVERLONG.trait(overlong, "drops") or len(prompt_ids) >= max_length:
             return None, False
         response_ids = response_ids[: max_length - len(prompt_ids)]
         response_mask = response_mask[: len(response_ids)]
@@ -397,7 +397,7 @@ def encode_prompts(
     for example in examples:
         ids = encode_prompt_text(tokenizer, example.prompt, example.messages)
         if len(ids) > max_length:
-            if overlong == "drop":
+            if OVERLONG.trait(overlong, "drops"):
                 report.dropped += 1
                 report.where_dropped.append(example.where)
                 continue

@@ -179,7 +179,7 @@ class Config:
                 f"hidden_size: expected a multiple of {2 * self.num_heads} ({self.num_heads} "
                 f"attention heads of an even width), got {self.hidden_size}"
             )
-        if self.sampler == "vllm":
+        if ENGINES.trait(self.sampler, "needs_vllm"):
             self.check_vllm()
 
     def check_vllm(self) -> None:

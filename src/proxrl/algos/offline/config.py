@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 import torch
 from torch import nn
 
-from proxrl.data.encoding import Overlong
+from proxrl.data.encoding import OVERLONG, Overlong
 from proxrl.data.readers import check_data_source
 from proxrl.models.context import model_context
 from proxrl.models.lora import apply_lora
@@ -102,7 +102,7 @@ def fit_to_context(cfg: C) -> C:
         cfg.max_length,
         context,
         context,
-        "cut at it" if cfg.overlong == "truncate" else "dropped",
+        "dropped" if OVERLONG.trait(cfg.overlong, "drops") else "cut at it",
     )
     return replace(cfg, max_length=context)
 

@@ -70,6 +70,7 @@ DPO_LOSSES.add(
     "DPO; cDPO with label_smoothing",
     knobs=("label_smoothing", "ref_model"),
     reference=True,
+    card_name="dpo",
 )
 DPO_LOSSES.add(
     "ipo",
@@ -330,7 +331,7 @@ def train(cfg: Config) -> dict[str, float]:
         return {f"eval/{key}": value for key, value in stats.items()}
 
     task = Task(
-        name=cfg.loss if cfg.loss != "sigmoid" else "dpo",
+        name=DPO_LOSSES.trait(cfg.loss, "card_name", cfg.loss),
         train_items=train_items,
         make_batch=lambda ix: make_batch(train_items, ix, ref_train, pad_id, dtype),
         loss_fn=loss_fn,

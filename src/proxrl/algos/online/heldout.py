@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from proxrl.algos.online.episodes import sample_responses
+from proxrl.algos.online.heldout_fields import FINAL_MODELS
 from proxrl.algos.online.samplers import sampling_settings
 from proxrl.data.batching import pad_left
 from proxrl.data.encoding import encode_prompt_text
@@ -259,7 +260,8 @@ class HeldOut:
 
     def finish(self, output_dir: Path) -> None:
         """``final_model: best``: the output directory's policy becomes best/'s."""
-        if self.cfg.final_model != "best" or not dist.is_main() or not self.best_dir.is_dir():
+        best = FINAL_MODELS.trait(self.cfg.final_model, "best")
+        if not best or not dist.is_main() or not self.best_dir.is_dir():
             return
         for path in self.best_dir.iterdir():
             if path.name != BEST_INFO and path.is_file():

@@ -12,7 +12,7 @@ from proxrl.runtime.fields import Range
 FINAL_MODELS: Registry[None] = Registry("final model")
 """``final_model`` → which policy a run leaves in its output directory."""
 FINAL_MODELS.add("last", None, "the policy after the last iteration")
-FINAL_MODELS.add("best", None, "the best by eval/score (best/ holds it either way)")
+FINAL_MODELS.add("best", None, "the best by eval/score (best/ holds it either way)", best=True)
 FinalModelChoice = FINAL_MODELS.choice()
 
 
@@ -49,7 +49,7 @@ class HeldOutFields:
             ("early_stopping_patience", self.early_stopping_patience is not None),
             ("stop_on_reward_hacking", self.stop_on_reward_hacking),
             ("eval_reward_fn", self.eval_reward_fn is not None),
-            ("final_model", self.final_model == "best"),
+            ("final_model", FINAL_MODELS.trait(self.final_model, "best")),
         ):
             if on:
                 raise ProxrlError(f"{name}: needs eval_data (held-out prompts to score)")

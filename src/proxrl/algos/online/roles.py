@@ -15,7 +15,7 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, SeparateCritic
 from proxrl.algos.online.episodes import environment_tools
-from proxrl.core import KL_CONTROLLERS
+from proxrl.core import DISTILL_LOSSES, KL_CONTROLLERS
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
@@ -114,7 +114,7 @@ def load_teacher(cfg: OnlineConfig, tokenizer: Any, actor: nn.Module) -> nn.Modu
     assert cfg.teacher_model is not None
     teacher = load_causal_lm(cfg.teacher_model, role="teacher_model", **cfg.loader_kwargs())
     resize_for_tokenizer(teacher, tokenizer)
-    if cfg.distill_loss == "gjsd":
+    if DISTILL_LOSSES.trait(cfg.distill_loss, "logits"):
         check_output_widths(teacher, actor, cfg.teacher_model)
     return teacher.requires_grad_(False).eval()
 

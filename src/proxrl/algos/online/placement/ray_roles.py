@@ -31,7 +31,7 @@ from proxrl.algos.online.placement.ray_weights import (
     WeightReceiver,
 )
 from proxrl.algos.online.roles import load_rewards, place_rewards
-from proxrl.algos.online.samplers import make_engine
+from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.data.batching import pad_left, pad_to
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
@@ -57,7 +57,8 @@ def frozen_model(
     """``cfg.model`` (or ``path``: the teacher) loaded as the trainer loads its reference, on
     this actor's device, resized for the policy's tokenizer."""
     tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    model = load_causal_lm(path or cfg.model, **cfg.loader_kwargs())
+    role = "model" if path is None else "teacher_model"  # named as the trainer names it
+    model = load_causal_lm(path or cfg.model, **cfg.loader_kwargs(), role=role)
     resize_for_tokenizer(model, tokenizer)
     device = "cpu" if on_cpu else dist.device()
     return model.requires_grad_(False).eval().to(device), tokenizer
@@ -201,7 +202,8 @@ class EngineActor(RoleActor):
         self.receiver: WeightReceiver | None = None
         try:
             # under vLLM the module only stages the weights vLLM reloads from: on the CPU
-            self.model, tokenizer = frozen_model(cfg, on_cpu=cfg.sampler == "vllm")
+            on_cpu = ENGINES.trait(cfg.sampler, "needs_vllm")
+            self.model, tokenizer = frozen_model(cfg, on_cpu=on_cpu)
             self.engine = make_engine(cfg, tokenizer)
             self.sampler = self.engine.sampler(self.model)
         except ProxrlError as error:
