@@ -62,7 +62,7 @@ def test_dropping_stopped_rows_gives_the_tokens_of_the_full_loop(model_and_promp
             rising.calls = 0
             torch.manual_seed(1)
             runs[drop] = (
-                CachedSampler(model, ids_of, drop_stopped=drop).sample(
+                CachedSampler(model, ids_of, drop_stopped=drop, shared_prefill=False).sample(
                     prompt_ids, mask, settings, with_logprobs=True
                 ),
                 list(batch_sizes),

@@ -50,6 +50,7 @@ class PolicySampling:
     tokenizer: Any
     generate: bool = False  # transformers' generate (sampler hf; any run with stop strings)
     compile_step: bool = False  # the cached sampler's decoding step through torch.compile
+    shared_prefill: bool = True  # the cached sampler prefills a group's prompt once
 
     def start(self, policy: nn.Module, iteration: int) -> None:
         pass
@@ -57,7 +58,12 @@ class PolicySampling:
     def sampler(self, policy: nn.Module) -> Sampler:
         if self.generate:
             return HFSampler(policy, self.tokenizer)
-        return CachedSampler(policy, self.tokenizer, compile_step=self.compile_step)
+        return CachedSampler(
+            policy,
+            self.tokenizer,
+            compile_step=self.compile_step,
+            shared_prefill=self.shared_prefill,
+        )
 
     def before_update(self, iteration: int) -> None:
         pass

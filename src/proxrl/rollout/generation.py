@@ -173,6 +173,24 @@ def draw_tokens(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
+def distinct_rows(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(B, P) left-padded prompts → ``(first, inverse)``: ``first`` (U,) the first row of each
+    distinct prompt (same ids and mask), in the order they appear, and ``inverse`` (B,) each
+    row's index into ``first``, so ``x[first][inverse]`` is ``x`` for anything that depends on
+    the prompt alone. None when every row is distinct (nothing to share)."""
+    keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    if unique.shape[0] == keys.shape[0]:
+        return None
+    rows = torch.arange(keys.shape[0], device=keys.device)
+    first = torch.full_like(rows[: unique.shape[0]], keys.shape[0])
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    order = first.argsort()  # torch.unique sorts by value: back to the batch's order
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=keys.device)
+    return first[order], rank[inverse]
+
+
 def static_cache(model: Any, length: int) -> Any:
     """transformers' ``StaticCache`` of ``length`` positions for ``model`` (peft looked through);
     a ``ProxrlError`` naming ``compile_sampler`` for a model that has none."""
@@ -208,17 +226,30 @@ class CachedSampler:
     lengths reuse the compiled step). One compile per batch size and bucket — seconds on a CPU —
     then every step is cheaper: it pays on long runs of small models, where per-step overhead
     rules. Past torch's recompile limit (8 shapes) dynamo runs the step uncompiled, with a warning.
+
+    ``shared_prefill=True``: rows with the same prompt (ids and mask: a GRPO group's G copies)
+    are prefilled once and the KV cache and first logits expanded to every row
+    (``distinct_rows``), so the prefill costs the distinct prompts, not the batch. The rows
+    then decode as before: the same positions, the same uniform per row per step. Exact up to
+    the float rounding of a smaller matmul. Only on the dynamic cache: with ``compile_step`` the
+    static cache's fixed buffers are allocated by the prefill, and every row is prefilled.
     """
 
     CACHE_BUCKET = 64
 
     def __init__(
-        self, model: Any, tokenizer: Any, compile_step: bool = False, drop_stopped: bool = True
+        self,
+        model: Any,
+        tokenizer: Any,
+        compile_step: bool = False,
+        drop_stopped: bool = True,
+        shared_prefill: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.compile_step = compile_step
         self.drop_stopped = drop_stopped
+        self.shared_prefill = shared_prefill
 
     @torch.no_grad()
     def sample(
@@ -260,15 +291,24 @@ class CachedSampler:
             step = torch.compile(self.model.forward, dynamic=False)
         # Without ``compile_step`` the model builds the cache type it needs (sliding-window and
         # hybrid models differ) and the mask grows by one column a step.
+        shared = (
+            distinct_rows(prompt_ids, attention)
+            if self.shared_prefill and not self.compile_step
+            else None
+        )
+        first, inverse = shared if shared is not None else (slice(None), None)
         output = self.model(
-            input_ids=prompt_ids,
-            attention_mask=attention,
-            position_ids=positions,
+            input_ids=prompt_ids[first],
+            attention_mask=attention[first],
+            position_ids=positions[first],
             use_cache=True,
             logits_to_keep=1,
             **prefill,
         )
         cache, logits = getattr(output, cache_name), output.logits[:, -1]
+        if inverse is not None:  # each distinct prompt's cache and logits to its rows
+            logits = logits[inverse]
+            cache.reorder_cache(inverse)  # every layer type's row gather (a hybrid's states too)
         drops = self.drop_stopped and hasattr(cache, "batch_select_indices")
         next_position = positions[:, -1:] + 1
         device = prompt_ids.device

@@ -64,7 +64,9 @@ generate's text matching. Traits: ``token_ids_only`` (no stop strings), ``min_p_
 before top-p, unlike generate), ``needs_vllm`` (the vllm package)."""
 ENGINES.add(
     "cached",
-    lambda cfg, tok: PolicySampling(tok, compile_step=cfg.compile_sampler),
+    lambda cfg, tok: PolicySampling(
+        tok, compile_step=cfg.compile_sampler, shared_prefill=cfg.shared_prefix
+    ),
     "a lean decoding loop over the KV cache",
     knobs=("compile_sampler",),
 )
