@@ -312,6 +312,7 @@ def test_resume_equals_an_uninterrupted_run(tiny_lm, prompts, tmp_path):
             "early_stop_kl": 1e-6,
             "loss_aggregation": "seq-mean-token-mean",
             "stop_strings": ("x",),
+            "shared_prefix": False,  # KL to the policy's copy exactly 0 (see sampling_consistency)
         },
     ],
 )

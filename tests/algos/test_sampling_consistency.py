@@ -174,6 +174,10 @@ def grpo_config(tiny_lm, prompts, out, **overrides):
         learning_rate=3e-3,
         progress=False,
         seed=3,
+        # π_old, π_ref and the update's π equal to the bit, as the repeated forward gives them;
+        # a shared prefix gives them to float rounding (the reference's weights take no
+        # gradient, which changes torch's CPU kernels), checked in test_shared_prefix
+        shared_prefix=False,
     )
     return grpo.Config(**(fields | overrides))
 

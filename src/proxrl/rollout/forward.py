@@ -20,6 +20,12 @@ from proxrl.core import processed_entropy, processed_logprobs
 from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
 from proxrl.rollout.packing import pack_batch, unpack
 from proxrl.rollout.packing import real_positions as position_ids
+from proxrl.rollout.prefix import (
+    cache_of,
+    drops_its_cache,
+    response_inputs,
+    shared_prefix_inputs,
+)
 
 
 @dataclass
@@ -92,13 +98,16 @@ def policy_forward(
     packed: bool = False,
     with_argmax: bool = False,
     with_logits: bool = False,
+    shared_prefix: bool = False,
 ) -> PolicyOutput:
     """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
     under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
 
     ``logits[:, P−1+t]`` predicts response token t: only those T positions' logits are computed
     (``logits_at``), never the prompt's or the last token's. ``packed``: the padding-free
-    forward, the same outputs at every real response token (0 elsewhere).
+    forward, the same outputs at every real response token (0 elsewhere). ``shared_prefix``:
+    rows with the same prompt forward it once (``rollout.prefix``), the same outputs to float
+    rounding (the padded forward; where no two rows share a prompt, the repeated one).
     """
     if packed:
         if with_logits:
@@ -107,16 +116,23 @@ def policy_forward(
             model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
             with_hidden, top_k, top_p, min_p, with_argmax,
         )  # fmt: skip
-    output, logits = logits_at(
-        model,
-        lambda x: x[:, prompt_length - 1 : -1],
-        input_ids.shape,
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask),
-        output_hidden_states=with_hidden,
-        use_cache=False,
-    )
+    shared = None
+    if shared_prefix and not drops_its_cache(model):
+        shared = _shared_prefix_logits(model, input_ids, attention_mask, prompt_length, with_hidden)
+    if shared is None:
+        output, logits = logits_at(
+            model,
+            lambda x: x[:, prompt_length - 1 : -1],
+            input_ids.shape,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+            output_hidden_states=with_hidden,
+            use_cache=False,
+        )
+        hidden = output.hidden_states[-1][:, prompt_length - 1 : -1] if with_hidden else None
+    else:
+        logits, hidden = shared
     response = input_ids[:, prompt_length:]
     return PolicyOutput(
         logprobs=processed_logprobs(logits, response, temperature, top_k, top_p, min_p),
@@ -125,10 +141,40 @@ def policy_forward(
             if with_entropy
             else None
         ),
-        hidden=output.hidden_states[-1][:, prompt_length - 1 : -1] if with_hidden else None,
+        hidden=hidden,
         argmax=logits.argmax(-1) if with_argmax else None,
         logits=logits if with_logits else None,
     )
+
+
+def _shared_prefix_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, P: int, with_hidden: bool
+) -> tuple[Tensor, Tensor | None] | None:
+    """``policy_forward``'s (B, T, V) logits at positions P−1 … P+T−2 and (with_hidden) the
+    (B, T, d) last hidden states there, each distinct prompt forwarded once: position P−1 from
+    the prompt's call, the rest from the responses' call over its cache. None where no two rows
+    share a prompt or the model keeps no cache."""
+    positions = position_ids(attention_mask)
+    found = shared_prefix_inputs(input_ids, attention_mask, positions, P)
+    if found is None:
+        return None
+    groups, prefix = found
+    first, T = groups.firsts, input_ids.shape[1] - P
+    prefix_out, last = logits_at(
+        model, lambda x: x[:, -1:], (len(first), P), **prefix, output_hidden_states=with_hidden
+    )
+    cache = cache_of(prefix_out)
+    if cache is None:
+        return None
+    inputs = response_inputs(cache, groups, input_ids, attention_mask, positions, P)
+    out, rest = logits_at(
+        model, lambda x: x[:, :-1], (len(input_ids), T), **inputs, output_hidden_states=with_hidden
+    )
+    logits = torch.cat([last[groups.inverse], rest], 1)
+    if not with_hidden:
+        return logits, None
+    last_hidden = prefix_out.hidden_states[-1][:, -1:][groups.inverse]
+    return logits, torch.cat([last_hidden, out.hidden_states[-1][:, :-1]], 1)
 
 
 def _packed_policy_forward(
@@ -192,12 +238,14 @@ def frozen_pass(
     truncation: dict[str, Any],
     packed: bool,
     with_argmax: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """A frozen role's pass (the reference's, a distillation teacher's): (B, P + T) ids and mask
     → (B, T) log π of the response tokens under the processed distribution (``policy_forward``:
     temperature, then ``truncation``'s top-k / top-p / min-p; ``packed``: its padding-free
-    forward), at least float32, and ``with_argmax`` the (B, T) int64 likeliest token at each
-    position (None without); both on the caller's device.
+    forward; ``shared_prefix``: a group's prompt once), at least float32, and ``with_argmax``
+    the (B, T) int64 likeliest token at each position (None without); both on the caller's
+    device.
 
     Computed where the role lives: a module of this process (on the CPU under
     offload_frozen_roles), or a stand-in for one placed elsewhere (placement ray's
@@ -214,6 +262,7 @@ def frozen_pass(
             **truncation,
             packed=packed,
             with_argmax=with_argmax,
+            shared_prefix=shared_prefix,
         )
         logprobs, argmax = at_least_float32(out.logprobs), out.argmax
     else:
@@ -249,10 +298,12 @@ def critic_forward(
     attention_mask: Tensor,
     prompt_length: int,
     packed: bool = False,
+    shared_prefix: bool = False,
 ) -> Tensor:
     """V(s_t) for every response token from a separate critic (a ``num_labels=1`` sequence
     classifier): its head on the hidden state that precedes token t. → (B, T). ``packed``: the
-    padding-free forward (0 where no real token precedes)."""
+    padding-free forward (0 where no real token precedes); ``shared_prefix``: a group's prompt
+    forwarded once (``rollout.prefix``)."""
     if packed:
         batch = pack_batch(input_ids, attention_mask)
         hidden = backbone(critic)(**batch.model_inputs()).last_hidden_state
@@ -261,12 +312,36 @@ def critic_forward(
         return unpack(
             values, rows, columns, (input_ids.shape[0], input_ids.shape[1] - prompt_length)
         )
-    hidden = backbone(critic)(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask),
-    ).last_hidden_state
-    return apply_head(score_head(critic), hidden[:, prompt_length - 1 : -1]).squeeze(-1).float()
+    hidden = None
+    if shared_prefix and not drops_its_cache(critic):
+        hidden = _shared_prefix_hidden(backbone(critic), input_ids, attention_mask, prompt_length)
+    if hidden is None:
+        hidden = backbone(critic)(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids(attention_mask),
+        ).last_hidden_state[:, prompt_length - 1 : -1]
+    return apply_head(score_head(critic), hidden).squeeze(-1).float()
+
+
+def _shared_prefix_hidden(
+    body: nn.Module, input_ids: Tensor, attention_mask: Tensor, P: int
+) -> Tensor | None:
+    """A transformer body's (B, T, d) last hidden states at positions P−1 … P+T−2, each
+    distinct prompt forwarded once (as ``_shared_prefix_logits``); None where no two rows share
+    a prompt or the body keeps no cache."""
+    positions = position_ids(attention_mask)
+    found = shared_prefix_inputs(input_ids, attention_mask, positions, P)
+    if found is None:
+        return None
+    groups, prefix = found
+    prefix_out = body(**prefix)
+    cache = cache_of(prefix_out)
+    if cache is None:
+        return None
+    inputs = response_inputs(cache, groups, input_ids, attention_mask, positions, P)
+    rest = body(**inputs).last_hidden_state[:, :-1]
+    return torch.cat([prefix_out.last_hidden_state[:, -1:][groups.inverse], rest], 1)
 
 
 def packed_sequence_scores(

@@ -453,6 +453,7 @@ def micro_batch_passes(
             with_hidden=critic.needs_hidden,
             **settings.truncation,
             packed=packed,
+            shared_prefix=cfg.shared_prefix,
         )
         if not source.from_sampler:
             out["logprobs"] = at_least_float32(policy.logprobs)
@@ -468,13 +469,15 @@ def micro_batch_passes(
             else contextlib.nullcontext(models.reference) as ref
         ):
             out["ref_logprobs"], _ = frozen_pass(
-                ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed
-            )
+                ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed,
+                shared_prefix=cfg.shared_prefix,
+            )  # fmt: skip
     if models.teacher is not None:  # on-policy distillation: the teacher scores the samples
         teacher, truncation = models.teacher, settings.truncation
         out["teacher_logprobs"], argmax = frozen_pass(
-            teacher, input_ids, attention_mask, P, cfg.temperature, truncation, packed, True
-        )
+            teacher, input_ids, attention_mask, P, cfg.temperature, truncation, packed, True,
+            shared_prefix=cfg.shared_prefix,
+        )  # fmt: skip
         assert argmax is not None
         out["teacher_argmax"] = argmax
     out["values"] = critic.values(input_ids, attention_mask, P, hidden)

@@ -262,9 +262,12 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     below ~130–300 sampled tokens per update at Qwen2-0.5B's shape."""
     shared_prefix: bool = True
     """Run a group's prompt once: the cached sampler prefills it once and expands its KV cache to
-    the group's rows, and the training passes (policy, π_old, reference) forward it once, each
-    response attending to its keys and values (its gradient the sum over the group). The same
-    results as repeating it, up to float rounding (false: every row repeats its prompt)."""
+    the group's rows, and the padded training passes (policy, π_old, reference, teacher,
+    separate critic) forward it once, each response attending to its keys and values (its
+    gradient the sum over the group). The same results as repeating it, up to float rounding
+    (false: every row repeats its prompt). Not in packed micro-batches
+    (max_tokens_per_micro_batch), under gradient_checkpointing, nor in compile_sampler's loop:
+    those repeat it."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for

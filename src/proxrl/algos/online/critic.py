@@ -55,6 +55,8 @@ class CriticSettings:
     """Where a separate critic starts (``critic_start``): None, ``policy``, a model, or a run."""
     packed: bool = False
     """A separate critic's forward passes run padding-free (``max_tokens_per_micro_batch``)."""
+    shared_prefix: bool = False
+    """A separate critic's padded passes forward a group's prompt once (``shared_prefix``)."""
     lora_r: int = 0
     """LoRA rank of a separate critic (0: every weight trains); its score head trains in full."""
     lora_alpha: float | None = None
@@ -386,8 +388,14 @@ class SeparateCritic(_TrainedCritic):
     def values(
         self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int, hidden: Tensor | None
     ) -> Tensor:
+        settings = self.settings
         return critic_forward(
-            self.module, input_ids, attention_mask, prompt_length, self.settings.packed
+            self.module,
+            input_ids,
+            attention_mask,
+            prompt_length,
+            settings.packed,
+            shared_prefix=settings.shared_prefix,
         )
 
     def save_pretrained(

@@ -552,6 +552,7 @@ def policy_output(
         min_p=cfg.min_p,
         packed=bool(cfg.max_tokens_per_micro_batch),
         with_logits=with_logits,
+        shared_prefix=cfg.shared_prefix,
     )
 
 

@@ -106,6 +106,7 @@ class FrozenActor(RoleActor):
 
     def __init__(self, cfg: OnlineConfig, paths: list[str], model: str | None = None) -> None:
         join_paths(paths)
+        self.shared_prefix = cfg.shared_prefix
         try:
             self.model, _ = frozen_model(cfg, path=model)
         except ProxrlError as error:
@@ -126,7 +127,7 @@ class FrozenActor(RoleActor):
         the (B, T) likeliest tokens, on the CPU as the ids it is sent."""
         return frozen_pass(
             self.model, input_ids, attention_mask, prompt_length, temperature, truncation, packed,
-            with_argmax,
+            with_argmax, self.shared_prefix,
         )  # fmt: skip
 
     def state_dict(self) -> dict[str, Tensor]:

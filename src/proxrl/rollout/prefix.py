@@ -1,0 +1,119 @@
+"""Shared-prefix passes: a group's prompt forwarded once (Prefix Grouper, Liu et al. 2025,
+arXiv 2506.05433; Unsloth's shared-prefix GRPO).
+
+The G responses to one prompt repeat it in every pass over prompt + response: G·(P + T) tokens
+where P + G·T would do. Here the distinct prompts of a batch run once (``use_cache``), their
+keys and values are indexed out to every row that shares them, and the rows' responses run
+against that cache: each response token attends to its prompt's keys and values and to its own
+earlier tokens, exactly as in the full forward. The index is a gather, so the gradient that
+reaches a prompt's keys and values is the sum over the rows that read them, as the repeated
+forward's G copies would give; the results are the repeated forward's up to float rounding.
+
+Where it cannot apply, the caller runs the repeated forward: no two rows share a prompt, or the
+model gives no cache (a model under gradient checkpointing while training drops it, and would
+append to it twice when it recomputes a layer).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class PromptGroups:
+    """The rows of a batch grouped by their prompt."""
+
+    firsts: Tensor  # (U,) int64 the first row of each distinct prompt, in row order
+    inverse: Tensor  # (B,) int64 which of the U distinct prompts each row has
+
+
+def prompt_groups(
+    input_ids: Tensor, attention_mask: Tensor, prompt_length: int
+) -> PromptGroups | None:
+    """The distinct prompts of (B, P + T) rows (the first ``prompt_length`` ids and mask
+    columns, left padding included), or None where no two rows share one."""
+    prompts = torch.cat(
+        [input_ids[:, :prompt_length], attention_mask[:, :prompt_length].to(input_ids.dtype)], 1
+    )
+    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+    rows = torch.arange(len(inverse), device=inverse.device)
+    count = int(inverse.max()) + 1
+    if count == len(inverse):
+        return None
+    firsts = torch.full((count,), len(inverse), device=inverse.device, dtype=torch.long)
+    firsts = firsts.scatter_reduce(0, inverse, rows, "amin")
+    order = torch.argsort(firsts)  # the distinct prompts in the order their rows come
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(count, device=order.device)
+    return PromptGroups(firsts[order], rank[inverse])
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The name transformers' models take and return their KV cache by: ``cache`` from 5.25
+    (``past_key_values`` is deprecated there), ``past_key_values`` before."""
+    from transformers import LlamaModel
+
+    return (
+        "cache"
+        if "cache" in inspect.signature(LlamaModel.forward).parameters
+        else ("past_key_values")
+    )
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache a forward with ``use_cache`` returned (None: the model kept none)."""
+    return getattr(output, cache_argument(), None)
+
+
+def drops_its_cache(model: nn.Module) -> bool:
+    """Whether ``model`` (any wrapper of a transformers model) runs under gradient checkpointing
+    while training: transformers then drops ``use_cache``."""
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) and module.training:
+            return True
+    return False
+
+
+def shared_prefix_inputs(
+    input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, prompt_length: int
+) -> tuple[PromptGroups, dict[str, Any]] | None:
+    """The groups and the prefix call's inputs (the U distinct prompts, ``use_cache``), or
+    None where no two rows share a prompt."""
+    groups = prompt_groups(input_ids, attention_mask, prompt_length)
+    if groups is None:
+        return None
+    first, P = groups.firsts, prompt_length
+    prefix = {
+        "input_ids": input_ids[first, :P],
+        "attention_mask": attention_mask[first, :P],
+        "position_ids": position_ids[first, :P],
+        "use_cache": True,
+    }
+    return groups, prefix
+
+
+def response_inputs(
+    cache: Any,
+    groups: PromptGroups,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    prompt_length: int,
+) -> dict[str, Any]:
+    """The responses' call: every row's response ids against its prompt's cached keys and
+    values (``cache`` indexed out to the B rows in place), the whole (B, P + T) mask."""
+    cache.batch_select_indices(groups.inverse)
+    return {
+        "input_ids": input_ids[:, prompt_length:],
+        "attention_mask": attention_mask,
+        "position_ids": position_ids[:, prompt_length:],
+        cache_argument(): cache,
+        "use_cache": False,
+    }

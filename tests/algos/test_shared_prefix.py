@@ -1,0 +1,267 @@
+"""Shared-prefix passes (``rollout.prefix``, ``shared_prefix``): a group's prompt forwarded
+once gives the repeated forward's results, float64, on ragged groups.
+
+transformers' RMSNorm computes in float32 whatever the weights' dtype, so a float64 model's
+gradients carry float32 rounding that differs with the order of the sums; the ``float64_norms``
+fixture makes the norms float64 so that the comparison is of the maths (to 1e-10), not of that
+rounding. Covered: the policy's log-probs, entropy, hidden state and every parameter's gradient
+(Llama, Qwen2, LoRA, with truncation), a separate critic's values and gradients, the frozen
+pass, the fallbacks (no shared prompt, gradient checkpointing, packed), and a whole grpo run and
+a ppo run with a separate critic, whose weights end equal either way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
+
+from proxrl.rollout import prefix
+from proxrl.rollout.forward import critic_forward, frozen_pass, policy_forward
+from proxrl.rollout.prefix import prompt_groups
+
+REL = 1e-10
+# Three groups of left-padded prompts (2, 4, 6 real tokens) and a row alone; responses of
+# different lengths, right-padded.
+PROMPTS = [[0, 0, 0, 0, 3, 4]] * 3 + [[0, 0, 5, 6, 7, 8]] * 2 + [[9, 10, 11, 12, 13, 14]] * 3
+PROMPTS += [[0, 0, 0, 15, 16, 17]]
+RESPONSE_LENGTHS = [5, 2, 4, 1, 5, 3, 5, 2, 4]
+
+
+def _rms64(self, hidden):  # type: ignore[no-untyped-def]
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden * torch.rsqrt(variance + self.variance_epsilon))
+
+
+@pytest.fixture
+def float64_norms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms64)
+    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rms64)
+
+
+def _config(config_cls, **extra):  # type: ignore[no-untyped-def]
+    return config_cls(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        **extra,
+    )
+
+
+def _model(cls, config_cls=LlamaConfig, **extra):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    return cls(_config(config_cls, **extra)).double().eval()
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.tensor(PROMPTS)
+    T = max(RESPONSE_LENGTHS)
+    real = (torch.arange(T)[None] < torch.tensor(RESPONSE_LENGTHS)[:, None]).long()
+    responses = torch.randint(3, 40, real.shape, generator=g) * real
+    ids = torch.cat([prompts, responses], 1)
+    mask = torch.cat([(prompts != 0).long(), real], 1)
+    return ids, mask, prompts.shape[1], real.double()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    scale = float(a.abs().max())
+    assert scale > 0, name
+    assert float((a - b).abs().max()) <= REL * scale, name
+
+
+def _policy_pass(model, shared, **options):  # type: ignore[no-untyped-def]
+    ids, mask, P, real = _batch()
+    model.zero_grad()
+    out = policy_forward(
+        model, ids, mask, P, 0.7, True, True, **options, shared_prefix=shared
+    )  # fmt: skip
+    loss = (out.logprobs * real).sum() + (out.hidden.pow(2) * real[..., None]).sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out, real, grads
+
+
+def test_prompt_groups_are_the_distinct_prompts_in_row_order():
+    ids, mask, P, _ = _batch()
+    groups = prompt_groups(ids, mask, P)
+    assert groups is not None
+    assert groups.firsts.tolist() == [0, 3, 5, 8]
+    assert groups.inverse.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3]
+    assert prompt_groups(ids[[0, 3, 5, 8]], mask[[0, 3, 5, 8]], P) is None
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "cls", "options"),
+    [
+        (LlamaConfig, LlamaForCausalLM, {}),
+        (LlamaConfig, LlamaForCausalLM, {"top_k": 5, "top_p": 0.9}),
+        (Qwen2Config, Qwen2ForCausalLM, {}),
+    ],
+)
+def test_the_policy_pass_and_its_gradients_equal_the_repeated_ones(
+    float64_norms, config_cls, cls, options
+):
+    model = _model(cls, config_cls)
+    (repeated, real, grads), (shared, _, shared_grads) = (
+        _policy_pass(model, s, **options) for s in (False, True)
+    )
+    _close(repeated.logprobs * real, shared.logprobs * real, "logprobs")
+    _close(repeated.entropy * real, shared.entropy * real, "entropy")
+    _close(repeated.hidden * real[..., None], shared.hidden * real[..., None], "hidden")
+    assert grads.keys() == shared_grads.keys() and len(grads) > 10
+    for name, grad in grads.items():
+        _close(grad, shared_grads[name], name)
+
+
+def test_a_lora_policy_gets_the_repeated_gradients(float64_norms):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        _model(LlamaForCausalLM), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    for name, p in model.named_parameters():  # B starts at 0: give it values to carry
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    (_, _, grads), (_, _, shared) = (_policy_pass(model, s) for s in (False, True))
+    assert any("lora_A" in n for n in grads) and all("lora" in n for n in grads)
+    for name, grad in grads.items():
+        _close(grad, shared[name], name)
+
+
+def test_a_separate_critic_and_a_frozen_pass_equal_the_repeated_ones(float64_norms):
+    ids, mask, P, real = _batch()
+    critic = _model(LlamaForSequenceClassification, num_labels=1)
+    values, grads = [], []
+    for shared in (False, True):
+        critic.zero_grad()
+        v = critic_forward(critic, ids, mask, P, shared_prefix=shared) * real
+        (v.pow(2)).sum().backward()
+        values.append(v.detach())
+        grads.append({n: p.grad.clone() for n, p in critic.named_parameters()})
+    _close(values[0], values[1], "values")
+    for name, grad in grads[0].items():
+        _close(grad, grads[1][name], name)
+    reference = _model(LlamaForCausalLM)
+    with torch.no_grad():
+        passes = [
+            frozen_pass(reference, ids, mask, P, 0.7, {}, False, True, shared_prefix=s)
+            for s in (False, True)
+        ]
+    _close(passes[0][0] * real, passes[1][0] * real, "reference logprobs")
+    assert torch.equal(passes[0][1] * real.long(), passes[1][1] * real.long())
+
+
+def test_it_runs_the_prompts_once_and_falls_back_where_it_cannot_apply(monkeypatch):
+    ids, mask, P, real = _batch()
+    model = _model(LlamaForCausalLM)
+    widths = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    with torch.no_grad():
+        shared = policy_forward(model, ids, mask, P, 1.0, shared_prefix=True)
+        assert widths == [(4, P), (len(ids), ids.shape[1] - P)]  # 4 prompts, then responses
+        widths.clear()
+        distinct = [0, 3, 5, 8]
+        policy_forward(model, ids[distinct], mask[distinct], P, 1.0, shared_prefix=True)
+        assert widths == [(4, ids.shape[1])]  # nothing to share: the repeated forward
+        widths.clear()
+        policy_forward(model, ids, mask, P, 1.0, packed=True, shared_prefix=True)
+        assert widths[0][0] == 1 or len(widths) == 1  # the packed forward, one call
+        repeated = policy_forward(model, ids, mask, P, 1.0)
+    assert torch.allclose(shared.logprobs * real, repeated.logprobs * real, rtol=1e-6)
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert prefix.drops_its_cache(model)
+    widths.clear()
+    policy_forward(model, ids, mask, P, 1.0, shared_prefix=True)
+    assert widths == [(len(ids), ids.shape[1])]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    words = ["abc", "bca", "cab", "dab"]
+    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in words))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_a_run_reaches_the_same_weights_either_way(
+    float64_norms, tiny_lm, prompts, reward_model, tmp_path, command, monkeypatch
+):
+    """Three iterations of grpo (policy, π_old, reference) and of ppo with a separate critic
+    started from the reward model, float64: the weights after training agree to 1e-10, and
+    the shared run did share (each pass's prompts, counted)."""
+    from safetensors.torch import load_file
+
+    from proxrl.algos.online import grpo, ppo
+    from proxrl.rollout import forward
+
+    shared_calls: list[int] = []
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        found = prefix.shared_prefix_inputs(*args)
+        shared_calls.append(found is not None)
+        return found
+
+    monkeypatch.setattr(forward, "shared_prefix_inputs", counted)
+    module = grpo if command == "grpo" else ppo
+    runs = {}
+    for shared in (False, True):
+        shared_calls.clear()
+        out = tmp_path / f"shared_{shared}"
+        options = dict(
+            model=tiny_lm,
+            prompts=prompts,
+            reward_fn=("tests.algos.online_rewards:target_fraction",),
+            output_dir=str(out),
+            iterations=3,
+            rollout_batch_size=2,
+            group_size=3,
+            max_new_tokens=6,
+            ppo_epochs=2,
+            mini_batch_size=3,
+            learning_rate=1e-3,
+            kl_coef=0.05,
+            dtype="float64",
+            progress=False,
+            save_every=0,
+            seed=3,
+            shared_prefix=shared,
+        )
+        if command == "ppo":
+            options |= {"reward_model": reward_model, "reward_weights": (1.0, 1.0)}
+        cfg = module.Config(**options)
+        module.train(replace(cfg))
+        # per iteration: π_old, π_ref, each update forward (and the critic's passes, ppo)
+        assert sum(shared_calls) >= (0 if not shared else 3 * (3 + 2 * 2)), shared_calls
+        assert shared or not shared_calls
+        runs[shared] = load_file(out / "model.safetensors")
+        if command == "ppo":
+            runs[(shared, "critic")] = load_file(out / "critic" / "model.safetensors")
+    start = load_file(f"{tiny_lm}/model.safetensors")
+    moved = max(float((runs[True][n] - w.double()).abs().max()) for n, w in start.items())
+    assert moved > 1e-4  # the runs trained: equal weights are no accident of a no-op
+    for key in [k for k in runs if k is False or (isinstance(k, tuple) and k[0] is False)]:
+        other = True if key is False else (True, "critic")
+        for name, weight in runs[key].items():
+            _close(weight, runs[other][name], f"{key} {name}")
