@@ -102,7 +102,8 @@ def test_a_ppo_loop_written_with_the_client_equals_proxrl_ppo(critic, tiny_lm, r
 
 
 def test_the_critic_alone_the_returns_required_and_an_exact_resume(tiny_lm, rollouts, tmp_path):
-    """loss="value" moves the separate critic and not the policy; a batch without returns is
+    """loss="value" moves the separate critic and not the policy (no policy gradient even with
+    advantages in the batch, which "ppo" learns from); a batch without returns is
     refused; save_state → load_state → one more iteration equals the uninterrupted loop (the
     critic's weights and optimizer in the checkpoint)."""
     cfg = _ppo_config(tiny_lm, tmp_path / "x", rollouts, "separate")
@@ -113,11 +114,16 @@ def test_the_critic_alone_the_returns_required_and_an_exact_resume(tiny_lm, roll
     policy = {k: v.clone() for k, v in client.model.state_dict().items()}
     critic = [p.clone() for p in client.models.critic.parameters()]
     ones = torch.ones_like(batch.values) * batch.loss_mask
-    stats = client.forward_backward(replace(batch, returns=ones), "value")
+    # advantages the policy would learn from (without them its gradient is 0 anyway)
+    stats = client.forward_backward(replace(batch, returns=ones, advantages=ones), "value")
+    assert not any(p.grad is not None and p.grad.any() for p in client.model.parameters())
     assert stats["value_loss"] > 0 and client.optim_step()["stepped"] == 0.0
     assert all(torch.equal(policy[k], v) for k, v in client.model.state_dict().items())
     moved = [p for p, q in zip(client.models.critic.parameters(), critic, strict=True)]
     assert any(not torch.equal(p, q) for p, q in zip(moved, critic, strict=True))
+    client.forward_backward(replace(batch, returns=ones, advantages=ones), "ppo")
+    assert any(p.grad is not None and p.grad.any() for p in client.model.parameters())
+    client.optimization.zero_grad()
     with pytest.raises(ProxrlError, match="loss: value trains a critic; this client has none"):
         TrainingClient(config=config(tiny_lm, "", tmp_path / "y")).forward_backward(batch, "value")
     by_options = TrainingClient(tiny_lm, command="ppo", critic="head", dtype="float64")

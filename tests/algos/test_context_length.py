@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from proxrl.algos.online import grpo
 from proxrl.models.context import model_context
 from proxrl.models.tiny import build_tiny_tokenizer
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.metrics import read_metrics
 from tests.algos.test_online import small
 
 CONTEXT = 24
@@ -93,14 +95,30 @@ def test_sft_holds_max_length_to_the_context_and_says_so(
 def test_grpo_refuses_a_prompt_and_response_longer_than_the_context(
     gpt2_lm: str, tmp_path: Path
 ) -> None:
+    """Prompts of unequal length: the longest plus max_new_tokens one position past the
+    context is refused in one line before anything is written (the shorter prompts would fit);
+    exactly filling it, the run is accepted and trains (a GPT-2: learned positions)."""
+    from proxrl.algos.online.roles import load_prompts
+    from proxrl.models.tokenizer import load_tokenizer
+
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    cfg = small(grpo.Config, gpt2_lm, str(prompts), tmp_path / "out", max_new_tokens=CONTEXT)
+    texts = [TEXTS[0], "ab", "copy cd"]  # the longest first: decoding may take any order
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    cfg = small(grpo.Config, gpt2_lm, str(prompts), tmp_path / "out", iterations=1,
+                rollout_batch_size=3, mini_batch_size=3)  # fmt: skip
+    _, ids = load_prompts(cfg, load_tokenizer(gpt2_lm))
+    longest = max(len(i) for i in ids)
+    assert min(len(i) for i in ids) < longest < CONTEXT
+    over = replace(cfg, max_new_tokens=CONTEXT - longest + 1)
     with pytest.raises(ProxrlError) as e:
-        grpo.train(cfg)
-    assert str(e.value).startswith("max_new_tokens: the longest prompt (")
-    assert str(e.value).endswith(
-        f"is longer than the model's context ({CONTEXT} positions): lower max_new_tokens, or "
-        "max_prompt_length (longer prompts are dropped)"
+        grpo.train(over)
+    assert str(e.value) == (
+        f"max_new_tokens: the longest prompt ({longest} tokens) + max_new_tokens "
+        f"({CONTEXT - longest + 1}) = {CONTEXT + 1} tokens is longer than the model's context "
+        f"({CONTEXT} positions): lower max_new_tokens, or max_prompt_length (longer prompts are "
+        "dropped)"
     )
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    exact = replace(cfg, max_new_tokens=CONTEXT - longest)
+    grpo.train(exact)
+    assert len(read_metrics(tmp_path / "out")) == 1

@@ -143,7 +143,7 @@ def say_prompts(tmp_path) -> str:
 def test_a_critic_pretrained_with_critic_lam_starts_a_vapo_run(tiny_lm, say_prompts, tmp_path):
     """Value pretraining in one run (critic_lam 1, the policy not trained), its saved critic/
     the start of a second run with VAPO's set: the second run's critic is the first's, and it
-    trains with finite value metrics."""
+    trains with finite value metrics, the positive-example NLL in its policy loss."""
     earlier = tmp_path / "earlier"
     vapo = {"critic_lam": 1.0, "critic_model": "policy"}
     ppo.train(
@@ -166,3 +166,10 @@ def test_a_critic_pretrained_with_critic_lam_starts_a_vapo_run(tiny_lm, say_prom
     ppo.train(later)
     rows = read_metrics(tmp_path / "later")
     assert all(math.isfinite(row["value/loss"]) for row in rows)
+    # VAPO's terms act: the positive rows' NLL joins the policy loss, and the critic it
+    # started from trains on (its saved weights moved from the first run's)
+    assert all(math.isfinite(row["policy/positive_nll"]) for row in rows)
+    assert any(row["policy/positive_nll"] > 0 for row in rows)
+    trained = load_score_model(str(tmp_path / "later" / "critic")).state_dict()
+    assert trained.keys() == saved.keys()
+    assert any(not torch.equal(trained[k], saved[k]) for k in saved)

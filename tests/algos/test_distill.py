@@ -20,7 +20,7 @@ from proxrl.cli import main
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
-from tests.algos.test_loss_invariance import _assert_invariant
+from tests.algos.test_loss_invariance import _assert_invariant, _step
 
 WORDS = ["abc", "def", "ghi", "jkl"]
 
@@ -154,20 +154,21 @@ def test_pure_distillation_moves_a_student_of_another_architecture_to_the_teache
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_gjsd_step_is_invariant_to_micro_batching(beta, tiny_lm, tiny_teacher, tmp_path):
     """The full-vocabulary term reduced as every other term: 1, 2 or 4 micro-batches give one
-    gradient (test_loss_invariance's hand-built ragged rollout, float64)."""
+    gradient (test_loss_invariance's hand-built ragged rollout, float64), and the term is in
+    that gradient (a step without it is another)."""
     path = tmp_path / "prompts.jsonl"
     path.write_text(json.dumps({"prompt": "say: abc ->"}) + "\n")
-    _assert_invariant(
-        grpo,
-        tiny_lm,
-        str(path),
-        tmp_path,
+    gjsd = dict(
         teacher_model=tiny_teacher,
         distill_loss="gjsd",
         distill_beta=beta,
         distill_chunk_size=2,
         distill_coef=2.0,
     )
+    _assert_invariant(grpo, tiny_lm, str(path), tmp_path, **gjsd)
+    with_term = _step(grpo, tiny_lm, str(path), tmp_path, 1, **gjsd)
+    without = _step(grpo, tiny_lm, str(path), tmp_path, 1)
+    assert float((with_term - without).abs().max()) > 1e-2 * float(with_term.abs().max())
 
 
 def test_a_killed_distillation_run_resumes_to_the_same_weights(
@@ -206,9 +207,10 @@ def test_a_killed_distillation_run_resumes_to_the_same_weights(
 
 
 def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_teacher, tmp_path):
-    """Trajectories produced elsewhere (rollouts_file): the teacher scores their tokens, and
-    distill/reverse_kl of the first iteration is the file's recorded log π minus the teacher's
-    log-probs of the same tokens, averaged over them."""
+    """Trajectories produced elsewhere (rollouts_file): the teacher scores their tokens at the
+    run's temperature (0.7: at 1.0 a teacher scored at 1.0 would pass), and distill/reverse_kl
+    of the first iteration is the file's recorded log π minus the teacher's log-probs of the
+    same tokens, averaged over them."""
     from proxrl.algos.online.client import TrainingClient
     from proxrl.models.causal_lm import load_causal_lm
     from proxrl.rollout.forward import frozen_pass
@@ -229,6 +231,7 @@ def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_tea
         rollout_batch_size=2,
         mini_batch_size=2,
         teacher_model=tiny_teacher,
+        temperature=0.7,
     )
     cfg.validate()
     grpo.train(cfg)
@@ -245,6 +248,7 @@ def test_a_teacher_scores_a_rollouts_file_as_it_scores_samples(tiny_lm, tiny_tea
             {"top_k": 0, "top_p": 1.0, "min_p": 0.0},
             packed=False,
         )
+    assert cfg.temperature == 0.7
     recorded = rollout.logprobs.double()
     keep = mask.bool()
     expected = float((recorded[keep] - logprobs[keep]).mean())
@@ -310,8 +314,26 @@ def test_the_teacher_pass_is_the_same_padded_and_packed(tiny_teacher):
     ],
 )
 def test_a_teacher_beside_a_task_reward_trains_with_the_loops_options(
-    command, options, tiny_lm, tiny_teacher, prompts, tmp_path
+    command, options, tiny_lm, tiny_teacher, prompts, tmp_path, monkeypatch
 ):
+    """Each iteration's advantages are the task's estimate plus the teacher's term exactly, on
+    log π_T that is the teacher's own at the sampling temperature (0.7) for every sampled
+    token, whatever the option does to the rollout (joined rounds, packed passes, the reference
+    offloaded, a critic)."""
+    from proxrl.algos.online import loop
+    from proxrl.algos.online.advantages import teacher_term
+    from proxrl.models.causal_lm import load_causal_lm
+    from proxrl.rollout.forward import frozen_pass
+
+    seen = []
+
+    def spy(algo, experience, kl_coef, distill):  # type: ignore[no-untyped-def]
+        out = estimate(algo, experience, kl_coef, distill)
+        task = estimate(algo, experience, kl_coef, None)  # no teacher: the task's own
+        seen.append((experience, out.advantages - task.advantages))
+        return out
+
+    monkeypatch.setattr(loop, "estimate", spy)
     fields = _fields(
         tiny_lm,
         tiny_teacher,
@@ -321,12 +343,33 @@ def test_a_teacher_beside_a_task_reward_trains_with_the_loops_options(
         reward_fn=("tests.algos.online_rewards:target_fraction",),
         kl_coef=0.05,
         track_kl=True,
+        temperature=0.7,
+        distill_coef=0.5,
     )
     cfg = command.Config(**(fields | options))
     cfg.validate()
     command.train(cfg)
     rows = read_metrics(tmp_path)
-    assert len(rows) == 2
-    for row in rows:
+    assert len(rows) == 2 and len(seen) == 2
+    teacher = load_causal_lm(tiny_teacher, dtype="float32").eval()
+    for row, (experience, added) in zip(rows, seen, strict=True):
         assert row["distill/teacher_logprob"] < 0 and math.isfinite(row["distill/reverse_kl"])
         assert "objective/kl" in row and "reward/target_fraction" in row
+        mask = experience.loss_mask
+        keep = mask.bool()
+        term = teacher_term(cfg, experience)
+        assert bool(term[keep].ne(0).any())
+        torch.testing.assert_close(added, term, rtol=0, atol=1e-5)  # (float32: A + t − A)
+        with torch.no_grad():
+            by_hand, _ = frozen_pass(
+                teacher,
+                experience.input_ids,
+                experience.attention_mask,
+                experience.prompt_ids.shape[1],
+                0.7,
+                {"top_k": 0, "top_p": 1.0, "min_p": 0.0},
+                packed=False,
+            )
+        recorded = experience.teacher_logprobs
+        # (float32, packed or not: to 1e-5; the teacher at temperature 1 is ~0.1 off)
+        torch.testing.assert_close(recorded[keep], by_hand[keep], rtol=0, atol=1e-5)

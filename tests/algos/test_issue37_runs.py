@@ -93,21 +93,39 @@ def test_each_option_trains_with_stale_epochs(options, tiny_lm, prompts, tmp_pat
     assert len(rows) == 2 and all(math.isfinite(r["policy/total_loss"]) for r in rows)
     share = {"off_policy_mask": "policy/off_policy_masked", "clip_cov": "policy/cov_dropped"}
     key = share.get(next(iter(options)), share.get(str(options.get("policy_loss"))))
-    if key is not None:
-        assert all(0.0 <= r[key] <= 1.0 for r in rows)
+    if key is not None:  # the mask or selection acted on some tokens, not on all
+        assert all(0.0 <= r[key] < 1.0 for r in rows) and any(r[key] > 0 for r in rows)
 
 
-def test_clip_cov_draws_from_the_run_generator(tiny_lm, prompts, tmp_path):
-    """The same seed twice: the same losses over two iterations (the draw is the run
-    generator's, seeded by the config and saved with the checkpoint, not torch's global one);
-    the window is wide and 20% of the tokens drawn, so there is a draw to repeat."""
+def test_clip_cov_draws_from_the_run_generator(tiny_lm, prompts, tmp_path, monkeypatch):
+    """The same seed twice, torch's global generator reseeded (to another seed in each run)
+    for every update and restored after it, so the sampler's stream is the same: the same
+    losses over two iterations (the draw is the run generator's, seeded by the config and saved
+    with the checkpoint, not torch's global one, which the run also seeds); the window is wide
+    and 20% of the tokens drawn, so there is a draw to repeat."""
+    import torch
+
+    from proxrl.algos.online import loop
+
     options = dict(policy_loss="clip_cov", clip_cov_lb=-1.0, clip_cov_ratio=0.2, ppo_epochs=2)
-    finals = []
-    for run in ("a", "b"):
+    update, finals = loop.update, []
+
+    def global_rng_elsewhere(seed):  # type: ignore[no-untyped-def]
+        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                return update(*args, **kwargs)
+
+        return wrapped
+
+    for run, seed in (("a", 11), ("b", 22)):
+        monkeypatch.setattr(loop, "update", global_rng_elsewhere(seed))
         cfg = small(grpo.Config, tiny_lm, prompts, tmp_path / run, iterations=2, group_size=2,
                     mini_batch_size=8, **options)  # fmt: skip
         grpo.train(cfg)
-        finals.append([r["policy/total_loss"] for r in read_metrics(tmp_path / run)])
+        rows = read_metrics(tmp_path / run)
+        assert all(r["policy/cov_dropped"] > 0 for r in rows)
+        finals.append([r["policy/total_loss"] for r in rows])
     assert finals[0] == finals[1]
 
 

@@ -18,12 +18,14 @@ def test_opsm_drops_diverged_sequences_with_a_negative_advantage():
     (0.05, 0.05) mean 0.05. δ = 0.06: rows 0 and 1 diverged, row 2 did not. A = −1 | −1 | −1:
     rows 0, 1 dropped; with A = +1 on row 0 it is kept however far it diverged."""
     old = t([[-1.0, -1.0, -1.0], [-2.0, 9.0, 9.0], [-0.5, -0.5, 9.0]])
-    new = old - t([[0.3, 0.0, -0.1], [0.5, 0.0, 0.0], [0.05, 0.05, 0.0]])
+    # log μ − log π is 18 in the padding (π there is −9, not 9): counted, it would drop row 2
+    # at δ = 0.06 and rows 1 and 2 at δ = 0.5 (means over all 3 columns: 36.5/3, 18.1/3)
+    new = old - t([[0.3, 0.0, -0.1], [0.5, 18.0, 18.0], [0.05, 0.05, 18.0]])
     negative = -MASK
     close(opsm_keep(new, old, negative, MASK, 0.06), [[0, 0, 0], [0, 1, 1], [1, 1, 1]])
     mixed = negative * t([[-1.0], [1.0], [1.0]])  # row 0 positive
     close(opsm_keep(new, old, mixed, MASK, 0.06), [[1, 1, 1], [0, 1, 1], [1, 1, 1]])
-    # δ above every divergence keeps all; padding never counts (9.0 there)
+    # δ above every divergence keeps all; padding never counts (18 there)
     close(opsm_keep(new, old, negative, MASK, 0.5), torch.ones(3, 3, dtype=torch.float64))
 
 

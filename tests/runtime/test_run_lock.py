@@ -128,10 +128,29 @@ def test_a_sigkilled_run_leaves_no_stale_lock(holder):
     run.release()
 
 
+def _held(out: Path) -> bool:
+    """Whether ``out``'s lock file is there and flock-ed: a descriptor of its own (another open
+    file description, as another process's would be) cannot take it."""
+    import fcntl
+
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @pytest.mark.timeout(60)
 def test_the_lock_is_reentrant_in_one_process_and_released(tmp_path):
-    """A run and then its resume in one process (a notebook, the demo) share the lock; once
-    released (or collected), the directory is free for another process."""
+    """A run and then its resume in one process (a notebook, the demo) share the lock: the
+    lock stays while either holds it, and once both are released the directory is free for
+    another process."""
     out = tmp_path / "run"
     first = Run(Cfg(str(out)))
     first.prepare()
@@ -139,8 +158,13 @@ def test_the_lock_is_reentrant_in_one_process_and_released(tmp_path):
     second = Run(Cfg(str(out), resume=True))
     second.check_output_dir()
     second.prepare()
+    assert _held(out)
     first.release()
+    assert _held(out), "releasing the first run dropped the second one's lock"
+    first.release()  # idempotent: a second release of the same run takes nothing more
+    assert _held(out)
     second.release()
+    assert not _held(out) and not (out / LOCK_FILE).exists()
     start = time.time()
     free = subprocess.run(
         [sys.executable, "-c", HOLDER.replace("time.sleep(120)", ""), str(out)],
@@ -151,3 +175,34 @@ def test_the_lock_is_reentrant_in_one_process_and_released(tmp_path):
     )
     assert time.time() - start < 60
     assert "already holds a run" in free.stderr and "in use" not in free.stderr, free.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_live_run_keeps_its_lock_when_an_earlier_run_is_collected(tmp_path):
+    """The earlier ``Run`` of the directory dropped (collected, or released after the later
+    one took the lock): the live one still holds it, and another process is refused naming
+    this one; released last, the directory is free."""
+    import gc
+
+    out = tmp_path / "run"
+    earlier = Run(Cfg(str(out)))
+    earlier.prepare()
+    live = Run(Cfg(str(out), resume=True))
+    live.prepare()
+    del earlier
+    gc.collect()
+    assert _held(out), "collecting the earlier run dropped the live run's lock"
+    refused = subprocess.run(
+        [sys.executable, "-c", HOLDER.replace("time.sleep(120)", ""), str(out)],
+        env=os.environ | {"PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and f"pid {os.getpid()} on " in refused.stderr
+    another = Run(Cfg(str(out), resume=True))  # a third in this process: it shares the lock
+    another.prepare()
+    another.release()
+    assert _held(out)
+    live.release()
+    assert not _held(out)
