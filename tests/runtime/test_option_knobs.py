@@ -296,3 +296,15 @@ def test_a_client_leaves_the_policy_loss_open_but_refuses_other_unused_knobs():
     assert cfg.sapo_tau_pos == 2.0
     with pytest.raises(ProxrlError, match="^client: m2po_tau: applies to off_policy_mask m2po"):
         checked_config(grpo.Config, {"model": "m", "m2po_tau": 0.1}, "client")
+
+
+def test_a_sequence_return_keeps_its_dtype_at_the_last_token():
+    """remax / rloo / reinforce in a float64 run: float64 returns on a float32 mask (the
+    scatter refused the mixed dtypes)."""
+    import torch
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    returns = torch.tensor([0.5, -2.0], dtype=torch.float64)
+    placed = grpo._at_last_token(returns, mask)
+    assert placed.dtype == torch.float64
+    assert placed.tolist() == [[0.0, 0.5, 0.0], [-2.0, 0.0, 0.0]]

@@ -128,8 +128,9 @@ def _per_token(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
 
 
 def _at_last_token(returns: Tensor, mask: Tensor) -> Tensor:
-    """The sequence return sits at the last token, as a per-token reward would."""
-    return torch.zeros_like(mask).scatter(
+    """The sequence return sits at the last token, as a per-token reward would (in the
+    returns' dtype: a float64 run's scores on a float32 mask)."""
+    return torch.zeros_like(mask, dtype=returns.dtype).scatter(
         1, last_valid_index(mask).unsqueeze(1), returns.unsqueeze(1)
     )
 
