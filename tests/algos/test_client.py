@@ -48,6 +48,7 @@ def config(tiny_lm: str, prompts: str, out: Path, **overrides) -> grpo.Config:
         sample_every=0,
         progress=False,
         seed=3,
+        shared_prefix=False,  # bit-identities (π_ref = π_old before a step); see test_shared_prefix
     )
     return grpo.Config(**(fields | overrides))
 

@@ -188,6 +188,12 @@ def test_it_runs_the_prompts_once_and_falls_back_where_it_cannot_apply(monkeypat
         assert widths[0][0] == 1 or len(widths) == 1  # the packed forward, one call
         repeated = policy_forward(model, ids, mask, P, 1.0)
     assert torch.allclose(shared.logprobs * real, repeated.logprobs * real, rtol=1e-6)
+    monkeypatch.setattr(prefix.dist, "world_size", lambda: 2)  # several processes: repeated
+    widths.clear()
+    with torch.no_grad():
+        policy_forward(model, ids, mask, P, 1.0, shared_prefix=True)
+    assert widths == [(len(ids), ids.shape[1])]
+    monkeypatch.undo()
     model.gradient_checkpointing_enable()
     model.train()
     assert prefix.drops_its_cache(model)

@@ -51,6 +51,7 @@ def config(name: str, model: str, prompts: str, out: str, overrides: dict | None
         ppo_epochs=2,
         mini_batch_size=8,
         grad_accum=4,
+        shared_prefix=False,  # one process against two: the same forward on every batching
     )
     common |= overrides or {}
     if name == "ppo":

@@ -22,7 +22,7 @@ from proxrl.rollout.packing import pack_batch, unpack
 from proxrl.rollout.packing import real_positions as position_ids
 from proxrl.rollout.prefix import (
     cache_of,
-    drops_its_cache,
+    can_share,
     response_inputs,
     shared_prefix_inputs,
 )
@@ -117,7 +117,7 @@ def policy_forward(
             with_hidden, top_k, top_p, min_p, with_argmax,
         )  # fmt: skip
     shared = None
-    if shared_prefix and not drops_its_cache(model):
+    if shared_prefix and can_share(model):
         shared = _shared_prefix_logits(model, input_ids, attention_mask, prompt_length, with_hidden)
     if shared is None:
         output, logits = logits_at(
@@ -313,7 +313,7 @@ def critic_forward(
             values, rows, columns, (input_ids.shape[0], input_ids.shape[1] - prompt_length)
         )
     hidden = None
-    if shared_prefix and not drops_its_cache(critic):
+    if shared_prefix and can_share(critic):
         hidden = _shared_prefix_hidden(backbone(critic), input_ids, attention_mask, prompt_length)
     if hidden is None:
         hidden = backbone(critic)(

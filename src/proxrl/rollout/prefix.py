@@ -9,9 +9,12 @@ earlier tokens, exactly as in the full forward. The index is a gather, so the gr
 reaches a prompt's keys and values is the sum over the rows that read them, as the repeated
 forward's G copies would give; the results are the repeated forward's up to float rounding.
 
-Where it cannot apply, the caller runs the repeated forward: no two rows share a prompt, or the
+Where it cannot apply, the caller runs the repeated forward: no two rows share a prompt, the
 model gives no cache (a model under gradient checkpointing while training drops it, and would
-append to it twice when it recomputes a layer).
+append to it twice when it recomputes a layer), or the run has several processes (``can_share``).
+The results equal the repeated forward's to float rounding, not to the bit: π_old, π_ref and π
+computed on other batchings (or on weights that take no gradient, whose CPU kernels differ)
+agree to that rounding.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from proxrl.runtime import distributed as dist
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,14 @@ def drops_its_cache(model: nn.Module) -> bool:
         if getattr(module, "gradient_checkpointing", False) and module.training:
             return True
     return False
+
+
+def can_share(model: nn.Module) -> bool:
+    """Whether a pass of ``model`` may forward shared prompts once: in one process only (ranks
+    whose micro-batches share prompts differently would call a sharded model's forward a
+    different number of times, and FSDP's gathers would wait on each other), and not under
+    gradient checkpointing (``drops_its_cache``)."""
+    return dist.world_size() == 1 and not drops_its_cache(model)
 
 
 def shared_prefix_inputs(
