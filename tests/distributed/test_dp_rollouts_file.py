@@ -71,6 +71,7 @@ def test_a_rollouts_file_on_two_processes_trains_as_on_one(command, tiny_lm, tmp
         "report_to": "none",
         "save_every": 0,
         "seed": 3,
+        "shared_prefix": False,  # two processes repeat prompts: one must too, to the bit
     }
     if command == "ppo":
         fields |= {"critic": "head"}
