@@ -12,7 +12,7 @@ VLLM_VENV  := .venv-vllm
 VLLM_BIN   := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: test test-vllm lint demo setup setup-vllm clean
+.PHONY: test test-vllm lint demo setup setup-vllm clean mutate
 
 setup: $(STAMP)
 
@@ -56,6 +56,21 @@ test: lint test-vllm
 
 test-vllm: $(VLLM_STAMP)
 	OMP_NUM_THREADS=1 $(VLLM_BIN)/python -m pytest tests/vllm
+
+# Mutation check of the files a change touched (issue 54; not part of `make test`): mutmut
+# (benchmarks/mutate.py) in a temporary copy of the checkout, each mutant run against TESTS only
+# (3-6 min for a file of 80-170 mutants on 2 busy cores); prints killed / total per file and
+# every survivor as file:line with its mutation.
+#   make mutate FILES="src/proxrl/core/masks.py" TESTS="tests/core/test_masks.py"
+#   make mutate       # the src/proxrl files changed since HEAD~1 (SINCE=ref)
+# TESTS left out: each file's tests/**/test_<stem>.py. Use it before calling a capability done
+# and give the touched files' score in the closing note (benchmarks/results/mutation.md).
+FILES ?=
+TESTS ?=
+SINCE ?= HEAD~1
+mutate: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/mutate.py $(FILES) --since $(SINCE) \
+		$(if $(strip $(TESTS)),--tests $(TESTS))
 
 demo: $(STAMP)
 	$(BIN)/proxrl demo --output-dir runs/demo
