@@ -130,10 +130,6 @@ class Registry(Mapping[str, T], Generic[T]):
         """The names whose ``trait`` is true, in registration order."""
         return tuple(n for n, e in self._entries.items() if e.traits.get(trait))
 
-    def literal(self, exclude: Collection[str] = ()) -> Any:
-        """The ``Literal`` type of a value that is one of these names."""
-        return literal(*self.names(exclude))
-
     def choice(
         self,
         off: Collection[str] = (),

@@ -18,10 +18,10 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from proxrl.core import processed_entropy, processed_logprobs
 from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
+from proxrl.rollout.generation import cache_keyword
 from proxrl.rollout.packing import pack_batch, unpack
 from proxrl.rollout.packing import real_positions as position_ids
 from proxrl.rollout.prefix import (
-    cache_of,
     can_share,
     response_inputs,
     shared_prefix_inputs,
@@ -163,10 +163,10 @@ def _shared_prefix_logits(
     prefix_out, last = logits_at(
         model, lambda x: x[:, -1:], (len(first), P), **prefix, output_hidden_states=with_hidden
     )
-    cache = cache_of(prefix_out)
+    cache = getattr(prefix_out, cache_keyword(model), None)
     if cache is None:
         return None
-    inputs = response_inputs(cache, groups, input_ids, attention_mask, positions, P)
+    inputs = response_inputs(model, cache, groups, input_ids, attention_mask, positions, P)
     out, rest = logits_at(
         model, lambda x: x[:, :-1], (len(input_ids), T), **inputs, output_hidden_states=with_hidden
     )
@@ -336,10 +336,10 @@ def _shared_prefix_hidden(
         return None
     groups, prefix = found
     prefix_out = body(**prefix)
-    cache = cache_of(prefix_out)
+    cache = getattr(prefix_out, cache_keyword(body), None)
     if cache is None:
         return None
-    inputs = response_inputs(cache, groups, input_ids, attention_mask, positions, P)
+    inputs = response_inputs(body, cache, groups, input_ids, attention_mask, positions, P)
     rest = body(**inputs).last_hidden_state[:, :-1]
     return torch.cat([prefix_out.last_hidden_state[:, -1:][groups.inverse], rest], 1)
 

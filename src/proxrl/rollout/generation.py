@@ -191,6 +191,13 @@ def distinct_rows(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tens
     return first[order], rank[inverse]
 
 
+def cache_keyword(model: Any) -> str:
+    """The name ``model``'s forward takes and returns its KV cache by: transformers renamed
+    ``past_key_values`` to ``cache`` in 5.x (peft looked through)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def static_cache(model: Any, length: int) -> Any:
     """transformers' ``StaticCache`` of ``length`` positions for ``model`` (peft looked through);
     a ``ProxrlError`` naming ``compile_sampler`` for a model that has none."""
@@ -267,13 +274,7 @@ class CachedSampler:
         batch, prompt_length = prompt_ids.shape
         attention = prompt_mask.long()
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
-        # transformers renamed ``past_key_values`` to ``cache`` in 5.x.
-        base = (
-            self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        )  # peft
-        cache_name = (
-            "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        )
+        cache_name = cache_keyword(self.model)
         step = self.model
         prefill: dict[str, Any] = {}
         if self.compile_step:

@@ -19,14 +19,12 @@ agree to that rounding.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
+from proxrl.rollout.generation import cache_keyword, distinct_rows
 from proxrl.runtime import distributed as dist
 
 
@@ -42,39 +40,10 @@ def prompt_groups(
     input_ids: Tensor, attention_mask: Tensor, prompt_length: int
 ) -> PromptGroups | None:
     """The distinct prompts of (B, P + T) rows (the first ``prompt_length`` ids and mask
-    columns, left padding included), or None where no two rows share one."""
-    prompts = torch.cat(
-        [input_ids[:, :prompt_length], attention_mask[:, :prompt_length].to(input_ids.dtype)], 1
-    )
-    _, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-    rows = torch.arange(len(inverse), device=inverse.device)
-    count = int(inverse.max()) + 1
-    if count == len(inverse):
-        return None
-    firsts = torch.full((count,), len(inverse), device=inverse.device, dtype=torch.long)
-    firsts = firsts.scatter_reduce(0, inverse, rows, "amin")
-    order = torch.argsort(firsts)  # the distinct prompts in the order their rows come
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(count, device=order.device)
-    return PromptGroups(firsts[order], rank[inverse])
-
-
-@functools.cache
-def cache_argument() -> str:
-    """The name transformers' models take and return their KV cache by: ``cache`` from 5.25
-    (``past_key_values`` is deprecated there), ``past_key_values`` before."""
-    from transformers import LlamaModel
-
-    return (
-        "cache"
-        if "cache" in inspect.signature(LlamaModel.forward).parameters
-        else ("past_key_values")
-    )
-
-
-def cache_of(output: Any) -> Any:
-    """The KV cache a forward with ``use_cache`` returned (None: the model kept none)."""
-    return getattr(output, cache_argument(), None)
+    columns, left padding included: the sampler's ``distinct_rows``), or None where no two rows
+    share one."""
+    found = distinct_rows(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
+    return None if found is None else PromptGroups(*found)
 
 
 def drops_its_cache(model: nn.Module) -> bool:
@@ -113,6 +82,7 @@ def shared_prefix_inputs(
 
 
 def response_inputs(
+    model: nn.Module,
     cache: Any,
     groups: PromptGroups,
     input_ids: Tensor,
@@ -122,11 +92,12 @@ def response_inputs(
 ) -> dict[str, Any]:
     """The responses' call: every row's response ids against its prompt's cached keys and
     values (``cache`` indexed out to the B rows in place), the whole (B, P + T) mask."""
-    cache.batch_select_indices(groups.inverse)
+    cache.reorder_cache(groups.inverse)  # as the sampler gathers its prefill; a gather:
+    # the backward sums the rows' gradients into the prompt's keys and values
     return {
         "input_ids": input_ids[:, prompt_length:],
         "attention_mask": attention_mask,
         "position_ids": position_ids[:, prompt_length:],
-        cache_argument(): cache,
+        cache_keyword(model): cache,
         "use_cache": False,
     }
