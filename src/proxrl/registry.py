@@ -176,8 +176,8 @@ class AppliesWith:
 
 @dataclass(frozen=True)
 class Bound:
-    """The range of a knob declared in core (``Annotated[float, Bound(gt=0)]`` on a settings
-    field): core states it, the config edge checks it with its own range type and wording.
+    """The range of a number (``Annotated[float, Bound(gt=0)]``): a knob declared in core states
+    it, and the config edge (``runtime.config.Range``, the same type) checks and words it.
     ``below``: the field whose value this one must stay under (a lower bound's upper one)."""
 
     ge: float | None = None

@@ -22,7 +22,7 @@ import pydantic
 import tyro
 import yaml
 
-from proxrl.registry import AppliesWith, Choice
+from proxrl.registry import AppliesWith, Bound, Choice
 from proxrl.runtime.errors import ProxrlError
 
 T = TypeVar("T")
@@ -44,16 +44,9 @@ def alias(*names: str) -> Any:
     return tyro.conf.arg(aliases=tuple("--" + n.replace("_", "-") for n in names))
 
 
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Bounds of a finite number (of each item of a list); ``Range()``: any finite number.
-    ``below``: the field whose value this one must stay under (a lower bound's upper one)."""
-
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    below: str | None = None
+Range = Bound
+"""Bounds of a finite number (of each item of a list); ``Range()``: any finite number. The one
+range type: a config field's and a core knob's (``Bound``) alike."""
 
 
 class FieldSpec(NamedTuple):

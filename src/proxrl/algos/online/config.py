@@ -31,7 +31,6 @@ from proxrl.core import (
     POLICY_LOSSES,
     ROLLOUT_CORRECTIONS,
     Aggregation,
-    Bound,
     PolicyLossSettings,
     aggregation,
 )
@@ -58,28 +57,18 @@ def canonical(name: str, aliases: Mapping[str, str]) -> str:
     return aliases.get(name, name)
 
 
-def _ranged(hint: Any) -> Any:
-    """``Annotated[T, Bound(...)]`` → ``Annotated[T, Range(...)]``: a core knob's bound as the
-    parse layer's range (checked, worded and listed as every other field's)."""
-    if typing.get_origin(hint) is not Annotated:
-        return hint
-    tp, *extras = typing.get_args(hint)
-    extras = [Range(m.ge, m.gt, m.le, m.lt, m.below) if isinstance(m, Bound) else m for m in extras]
-    return Annotated[(tp, *extras)] if extras else tp
-
-
 def _config_annotations(settings: type, aliases: Mapping[str, Any]) -> dict[str, Any]:
-    """The annotations of a core settings dataclass with its bounds made ranges, and the
-    config-edge ``aliases`` (field → ``alias(...)``) added: core names one spelling only."""
+    """The annotations of a core settings dataclass (its ``Bound`` is the config's ``Range``)
+    with the config-edge ``aliases`` (field → ``alias(...)``) added: core names one spelling
+    only."""
     hints = typing.get_type_hints(settings, include_extras=True)
     return {
-        name: _ranged(hints[name]) if name not in aliases else _aliased(hints[name], aliases[name])
+        name: hints[name] if name not in aliases else _aliased(hints[name], aliases[name])
         for name in settings.__annotations__
     }
 
 
 def _aliased(hint: Any, marker: Any) -> Any:
-    hint = _ranged(hint)
     if typing.get_origin(hint) is Annotated:
         return Annotated[(*typing.get_args(hint), marker)]
     return Annotated[hint, marker]
@@ -94,7 +83,7 @@ at 1 + ``clip_high`` (README's option table)."""
 @dataclass
 class PolicyLossFields(PolicyLossSettings):
     """The policy losses' knobs (``core.PolicyLossSettings``: clip, clip_high, dual_clip,
-    sapo_tau_*) as config fields, each core ``Bound`` made a ``Range``: a knob declared there
+    sapo_tau_*) as config fields, each core ``Bound`` their range: a knob declared there
     reaches --help (its docstring), YAML and the range checks with no line here."""
 
     __annotations__ = _config_annotations(PolicyLossSettings, POLICY_LOSS_ALIASES)
