@@ -179,8 +179,18 @@ def _silence(stream: TextIO) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``proxrl`` console script; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``proxrl`` console script; returns the exit code (a rank of a launched
+    run ends here instead: ``distributed.end_launched_process``)."""
+    exit_code = _main(sys.argv[1:] if argv is None else argv)
+    if "torch.distributed" in sys.modules:  # else no group exists (and --help stays torch-free)
+        from proxrl.runtime.distributed import end_launched_process
+
+        end_launched_process(exit_code)
+    return exit_code
+
+
+def _main(argv: list[str]) -> int:
+    argv = list(argv)
     # Our own progress bar shows the run; Hugging Face's per-file loading bars would only add
     # noise between its lines (read once, when transformers is first imported).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

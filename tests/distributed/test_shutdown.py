@@ -15,6 +15,7 @@ import pytest
 from tests.distributed.launch import check, torchrun
 
 SCRIPT = Path(__file__).with_name("shutdown_script.py")
+EXIT_SCRIPT = Path(__file__).with_name("exit_script.py")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for thread names")
@@ -25,3 +26,18 @@ def test_exit_handler_stops_gloo_threads_after_dynamo_was_imported(tmp_path):
         assert report["value"] == 4.0  # the group summed over 2 ranks
         assert any("gloo" in name for name in report["before"]), report
         assert not any("gloo" in name for name in report["after"]), report
+
+
+def test_a_launched_rank_ends_in_main_after_its_exit_handlers_with_its_output(tmp_path):
+    """Each rank ends in ``cli.main`` (no C++ teardown for gloo's threads to race): the exit
+    handlers registered before and after the group both ran, proxrl's own destroyed the group
+    in between, and what ``main`` and the handlers printed reached the pipe."""
+    result = torchrun([str(EXIT_SCRIPT), str(tmp_path)])
+    check(result)
+    assert result.stdout.count("proxrl ") == 2, result.stdout  # each rank's --version line
+    assert result.stdout.count("exit handler first_handler ran") == 2, result.stdout
+    written = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    for rank in (0, 1):
+        assert written.get(f"{rank}_last_handler") == "True", written
+        assert written.get(f"{rank}_first_handler") == "False", written
+    assert not any(name.count("main_returned") for name in written), written

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar, overload
@@ -97,6 +98,26 @@ def _shutdown() -> None:
     destructors can abort the process ("terminate called without an active exception")."""
     if torch_dist.is_available() and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+def end_launched_process(exit_code: int) -> None:
+    """End this rank of a launched run now, with ``exit_code``; return at once in a process
+    with no group (a one-process run ends as usual).
+
+    destroy_process_group cannot stop gloo's threads once FSDP2 has run: torch keeps each device
+    mesh, and with it the group, in module-level caches (DTensor's sharding and redistribution
+    plans, ``MeshTopoInfo``). Left to interpreter shutdown, those threads race C++ teardown and
+    now and then abort a rank whose run has finished and saved (exit -6, "terminate called
+    without an active exception"). So Python's exit handlers run here (``_shutdown`` among
+    them: the ranks still leave the group together), the streams are flushed, and the process
+    ends without C++ static teardown."""
+    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+        return
+    atexit._run_exitfuncs()  # logging's, the trackers', proxrl's own: nothing is skipped
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(exit_code)
 
 
 @lru_cache(maxsize=1)
