@@ -146,7 +146,8 @@ FILES: dict[str, str | bytes] = {
     "configs/batch_words.yaml": "batch_size: eight\n",
     "configs/lr_list.yaml": "learning_rate: [1, 2]\n",
     "configs/lr_exponent.yaml": "learning_rate: -1e-5\n",
-    "configs/trl_names.yaml": "num_train_epochs: 3\n",
+    "configs/trl_names.yaml": "model_name_or_path: model\nmax_steps: 3\nnum_train_epochs: 3\n"
+    "num_generations: 4\nlr_scheduler_type: linear\n",
     "models/empty/README": "no config here\n",
     "models/orphan_adapter/adapter_config.json": '{"peft_type": "LORA", "base_model_name_or_path": '
     '"models/gone"}\n',
@@ -264,7 +265,7 @@ def build_workspace(root: Path, tiny_lm: str) -> Path:
 class Case:
     what: str  # the bad input, in words
     argv: tuple[str, ...]  # proxrl's arguments
-    message: str  # the exact last line on stderr (``<cwd>``: the working directory's path)
+    message: str  # the exact last line(s) on stderr (``<cwd>``: the working directory's path)
     xfail: str = ""  # why this case does not fully behave yet (another owner's code)
     env: tuple[tuple[str, str], ...] = ()  # environment variables the case runs under
     locked: str = ""  # a run directory a live run holds while the case runs (``live_run``)
@@ -1467,14 +1468,38 @@ CASES: list[Case] = [
     ),
     # issue 23 seams
     Case(
-        "another library's name for an option",
-        (*SFT, "--lr", "0.1"),
-        "proxrl sft: error: unknown option --lr; did you mean --learning-rate?",
+        "another library's name whose meaning differs (runtime.foreign_names)",
+        (*SFT, "--per-device-train-batch-size", "4"),
+        "proxrl sft: error: unknown option --per-device-train-batch-size: in TRL it counts per "
+        "device; proxrl's batch_size (sft, rm, dpo) and mini_batch_size (ppo, grpo: responses per "
+        "optimizer step) count all processes together",
     ),
     Case(
-        "another library's name for a config key",
-        ("sft", "--config", "configs/trl_names.yaml"),
-        "proxrl sft: error: config file configs/trl_names.yaml: unknown key num_train_epochs; did you mean epochs?",
+        "every unknown key of a config file at once (a TRL config)",
+        ("grpo", "--config", "configs/trl_names.yaml"),
+        "proxrl grpo: error: config file configs/trl_names.yaml: 3 unknown keys\n"
+        "  max_steps: in TRL it counts optimizer steps; ppo and grpo count iterations (a rollout "
+        "and its updates): iterations\n"
+        "  num_train_epochs: in TRL it counts passes over the prompts; ppo and grpo count "
+        "iterations (rollout_batch_size prompts each): iterations\n"
+        "  lr_scheduler_type; did you mean lr_schedule?",
+    ),
+    Case(
+        "unknown keys and unknown options together",
+        ("grpo", "--config", "configs/trl_names.yaml", "--loss-typo", "grpo"),
+        "proxrl grpo: error: 4 unknown keys and options\n"
+        "  config file configs/trl_names.yaml: max_steps: in TRL it counts optimizer steps; ppo "
+        "and grpo count iterations (a rollout and its updates): iterations\n"
+        "  config file configs/trl_names.yaml: num_train_epochs: in TRL it counts passes over "
+        "the prompts; ppo and grpo count iterations (rollout_batch_size prompts each): "
+        "iterations\n"
+        "  config file configs/trl_names.yaml: lr_scheduler_type; did you mean lr_schedule?\n"
+        "  --loss-typo; did you mean --kl-loss-type?",
+    ),
+    Case(
+        "an option given under its own and another library's name",
+        (*GRPO, "--beta", "0.1", "--kl-coef", "0.2"),
+        "proxrl grpo: error: kl_coef given twice, as --beta and --kl-coef; keep one",
     ),
     Case(
         "--resume of a run that stopped before its first step",
@@ -1857,6 +1882,19 @@ API_CASES: list[ApiCase] = [
         "proxrl.sft(): unknown key learning_rat; did you mean learning_rate?",
     ),
     ApiCase(
+        "several unknown options, one of them another library's",
+        'proxrl.sft(model="model", data=rows, max_step=3, per_device_train_batch_size=2)',
+        "proxrl.sft(): 2 unknown keys\n  max_step; did you mean max_steps?\n"
+        "  per_device_train_batch_size: in TRL it counts per device; proxrl's batch_size (sft, "
+        "rm, dpo) and mini_batch_size (ppo, grpo: responses per optimizer step) count all "
+        "processes together",
+    ),
+    ApiCase(
+        "an option given under its own and another library's name",
+        'proxrl.grpo(model="model", prompts=rows, reward_fn=len, beta=0.1, kl_coef=0.2)',
+        "proxrl.grpo(): kl_coef given twice, as beta and kl_coef; keep one",
+    ),
+    ApiCase(
         "option value of the wrong type",
         'proxrl.sft(model="model", data=rows, batch_size="eight")',
         "proxrl.sft(): field batch_size expects int, found str 'eight'",
@@ -1910,6 +1948,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _code(message: str) -> str:
+    """A message as code in a table cell; one of several lines (every unknown name) line by
+    line."""
+    return "<br>".join(f"`{_cell(line)}`" for line in message.splitlines())
+
+
 def render() -> str:
     """docs/errors.md: the table of every case."""
     lines = [
@@ -1917,7 +1961,7 @@ def render() -> str:
         "",
         "Every row is a test: `tests/algos/test_errors_table.py` runs the command line with",
         "`proxrl.cli.main` in a fresh workspace (the files of `tests/algos/errors_cases.py`, the tiny",
-        "test model as `model/`) and checks exit code 2, this exact last line on stderr (`<cwd>`: the",
+        "test model as `model/`) and checks exit code 2, this exact last line (lines) on stderr (`<cwd>`: the",
         "working directory), no",
         "traceback (`--debug` shows one), and that no file in the workspace was created, changed or",
         "removed: a bad input never leaves a half-made run behind or touches an existing one.",
@@ -1936,7 +1980,7 @@ def render() -> str:
     for i, case in enumerate(CASES, start=1):
         what = case.what + (f" *(xfail: {case.xfail})*" if case.xfail else "")
         command = " ".join([*(f"{k}={v}" for k, v in case.env), "proxrl", *case.argv])
-        lines.append(f"| {i} | {_cell(what)} | `{_cell(command)}` | `{_cell(case.message)}` |")
+        lines.append(f"| {i} | {_cell(what)} | `{_cell(command)}` | {_code(case.message)} |")
     lines += [
         "",
         "From Python (`proxrl.api`, run by `tests/algos/test_api.py` in the same workspace): each",
@@ -1948,7 +1992,7 @@ def render() -> str:
     for i, api_case in enumerate(API_CASES, start=1):
         lines.append(
             f"| {i} | {_cell(api_case.what)} | `{_cell(api_case.code)}` | "
-            f"`{_cell(api_case.message)}` |"
+            f"{_code(api_case.message)} |"
         )
     lines += [
         "",

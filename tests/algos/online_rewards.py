@@ -5,10 +5,17 @@ from __future__ import annotations
 TARGET = set("abcdefghijklm")
 
 
+def text(completion: str | list[dict]) -> str:
+    """A completion's text: itself, or for a conversational prompt its messages' contents
+    (TRL passes ``[{"role": "assistant", "content": ...}]``, an episode all its turns)."""
+    return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
+
+
 def target_fraction(prompts: list[str], completions: list[str], **columns: list) -> list[float]:
     """Share of the completion's characters among the first thirteen letters: learnable by a
     tiny model in a few dozen iterations; 0 for an empty completion."""
-    return [sum(ch in TARGET for ch in c) / max(len(c), 1) for c in completions]
+    texts = map(text, completions)
+    return [sum(ch in TARGET for ch in c) / max(len(c), 1) for c in texts]
 
 
 def raises(prompts: list[str], completions: list[str], **columns: list) -> list[float]:

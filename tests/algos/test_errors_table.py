@@ -52,7 +52,8 @@ def test_bad_input_gets_its_documented_message(
 
     err = capsys.readouterr().err
     assert code == 2
-    assert err.strip().splitlines()[-1] == case.message.replace("<cwd>", str(workspace))
+    expected = case.message.replace("<cwd>", str(workspace)).splitlines()
+    assert err.strip().splitlines()[-len(expected) :] == expected
     assert "Traceback" not in err
     assert _snapshot(workspace) == before, "the workspace changed"
 

@@ -194,6 +194,16 @@ def test_episode_tokens_are_the_sampled_ones_and_the_trainer_scores_them_alike(t
     torch.testing.assert_close(ep.logprobs[actions], trainer[actions], rtol=0, atol=1e-5)
     assert torch.equal(ep.logprobs[~actions], torch.zeros_like(ep.logprobs[~actions]))
     assert ep.metrics["episode/turns_mean"] == 2.0 and ep.metrics["episode/budget_cut_rate"] == 0
+    # what reward functions get for each episode: its turns after the prompt, as TRL's tool loop
+    for i in range(len(ids)):
+        turns = [c.response_ids[i, : int(c.response_mask[i].sum())] for c in sampler.calls]
+        texts = [tokenizer.decode(t, skip_special_tokens=True) for t in turns]
+        assert ep.messages[i] == [
+            {"role": "assistant", "content": texts[0]},
+            {"role": "user", "content": "again:"},
+            {"role": "assistant", "content": texts[1]},
+        ]
+    assert all(len(c) == 1 for c in conversations)  # the prompts' own lists are untouched
 
 
 class Endless:

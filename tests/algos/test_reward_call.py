@@ -15,7 +15,7 @@ import torch
 
 from proxrl.algos.online import grpo
 from proxrl.data.formats import PromptExample
-from proxrl.rollout.rewards import FunctionReward, WeightedRewards
+from proxrl.rollout.rewards import EPISODE_MESSAGES, FunctionReward, WeightedRewards
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.test_online import small
@@ -63,6 +63,50 @@ def project_style(prompts, completions, **columns):
 )
 def test_each_call_shape_scores_the_same(fn):
     assert _score(fn) == [1.0, 0.0]
+
+
+USER = {"role": "user", "content": "2+2="}
+
+
+def trl_conversational(completions, answer, **kwargs):
+    """TRL's own style for conversational data (its accuracy_reward, think_format_reward)."""
+    return [float(c[0]["content"] == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def test_a_conversational_prompt_gets_its_completion_as_messages_as_in_trl():
+    """GRPOTrainer passes ``[{"role": "assistant", "content": text}]`` per completion when the
+    prompt is a list of messages (a string otherwise), so TRL's ``completion[0]["content"]``
+    scores; proxrl used to pass the string, and indexing it raised TypeError."""
+    seen = []
+
+    def record(completions, **kwargs):
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    prompts = [PromptExample("", [USER], "row 0"), PromptExample("", [USER], "row 1")]
+    score = FunctionReward("m:f", trl_conversational)(prompts, ["4", "5"], COLUMNS)
+    assert score.tolist() == [1.0, 0.0]
+    mixed = [PROMPTS[0], prompts[1]]  # each row in its own layout, as its prompt is passed
+    FunctionReward("m:f", record)(mixed, ["4", "6"], COLUMNS)
+    assert seen == ["4", [{"role": "assistant", "content": "6"}]]
+
+
+def test_an_episode_passes_its_turns_after_the_prompt_and_nothing_else():
+    """With an environment, a completion is the episode's messages (TRL's tool loop: assistant,
+    tool, assistant); the private column that carries them reaches no function's kwargs."""
+    turns = [
+        [{"role": "assistant", "content": "call"}, {"role": "tool", "content": "4"}],
+        [{"role": "assistant", "content": "6"}],
+    ]
+    got = {}
+
+    def record(completions, **kwargs):
+        got.update(kwargs, completions=completions)
+        return [0.0, 0.0]
+
+    prompts = [PromptExample("", [USER], "row 0"), PromptExample("", [USER], "row 1")]
+    FunctionReward("m:f", record)(prompts, ["call 4", "6"], COLUMNS | {EPISODE_MESSAGES: turns})
+    assert got["completions"] == turns and EPISODE_MESSAGES not in got
 
 
 def test_a_column_named_as_a_positional_parameter_is_not_passed_twice():

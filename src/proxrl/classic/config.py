@@ -16,8 +16,9 @@ continuous actions (MuJoCo) get the PPO paper's MuJoCo settings (CleanRL
 
 Field names are the language-model trainers' (the glossary in docs/architecture.md); CleanRL's
 spellings are accepted as aliases in flags and YAML: ``lr``, ``gae_lambda``, ``ent_coef``,
-``minibatch_size``, ``epochs``, ``norm_adv``, ``target_kl``, ``kl_target`` (→
-``penalty_target``), ``kl_beta`` (→ ``penalty_beta``) and the switch ``clip_vloss``.
+``minibatch_size``, ``norm_adv``, ``target_kl`` (``runtime.foreign_names``, every command's),
+``epochs``, ``kl_target`` (→ ``penalty_target``), ``kl_beta`` (→ ``penalty_beta``) and the
+switch ``clip_vloss``.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class ClassicConfig(RunConfig):
     """d_targ of adaptive-kl: β halves below d_targ/1.5 and doubles above 1.5·d_targ."""
     penalty_beta: Annotated[float, Range(ge=0), alias("kl_beta")] = 1.0
     """β of the KL penalty: constant for fixed-kl, the starting value for adaptive-kl."""
-    early_stop_kl: Annotated[float | None, Range(gt=0), alias("target_kl")] = None
+    early_stop_kl: Annotated[float | None, Range(gt=0)] = None
     """Stop an iteration's epochs early once a minibatch's approx KL exceeds this (None: off)."""
     total_steps: Annotated[int | None, Range(gt=0)] = None
     """Environment steps over all environments (None: 1M continuous, 500k discrete)."""
@@ -105,19 +106,19 @@ class ClassicConfig(RunConfig):
     """N vectorised environments (None: 1 continuous, 4 discrete)."""
     num_steps: Annotated[int | None, Range(gt=0)] = None
     """T steps per environment per iteration (None: 2048 continuous, 128 discrete)."""
-    mini_batch_size: Annotated[int | None, Range(gt=0), alias("minibatch_size")] = None
+    mini_batch_size: Annotated[int | None, Range(gt=0)] = None
     """M samples per gradient step; must divide N×T (None: 64 continuous, 128 discrete)."""
     ppo_epochs: Annotated[int | None, Range(gt=0), alias("epochs")] = None
     """K passes over each batch (None: 10 continuous, 4 discrete)."""
-    learning_rate: Annotated[float | None, Range(gt=0), alias("lr")] = None
+    learning_rate: Annotated[float | None, Range(gt=0)] = None
     """Adam learning rate (None: 3e-4 continuous, 2.5e-4 discrete)."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to 0 over the run."""
     gamma: Annotated[float, Range(ge=0, le=1)] = 0.99
     """Discount γ."""
-    lam: Annotated[float, Range(ge=0, le=1), alias("gae_lambda")] = 0.95
+    lam: Annotated[float, Range(ge=0, le=1)] = 0.95
     """GAE λ."""
-    whiten_advantages: Annotated[bool, alias("norm_adv")] = True
+    whiten_advantages: bool = True
     """Whiten advantages within each minibatch (within the batch for TRPO)."""
     value_clip: Annotated[float | None, Range(gt=0)] = None
     """PPO: clip the value update to ±value_clip around the rollout's values, pessimistic max
@@ -128,7 +129,7 @@ class ClassicConfig(RunConfig):
     false to None (None: value_clip decides)."""
     vf_coef: Annotated[float, Range(ge=0)] = 0.5
     """Weight of the value loss."""
-    entropy_coef: Annotated[float | None, Range(ge=0), alias("ent_coef")] = None
+    entropy_coef: Annotated[float | None, Range(ge=0)] = None
     """Weight of the entropy bonus (None: 0 continuous, 0.01 discrete)."""
     max_grad_norm: Annotated[float, Range(ge=0)] = 0.5
     """Clip the global gradient norm to this."""

@@ -106,10 +106,12 @@ def final_answer_reward(row: Any, completion: str) -> float:
     return float(completion.strip() == str(row["answer"]))
 
 
-def exact(prompts: list[str], completions: list[str], **columns: list) -> list[float]:
+def exact(prompts: list[Any], completions: list[Any], **columns: list) -> list[float]:
     """The same exact reward as a single-turn reward function (``proxrl.demo.calculator:exact``):
-    the no-tool ablation's RL reward."""
-    return [float(c.strip() == str(a)) for c, a in zip(completions, columns["answer"], strict=True)]
+    the no-tool ablation's RL reward. A conversational prompt's completion comes as TRL's list of
+    messages: its last one is the final answer."""
+    finals = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [float(c.strip() == str(a)) for c, a in zip(finals, columns["answer"], strict=True)]
 
 
 def environment() -> Any:

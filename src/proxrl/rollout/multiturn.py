@@ -48,6 +48,8 @@ class Episodes(Samples):
     # the token budget did not cut the episode
     turn_rewards: list[list[float]] = field(default_factory=list)  # per episode, per model turn
     metrics: dict[str, float] = field(default_factory=dict)  # episode/… means over the batch
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)  # per episode, its turns
+    # after the prompt (assistant, observations, assistant…): what reward functions get
 
 
 def observation_ids(
@@ -74,6 +76,7 @@ class _Episode:
     environment: Environment
     conversation: list[dict[str, Any]]
     context: list[int]  # prompt tokens
+    prompt_turns: int = 0  # the conversation's messages before the episode's own
     tokens: list[int] = field(default_factory=list)
     actions: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -123,7 +126,8 @@ def run_episodes(
         environments, rows, conversations, prompt_ids, prompt_mask, strict=True
     ):
         environment.reset(row)
-        episodes.append(_Episode(environment, list(conversation), ids[mask.bool()].tolist()))
+        context = ids[mask.bool()].tolist()
+        episodes.append(_Episode(environment, list(conversation), context, len(conversation)))
     running = list(episodes)
     while running:
         room = [
@@ -195,6 +199,7 @@ def _collate(
         stopped=torch.tensor([e.stopped and not e.budget_cut for e in episodes]),
         turn_rewards=[e.rewards for e in episodes],
         metrics=episode_metrics(episodes),
+        messages=[e.conversation[e.prompt_turns :] for e in episodes],
     )
     if with_logprobs:
         result.logprobs = padded([e.logprobs for e in episodes], 0.0, torch.float32).to(device)

@@ -1,22 +1,24 @@
 """Where scores come from: a learned reward model, a Python function (verifiable rewards), or
 a weighted sum of several.
 
-A reward function is named ``module:function`` and is imported only from there. It is called
-as TRL's ``GRPOTrainer`` calls one, by keyword: ``fn(prompts=..., completions=..., **columns)``
-— ``prompts`` as the data holds them (a string, or for a conversational row its list of
-messages, as TRL passes them), ``completions`` the generated strings, ``columns`` the prompt
+A reward function is named ``module:function`` and is imported only from there. It is called as
+TRL's ``GRPOTrainer`` calls one, by keyword: ``fn(prompts=..., completions=..., **columns)`` —
+``prompts`` as the data holds them (a string, or for a conversational row its list of messages,
+as TRL passes them), ``completions`` the generated strings (for a conversational row, as TRL's,
+a list of messages: ``[{"role": "assistant", "content": text}]``, and with an environment the
+episode's turns after the prompt: the assistant's and the observations'), ``columns`` the prompt
 file's other fields, one list entry per completion, and as TRL also ``completion_ids`` (each
 completion's token ids, a list of lists of ints) and ``trainer_state`` (``TrainerState``: the
 iteration, ``global_step``, ``max_steps``). A function is passed only what it names (all of it
-when it takes ``**kwargs``), so TRL's ``def f(completions, **kwargs)`` and
-``def f(completions, answer, **kwargs)`` work as they are; a function with no parameter named
-``completions`` is called by position, ``fn(prompts, completions, **columns)``, and gets
-``completion_ids`` / ``trainer_state`` only when it names them. Its signature is checked when it
-is loaded, and its columns against the prompt data before any model loads
-(``check_reward_columns``): one line names the parameter it would miss. It returns one number
-per completion (a list, a numpy array or a torch tensor); ``None`` means "not applicable" as in
-TRL (it counts 0 in the weighted sum, and is left out of the function's logged mean). Anything
-else stops the run with a message naming the function and the first bad prompt index.
+when it takes ``**kwargs``), so TRL's ``def f(completions, **kwargs)`` and ``def f(completions,
+answer, **kwargs)`` work as they are; a function with no parameter named ``completions`` is
+called by position, ``fn(prompts, completions, **columns)``, and gets ``completion_ids`` /
+``trainer_state`` only when it names them. Its signature is checked when it is loaded, and its
+columns against the prompt data before any model loads (``check_reward_columns``): one line
+names the parameter it would miss. It returns one number per completion (a list, a numpy array
+or a torch tensor); ``None`` means "not applicable" as in TRL (it counts 0 in the weighted sum,
+and is left out of the function's logged mean). Anything else stops the run with a message
+naming the function and the first bad prompt index.
 """
 
 from __future__ import annotations
@@ -68,11 +70,41 @@ class TrainerState:
     max_steps: int = 0  # the run's iterations
 
 
+EPISODE_MESSAGES = "_episode_messages"
+"""Where an episode's messages after its prompt ride in ``columns`` to the reward functions
+(never passed to one under this name): the text alone has lost where each turn began."""
+
+
 def with_extras(
-    columns: dict[str, Any], completion_ids: list[list[int]], trainer_state: TrainerState
+    columns: dict[str, Any],
+    completion_ids: list[list[int]],
+    trainer_state: TrainerState,
+    episode_messages: list[list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The data's ``columns`` plus ``EXTRAS``: what the reward sources are called with."""
-    return {**columns, "completion_ids": completion_ids, "trainer_state": trainer_state}
+    extras = {"completion_ids": completion_ids, "trainer_state": trainer_state}
+    if episode_messages:
+        extras[EPISODE_MESSAGES] = episode_messages
+    return {**columns, **extras}
+
+
+def trl_completions(
+    prompts: Sequence[PromptExample],
+    completions: Sequence[str],
+    episode_messages: Sequence[list[dict[str, Any]]] | None = None,
+) -> list[Any]:
+    """The ``completions`` a reward function gets, as TRL's GRPOTrainer builds them: the string
+    for a standard prompt; for a conversational one a list of messages,
+    ``[{"role": "assistant", "content": text}]`` (so TRL's ``completion[0]["content"]`` works),
+    or an episode's messages after its prompt (TRL's tool loop: assistant, tool, assistant…)."""
+    return [
+        c
+        if p.messages is None
+        else list(episode_messages[i])
+        if episode_messages is not None
+        else [{"role": "assistant", "content": c}]
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
 
 
 def load_reward_function(spec: str) -> RewardFn:
@@ -202,7 +234,7 @@ class FunctionReward:
         self.columns_checked = True
 
     def call(
-        self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
     ) -> Any:
         """``fn`` called in its own convention with what it accepts."""
         shape = self.shape
@@ -224,8 +256,10 @@ class FunctionReward:
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
     ) -> Tensor:
         texts = [p.prompt if p.messages is None else p.messages for p in prompts]
+        columns = dict(columns)
+        passed = trl_completions(prompts, completions, columns.pop(EPISODE_MESSAGES, None))
         try:
-            returned = self.call(texts, completions, columns)
+            returned = self.call(texts, passed, columns)
             values = list(returned.tolist() if hasattr(returned, "tolist") else returned)
         except ProxrlError:
             raise

@@ -24,19 +24,12 @@ import yaml
 
 from proxrl.registry import AppliesWith, Bound, Choice
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.foreign_names import DIFFERENT, SAME
 
 T = TypeVar("T")
 # A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NEGATIVE = re.compile(r"^-(\.?\d|inf$|nan$)", re.I)  # a flag's value, not an option: -1e-3, -inf
-# Other libraries' names (TRL, CleanRL), suggested before the closest spelling (``lr`` is nearer
-# ``lora_r`` than ``learning_rate``), where the command has the field.
-KNOWN_SPELLINGS = dict(
-    lr="learning_rate", num_train_epochs="epochs", per_device_train_batch_size="batch_size",
-    gradient_accumulation_steps="grad_accum", max_seq_length="max_length", gae_lambda="lam",
-    ent_coef="entropy_coef", minibatch_size="mini_batch_size", target_kl="early_stop_kl",
-    norm_adv="whiten_advantages",
-)  # fmt: skip
 
 
 def alias(*names: str) -> Any:
@@ -82,6 +75,10 @@ def field_table(config_cls: Any) -> dict[str, FieldSpec]:
             next((m for m in markers if isinstance(m, Choice)), None),
             next((m.field for m in markers if isinstance(m, AppliesWith)), None),
         )
+    spelt = {s for n, f in table.items() for s in (n, *f.aliases)}
+    for name, (field, _) in SAME.items():  # another library's name of the same meaning
+        if field in table and name not in spelt:
+            table[field] = table[field]._replace(aliases=(*table[field].aliases, name))
     return table
 
 
@@ -259,23 +256,76 @@ def _value(tp: Any, value: Any, wrong: str, strict=True) -> Any:
     raise ProxrlError(f"{wrong}, found {found}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
-def _unknown(kind: str, name: str, spellings: Any, flag: bool = False) -> ProxrlError:
-    """``unknown {kind} name``, suggesting a known spelling (TRL's) or else the closest one."""
-    known = KNOWN_SPELLINGS.get(name.replace("-", "_"))
-    close = [known] if known in spellings else difflib.get_close_matches(name, spellings, 1, 0.5)
-    shown = ["--" + n.replace("_", "-") if flag else n for n in (name, *close)]
-    bad = shown[0] if shown[0].isprintable() and shown[0] == shown[0].strip() and name else None
-    return ProxrlError(
-        f"unknown {kind} {bad or repr(shown[0])}" + (f"; did you mean {shown[1]}?" if close else "")
-    )
+def _hint(name: str, table: dict[str, FieldSpec], flag: bool) -> str:
+    """What an unknown ``name`` is: another library's (``foreign_names``: what to use instead),
+    else the closest spelling of the command's options; '' when none is close."""
+    if name in DIFFERENT:
+        who, what = DIFFERENT[name]
+        return f": in {who} it {what}"
+    if name in SAME:
+        return f": in {SAME[name][1]} it is {SAME[name][0]}, which this command does not have"
+    spellings = [s for n, f in table.items() for s in (n, *f.aliases)]
+    close = difflib.get_close_matches(name, spellings, 1, 0.5)
+    shown = ["--" + n.replace("_", "-") if flag else n for n in close[:1]]
+    return f"; did you mean {shown[0]}?" if shown else ""
 
 
-def file_values(cls: type, path: Any, given=frozenset(), lenient=False, where="") -> dict:
+def _unknown(names: list[tuple[str, str]], table: dict[str, FieldSpec]) -> ProxrlError:
+    """One error for every unknown name, (where, name): ``where`` a file's (or mapping's) prefix,
+    '' for a flag. One name: one line; several: a header line, then one line each."""
+    rows = []
+    for where, name in names:
+        key = name.replace("-", "_")
+        shown = "--" + key.replace("_", "-") if not where else name
+        ok = shown.isprintable() and shown == shown.strip() and name
+        rows.append((where, shown if ok else repr(shown), _hint(key, table, not where)))
+    if len(rows) == 1:
+        where, shown, hint = rows[0]
+        return ProxrlError(
+            f"{where}: unknown key {shown}{hint}" if where else f"unknown option {shown}{hint}"
+        )
+    places = {where for where, _, _ in rows}
+    if len(places) > 1:
+        head = f"{len(rows)} unknown keys and options"
+        lines = [
+            f"{where}: {shown}{hint}" if where else f"{shown}{hint}" for where, shown, hint in rows
+        ]
+    else:
+        where = places.pop()
+        head = f"{where}: {len(rows)} unknown keys" if where else f"{len(rows)} unknown options"
+        lines = [f"{shown}{hint}" for _, shown, hint in rows]
+    return ProxrlError("\n  ".join([head, *lines]))
+
+
+def _foreign_help(table: dict[str, FieldSpec]) -> str:
+    """--help's list of the other libraries' names this command takes (``foreign_names``)."""
+    taken = [
+        f"  --{a.replace('_', '-')} ({SAME[a][1]}) = --{n.replace('_', '-')}"
+        for n, f in table.items()
+        for a in f.aliases
+        if a in SAME and SAME[a][0] == n
+    ]
+    head = "other libraries' names this command takes (docs/coming_from_trl.md):"
+    return "\n".join([head, *taken]) if taken else ""
+
+
+def _twice(seen: dict[str, str], name: str, spelling: str, where: str) -> None:
+    """A field given under two of its names (``beta`` and ``kl_coef``) in one place: refused,
+    rather than one of them silently winning."""
+    if seen.setdefault(name, spelling) != spelling:
+        raise ProxrlError(f"{where}{name} given twice, as {seen[name]} and {spelling}; keep one")
+
+
+def file_values(
+    cls: type, path: Any, given=frozenset(), lenient=False, where="", unknown=None
+) -> dict:
     """Field → checked value of the YAML file at ``path`` (or of the mapping ``path`` from
     ``where``), less the ``given`` fields (set elsewhere, so a bad value there is no error);
-    ``lenient``: a key that is no field (an option a newer proxrl renamed) is passed over."""
+    ``lenient``: a key that is no field (an option a newer proxrl renamed) is passed over. Every
+    unknown key is refused in one error, or with ``unknown`` (a list) added to it instead."""
     names = {s: n for n, f in field_table(cls).items() for s in (n, *f.aliases)}
     values, where, mapping = {}, where or f"config file {path}", path
+    keep_unknown, unknown = unknown is not None, [] if unknown is None else unknown
     if not isinstance(path, dict) and (Path(path).is_dir() or not Path(path).exists()):
         what = "is a directory; expected a YAML file" if Path(path).is_dir() else "does not exist"
         raise ProxrlError(f"{where} {what}")
@@ -290,13 +340,18 @@ def file_values(cls: type, path: Any, given=frozenset(), lenient=False, where=""
         raise ProxrlError(f"config file {at} is not valid YAML: {problem}") from None
     if not isinstance(mapping, dict | None):
         raise ProxrlError(f"{where} must hold a mapping of field: value")
+    seen: dict[str, str] = {}
     for key, value in (mapping or {}).items():
         name = names.get(str(key).replace("-", "_"))
         if name is None and not lenient:
-            raise ProxrlError(f"{where}: {_unknown('key', str(key), names)}")
+            unknown.append((where, str(key)))
+        if name is not None:
+            _twice(seen, name, str(key), f"{where}: ")
         if name not in {None, *given}:
             tp = field_table(cls)[name].type
             values[name] = _value(tp, value, f"{where}: field {name} expects {type_name(tp)}")
+    if unknown and not keep_unknown:
+        raise _unknown(unknown, field_table(cls))
     return values
 
 
@@ -361,9 +416,13 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
         need = f"a value ({type_name(tp.type)})" if tp else "a file path"
         why = e.message.replace("ignored explicit argument", f"{flag} takes no value, found")
         raise ProxrlError(f"{flag} needs {need}" if why.startswith("expected") else why) from None
-    texts = vars(known)
+    texts, unknown = vars(known), []
     path = texts.pop("config", None)
-    values = file_values(cls, path, frozenset(texts)) if path else {}
+    values = file_values(cls, path, frozenset(texts), unknown=unknown) if path else {}
+    spelt, seen = {s: n for n, f in table.items() for s in (n, *f.aliases)}, {}
+    for arg in (a[2:].partition("=")[0].replace("-", "_") for a in dashed if a.startswith("--")):
+        if arg in spelt:
+            _twice(seen, spelt[arg], "--" + arg.replace("_", "-"), "")
     flags, bad = {}, []
     for name, text in texts.items():
         tp, flag = bool if table[name].switch else table[name].type, "--" + name.replace("_", "-")
@@ -379,12 +438,17 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
     missing = [n.upper() for n, f in table.items() if f.required and n not in values | flags]
     if len(args) < len(argv):
         default = tyro.MISSING_NONPROP if missing else cls(**(saved | values))
-        tyro.cli(cls, args=["--help"], default=default, prog=prog)
+        try:
+            tyro.cli(cls, args=["--help"], default=default, prog=prog)
+        finally:
+            print(_foreign_help(table))
     for arg in (a for a in extras if a != "--"):
         if arg.startswith("--"):
-            spellings = [s for n, f in table.items() for s in (n, *f.aliases)]
-            raise _unknown("option", arg[2:].partition("=")[0].replace("-", "_"), spellings, True)
-        raise ProxrlError(f"unexpected argument {arg!r}; options look like --name value")
+            unknown.append(("", arg[2:].partition("=")[0]))
+        elif not unknown or unknown[-1][0]:  # else the value of an unknown flag
+            raise ProxrlError(f"unexpected argument {arg!r}; options look like --name value")
+    if unknown:
+        raise _unknown(unknown, table)
     if missing or bad:
         raise ProxrlError(f"missing {', '.join(missing)}") if missing else bad[0]
     cfg = cls(**(saved | values | flags))

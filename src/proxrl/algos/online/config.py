@@ -57,27 +57,11 @@ def canonical(name: str, aliases: Mapping[str, str]) -> str:
     return aliases.get(name, name)
 
 
-def _config_annotations(settings: type, aliases: Mapping[str, Any]) -> dict[str, Any]:
-    """The annotations of a core settings dataclass (its ``Bound`` is the config's ``Range``)
-    with the config-edge ``aliases`` (field → ``alias(...)``) added: core names one spelling
-    only."""
+def _config_annotations(settings: type) -> dict[str, Any]:
+    """The annotations of a core settings dataclass, its ``Bound`` the config's ``Range`` (TRL's
+    spellings, ``epsilon`` and ``epsilon_high``, are in ``runtime.foreign_names``)."""
     hints = typing.get_type_hints(settings, include_extras=True)
-    return {
-        name: hints[name] if name not in aliases else _aliased(hints[name], aliases[name])
-        for name in settings.__annotations__
-    }
-
-
-def _aliased(hint: Any, marker: Any) -> Any:
-    if typing.get_origin(hint) is Annotated:
-        return Annotated[(*typing.get_args(hint), marker)]
-    return Annotated[hint, marker]
-
-
-POLICY_LOSS_ALIASES = {"clip": alias("epsilon"), "clip_high": alias("epsilon_high")}
-"""TRL's spellings of the policy losses' knobs. ``epsilon_high`` is ``clip_high`` for the
-clipped losses (ppo, gspo); for cispo TRL caps the weight at ``epsilon_high`` itself and proxrl
-at 1 + ``clip_high`` (README's option table)."""
+    return {name: hints[name] for name in settings.__annotations__}
 
 
 @dataclass
@@ -86,7 +70,7 @@ class PolicyLossFields(PolicyLossSettings):
     sapo_tau_*) as config fields, each core ``Bound`` their range: a knob declared there
     reaches --help (its docstring), YAML and the range checks with no line here."""
 
-    __annotations__ = _config_annotations(PolicyLossSettings, POLICY_LOSS_ALIASES)
+    __annotations__ = _config_annotations(PolicyLossSettings)
 
 
 PolicyLossChoice = POLICY_LOSSES.choice()
@@ -141,11 +125,11 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     last finished one either way). Each holds the trained weights and AdamW's moments."""
     rollout_batch_size: Annotated[int, Range(ge=1)] = 16
     """Prompts sampled per iteration."""
-    group_size: Annotated[int, Range(ge=1), alias("num_generations")] = 1
+    group_size: Annotated[int, Range(ge=1)] = 1
     """Responses sampled per prompt."""
     max_prompt_length: Annotated[int, Range(ge=1)] = 256
     """Longest prompt in tokens; longer prompts are dropped (counted in the log)."""
-    max_new_tokens: Annotated[int, Range(ge=1), alias("max_completion_length")] = 64
+    max_new_tokens: Annotated[int, Range(ge=1)] = 64
     """Longest response in tokens."""
     temperature: Annotated[float, Range(gt=0)] = 0.7
     """Sampling temperature; log-probs are computed from logits divided by it."""
@@ -181,7 +165,7 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     max_sampling_rounds: Annotated[int, Range(ge=1), AppliesWith("dynamic_sampling")] = 4
     """dynamic_sampling: most sampling rounds per iteration, the first included; a batch still
     short after them is filled with dropped groups (counted in sampling/filled_groups)."""
-    ppo_epochs: Annotated[int, Range(ge=1), alias("num_iterations", "num_ppo_epochs")] = 1
+    ppo_epochs: Annotated[int, Range(ge=1)] = 1
     """Passes over each rollout batch."""
     mini_batch_size: Annotated[int | None, Range(ge=1)] = None
     """Responses per optimizer step (None: the largest divisor of an iteration's responses up to
@@ -199,9 +183,7 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
 class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """Fields shared by ``proxrl ppo`` and ``proxrl grpo``."""
 
-    loss_aggregation: Annotated[LossAggregationChoice, alias("loss_agg", "loss_agg_mode")] = (
-        "token-mean"
-    )
+    loss_aggregation: Annotated[LossAggregationChoice, alias("loss_agg")] = "token-mean"
     """How per-token losses reduce to a step's loss, normalised over the whole mini-batch:
     token-mean (DAPO; = TRL dapo, bnpo), seq-mean-token-mean (GRPO; = grpo), seq-mean-token-sum,
     seq-mean-token-sum-norm (Dr. GRPO: ÷ max_new_tokens; = dr_grpo)."""
@@ -209,7 +191,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """Surrogate: ppo (token ratio, clipped), gspo / gspo_token (sequence ratio, Zheng et al.
     2025), cispo (clipped stop-gradient IS weight × log π, MiniMax-M1), sapo (token ratio
     through a soft sigmoid gate, Gao et al. 2025; sapo_tau_pos / sapo_tau_neg)."""
-    kl_coef: Annotated[float, Range(ge=0), alias("beta")] = 0.05
+    kl_coef: Annotated[float, Range(ge=0)] = 0.05
     """Initial coefficient β of the KL to the reference policy."""
     kl_estimator: RewardKLChoice = "k1"
     """Per-token KL estimator for the KL paid in the reward."""

@@ -94,7 +94,8 @@ def score_responses(
     completion's token ids and the run's ``trainer_state``, as TRL passes them."""
     mask = samples.response_mask.bool()
     ids = [row[keep].tolist() for row, keep in zip(samples.response_ids, mask, strict=True)]
-    columns = with_extras(columns, ids, rewards.trainer_state)
+    messages = samples.messages if isinstance(samples, Episodes) else None
+    columns = with_extras(columns, ids, rewards.trainer_state, messages)
     scores, parts = rewards(prompts, completions, columns)
     if isinstance(samples, Episodes):
         assert samples.scores is not None

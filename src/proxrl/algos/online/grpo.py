@@ -88,7 +88,7 @@ class Config(OnlineConfig):
     estimator: EstimatorChoice = "grpo"
     """Which baseline and loss: grpo, rloo, remax, reinforce_pp, reinforce_pp_baseline,
     reinforce, maxrl, asymre or gdpo."""
-    group_size: Annotated[int, alias("num_generations")] = 4
+    group_size: int = 4
     """Responses sampled per prompt (at least 2 for grpo, rloo, reinforce_pp_baseline, maxrl,
     asymre and gdpo)."""
     scale_rewards: Annotated[ScaleRewardsChoice, alias("group_scale")] = "group"
@@ -96,7 +96,7 @@ class Config(OnlineConfig):
     Lite PPO) or nothing (none: Dr. GRPO); std, with the older name group_scale, means group."""
     rank_weight: Annotated[float, Range(ge=0, le=1)] = 0.0
     """grpo: weight of the rank-based advantage mixed with the normalised one (1: ranks only)."""
-    kl_coef: Annotated[float, alias("beta")] = 0.0
+    kl_coef: float = 0.0
     """Coefficient β of the KL to the reference (grpo, maxrl, asymre, gdpo: in the loss; the
     others: in the reward)."""
     kl_loss_type: KLLossChoice = "k3"

@@ -204,7 +204,8 @@ class HeldOut:
             for o in outputs
             for r, m in zip(o.response_ids, o.response_mask, strict=True)
         ]
-        columns = with_extras(columns, ids, self.rewards.trainer_state)
+        messages = [m for o in outputs for m in getattr(o, "messages", ())]  # episodes' turns
+        columns = with_extras(columns, ids, self.rewards.trainer_state, messages or None)
         reward, _ = self.rewards(self.prompts, completions, columns)
         if cfg.environment is not None:  # and each episode's reward from its environment
             reward = reward + torch.cat([out.scores for out in outputs])  # type: ignore[attr-defined]

@@ -45,7 +45,7 @@ from proxrl.core import (
 from proxrl.registry import AppliesWith, Registry
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range, alias
+from proxrl.runtime.fields import Range
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 
@@ -98,7 +98,7 @@ PPO_SURROGATES.add(
 class Config(OnlineConfig):
     """proxrl ppo: PPO with a critic, KL-shaped rewards and GAE."""
 
-    ppo_epochs: Annotated[int, alias("num_iterations", "num_ppo_epochs")] = 4
+    ppo_epochs: int = 4
     """Passes over each rollout batch."""
     surrogate: SurrogateChoice = "clip"
     """PPO-Clip (or the policy_loss chosen), PPO-Penalty (adaptive β on KL(π_old‖π)), or the
