@@ -11,7 +11,7 @@ word (``--learning-rate`` may replace its 5e-4), plus ``--seed S`` and ``--outpu
 (``--api``: its Python example, ``proxrl.grpo(...)`` with the model and tokenizer objects):
 
     proxrl grpo --model DEMO/sft --prompts prompts.jsonl --reward-fn myreward:score \\
-        --group-size 4 --iterations 50 --learning-rate 5e-4 ...
+        --max-new-tokens 4 --group-size 4 --iterations 50 --learning-rate 5e-4 ...
 
 Measured per seed: gold (exact accuracy) of the SFT policy and of the trained one on the demo's
 200 held-out prompts, 4 samples each at T = 1 (the demo's own evaluation, ``demo.evaluate``), and
@@ -37,8 +37,8 @@ REWARD = """def score(prompts, completions, **columns):          # the shape --r
     return [float(c.strip() == a) for c, a in zip(completions, columns["answer"])]
 """
 README_COMMAND = (
-    "--prompts prompts.jsonl --reward-fn myreward:score --group-size 4 --iterations 50 "
-    "--learning-rate 5e-4"
+    "--prompts prompts.jsonl --reward-fn myreward:score --max-new-tokens 4 --group-size 4 "
+    "--iterations 50 --learning-rate 5e-4"
 )
 """The README example's words after ``--model`` (kept in step with README.md by hand)."""
 
@@ -83,6 +83,7 @@ def python_example(demo: Path, out: Path, run: Path, seed: int, learning_rate: s
         tokenizer=AutoTokenizer.from_pretrained(demo / "sft"),
         prompts=rows,
         reward_fn=namespace["score"],
+        max_new_tokens=4,
         group_size=4,
         iterations=50,
         learning_rate=float(learning_rate),

@@ -38,6 +38,7 @@ from typing import Any
 
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
+from proxrl.runtime.threads import choose_cpu_threads
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
@@ -272,7 +273,9 @@ def train(
     """Run a command: ``train("sft", model=..., data=...)``, ``train("ppo", "ppo.yaml",
     iterations=10)``, or ``train(cfg)`` with a config from ``config(...)`` (or a command's
     ``Config``). Returns the ``Run``; bad input raises ``ProxrlError`` (one line), as the
-    command line exits 2 with it."""
+    command line exits 2 with it. torch's CPU threads are chosen as the command line chooses
+    them, unless the user has (``runtime.threads.choose_cpu_threads``)."""
+    choose_cpu_threads()
     if isinstance(command_or_config, str):
         cfg = make_config(command_or_config, config, **options)
     elif config is not None or options:

@@ -15,9 +15,10 @@ SIGINT/SIGTERM saves a checkpoint and prints ``proxrl <command>: stopped: <where
 ``proxrl <command>: the run in DIR is already finished ...`` on stdout, exit code 0.
 
 ``proxrl --version`` prints the installed version. Before any command imports torch, the CPU
-thread count is chosen once (``cpu_threads``): ``PROXRL_NUM_THREADS`` if set, else
-``OMP_NUM_THREADS`` if set, else half the cores, at most ``DEFAULT_MAX_THREADS`` — torch's own
-default (every core) thrashes on a shared or loaded machine for the small models a CPU trains.
+thread count is chosen once (``runtime.threads.cpu_threads``, as the Python API chooses it):
+``PROXRL_NUM_THREADS`` if set, else ``OMP_NUM_THREADS`` if set, else half the cores, at most
+``DEFAULT_MAX_THREADS`` — torch's own default (every core) thrashes on a shared or loaded machine
+for the small models a CPU trains.
 
 A trainer that returns ends with one line, whatever the output is (a terminal, a pipe, a file):
 ``<command>: finished; model saved in DIR; <headline metrics>`` (``final_line``; classic names
@@ -36,35 +37,7 @@ from typing import Any, TextIO
 from proxrl.api import COMMANDS, MODEL_COMMANDS, command_module, train
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.logs import configure_logging
-
-DEFAULT_MAX_THREADS = 4
-"""CPU threads a command uses by default, at most (half the cores on a smaller machine)."""
-
-THREADS_VARIABLE = "PROXRL_NUM_THREADS"
-
-
-def cpu_threads(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
-    """The CPU threads torch gets: ``PROXRL_NUM_THREADS``, else ``OMP_NUM_THREADS``, else
-    half the cores this process may use, at most ``DEFAULT_MAX_THREADS``, at least 1 (the other
-    half left to the tokenizer, data loading and whatever else the machine runs); a bad value is
-    one line."""
-    for name in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
-        value = environ.get(name, "").strip()
-        if value:
-            if not value.isdigit() or int(value) < 1:
-                raise ProxrlError(f"{name}: expected a whole number >= 1, got {value!r}")
-            return int(value)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min((cores or 1) // 2, DEFAULT_MAX_THREADS))
-
-
-def set_cpu_threads(threads: int) -> None:
-    """Before torch is imported: its OpenMP pool reads ``OMP_NUM_THREADS`` (child processes
-    inherit it too); after, ``torch.set_num_threads``."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(threads)
+from proxrl.runtime.threads import cpu_threads, set_cpu_threads
 
 
 def _version() -> str:

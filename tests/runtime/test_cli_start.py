@@ -14,8 +14,8 @@ from importlib.metadata import version
 import pytest
 import torch
 
-from proxrl import cli
-from proxrl.cli import DEFAULT_MAX_THREADS, cpu_threads, main
+from proxrl.cli import main
+from proxrl.runtime.threads import DEFAULT_MAX_THREADS, THREADS_VARIABLE, cpu_threads
 
 
 @pytest.mark.parametrize("flag", ["--version", "-V"])
@@ -83,4 +83,4 @@ def test_a_fresh_process_gets_the_default(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert int(out.stdout) == cpu_threads({})
-    assert cli.THREADS_VARIABLE == "PROXRL_NUM_THREADS"
+    assert THREADS_VARIABLE == "PROXRL_NUM_THREADS"

@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 GOLD_FN = "proxrl.demo.task:gold"
 POLICIES = ("sft", "ppo", "ppo_no_kl", "grpo")
+MAX_POSITIONS = 64
+"""The tiny Llama's context: a prompt is ~10 tokens, an answer a digit and its end (ppo's and
+grpo's default max_new_tokens, 64, does not fit: the demo passes max_new_tokens 4)."""
 
 
 @dataclass
@@ -370,8 +373,6 @@ def train(cfg: Config) -> dict[str, Any]:
     cfg.validate()
     from transformers.utils import logging as hf_logging  # here: `--help` answers without it
 
-    from proxrl.models.tiny import build_tiny_lm
-
     hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -389,16 +390,7 @@ def train(cfg: Config) -> dict[str, Any]:
     with watch.stage("data"):
         data = task.generate(out / "data", cfg.task_sizes, cfg.seed)
     with watch.stage("base_model"):
-        build_tiny_lm(
-            out / "base",
-            task.tokenizer_corpus(),
-            hidden_size=cfg.hidden_size,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            vocab_size=300,
-            max_positions=64,
-            seed=cfg.seed,
-        )
+        build_base_model(cfg, out / "base")
 
     # 3. SFT and the reward model; PPO with and without KL, GRPO.
     rm_accuracy = offline_stages(cfg, out, data, watch, run_stage)
@@ -408,6 +400,23 @@ def train(cfg: Config) -> dict[str, Any]:
     with watch.stage("evaluate"):
         scores = evaluate_all(cfg, out)
     return write_summary(out, watch, rm_accuracy, scores)
+
+
+def build_base_model(cfg: Config, path: Path) -> Path:
+    """The demo's tokenizer and tiny Llama (random weights, ``MAX_POSITIONS`` positions) in
+    ``path``; the README's examples run on it in their test (tests/test_docs_blocks.py)."""
+    from proxrl.models.tiny import build_tiny_lm
+
+    return build_tiny_lm(
+        path,
+        task.tokenizer_corpus(),
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=cfg.num_heads,
+        vocab_size=300,
+        max_positions=MAX_POSITIONS,
+        seed=cfg.seed,
+    )
 
 
 def offline_stages(

@@ -80,6 +80,7 @@ from proxrl.runtime.config import config_to_dict
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import seed_everything
+from proxrl.runtime.threads import choose_cpu_threads
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 UserLoss = Callable[[Tensor, Experience], Tensor]
@@ -255,6 +256,7 @@ class TrainingClient:
         command: str = "grpo",
         **options: Any,
     ) -> None:
+        choose_cpu_threads()  # as proxrl grpo would, unless the user chose
         if config is None and model is None:
             raise ProxrlError("proxrl.TrainingClient(): model: expected a path or a model")
         if config is None:
