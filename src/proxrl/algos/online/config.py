@@ -191,9 +191,9 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     max_tokens_per_micro_batch: Annotated[int | None, Range(ge=0)] = None
     """Padding-free micro-batches: rows packed into forwards of at most this many real tokens
     (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards).
-    None: packed at micro_batch_size × the batch's longest row (never more tokens than a padded
-    micro-batch), except where shared_prefix forwards a group's prompt once (the larger saving),
-    under FSDP, and for a distill_loss that reads logits: padded there."""
+    None: packed at micro_batch_size × the batch's longest row (no more real tokens than a
+    padded micro-batch has positions), except where shared_prefix forwards a group's prompt once
+    (the larger saving), under FSDP, and for a distill_loss that reads logits: padded there."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
 
