@@ -851,7 +851,7 @@ CASES: list[Case] = [
             "64",
         ),
         "proxrl grpo: error: distill_loss: gjsd reads both models' logits in the padded layout; "
-        "set max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)",
+        "leave max_tokens_per_micro_batch unset or 0 (or distill_loss reverse_kl_reward)",
     ),
     Case(
         "grpo: distill_loss gjsd with a teacher of another output width",

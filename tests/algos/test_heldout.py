@@ -8,15 +8,17 @@ import math
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online import grpo, heldout, ppo
 from proxrl.algos.online.heldout import (
     EarlyStopState,
     evaluations_without_improvement,
     stop_reason,
 )
+from proxrl.algos.online.roles import load_models
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
 from tests.algos.test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
@@ -87,6 +89,25 @@ def test_eval_metrics_best_dir_and_final_model(tiny_lm, prompts, tmp_path):  # n
     best = load_file(tmp_path / "run" / "best" / "model.safetensors")
     final = load_file(tmp_path / "run" / "model.safetensors")
     assert all(torch.equal(best[k], final[k]) for k in best)  # final_model best
+
+
+def test_evaluation_samples_as_shared_prefix_says(tiny_lm, prompts, tmp_path, monkeypatch):  # noqa: F811
+    """The held-out answers come from the cached sampler with the run's shared_prefix: a
+    duplicated held-out prompt is prefilled once, or (false) on every row."""
+    seen = []
+
+    def record(cfg, sampler, *args, **kwargs):
+        seen.append(sampler.shared_prefill)
+        raise StopIteration  # the sampler is all this test reads
+
+    monkeypatch.setattr(heldout, "sample_responses", record)
+    for flag in (False, True):
+        _, cfg = heldout_run(tiny_lm, prompts, tmp_path / str(flag), shared_prefix=flag)
+        models = load_models(cfg, ppo.build(cfg))
+        held_out = heldout.HeldOut.create(cfg, models.tokenizer, None, tmp_path)
+        with pytest.raises(StopIteration):
+            held_out.evaluate(models, 1)
+    assert seen == [False, True]
 
 
 def test_sampled_evaluation_leaves_training_unchanged(tiny_lm, prompts, tmp_path):  # noqa: F811

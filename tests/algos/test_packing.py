@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 from proxrl.algos.online import collect as online_rollout
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.data.batching import pack_lengths
@@ -31,6 +33,7 @@ from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, packed_sequence_scores, policy_forward
 from proxrl.rollout.packing import micro_batch_plan, pack_batch
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.guard import NonFiniteGuard
 from tests.algos.test_old_logprobs import _config as old_logprobs_config
 
@@ -58,6 +61,11 @@ def test_micro_batch_plan_by_rows_and_by_tokens():
     # Budget 8: 7 → A (room 1); 4 → B (room 4); 3 → B (room 1); 2 → C (room 6); 1 → A.
     by_tokens = micro_batch_plan(mask, 2, 8)
     assert [b.tolist() for b in by_tokens] == [[1, 4], [2, 3], [0]]
+
+    # No budget given: micro_batch_size × the longest row, 2 × 7 = 14: 7 → A (room 7); 4 → A
+    # (room 3); 3 → A (room 0); 2 → B (room 12); 1 → B.
+    by_lengths = micro_batch_plan(mask, 2, None)
+    assert [b.tolist() for b in by_lengths] == [[1, 2, 3], [0, 4]]
 
 
 def test_pack_batch_layout_by_hand():
@@ -150,10 +158,10 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _config(module, tiny_lm: str, prompts: str, out: Path, **overrides):
-    """test_old_logprobs' tiny ppo/grpo config, with room for responses of up to 12 tokens."""
-    return old_logprobs_config(
-        module, tiny_lm, prompts, out, **({"max_new_tokens": 12} | overrides)
-    )
+    """test_old_logprobs' tiny ppo/grpo config, with room for responses of up to 12 tokens,
+    padded micro-batches unless ``overrides`` say otherwise."""
+    fields = {"max_new_tokens": 12, "max_tokens_per_micro_batch": 0}
+    return old_logprobs_config(module, tiny_lm, prompts, out, **(fields | overrides))
 
 
 def _experience(actor, token_advantages: bool, observations: bool = False) -> Experience:
@@ -232,7 +240,7 @@ CASES = [
 BUDGET = 36  # real tokens per micro-batch: rows of 4 to 13 tokens, 2 micro-batches
 
 
-def _shares_a_line(mask: torch.Tensor, budget: int, rows: int) -> bool:
+def _shares_a_line(mask: torch.Tensor, budget: int | None, rows: int) -> bool:
     """Some packed micro-batch of ``mask`` (B, L) lays two rows in one line (so the per-row
     attention blocks matter)."""
     plan = micro_batch_plan(mask, rows, budget)
@@ -259,6 +267,40 @@ def test_packed_update_equals_the_padded_one(
     for key in ("loss", "policy_loss", "value_loss", "entropy", "objective/kl"):
         if key in padded_stats:
             assert packed_stats[key] == pytest.approx(padded_stats[key], rel=1e-10, abs=1e-13)
+
+
+def test_packed_by_default_where_no_prompt_is_shared(tiny_lm, prompts, tmp_path, monkeypatch):
+    """max_tokens_per_micro_batch left unset: packed by the batch's own lengths, except where
+    the shared prefix runs (a group's prompt once), a distill loss reads padded logits, or FSDP
+    needs as many forwards on every rank; a value the user gives is kept (0: padded)."""
+    cfg = partial(old_logprobs_config, tiny_lm=tiny_lm, prompts=prompts, out=tmp_path)
+    assert token_budget(cfg(ppo, group_size=1)) is None
+    assert token_budget(cfg(grpo, shared_prefix=False)) is None
+    assert token_budget(cfg(grpo, gradient_checkpointing=True)) is None
+    assert token_budget(cfg(grpo)) == 0  # the shared prefix saves the prompts
+    gjsd = {"teacher_model": tiny_lm, "distill_loss": "gjsd"}
+    assert token_budget(cfg(grpo, shared_prefix=False, **gjsd)) == 0
+    assert token_budget(cfg(ppo, group_size=1, max_tokens_per_micro_batch=0)) == 0
+    assert token_budget(cfg(ppo, group_size=1, max_tokens_per_micro_batch=50)) == 50
+    monkeypatch.setattr(dist, "is_sharded", lambda: True)
+    assert token_budget(cfg(ppo, group_size=1)) == 0
+
+
+def test_packed_by_default_update_equals_the_padded_one(tiny_lm, prompts, tmp_path):
+    """PPO with a separate critic, one response per prompt, the option left unset: the rows of
+    4 to 17 tokens go packed (several to a line) and the step is the padded one's."""
+    default_cfg = old_logprobs_config(
+        ppo, tiny_lm, prompts, tmp_path, max_new_tokens=12, critic="separate", group_size=1
+    )
+    padded_cfg = replace(default_cfg, max_tokens_per_micro_batch=0)
+    assert packs(default_cfg) and _shares_a_line(_batch(40)[1], None, 8)
+    padded, padded_stats = _step(ppo, padded_cfg)
+    packed, packed_stats = _step(ppo, default_cfg)
+    scale = float(padded.abs().max())
+    assert scale > 1e-4
+    assert float((packed - padded).abs().max()) <= REL_TOL * scale
+    for key in ("loss", "policy_loss", "value_loss"):
+        assert packed_stats[key] == pytest.approx(padded_stats[key], rel=1e-10, abs=1e-13)
 
 
 @pytest.mark.parametrize("module", [ppo, grpo])

@@ -13,6 +13,7 @@ a ppo run with a separate critic, whose weights end equal either way.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -271,3 +272,47 @@ def test_a_run_reaches_the_same_weights_either_way(
         other = True if key is False else (True, "critic")
         for name, weight in runs[key].items():
             _close(weight, runs[other][name], f"{key} {name}")
+
+
+def test_the_run_says_in_one_line_where_the_prompt_is_repeated(
+    tiny_lm, prompts, tmp_path, caplog, monkeypatch
+):
+    """shared_prefix is on by default, so where it cannot apply it is not refused: the run says
+    why at start-up, in one line (nothing where it applies, or where the user turned it off)."""
+    from proxrl.algos.online import grpo, micro_batches, ppo
+
+    options = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(tmp_path / "run"),
+        iterations=1,
+        rollout_batch_size=2,
+        max_new_tokens=4,
+        progress=False,
+        save_every=0,
+    )
+
+    def note(config=grpo.Config, **extra):  # type: ignore[no-untyped-def]
+        return micro_batches.prefix_note(config(**(options | extra)))
+
+    off = "shared_prefix: off for this run"
+    assert note() is None and note(shared_prefix=False) is None
+    assert (
+        note(gradient_checkpointing=True)
+        == f"{off} (gradient_checkpointing drops the prompt's cache)"
+    )
+    assert note(max_tokens_per_micro_batch=64) == (
+        f"{off} (max_tokens_per_micro_batch 64 packs rows end to end)"
+    )
+    assert note(compile_sampler=True) == (
+        "shared_prefix: off in the sampler for this run (compile_sampler's loop)"
+    )
+    alone = f"{off} (group_size 1: no two responses share a prompt)"
+    assert note(ppo.Config) == alone
+    with monkeypatch.context() as patched:
+        patched.setattr(micro_batches.dist, "world_size", lambda: 2)
+        assert note() == f"{off} (2 processes)"
+    with caplog.at_level(logging.INFO):
+        ppo.train(ppo.Config(**options))
+    assert [r.getMessage() for r in caplog.records if "shared_prefix" in r.getMessage()] == [alone]

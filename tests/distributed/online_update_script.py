@@ -52,6 +52,7 @@ def config(name: str, model: str, prompts: str, out: str, overrides: dict | None
         mini_batch_size=8,
         grad_accum=4,
         shared_prefix=False,  # one process against two: the same forward on every batching
+        max_tokens_per_micro_batch=0,  # the splits compared are grad_accum's padded ones
     )
     common |= overrides or {}
     if name == "ppo":

@@ -105,12 +105,16 @@ def unpack(values: Tensor, rows: Tensor, columns: Tensor, shape: tuple[int, int]
 
 
 def micro_batch_plan(
-    attention_mask: Tensor, micro_batch_size: int, max_tokens: int
+    attention_mask: Tensor, micro_batch_size: int, max_tokens: int | None
 ) -> list[Tensor]:
     """Row indices of each micro-batch of a (B, L) batch: ``micro_batch_size`` consecutive rows
     when ``max_tokens`` is 0, else bins of at most ``max_tokens`` real tokens (``pack_lengths``;
-    a longer row gets a micro-batch of its own)."""
-    if not max_tokens:
+    a longer row gets a micro-batch of its own). ``max_tokens`` None: the budget from the
+    batch's own lengths, ``micro_batch_size`` × its longest row, so that no micro-batch holds
+    more real tokens than a padded one of ``micro_batch_size`` rows has positions (its lines'
+    filler can add a few per cent: 4,221 positions against 4,088 at 8 rows of 116 to 484)."""
+    if max_tokens == 0:
         return list(torch.arange(attention_mask.shape[0]).split(micro_batch_size))
     sizes = [int(n) for n in attention_mask.long().sum(-1).tolist()]
-    return [torch.tensor(b, dtype=torch.long) for b in pack_lengths(sizes, max_tokens)]
+    budget = micro_batch_size * max(sizes, default=0) if max_tokens is None else max_tokens
+    return [torch.tensor(b, dtype=torch.long) for b in pack_lengths(sizes, budget)]

@@ -55,12 +55,30 @@ def drops_its_cache(model: nn.Module) -> bool:
     return False
 
 
+def unshared_reason(
+    processes: int, checkpointing: bool, packing: int = 0, alone: bool = False
+) -> str | None:
+    """Why a run's passes repeat each prompt although ``shared_prefix`` is on, in a few words, or
+    None where a group's prompt may be forwarded once: several ``processes`` (ranks whose
+    micro-batches share prompts differently would call a sharded model's forward a different
+    number of times, and FSDP's gathers would wait on each other), ``checkpointing`` (gradient
+    checkpointing, ``drops_its_cache``), ``packing`` (packed micro-batches of at most that many
+    tokens lay rows end to end), ``alone`` (one response per prompt: nothing to share)."""
+    if processes > 1:
+        return f"{processes} processes"
+    if checkpointing:
+        return "gradient_checkpointing drops the prompt's cache"
+    if packing:
+        return f"max_tokens_per_micro_batch {packing} packs rows end to end"
+    if alone:
+        return "group_size 1: no two responses share a prompt"
+    return None
+
+
 def can_share(model: nn.Module) -> bool:
-    """Whether a pass of ``model`` may forward shared prompts once: in one process only (ranks
-    whose micro-batches share prompts differently would call a sharded model's forward a
-    different number of times, and FSDP's gathers would wait on each other), and not under
-    gradient checkpointing (``drops_its_cache``)."""
-    return dist.world_size() == 1 and not drops_its_cache(model)
+    """Whether a pass of ``model`` may forward shared prompts once (``unshared_reason``): in
+    one process only, and not under gradient checkpointing."""
+    return unshared_reason(dist.world_size(), drops_its_cache(model)) is None
 
 
 def shared_prefix_inputs(

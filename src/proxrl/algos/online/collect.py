@@ -27,6 +27,7 @@ from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import responses_stopped, sample_responses, score_responses
 from proxrl.algos.online.gather import gather_rollout, gathered_correction_stats
+from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.samplers import make_engine, sampling_settings
 from proxrl.core import (
@@ -375,7 +376,7 @@ def forward_passes(
     device = next(models.actor.parameters()).device
     input_ids = torch.cat([sampled.prompt_ids, response_ids], 1)
     attention_mask = torch.cat([sampled.prompt_mask, response_mask], 1)
-    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, token_budget(cfg))
     columns: dict[str, list[Tensor]] = defaultdict(list)
     for rows in plan:
         for name, value in micro_batch_passes(
@@ -431,7 +432,7 @@ def micro_batch_passes(
     update's forward gives them), log π_ref and V_old."""
     actor, critic = models.actor, models.critic
     settings = sampling_settings(cfg)
-    packed = bool(cfg.max_tokens_per_micro_batch)
+    packed = packs(cfg)
     out: dict[str, Tensor] = {}
     hidden = None
     if source.from_sampler:

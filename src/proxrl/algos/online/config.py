@@ -172,9 +172,12 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     16 that grad_accum divides)."""
     grad_accum: Annotated[int, Range(ge=1)] = 1
     """Micro-batches per optimizer step (mini_batch_size / grad_accum responses per forward)."""
-    max_tokens_per_micro_batch: Annotated[int, Range(ge=0)] = 0
+    max_tokens_per_micro_batch: Annotated[int | None, Range(ge=0)] = None
     """Padding-free micro-batches: rows packed into forwards of at most this many real tokens
-    (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards)."""
+    (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards).
+    None: packed at micro_batch_size × the batch's longest row (no more real tokens than a
+    padded micro-batch has positions), except where shared_prefix forwards a group's prompt once
+    (the larger saving), under FSDP, and for a distill_loss that reads logits: padded there."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
 
@@ -236,9 +239,9 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     the group's rows, and the padded training passes (policy, π_old, reference, teacher,
     separate critic) forward it once, each response attending to its keys and values (its
     gradient the sum over the group). The same results as repeating it, up to float rounding
-    (false: every row repeats its prompt). Not in packed micro-batches
-    (max_tokens_per_micro_batch), under gradient_checkpointing, nor in compile_sampler's loop:
-    those repeat it."""
+    (false: every row repeats its prompt). Not with several processes, under
+    gradient_checkpointing, in packed micro-batches (max_tokens_per_micro_batch > 0), nor in
+    compile_sampler's loop: those repeat it, and the run says so in one line at start-up."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for

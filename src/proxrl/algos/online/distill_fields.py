@@ -55,5 +55,6 @@ class DistillFields:
         if DISTILL_LOSSES.trait(self.distill_loss, "logits") and packed:
             raise ProxrlError(
                 f"distill_loss: {self.distill_loss} reads both models' logits in the padded "
-                "layout; set max_tokens_per_micro_batch 0 (or distill_loss reverse_kl_reward)"
+                "layout; leave max_tokens_per_micro_batch unset or 0 (or distill_loss "
+                "reverse_kl_reward)"
             )

@@ -161,7 +161,9 @@ class HeldOut:
         cfg, tokenizer, actor = self.cfg, models.tokenizer, models.actor
         settings = replace(sampling_settings(cfg), greedy=cfg.eval_greedy)
         # the built-in samplers of the policy itself, whichever engine the rollouts use
-        engine = PolicySampling(tokenizer, generate=bool(cfg.stop_strings))
+        engine = PolicySampling(
+            tokenizer, generate=bool(cfg.stop_strings), shared_prefill=cfg.shared_prefix
+        )
         device = next(actor.parameters()).device
         was_training = actor.training
         actor.eval()

@@ -28,6 +28,7 @@ from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.loop import train_online
+from proxrl.algos.online.micro_batches import packs
 from proxrl.core import (
     AdaptiveKL,
     Aggregation,
@@ -269,7 +270,7 @@ def build(cfg: Config) -> Algorithm:
         warmup_iterations=cfg.critic_warmup_iterations,
         warmup_patience=cfg.critic_warmup_patience,
         source=cfg.critic_model,
-        packed=bool(cfg.max_tokens_per_micro_batch),
+        packed=packs(cfg),
         shared_prefix=cfg.shared_prefix,
         lora_r=cfg.lora_r if cfg.critic_lora_r is None else cfg.critic_lora_r,
         lora_alpha=cfg.lora_alpha or None,

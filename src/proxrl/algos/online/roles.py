@@ -153,7 +153,7 @@ def load_reward_model(cfg: OnlineConfig, path: str) -> RewardModelReward:
     return RewardModelReward(
         model,
         load_tokenizer(path, trust_remote_code=cfg.trust_remote_code),
-        max_tokens=cfg.max_tokens_per_micro_batch,
+        max_tokens=cfg.max_tokens_per_micro_batch or 0,  # by default its padded batches
     )
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
+from proxrl.algos.online.micro_batches import prefix_note
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
 from proxrl.algos.online.rollouts_file import iteration_rows
@@ -108,6 +109,9 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     context = run_context(cfg)
     context.prepare()
     context.write_config(cfg.iterations)
+    note = prefix_note(cfg)  # on by default, so never refused: said once where it cannot apply
+    if note is not None and dist.is_main():
+        log.info("%s", note)
     run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, context)
     _register_state(run)
     restored = context.start()

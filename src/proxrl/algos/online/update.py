@@ -19,6 +19,7 @@ from proxrl.algos.online.algorithm import Algorithm, corrected
 from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
+from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import Models
 from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, entropy_bonus
 from proxrl.rollout.experience import Experience
@@ -238,7 +239,7 @@ def accumulate(
     # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
     total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
     plan = micro_batch_plan(
-        experience.attention_mask[minibatch], cfg.micro_batch_size, cfg.max_tokens_per_micro_batch
+        experience.attention_mask[minibatch], cfg.micro_batch_size, token_budget(cfg)
     )
     mine = [minibatch[rows] for rows in plan][rank::world]
     units = partial(_units, cfg, experience)
@@ -550,7 +551,7 @@ def policy_output(
         top_k=cfg.top_k,
         top_p=cfg.top_p,
         min_p=cfg.min_p,
-        packed=bool(cfg.max_tokens_per_micro_batch),
+        packed=packs(cfg),
         with_logits=with_logits,
         shared_prefix=cfg.shared_prefix,
     )
