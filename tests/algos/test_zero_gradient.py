@@ -175,3 +175,28 @@ def test_a_run_without_information_keeps_the_policy_logs_and_warns_once(
     warnings = [r.getMessage() for r in caplog.records if "took no policy step" in r.getMessage()]
     assert len(warnings) == 1
     assert all(s in warnings[0] for s in ("dynamic_sampling", "group_size", "temperature"))
+
+
+def test_mask_truncated_that_leaves_nothing_counts_the_steps_and_warns_once(
+    tiny_lm, prompts, tmp_path, caplog
+):
+    """max_new_tokens 1 under mask_truncated: every response that did not stop at once is
+    masked out, and a step whose every response is masked takes no step. Each is counted in
+    policy/masked_steps and in policy/skipped_steps (issue 51: 0 was counted, and nothing said
+    why the policy did not move), and one warning names the cause and the remedies."""
+    cfg = _config(
+        grpo, tiny_lm, prompts, tmp_path, iterations=3, max_new_tokens=1, mini_batch_size=2,
+        mask_truncated=True,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="proxrl.algos.online.loop"):
+        grpo.train(cfg)
+    rows = read_metrics(tmp_path)
+    masked = [r["policy/masked_steps"] for r in rows]
+    assert sum(masked) > 0
+    for r in rows:  # 4 steps per iteration: each taken, masked, or of a zero gradient
+        assert r["policy/skipped_steps"] >= r["policy/masked_steps"]
+        assert r["policy/optimizer_steps"] + r["policy/skipped_steps"] == 4
+    warnings = [r.getMessage() for r in caplog.records if "mask_truncated" in r.getMessage()]
+    assert len(warnings) == 1
+    assert all(s in warnings[0] for s in ("max_new_tokens", "policy/masked_steps"))
+    assert not any("scores equal" in r.getMessage() for r in caplog.records)

@@ -124,8 +124,7 @@ def run_iteration(
     # 4. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
     update_controllers(run, row, stats, rollout_ok, train_policy, iteration)
     if train_policy and rollout_ok:
-        empty = stats.get("skipped_steps", 0.0) > 0 and not stats.get("steps", 0.0)
-        warn_if_mostly_empty(run, iteration, empty)
+        warn_if_mostly_empty(run, iteration, stats)
     # 5. Metrics, samples.
     if rollout_ok:
         row.update(models.critic.rollout_metrics(experience))
@@ -240,12 +239,26 @@ EMPTY_WARNING_AFTER = 3
 """Iterations of policy training before ``warn_if_mostly_empty`` may warn."""
 
 
-def warn_if_mostly_empty(run: OnlineRun, iteration: int, empty: bool) -> None:
+def warn_if_mostly_empty(run: OnlineRun, iteration: int, stats: dict[str, float]) -> None:
     """Count the iterations whose update took no policy step (every group's scores equal, or
     an exactly zero gradient: ``update.has_gradient``), and warn once, when most of those so
-    far (at least ``EMPTY_WARNING_AFTER``) were empty, that the policy is not learning."""
+    far (at least ``EMPTY_WARNING_AFTER``) were empty, that the policy is not learning. Warn
+    once, the first time, that mask_truncated left a step nothing to train on: its cause is
+    the length limit, not the scores."""
+    masked = stats.get("masked_steps", 0.0)
+    if masked and not run.warned_masked and dist.is_main():
+        run.warned_masked = True
+        log.warning(
+            "iteration %d: in %d of %d optimizer steps every response hit max_new_tokens, and "
+            "mask_truncated left nothing to train on (counted in policy/masked_steps): raise "
+            "max_new_tokens, or set mask_truncated: false",
+            iteration + 1,
+            masked,
+            stats.get("steps", 0.0) + stats.get("skipped_steps", 0.0),
+        )
+    zero_gradient = stats.get("skipped_steps", 0.0) > masked
     run.policy_iterations += 1
-    run.empty_iterations += empty
+    run.empty_iterations += zero_gradient and not stats.get("steps", 0.0)
     empty, total = run.empty_iterations, run.policy_iterations
     if run.warned_empty or total < EMPTY_WARNING_AFTER or 2 * empty <= total:
         return

@@ -79,6 +79,7 @@ class OnlineRun:
     policy_iterations: int = 0  # iterations of this process that trained the policy
     empty_iterations: int = 0  # … of which no update step moved it (a zero gradient)
     warned_empty: bool = False  # loop.warn_if_mostly_empty has warned
+    warned_masked: bool = False  # … that mask_truncated left a step nothing to train on
 
     @property
     def guard(self) -> NonFiniteGuard:

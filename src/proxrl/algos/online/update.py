@@ -91,9 +91,10 @@ def update(
     """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each; a step whose
     loss or gradient is not finite is skipped by ``guard``, and an optimizer whose gradient is
     exactly zero does not step (``clipped_step``). Returns the mean of each stat over the steps
-    past the guard, ``steps``: those in which the policy's optimizer (the first) stepped, and
-    ``skipped_steps``: those in which it did not, its gradient being exactly zero (0 while the
-    critic warms up alone: the policy is not trained then).
+    past the guard, ``steps``: those in which the policy's optimizer (the first) stepped,
+    ``skipped_steps``: those in which it did not, its gradient being exactly zero or every
+    response masked out (0 while the critic warms up alone: the policy is not trained then),
+    and ``masked_steps``: the steps whose every response ``mask_truncated`` masked out.
 
     Several processes: every rank holds the whole (gathered) rollout and draws the same
     minibatches; rank r runs micro-batches r, r + world, … of each, and the gradients and stats
@@ -112,11 +113,14 @@ def update(
         cfg, algo, models, experience.prompt_ids.shape[1], step, loss_generator(cfg, generator)
     )
     totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
-    stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k != "early_stopped"}
+    counts = ("early_stopped", "masked_steps")
+    stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k not in counts}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
+    stats_out["masked_steps"] = masked = totals.get("masked_steps", 0.0)
     stats_out["steps"] = float(taken)
-    # a policy trained this iteration whose gradient was exactly zero (no informative group)
-    stats_out["skipped_steps"] = float(measured - taken) if step.train_policy else 0.0
+    # a policy trained this iteration whose gradient was exactly zero (no informative group),
+    # or whose step had nothing left to train on (mask_truncated)
+    stats_out["skipped_steps"] = float(measured - taken) + masked if step.train_policy else 0.0
     if record is not None:
         stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
     return stats_out
@@ -143,7 +147,8 @@ def _epochs(
     guard: NonFiniteGuard,
     record: OnPolicyRecord | None,
 ) -> tuple[dict[str, float], int, int]:
-    """``update``'s loop: the summed stats, the steps past the guard and those the policy took."""
+    """``update``'s loop: the summed stats (and ``masked_steps``: the steps with nothing to
+    train on), the steps past the guard and those the policy took."""
     cfg, models = losses.cfg, losses.models
     optimization = Optimization.of(models, optimizers)
     totals: dict[str, float] = defaultdict(float)
@@ -151,6 +156,9 @@ def _epochs(
     for _ in range(cfg.ppo_epochs):
         epoch_kl = []
         for minibatch in minibatches(cfg, len(experience), generator):
+            if nothing_to_train(losses, experience, minibatch):
+                totals["masked_steps"] += 1.0
+                continue
             current = taken == 0 and old_is_trainers_pass(cfg)  # π has not moved from π_old
             stats = optimizer_step(
                 losses, experience, minibatch, optimization, guard, record, current
@@ -208,13 +216,19 @@ def optimizer_step(
     """One optimizer step on the rows ``minibatch``: this rank's micro-batches accumulated (a
     critic in its own process meanwhile), gradients summed over ranks, the global norm clipped,
     the guard asked. Returns the step's stats, or None where no step was taken."""
-    if losses.cfg.aggregation.units(experience.loss_mask[minibatch]) == 0:
-        return None  # every row masked out (mask_truncated): nothing to learn from
+    if nothing_to_train(losses, experience, minibatch):
+        return None
     optimization.zero_grad()
     step_stats, elsewhere = accumulate(
         losses, experience, minibatch, optimization, record, old_is_current
     )
     return clipped_step(losses, step_stats, elsewhere, optimization, guard)
+
+
+def nothing_to_train(losses: Losses, experience: Experience, minibatch: Tensor) -> bool:
+    """Whether every response of the rows ``minibatch`` is masked out (mask_truncated): the
+    step has no loss term to learn from."""
+    return losses.cfg.aggregation.units(experience.loss_mask[minibatch]) == 0
 
 
 def accumulate(
@@ -567,5 +581,6 @@ NAMESPACES = {
     "early_stopped": "policy/early_stopped",
     "steps": "policy/optimizer_steps",
     "skipped_steps": "policy/skipped_steps",
+    "masked_steps": "policy/masked_steps",
     "distill_loss": "distill/loss",
 }
