@@ -72,6 +72,8 @@ HEADLINE = (
     "eval/rewards/accuracies",
     "objective/scores",
     "objective/kl",
+    "distill/reverse_kl",
+    "distill/loss",
     "mean_return_last_100",
 )
 """The metrics a finished run's last line shows, when it has them."""

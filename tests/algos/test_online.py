@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,24 @@ def test_first_iteration_kl_is_exactly_zero(tiny_lm, prompts, tmp_path):
     rows = read_metrics(tmp_path)
     assert rows[0]["objective/kl"] == 0.0
     assert rows[1]["objective/kl"] != 0.0
+
+
+def test_each_iteration_logs_its_learning_rate_and_a_line_without_a_terminal(
+    tiny_lm, prompts, tmp_path, caplog
+):
+    """``train/lr`` (sft's name) is the rate the iteration stepped with, the schedule's: linear
+    from 3e-3 over 2 iterations, 3e-3 then 3e-3 · (1 − 1/2) = 1.5e-3. With the bar asked for and
+    stderr not a terminal (a log file; here pytest's capture), each iteration of a 2-iteration
+    run logs a plain line with its score, KL and rate (issue 51: nothing appeared)."""
+    cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, group_size=2)
+    cfg = replace(cfg, progress=True, lr_schedule="linear")
+    with caplog.at_level(logging.INFO, logger="proxrl.runtime.metrics"):
+        grpo.train(cfg)
+    assert [r["train/lr"] for r in read_metrics(tmp_path)] == pytest.approx([3e-3, 1.5e-3])
+    lines = [r.getMessage() for r in caplog.records if r.name == "proxrl.runtime.metrics"]
+    assert [line.split("  ")[0] for line in lines] == ["grpo 1/2", "grpo 2/2"], lines
+    assert all(f" {k} " in line for line in lines for k in ("score", "kl", "lr")), lines
+    assert lines[1].endswith("lr 0.0015"), lines
 
 
 def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):

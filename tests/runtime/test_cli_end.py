@@ -25,6 +25,16 @@ def test_every_model_command_ends_with_the_same_line(command, tmp_path):
     )
 
 
+def test_a_distillation_run_ends_with_what_it_optimised(tmp_path):
+    """A teacher alone scores nothing (objective/scores 0 throughout): the line also shows the
+    reverse KL to the teacher, what the run lowered (issue 51)."""
+    metrics = {"objective/scores": 0.0, "distill/reverse_kl": 0.1534, "distill/loss": 0.25}
+    assert cli.final_line("grpo", tmp_path, metrics) == (
+        f"grpo: finished; model saved in {tmp_path}; objective/scores 0; "
+        "distill/reverse_kl 0.1534; distill/loss 0.25"
+    )
+
+
 @pytest.mark.timeout(120)
 def test_classic_ends_with_a_final_line_when_piped(tmp_path, caplog):
     out = tmp_path / "run"

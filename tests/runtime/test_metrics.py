@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import torch
 
@@ -53,6 +54,29 @@ def test_progress_bar_runs_without_a_terminal():
         bar.update(5, SPS=100.0, ret=1.5)
         bar.update(5)
     assert bar._progress.tasks[0].completed == 10
+
+
+def test_without_a_terminal_the_bar_logs_a_line_every_twentieth_of_the_run(caplog):
+    """stderr not a terminal (pytest's capture, as a log file): 40 steps of 1 log a line every
+    40 / 20 = 2 steps; 256 units in 4 advances of 64 (classic's batches) a line each; a bar
+    that is off logs nothing."""
+
+    def lines(total: int, advance: int, enabled: bool = True) -> list[str]:
+        caplog.clear()
+        with (
+            caplog.at_level(logging.INFO, logger="proxrl.runtime.metrics"),
+            progress_bar(total, "run", enabled=enabled) as bar,
+        ):
+            for _ in range(total // advance):
+                bar.update(advance, score=0.5)
+        return [r.getMessage() for r in caplog.records]
+
+    steps = lines(40, 1)
+    assert steps == [f"run {k}/40  score 0.5" for k in range(2, 41, 2)]
+    assert [line.split("  ")[0] for line in lines(256, 64)] == [
+        "run 64/256", "run 128/256", "run 192/256", "run 256/256"
+    ]  # fmt: skip
+    assert lines(40, 1, enabled=False) == []
 
 
 def test_truncate_after_drops_a_line_a_killed_process_cut_in_half(tmp_path):

@@ -1,6 +1,7 @@
 """Metrics: one JSON line per logged step in ``OUTPUT_DIR/metrics.jsonl``, the same scalars in
 every tracker of ``report_to`` (TensorBoard events in ``OUTPUT_DIR/tensorboard/`` by default;
-wandb, mlflow, trackio: ``runtime.trackers``), and a rich progress bar for the terminal.
+wandb, mlflow, trackio: ``runtime.trackers``), and a rich progress bar for the terminal (a
+plain log line every ~5% of the run where stderr is a file or a pipe).
 
 ``metrics.jsonl`` is the source of truth (tests and benchmarks read it); each line is
 ``{"step": <int>, "<namespace>/<name>": <float>, ...}`` and is flushed as soon as it is written,
@@ -12,6 +13,7 @@ reads as one uninterrupted run.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +23,10 @@ from typing import Any
 from proxrl.runtime.trackers import Tracker, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
+PROGRESS_LINES = 20
+"""Lines a run without a terminal logs in place of the bar: one every ``total / 20`` units."""
+
+log = logging.getLogger(__name__)
 
 
 def _scalar(value: Any) -> float:
@@ -125,7 +131,9 @@ class ProgressBar:
     """A rich progress bar: done/total, rate, ETA and a few live metrics.
 
     Use as a context manager; ``update(n, **metrics)`` advances by ``n`` and shows the metrics.
-    With ``enabled=False`` (or no terminal) nothing is drawn.
+    With ``enabled=False`` nothing is shown. Without a terminal (stderr a file or a pipe: a log
+    someone tails) nothing is drawn; a plain INFO line with done/total and the metrics is logged
+    instead each time another ``total / PROGRESS_LINES`` units are done, and at the end.
     """
 
     def __init__(self, total: int, description: str, completed: int = 0, enabled: bool = True):
@@ -146,6 +154,9 @@ class ProgressBar:
 
         console = Console(stderr=True)
         self.enabled = enabled and console.is_terminal
+        self.lines = enabled and not console.is_terminal
+        self._description, self._total, self._done = description, total, completed
+        self._every = max(1, round(total / PROGRESS_LINES))
         self._start = time.perf_counter()
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -163,6 +174,11 @@ class ProgressBar:
     def update(self, advance: int, **metrics: float) -> None:
         info = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         self._progress.update(self._task, advance=advance, info=info)
+        before, self._done = self._done, self._done + advance
+        if self.lines and (
+            self._done // self._every > before // self._every or self._done >= self._total
+        ):
+            log.info("%s %d/%d  %s", self._description, self._done, self._total, info)
 
     def __enter__(self) -> ProgressBar:
         self._progress.start()

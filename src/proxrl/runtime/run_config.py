@@ -34,7 +34,7 @@ class RunConfig:
     max_consecutive_skips: Annotated[int, Range(gt=0)] = 5
     """Stop after this many updates in a row skipped for a NaN/Inf (loss, gradient, advantages)."""
     progress: bool = True
-    """Show a progress bar on a terminal."""
+    """Show a progress bar on a terminal (elsewhere, a log line every 1/20 of the run)."""
     report_to: tuple[TrackerName, ...] = ("tensorboard",)
     """Trackers that also get every metric: tensorboard, wandb, mlflow, trackio (several), none."""
 

@@ -291,6 +291,12 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             self.reward_weights = (float(self.reward_weights),)
 
     @property
+    def task_reward(self) -> bool:
+        """Whether responses are scored by a task reward (else a teacher alone trains them)."""
+        sources = self.reward_model or self.reward_fn or self.environment is not None
+        return bool(sources or self.rollouts_file is not None)
+
+    @property
     def responses_per_iteration(self) -> int:
         return self.rollout_batch_size * self.group_size
 
@@ -363,7 +369,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
             return self._check_rollouts_file(self.rollouts_file)
         if not self.prompts:
             raise ProxrlError("prompts: expected a prompt file, directory or datasets name")
-        task_reward = self.reward_model or self.reward_fn or self.environment is not None
+        task_reward = self.task_reward
         if not task_reward and not self.distills:
             raise ProxrlError(
                 "reward_model / reward_fn: give a reward model, a reward function, or both (or "

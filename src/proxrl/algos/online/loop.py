@@ -74,8 +74,7 @@ def train_online(
     ) as context:
         for iteration in range(run.start, end):
             row, stop_early = run_iteration(run, iteration, health)
-            score, kl = row["objective/scores"], row.get("objective/kl", 0.0)
-            context.bar.update(1, score=score, kl=kl)  # type: ignore[union-attr]
+            context.bar.update(1, **progress_figures(cfg, row))  # type: ignore[union-attr]
             if context.stop_requested and iteration + 1 < cfg.iterations:
                 raise context.interrupted(run.save(iteration + 1))
             if save_due(cfg, iteration + 1) and not stop_early:
@@ -96,7 +95,7 @@ def run_iteration(
     stops early (held-out patience)."""
     cfg, algo, models = run.cfg, run.algo, run.models
     started = time.perf_counter()
-    run.context.learning_rate(iteration + 1)
+    learning_rate = run.context.learning_rate(iteration + 1)
     timings: dict[str, float] = {}
     # 1. Rollout: sample → score → forward passes → gather (dynamic sampling: rounds, filter).
     models.actor.eval()
@@ -104,7 +103,7 @@ def run_iteration(
     batch = rollout(run, iteration, timings)
     # 2. Advantages, once, over the rows that are trained on.
     experience = estimate(algo, batch.experience, run.kl.value, cfg)
-    row = batch.metrics
+    row = batch.metrics | {"train/lr": learning_rate}  # the policy's (sft's name)
     if cfg.group_size > 1:
         constant = ~informative_groups(experience.scores, cfg.group_size)
         row["sampling/constant_groups"] = float(constant.sum())
@@ -139,6 +138,24 @@ def run_iteration(
         health.observe(iteration + 1, run.last)
         write_samples_if_due(run, iteration, batch, experience)
     return row, stop_early
+
+
+def progress_figures(cfg: OnlineConfig, row: dict[str, float]) -> dict[str, float]:
+    """What the progress bar (or line) shows of an iteration: the score (none without a task
+    reward: it is 0 throughout), the KL to the reference where it is tracked, with a teacher
+    the reverse KL to it and its loss (what distillation optimises), and the learning rate."""
+    figures = {"score": row["objective/scores"]} if cfg.task_reward else {}
+    for key, shown in PROGRESS_FIGURES.items():
+        if key in row:
+            figures[shown] = row[key]
+    return figures | {"lr": row["train/lr"]}
+
+
+PROGRESS_FIGURES = {
+    "objective/kl": "kl",
+    "distill/reverse_kl": "teacher_kl",
+    "distill/loss": "distill_loss",
+}
 
 
 def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> RolloutBatch:
