@@ -103,3 +103,41 @@ def test_runs_with_different_rewards_get_their_own_axis(tmp_path):
     assert _png_width(tmp_path / "plots" / "score.png") == 3 * _png_width(
         tmp_path / "plots" / "kl.png"
     )
+
+
+def test_distillation_and_held_out_runs_get_their_panels_and_the_best_score(tmp_path):
+    """A distillation run (distill/reverse_kl, gjsd's distill/loss) and a run evaluated on
+    held-out prompts every 5 iterations (eval/score 0.2, 0.9, 0.9, 0.5: the best 0.9 first at
+    iteration 10): each gets its panel, and the held-out section names the last and the best
+    score (issue 51: the report had neither)."""
+    import json
+
+    from proxrl.report import unit_of, write_report
+
+    evals = {5: 0.2, 10: 0.9, 15: 0.9, 20: 0.5}
+    runs = {
+        "distill": [
+            {"step": s, "objective/scores": 0.0, "distill/reverse_kl": 1 / s, "distill/loss": s}
+            for s in range(1, 21)
+        ],
+        "heldout": [
+            {"step": s, "objective/scores": s} | ({"eval/score": evals[s]} if s in evals else {})
+            for s in range(1, 21)
+        ],
+    }
+    for name, rows in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path).read_text()
+    for panel in ("teacher_kl", "distill_loss", "heldout_score"):
+        assert (tmp_path / "plots" / f"{panel}.png").read_bytes().startswith(PNG_MAGIC), panel
+        assert f"![{panel}](plots/{panel}.png)" in report
+    assert (
+        "- heldout: 4 evaluations; last eval/score 0.5 (iteration 20); best 0.9 (iteration 10)"
+        in report
+    )
+    assert "- distill:" not in report
+    assert unit_of("heldout_score", {"reward_fn": ["m:f"]}) == "m:f"
+    assert unit_of("heldout_score", {"reward_fn": ["m:f"], "eval_reward_fn": "m:g"}) == (
+        "eval_reward_fn m:g"
+    )

@@ -6,7 +6,9 @@ holds one, e.g. ``runs/demo/{sft,rm,ppo,ppo_no_kl,grpo}``); runs are drawn as on
 Plots go to ``RUN_DIR/plots/<panel>.png``, one per panel that some run logged: score, KL,
 KL coefficient, value loss, clip fraction, entropy, response length, training loss, and gold
 vs proxy for every run that logged both (``reward/gold`` and ``reward/reward_model`` by
-default: the demo logs the signal a run does not optimise at weight 0).
+default: the demo logs the signal a run does not optimise at weight 0); the held-out score or
+loss, and a teacher's reverse KL and distillation loss, for runs that logged them. A run with
+held-out evaluations also gets a line each: its last and its best ``eval/score``.
 
 One unit per axis: a panel whose values are in the units of a run's reward (score, value loss,
 β, a classic run's episode return) draws one sub-panel per reward — the reward sources a run
@@ -64,11 +66,19 @@ PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("response/length_mean",),
     ),
     "loss": ("training loss (train/loss)", ("train/loss",)),
+    "heldout_score": ("held-out score (eval/score)", ("eval/score",)),
+    "eval_loss": ("held-out loss (eval/loss)", ("eval/loss",)),
+    "teacher_kl": (
+        "reverse KL to the teacher (distill/reverse_kl, per token)",
+        ("distill/reverse_kl",),
+    ),
+    "distill_loss": ("distillation loss (distill/loss)", ("distill/loss",)),
 }
 UNIT_OF_PANEL: dict[str, str] = {
     "score": "reward",
     "value_loss": "reward",
     "kl_coef": "reward",
+    "heldout_score": "eval_reward_fn",
     "episodic_return": "env",
 }
 """Panels whose values are in a run's own units: the panel → what sets them."""
@@ -129,6 +139,8 @@ def reward_unit(config: dict[str, Any]) -> str | None:
 def unit_of(panel: str, config: dict[str, Any]) -> str | None:
     """The unit a run's line on ``panel`` is in (None: the panel's own, shared by every run)."""
     what = UNIT_OF_PANEL.get(panel)
+    if what == "eval_reward_fn" and not config.get(what):  # scored by the training reward
+        what = "reward"
     if what == "reward":
         return reward_unit(config)
     if what is not None and config.get(what) is not None:
@@ -348,6 +360,22 @@ def _value(value: Any) -> str:
     return _cell(value)
 
 
+def held_out_lines(runs: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Markdown: per run that evaluated on held-out prompts, its last ``eval/score`` and its
+    best with the iteration it came at (what ``final_model: best`` keeps)."""
+    lines = []
+    for name, rows in runs.items():
+        steps, scores = series(rows, "eval/score")
+        if not steps:
+            continue
+        best = max(range(len(scores)), key=lambda i: (scores[i], -steps[i]))  # the first best
+        lines.append(
+            f"- {name}: {len(steps)} evaluations; last eval/score {scores[-1]:.4g} (iteration "
+            f"{steps[-1]:.0f}); best {scores[best]:.4g} (iteration {steps[best]:.0f})"
+        )
+    return ["## Held-out evaluation during training", "", *lines, ""] if lines else []
+
+
 def unfinished(run_dir: Path, runs: dict[str, list[dict[str, float]]]) -> dict[str, str]:
     """Run name → "stopped at step X of Y" for each run whose last logged step falls short of
     the steps it was configured for (noted in its run marker; runs without one are not judged)."""
@@ -391,6 +419,7 @@ def _write_report(run_dir: Path, summary: dict[str, Any] | None, samples: int) -
         heading = "## Held-out evaluation" if is_demo_summary(summary) else "## Summary"
         lines += [heading, "", *summary_table(summary)]
     lines += health_section(runs)
+    lines += held_out_lines(runs)
     if MAIN_PLOT in plots:
         lines += [
             "## Gold vs proxy during training",
