@@ -1573,9 +1573,17 @@ CASES: list[Case] = [
         "proxrl ppo: error: async_rollout: applies to placement ray; this run has local",
     ),
     Case(
-        "grpo: async_rollout without the engine's log-probs",
-        (*GRPO, "--reward-fn", "proxrl.demo.task:gold", "--placement", "ray", "--async-rollout"),
-        "proxrl grpo: error: async_rollout: the behaviour log-probs must come from the engine that sampled: set sampler_logprobs true",
+        "grpo: async_rollout with sampler_logprobs false",
+        (
+            *GRPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--placement",
+            "ray",
+            "--async-rollout",
+            "--no-sampler-logprobs",
+        ),
+        "proxrl grpo: error: async_rollout: the behaviour log-probs must come from the engine that sampled: leave sampler_logprobs unset (true with async_rollout) or set it true",
     ),
     Case(
         "ppo: placement ray, one role asking for more CPUs than a node has",

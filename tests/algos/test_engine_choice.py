@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,27 @@ def test_async_value_head_takes_pi_old_from_the_engine(tiny_lm, prompts, tmp_pat
     torch.testing.assert_close(old, behaviour[mask], rtol=1e-5, atol=1e-5)
     assert (old - current[mask]).abs().max() > 1e-3
     assert experience.values is not None and experience.values.shape == mask.shape
+
+
+def test_async_rollout_implies_sampler_logprobs_unless_set_false(
+    tiny_lm, prompts, tmp_path, caplog
+):
+    """async_rollout with sampler_logprobs left unset takes the engine's log-probs, saying so
+    in one line (issue 51: it refused to start until the user set it); set explicitly, either
+    way, it is taken as given, and false is still refused; without async_rollout the default
+    stays false."""
+    with caplog.at_level(logging.INFO, logger="proxrl.algos.online.config"):
+        implied = _config(grpo, tiny_lm, prompts, tmp_path, placement="ray", async_rollout=True)
+    implied.validate()
+    assert implied.sampler_logprobs is True
+    said = [r.getMessage() for r in caplog.records if "sampler_logprobs" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("async_rollout: sampler_logprobs true"), said
+    caplog.clear()
+    explicit = _config(
+        grpo, tiny_lm, prompts, tmp_path, placement="ray", async_rollout=True,
+        sampler_logprobs=False,
+    )  # fmt: skip
+    assert explicit.sampler_logprobs is False and not caplog.records
+    with pytest.raises(ProxrlError, match="leave sampler_logprobs unset"):
+        explicit.validate()
+    assert _config(grpo, tiny_lm, prompts, tmp_path).sampler_logprobs is False

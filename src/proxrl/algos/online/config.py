@@ -12,11 +12,14 @@ minibatches of ``mini_batch_size`` responses, one optimizer step each, computed 
 from __future__ import annotations
 
 import functools
+import logging
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
+
+import tyro
 
 from proxrl.algos.online.distill_fields import DistillFields
 from proxrl.algos.online.heldout_fields import HeldOutFields
@@ -40,6 +43,8 @@ from proxrl.rollout.vllm_sampler import LORA_SYNCS
 from proxrl.runtime.config import check_knobs
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
@@ -249,11 +254,12 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     track_kl: bool = True
     """Compute the KL to the reference even when kl_coef is fixed at 0 (one reference forward
     pass per iteration); false loads no reference model then and logs no objective/kl."""
-    sampler_logprobs: bool = False
+    sampler_logprobs: Annotated[bool | None, tyro.conf.DisallowNone] = None  # a switch
     """Take log π_old from the sampler's logits instead of a second forward pass: one pass
     fewer per iteration, but π_old then differs from the trainer's own numbers by float
     rounding (KV-cache vs full pass), so the first ratio is not exactly 1. With a
-    rollout_correction, π_old is the trainer's and the sampler's log-probs give the weights."""
+    rollout_correction, π_old is the trainer's and the sampler's log-probs give the weights
+    (None: true with async_rollout, whose engine alone knows the behaviour policy, else false)."""
     skip_old_logprobs_pass: bool = True
     """Skip the rollout's forward pass for log π_old where π_old is π at the update's only
     optimizer step (collect.old_logprobs_pass lists when): the update's own forward gives it and
@@ -282,6 +288,13 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     <tool_call>{"name": ..., "arguments": {...}}</tool_call>)."""
 
     def __post_init__(self) -> None:
+        if self.sampler_logprobs is None:
+            self.sampler_logprobs = self.async_rollout
+            if self.async_rollout:
+                log.info(
+                    "async_rollout: sampler_logprobs true (the engine that sampled gives "
+                    "the behaviour policy's log-probs)"
+                )
         if self.reward_model is None or isinstance(self.reward_model, str):  # Python callers
             self.reward_model = () if self.reward_model is None else (self.reward_model,)
         # One reward function alone, as TRL's reward_funcs takes it: "m:f" means ("m:f",).
@@ -339,7 +352,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         self.validate_options()
         self.validate_held_out()
         self.validate_placement(
-            self.sampler_logprobs,
+            bool(self.sampler_logprobs),
             self.dynamic_sampling,
             separate_critic=getattr(self, "critic", None) == "separate",
         )

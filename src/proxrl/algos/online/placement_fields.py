@@ -100,7 +100,7 @@ class PlacementFields:
     """placement ray: how weights reach the engines after an update: object_store (one ray.put
     read by every engine) or process_group (a broadcast; gloo on CPUs, NCCL on GPUs)."""
     async_rollout: bool = False
-    """placement ray: generate the next batches while this one trains (needs sampler_logprobs:
+    """placement ray: generate the next batches while this one trains (sets sampler_logprobs:
     the engine's log-probs are the behaviour policy's; pair with a rollout_correction)."""
     max_staleness: Annotated[int, Range(ge=1), AppliesWith("async_rollout")] = 1
     """async_rollout: batches generated ahead, so the most policy versions a sample may lag the
@@ -139,7 +139,7 @@ class PlacementFields:
         if self.async_rollout and not sampler_logprobs:
             raise ProxrlError(
                 "async_rollout: the behaviour log-probs must come from the engine that sampled: "
-                "set sampler_logprobs true"
+                "leave sampler_logprobs unset (true with async_rollout) or set it true"
             )
         if self.async_rollout and dynamic_sampling:
             raise ProxrlError("async_rollout: not with dynamic_sampling (it samples on demand)")
