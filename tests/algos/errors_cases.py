@@ -819,6 +819,11 @@ CASES: list[Case] = [
         ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "a_file"),
         "proxrl sft: error: output directory a_file is a file",
     ),
+    Case(
+        "output dir under a plain file",
+        ("sft", "--model", "model", "--data", "sft.jsonl", "--output-dir", "a_file/run"),
+        "proxrl sft: error: output directory a_file/run: a_file is a file, not a directory; choose another path",
+    ),
     # -- ppo / grpo (the lead's) ---------------------------------------------------------------
     Case(
         "ppo: group_size 0",

@@ -265,3 +265,18 @@ def test_the_constructor_checks_a_given_config(tiny_lm):
     built = TrainingClient(config=given, max_new_tokens=3)  # the options replaced into it
     assert built.cfg.max_new_tokens == 3 and given.max_new_tokens != 3
     built.close()
+
+
+def test_save_state_and_save_model_under_a_plain_file_are_one_line(client, tmp_path):
+    """A directory under a plain file (or the file itself) cannot be made: one line naming it
+    and the file, not NotADirectoryError (issue 51)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("")
+    message = _refused("is a file", client.save_state, notes / "state")
+    assert message == (
+        f"TrainingClient.save_state: directory {notes / 'state'}: {notes} is a file, not a "
+        "directory; choose another path"
+    )
+    _refused(f"save_model: directory {notes}/model: {notes} is a file", client.save_model,
+             notes / "model")  # fmt: skip
+    _refused(f"save_state: directory {notes} is a file", client.save_state, notes)

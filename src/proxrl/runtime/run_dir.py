@@ -275,6 +275,7 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> N
         raise ProxrlError("--resume and --overwrite exclude each other; pick one")
     if d.exists() and not d.is_dir():
         raise ProxrlError(f"output directory {d} is a file")
+    check_creatable(d, "output directory")
     check_not_locked(d)
     if holds_run(d):
         if not resume and not overwrite and holds_work(d):
@@ -319,6 +320,18 @@ def prepare_output_dir(
             raise ProxrlError(refused)
         return d
     return _make_run_dir(d, resume, overwrite, lock)
+
+
+def check_creatable(path: str | Path, what: str) -> None:
+    """Refuse a directory ``path`` that cannot be created, or written in, because it is a plain
+    file or one sits where a parent would be (``runs/notes.txt/run``): mkdir would end in
+    NotADirectoryError or FileExistsError."""
+    d = Path(path)
+    blocking = next((p for p in (d, *d.parents) if p.exists()), None)  # the nearest that exists
+    if blocking is None or blocking.is_dir():
+        return
+    where = "" if blocking == d else f": {blocking}"
+    raise ProxrlError(f"{what} {d}{where} is a file, not a directory; choose another path")
 
 
 def not_writable(path: str | Path, exc: OSError) -> ProxrlError | None:

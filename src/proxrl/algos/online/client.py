@@ -79,6 +79,7 @@ from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeight
 from proxrl.runtime.config import config_to_dict
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.run_dir import check_creatable
 from proxrl.runtime.seeding import seed_everything
 from proxrl.runtime.threads import choose_cpu_threads
 
@@ -612,6 +613,7 @@ class TrainingClient:
         """Everything a resumed loop needs to continue as the uninterrupted one: the trained
         weights, the optimizer, the minibatch generator, the guard and every global RNG (the
         sampler's stream), under ``directory/checkpoints``; returns the checkpoint's path."""
+        check_creatable(directory, "TrainingClient.save_state: directory")
         return self._checkpointer(directory).save(self.steps, steps=self.steps)
 
     def load_state(self, directory: str | Path) -> int:
@@ -628,6 +630,7 @@ class TrainingClient:
         merged model and the adapter in ``adapter/``) and its tokenizer: what transformers,
         vLLM or the next proxrl stage loads."""
         path = Path(directory)
+        check_creatable(path, "TrainingClient.save_model: directory")
         path.mkdir(parents=True, exist_ok=True)
         save_policy(self.models, path)
         return path
