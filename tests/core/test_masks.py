@@ -56,6 +56,19 @@ def test_m2po_breaks_ties_by_position():
     close(keep, [[0, 1, 1]])
 
 
+def test_m2po_in_float32_sums_the_rest_without_cancelling():
+    """log r = 20 then nine of 0.01: (log r)² 400 and nine of 1e-4 (float32: 0.01² ≈ 9.99999e-5).
+    τ = 0.99e-4: after the 400, the rest's mean is 1e-4 > τ, after each further one still 1e-4:
+    every token goes, as in float64. Summed as total − prefix in float32, 400.0009 − 400 kept
+    ~8.9e-4 of 9e-4 (mean ≈ 0.98e-4 ≤ τ) and the nine tokens stayed (issue 51)."""
+    new = torch.tensor([[20.0] + [0.01] * 9])
+    old, mask = torch.zeros(1, 10), torch.ones(1, 10)
+    assert torch.equal(m2po_keep(new.double(), old.double(), mask.double(), 0.99e-4),
+                       torch.zeros(1, 10, dtype=torch.float64))  # fmt: skip
+    keep = m2po_keep(new, old, mask, 0.99e-4)
+    assert keep.dtype == torch.float32 and torch.equal(keep, torch.zeros(1, 10))
+
+
 def test_m2po_with_no_valid_token_keeps_everything():
     close(m2po_keep(t([[3.0]]), t([[0.0]]), t([[0]]), 0.1), [[1.0]])
 

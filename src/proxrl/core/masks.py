@@ -86,8 +86,10 @@ def m2po_keep(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, tau: float) 
     if count == 0:
         return torch.ones_like(logprobs)
     ordered = moments[order]
-    # after dropping the k largest (k = 0 … n − 1): the sum and count of the rest
-    rest_sum = ordered.sum() - torch.cat([ordered.new_zeros(1), ordered.cumsum(0)[:-1]])
+    # after dropping the k largest (k = 0 … n − 1): the sum and count of the rest, summed from
+    # the smallest up; total − prefix would cancel the rest away under one large outlier (in
+    # float32, 400.0009 − 400 loses a tenth of the 9e-4 left)
+    rest_sum = ordered.flip(0).cumsum(0).flip(0)
     rest_count = torch.arange(count, 0, -1, dtype=ordered.dtype, device=ordered.device)
     inside = rest_sum / rest_count <= tau
     dropped = int(inside.to(torch.int64).argmax()) if bool(inside.any()) else count
