@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from proxrl.core import (
+    AGGREGATIONS,
     POLICY_LOSSES,
     TOKEN_SELECTIONS,
     PolicyLossSettings,
@@ -224,6 +225,31 @@ def test_policy_losses_by_name_by_hand(name):
     close(stats["policy_loss"], POLICY_LOSS_CASES[name])
 
 
+@pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
+def test_at_a_ratio_of_1_every_policy_loss_but_clip_cov_is_ppos_gradient(agg):
+    """One optimizer step per rollout: π = π_old, every ratio 1, and with one advantage per
+    response (a group estimator's) each loss's gradient is PPO's −A·∇log π / n (README: "One
+    optimizer step per rollout makes most of these losses one"). clip_cov alone may differ: it
+    drops the tokens it draws whatever the ratio."""
+    old = t([[-0.5, -2.0, -1.0], [-0.3, -1.5, 9.0], [-2.5, 9.0, 9.0]])
+    mask, advantages = t([[1, 1, 1], [1, 1, 0], [1, 0, 0]]), t([[1.5], [-0.5], [2.0]]).expand(3, 3)
+    settings, aggregate = PolicyLossSettings(), aggregation(agg, 3)
+    grads = {}
+    for name in set(POLICY_LOSSES) - {"clip_cov"}:
+        logprobs = _leaf(old.tolist())
+        selection = None
+        if name in TOKEN_SELECTIONS:
+            generator = torch.Generator().manual_seed(0)
+            selection = TOKEN_SELECTIONS[name](logprobs, old, advantages, mask, settings, generator)
+        loss, _ = POLICY_LOSSES[name](
+            logprobs, old, advantages, mask, settings, aggregate, selection
+        )
+        loss.backward()
+        grads[name] = logprobs.grad
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, grads["ppo"], rtol=1e-12, atol=1e-15, msg=name)
+
+
 # DPPO on ragged rows (3 tokens | 1 token): μ = (0.5, 0.5, 0.2) | 0.5, π = (0.8, 0.6, 0.1) | 0.2,
 # A = +1 | −2, token-mean over the 4 valid tokens; a 7.0 in padding.
 DPPO_MASK = t([[1, 1, 1], [1, 0, 0]])
@@ -273,6 +299,27 @@ def test_dppo_kl_masks_by_the_binary_kl_by_hand():
     # δ_high 0.2 drops (0, 0) as well
     loss, _ = dppo_kl_loss(_leaf(DPPO_NEW), DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK, 0.2, 0.2)
     close(loss, (-1.2 - 0.5) / 4)
+
+
+@pytest.mark.parametrize("loss_fn", [dppo_tv_loss, dppo_kl_loss])
+def test_dppo_caps_the_ratio_that_weighs_the_gradient_by_hand(loss_fn):
+    """μ = (0.02, 0.4), π = (0.3, 0.2), A = +1: r = 15 and 0.5. δ 0.3 | 0.3 keep both (TV: π − μ
+    = 0.28 < 0.3, and the second fell with A > 0; KL: D(0.02‖0.3) ≈ 0.22 < 0.3). Cap 10: the
+    first token's −r·A is −min(15, 10) = −10 and its gradient −10/2; the second's −0.5, −0.5/2
+    (below the cap, untouched). veRL's 20 and no cap leave −15 (issue 51: no cap applied)."""
+    assert _bernoulli_kl(0.02, 0.3) < 0.3
+    old = t([[0.02, 0.4]]).log()
+    new = [[math.log(0.3), math.log(0.2)]]
+    advantages, mask = t([[1.0, 1.0]]), t([[1, 1]])
+    for cap, first in ((10.0, 10.0), (20.0, 15.0), (None, 15.0)):
+        logprobs = _leaf(new)
+        loss, _ = loss_fn(logprobs, old, advantages, mask, 0.3, 0.3, "token-mean", cap)
+        close(loss, (-first - 0.5) / 2)
+        loss.backward()
+        close(logprobs.grad, [[-first / 2, -0.5 / 2]])
+    logprobs = _leaf(new)  # the default is the DPPO authors' 10
+    close(loss_fn(logprobs, old, advantages, mask, 0.3, 0.3)[0], (-10.0 - 0.5) / 2)
+    assert PolicyLossSettings().dppo_ratio_cap == 10.0
 
 
 @pytest.mark.parametrize("loss_fn", [dppo_tv_loss, dppo_kl_loss])

@@ -29,7 +29,7 @@ from proxrl.registry import Bound, Registry
 OffPolicyMaskChoice = OFF_POLICY_MASKS.choice(off=("none",))
 CLIP = ("clip", "clip_high")
 """The knobs of the clipped ratio (cispo: the weight's upper bound 1 + clip_high)."""
-DPPO_DELTAS = ("dppo_delta_low", "dppo_delta_high")
+DPPO_KNOBS = ("dppo_delta_low", "dppo_delta_high", "dppo_ratio_cap")
 
 
 @dataclass
@@ -54,6 +54,9 @@ class PolicyLossSettings:
     dppo_delta_high: Annotated[float, Bound(gt=0)] = 0.2
     """dppo_tv, dppo_kl: divergence δ past which a token with A > 0 whose probability rose takes
     no gradient (TV: π(a) − μ(a); KL: the binary KL)."""
+    dppo_ratio_cap: Annotated[float | None, Bound(gt=1)] = 10.0
+    """dppo_tv, dppo_kl: the largest ratio π(a)/μ(a) that weighs a token's gradient (the DPPO
+    authors' 10; veRL's clip_ratio_c 20; None: no cap)."""
     clip_cov_ratio: Annotated[float, Bound(gt=0, le=1)] = 2e-4
     """clip_cov: share of the valid tokens whose gradient is dropped, drawn among those with a
     covariance in (clip_cov_lb, clip_cov_ub) (at least one)."""
@@ -363,11 +366,17 @@ def _divergence_masked_loss(
     mask: Tensor,
     outside: Tensor,
     agg: str | Aggregation,
+    ratio_cap: float | None,
 ) -> tuple[Tensor, Stats]:
-    """DPPO's per-token ``−r·A`` with the tokens ``outside`` the trust region taking none."""
+    """DPPO's per-token ``−r·A`` with the tokens ``outside`` the trust region taking none, and
+    ``r`` capped at ``ratio_cap``: ``−min(r, C)·A``, whose gradient is ``−min(r, C)·A·∇log π``
+    (veRL's ``sg(min(r, C))·A·log π``: a rare token's huge ratio weighs no more than C)."""
     log_ratio = logprobs - old_logprobs
     # veRL's guard: exp of a large log-ratio would be inf, and inf × 0 (a masked token) NaN
     ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    if ratio_cap is not None:  # the capped value, and log π's gradient times it
+        weight = torch.clamp(ratio, max=ratio_cap).detach()
+        ratio = weight * torch.exp(log_ratio - log_ratio.detach())
     keep = (~outside).to(ratio.dtype)
     extra = {"clipfrac": masked_mean(outside.to(ratio.dtype), mask).detach()}
     return policy_loss_result(-ratio * advantages * keep, log_ratio, mask, agg, extra)
@@ -381,6 +390,7 @@ def dppo_tv_loss(
     delta_low: float = 0.2,
     delta_high: float = 0.2,
     agg: str | Aggregation = "token-mean",
+    ratio_cap: float | None = 10.0,
 ) -> tuple[Tensor, Stats]:
     """DPPO-Binary-TV (arXiv 2602.04879, "Rethinking the Trust Region in LLM RL"): a trust region
     on the sampled token's probability instead of its ratio. Per token ``−r·A·m`` with
@@ -390,8 +400,9 @@ def dppo_tv_loss(
     gradient). A rare token may move its ratio far while its probability barely moves, which
     PPO's ratio clip would stop and this does not; a likely token is stopped after a small ratio.
 
-    As veRL ``dppo_tv`` (gradient ``−r·A·∇log π·m``; veRL writes it as ``sg(r)·A·log π`` and
-    caps r at 20, here the log-ratio is clamped to ±20 as SAPO's), SkyRL ``dppo``.
+    As veRL ``dppo_tv`` (gradient ``−min(r, C)·A·∇log π·m``; veRL writes it as
+    ``sg(min(r, C))·A·log π`` with C = 20, the DPPO authors cap at C = 10, the default
+    ``ratio_cap``; None: no cap, only the log-ratio clamped to ±20 as SAPO's), SkyRL ``dppo``.
     Stats: ``clipfrac`` (the share of valid tokens outside the region), the ratio diagnostics of
     ``ppo_clip_loss``.
 
@@ -403,7 +414,9 @@ def dppo_tv_loss(
         change = torch.exp(logprobs) - torch.exp(old_logprobs)  # π(a) − μ(a)
         outside = torch.where(advantages > 0, change > delta_high, False)
         outside |= torch.where(advantages < 0, -change > delta_low, False)
-    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
+    return _divergence_masked_loss(
+        logprobs, old_logprobs, advantages, mask, outside, agg, ratio_cap
+    )
 
 
 def binary_kl(old_logprobs: Tensor, logprobs: Tensor) -> Tensor:
@@ -424,6 +437,7 @@ def dppo_kl_loss(
     delta_low: float = 0.2,
     delta_high: float = 0.2,
     agg: str | Aggregation = "token-mean",
+    ratio_cap: float | None = 10.0,
 ) -> tuple[Tensor, Stats]:
     """DPPO-Binary-KL (arXiv 2602.04879): as ``dppo_tv_loss`` with the divergence the binary KL
     ``D = KL(Bern(μ(a)) ‖ Bern(π(a)))`` (``binary_kl``): a token takes no gradient where
@@ -434,11 +448,13 @@ def dppo_kl_loss(
         rose, fell = logprobs > old_logprobs, logprobs < old_logprobs
         outside = torch.where(advantages > 0, rose & (divergence > delta_high), False)
         outside |= torch.where(advantages < 0, fell & (divergence > delta_low), False)
-    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
+    return _divergence_masked_loss(
+        logprobs, old_logprobs, advantages, mask, outside, agg, ratio_cap
+    )
 
 
 @POLICY_LOSSES.register(
-    "dppo_tv", "−r·A, no gradient past a TV trust region on π(a) (DPPO)", knobs=DPPO_DELTAS
+    "dppo_tv", "−r·A, no gradient past a TV trust region on π(a) (DPPO)", knobs=DPPO_KNOBS
 )
 def _dppo_tv(
     logprobs: Tensor,
@@ -450,11 +466,12 @@ def _dppo_tv(
     selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
-    return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
+    cap = settings.dppo_ratio_cap
+    return dppo_tv_loss(logprobs, old_logprobs, advantages, mask, low, high, agg, cap)
 
 
 @POLICY_LOSSES.register(
-    "dppo_kl", "−r·A, no gradient past a binary-KL trust region (DPPO)", knobs=DPPO_DELTAS
+    "dppo_kl", "−r·A, no gradient past a binary-KL trust region (DPPO)", knobs=DPPO_KNOBS
 )
 def _dppo_kl(
     logprobs: Tensor,
@@ -466,7 +483,8 @@ def _dppo_kl(
     selection: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     low, high = settings.dppo_delta_low, settings.dppo_delta_high
-    return dppo_kl_loss(logprobs, old_logprobs, advantages, mask, low, high, agg)
+    cap = settings.dppo_ratio_cap
+    return dppo_kl_loss(logprobs, old_logprobs, advantages, mask, low, high, agg, cap)
 
 
 def unclipped_loss(
@@ -489,7 +507,7 @@ def unclipped_loss(
         advantages: (B, T). mask: (B, T).
     """
     outside = torch.zeros_like(mask, dtype=torch.bool)
-    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg)
+    return _divergence_masked_loss(logprobs, old_logprobs, advantages, mask, outside, agg, None)
 
 
 def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
