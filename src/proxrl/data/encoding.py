@@ -156,6 +156,16 @@ def encode_response_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[
     return ids
 
 
+def response_ids_with_eos(ids: Sequence[int], eos_token_id: int) -> list[int]:
+    """A sampled response's ids ended as ``encode_response_text`` ends a text's, the way a
+    reward model was trained on every response: with EOS, added when the response has none
+    (cut at max_new_tokens, or stopped by a stop string)."""
+    ids = list(ids)
+    if not ids or ids[-1] != eos_token_id:
+        ids.append(eos_token_id)
+    return ids
+
+
 def encode_prompt_ids(
     tokenizer: PreTrainedTokenizerBase, prompt: Text, tools: list[dict[str, Any]] | None = None
 ) -> list[int]:

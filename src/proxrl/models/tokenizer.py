@@ -164,6 +164,31 @@ def ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> bool:
     return True
 
 
+def tokenizer_difference(
+    policy: PreTrainedTokenizerBase, other: PreTrainedTokenizerBase
+) -> str | None:
+    """How ``other`` would read the policy's token ids differently, in a few words; None when
+    it reads them as the policy does: the same token → id map (added tokens included), the
+    same special tokens and ids (EOS, BOS, pad, unk, the rest), and the same chat template (or
+    neither has one; compared even for plain-string prompts, where it does not matter)."""
+    mine, theirs = policy.get_vocab(), other.get_vocab()
+    if mine != theirs:
+        differ = sum(theirs.get(token) != index for token, index in mine.items())
+        return (
+            f"another vocabulary ({len(theirs)} vs {len(mine)} tokens, {differ} of the "
+            "policy's mapped to another id or missing)"
+        )
+    for role in ("eos", "bos", "pad", "unk"):
+        ids = getattr(policy, f"{role}_token_id"), getattr(other, f"{role}_token_id")
+        if ids[0] != ids[1]:
+            return f"another {role.upper()} token (id {ids[1]} vs the policy's {ids[0]})"
+    if set(policy.all_special_ids) != set(other.all_special_ids):
+        return "other special tokens"
+    if getattr(policy, "chat_template", None) != getattr(other, "chat_template", None):
+        return "another chat template"
+    return None
+
+
 def resize_for_tokenizer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Grow the embeddings when the tokenizer has tokens the model lacks (e.g. an added pad
     token) and record the pad id in the model config, where sequence classifiers read it."""

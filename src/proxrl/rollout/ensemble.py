@@ -115,6 +115,8 @@ class EnsembleReward:
             f"reward/{self.name}_{i}": row.mean().item() for i, row in enumerate(standardised)
         }
         self.last_parts[f"reward/{self.name}_spread"] = ensemble_spread(standardised).mean().item()
+        for member in self.members:  # a text-reading member's REENCODED_MISMATCH (the same
+            self.last_parts.update(member.last_parts)  # for each: the policy's tokenizer's)
         for i, (mean, std) in calibrated.items():
             self.last_parts[f"reward/{self.name}_{i}_calibrated_mean"] = mean
             self.last_parts[f"reward/{self.name}_{i}_calibrated_std"] = std

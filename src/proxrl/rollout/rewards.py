@@ -39,7 +39,12 @@ import torch
 from torch import Tensor, nn
 
 from proxrl.data.batching import pack_lengths, pad_right
-from proxrl.data.encoding import check_round_trip, encode_prompt_text, encode_response_text
+from proxrl.data.encoding import (
+    check_round_trip,
+    encode_prompt_text,
+    encode_response_text,
+    response_ids_with_eos,
+)
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.scalar_head import sequence_scores
@@ -288,11 +293,42 @@ def is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real)
 
 
+REENCODED_MISMATCH = "reward/reencoded_mismatch"
+"""The share of responses whose text does not encode back to the sampled ids (the policy's
+tokenizer), logged where a reward model scores text: it judged something else for those."""
+MISMATCH_WARN_SHARE = 0.01  # above this share of a batch, warned once
+
+
+def reencoded_mismatch(
+    tokenizer: Any, completions: Sequence[str], completion_ids: Sequence[Sequence[int]]
+) -> Tensor:
+    """(B,) True where ``completions[i]`` (the decoded response) does not encode back, under
+    the policy's ``tokenizer``, to ``completion_ids[i]`` (the sampled ids): both ended with EOS
+    as a reward model reads them, so a response cut before its EOS is not counted for that. A
+    byte token that is not UTF-8 alone (a cut multi-byte character) decodes to U+FFFD and
+    encodes back to other bytes; a sampled special token is dropped by the decode."""
+    eos = tokenizer.eos_token_id
+    return torch.tensor(
+        [
+            encode_response_text(tokenizer, text) != response_ids_with_eos(ids, eos)
+            for text, ids in zip(completions, completion_ids, strict=True)
+        ],
+        dtype=torch.bool,
+    )
+
+
 @dataclass
 class RewardModelReward:
-    """Scores from a ``num_labels=1`` sequence classifier. The text is re-encoded with the
-    reward model's own tokenizer exactly as the reward model was trained (prompt, response,
-    EOS), so a reward model need not share the policy's tokenizer."""
+    """Scores from a ``num_labels=1`` sequence classifier, on each row as the reward model was
+    trained on it: the prompt's text encoded with its tokenizer, then the response, then EOS.
+
+    The response is its sampled ids (``completion_ids``) when ``reads_ids``: the reward model's
+    tokenizer is the policy's (``models.tokenizer.tokenizer_difference``, decided once where the
+    roles are loaded), so it scores what was sampled (as TRL's PPO) and is spared a decode and
+    an encode. Otherwise its text, re-encoded with the reward model's own tokenizer (so a
+    reward model need not share the policy's), and, given the ``policy_tokenizer``, the share
+    of responses whose text is not the sampled ids is logged (``REENCODED_MISMATCH``). An
+    episode (with an environment: observation turns among the ids) is scored as text."""
 
     model: nn.Module
     tokenizer: Any
@@ -302,8 +338,24 @@ class RewardModelReward:
     max_tokens: int = 0  # > 0: padding-free forwards of at most this many real tokens each
     adapter_disabled: bool = False  # ``model`` is a LoRA critic whose base is this reward
     # model (``roles.share_reward_model``): scored with its adapters (and trained head) off
+    policy_tokenizer: Any = None  # the policy's (None: not known, nothing counted)
+    reads_ids: bool = False  # its tokenizer is the policy's: the sampled ids are scored
+    last_parts: dict[str, float] = field(default_factory=dict)  # REENCODED_MISMATCH, if measured
 
     name = "reward_model"
+
+    def response_rows(self, completions: list[str], columns: dict[str, Any]) -> list[list[int]]:
+        """Each response's ids as scored (see the class docstring); sets ``last_parts``."""
+        ids = columns.get("completion_ids")
+        self.last_parts = {}
+        if ids is None or EPISODE_MESSAGES in columns:
+            return [encode_response_text(self.tokenizer, c) for c in completions]
+        if self.reads_ids:
+            return [response_ids_with_eos(r, self.tokenizer.eos_token_id) for r in ids]
+        if self.policy_tokenizer is not None:
+            mismatch = reencoded_mismatch(self.policy_tokenizer, completions, ids)
+            self.last_parts[REENCODED_MISMATCH] = mismatch.float().mean().item()
+        return [encode_response_text(self.tokenizer, c) for c in completions]
 
     @torch.no_grad()
     def __call__(
@@ -314,9 +366,8 @@ class RewardModelReward:
             self.checked = True
         device = next(self.model.parameters()).device
         rows = [
-            encode_prompt_text(self.tokenizer, p.prompt, p.messages)
-            + encode_response_text(self.tokenizer, c)
-            for p, c in zip(prompts, completions, strict=True)
+            encode_prompt_text(self.tokenizer, p.prompt, p.messages) + response
+            for p, response in zip(prompts, self.response_rows(completions, columns), strict=True)
         ]
         plan = (
             pack_lengths([len(r) for r in rows], self.max_tokens)
@@ -347,6 +398,7 @@ class WeightedRewards:
     sources: list[Any]
     weights: list[float]
     warned_none: bool = False
+    warned_mismatch: bool = False  # REENCODED_MISMATCH over MISMATCH_WARN_SHARE, warned
     trainer_state: TrainerState = field(default_factory=TrainerState)  # set each iteration
     last_source_scores: Tensor | None = None  # (B, K) each source's scores of the last call
     # (None as 0), kept for an estimator that combines them itself (GDPO)
@@ -376,6 +428,7 @@ class WeightedRewards:
         self.last_source_scores = (
             torch.stack(per_source, dim=1) if per_source else total[:, None][:, :0]
         )
+        self.warn_mismatch(parts.get(REENCODED_MISMATCH, 0.0), len(completions))
         if self.sources and not scored.all() and not self.warned_none:
             self.warned_none = True
             log.warning(
@@ -386,6 +439,20 @@ class WeightedRewards:
                 int((~scored).nonzero()[0]),
             )
         return total, parts
+
+    def warn_mismatch(self, share: float, batch: int) -> None:
+        """Once per run: the reward model judged text that is not what was sampled for more
+        than ``MISMATCH_WARN_SHARE`` of a batch of ``batch`` responses."""
+        if share > MISMATCH_WARN_SHARE and not self.warned_mismatch:
+            self.warned_mismatch = True
+            log.warning(
+                "the reward model scored %.0f%% of %d responses as other token ids than were "
+                "sampled: their text does not encode back to them (%s); a reward model with the "
+                "policy's tokenizer scores the sampled ids",
+                100 * share,
+                batch,
+                REENCODED_MISMATCH,
+            )
 
 
 def check_reward_columns(specs: Sequence[str], prompts: Sequence[PromptExample]) -> None:

@@ -21,9 +21,10 @@ from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.causal_lm import check_causal_lm, load_causal_lm
 from proxrl.models.lora import apply_lora, is_peft_model
 from proxrl.models.scalar_head import load_score_model, unwrap_peft
-from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
+from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer, tokenizer_difference
 from proxrl.rollout.ensemble import EnsembleReward, training_score_std
 from proxrl.rollout.rewards import (
+    REENCODED_MISMATCH,
     FunctionReward,
     RewardModelReward,
     WeightedRewards,
@@ -130,9 +131,11 @@ def check_output_widths(teacher: nn.Module, actor: nn.Module, path: str) -> None
         )
 
 
-def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
+def load_rewards(cfg: OnlineConfig, policy_tokenizer: Any = None) -> WeightedRewards:
+    """The run's reward sources. ``policy_tokenizer``: the policy's, against which each reward
+    model's tokenizer is judged once here (``load_reward_model``); None scores text, as ever."""
     sources: list[Any] = []
-    members = [load_reward_model(cfg, path) for path in cfg.reward_model]
+    members = [load_reward_model(cfg, path, policy_tokenizer) for path in cfg.reward_model]
     if len(members) == 1:
         sources += members
     elif members:  # an ensemble: one source (rollout.ensemble)
@@ -143,17 +146,46 @@ def load_rewards(cfg: OnlineConfig) -> WeightedRewards:
     return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
 
 
-def load_reward_model(cfg: OnlineConfig, path: str) -> RewardModelReward:
+def reward_policy_tokenizer(cfg: OnlineConfig) -> Any:
+    """The policy's tokenizer for ``load_rewards`` (None without a reward model: only a reward
+    model reads the responses' tokens)."""
+    if not cfg.reward_model:
+        return None
+    return load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+
+
+def load_reward_model(
+    cfg: OnlineConfig, path: str, policy_tokenizer: Any = None
+) -> RewardModelReward:
+    """The reward model at ``path``. With its tokenizer the policy's (``tokenizer_difference``),
+    it scores the sampled ids; otherwise their text re-encoded, which it says in one line."""
     try:
         # A checkpoint without a score head would get a random one: PPO would chase noise.
         model = load_score_model(path, new_head=None, **cfg.loader_kwargs())
     except ProxrlError as exc:
         raise ProxrlError(f"reward_model: {exc}") from exc
     model.requires_grad_(False).eval()
+    tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
+    reads_ids = False
+    if policy_tokenizer is not None:
+        difference = tokenizer_difference(policy_tokenizer, tokenizer)
+        reads_ids = difference is None
+        if reads_ids:
+            log.info("reward_model %s: the policy's tokenizer; scores the sampled token ids", path)
+        else:
+            log.info(
+                "reward_model %s: %s than the policy's; scores the responses' text, re-encoded "
+                "(%s counts where it is not what was sampled)",
+                path,
+                difference,
+                REENCODED_MISMATCH,
+            )
     return RewardModelReward(
         model,
-        load_tokenizer(path, trust_remote_code=cfg.trust_remote_code),
+        tokenizer,
         max_tokens=cfg.max_tokens_per_micro_batch or 0,  # by default its padded batches
+        policy_tokenizer=policy_tokenizer,
+        reads_ids=reads_ids,
     )
 
 

@@ -8,7 +8,12 @@ from typing import Any, Protocol
 
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.roles import Models, load_models, load_rewards
+from proxrl.algos.online.roles import (
+    Models,
+    load_models,
+    load_rewards,
+    reward_policy_tokenizer,
+)
 from proxrl.algos.online.samplers import make_engine
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.rewards import WeightedRewards
@@ -37,7 +42,7 @@ class LocalPlacement:
     """Every role in this process, loaded as ``roles`` loads them; the run's own sampler."""
 
     def rewards(self, cfg: OnlineConfig) -> WeightedRewards:
-        return load_rewards(cfg)
+        return load_rewards(cfg, reward_policy_tokenizer(cfg))
 
     def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
         return load_models(cfg, algo)

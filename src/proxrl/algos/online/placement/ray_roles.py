@@ -30,7 +30,7 @@ from proxrl.algos.online.placement.ray_weights import (
     ProcessGroupWeights,
     WeightReceiver,
 )
-from proxrl.algos.online.roles import load_rewards, place_rewards
+from proxrl.algos.online.roles import load_rewards, place_rewards, reward_policy_tokenizer
 from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.data.batching import pad_left, pad_to
 from proxrl.models.causal_lm import load_causal_lm
@@ -70,7 +70,7 @@ class RewardActor(RoleActor):
     def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
         join_paths(paths)
         try:
-            self.rewards = load_rewards(cfg)
+            self.rewards = load_rewards(cfg, reward_policy_tokenizer(cfg))
             place_rewards(self.rewards, dist.device())
         except ProxrlError as error:
             self.error = str(error)
