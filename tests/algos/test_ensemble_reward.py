@@ -66,7 +66,8 @@ def test_the_ensemble_is_one_source_scoring_standardised_members(members, combin
     rewards = load_rewards(cfg)
     (source,) = rewards.sources
     assert isinstance(source, EnsembleReward)
-    total, parts = rewards(PROMPTS, COMPLETIONS, {})
+    scored = rewards(PROMPTS, COMPLETIONS, {})
+    total, parts = scored.total, scored.parts
     z = member_scores(members)
     mean, spread = z.mean(0), z.std(0, correction=0)
     expected = {"mean": mean, "min": z.min(0).values, "mean_minus_std": mean - 0.5 * spread}
@@ -119,21 +120,22 @@ def test_a_member_trained_elsewhere_is_calibrated_on_its_first_batch(members, ba
     first = raw(PROMPTS, COMPLETIONS, {}).double()
     mean, std = first.mean().item(), first.std(correction=0).item()
     assert std > 0
-    _, parts = rewards(PROMPTS, COMPLETIONS, {})
+    parts = rewards(PROMPTS, COMPLETIONS, {}).parts
     assert parts["reward/reward_model_1"] == pytest.approx(0.0, abs=1e-6)
     assert parts["reward/reward_model_1_calibrated_mean"] == pytest.approx(mean, rel=1e-6)
     assert parts["reward/reward_model_1_calibrated_std"] == pytest.approx(std, rel=1e-6)
     assert "reward/reward_model_0_calibrated_std" not in parts  # member 0 has its own scale
-    total, parts = rewards(PROMPTS_2, BATCH_2, {})
+    scored = rewards(PROMPTS_2, BATCH_2, {})
+    total, parts = scored.total, scored.parts
     second = (raw(PROMPTS_2, BATCH_2, {}).double() - mean) / std
     assert parts["reward/reward_model_1"] == pytest.approx(second.mean().item(), abs=1e-6)
     assert parts["reward/reward_model_1_calibrated_std"] == pytest.approx(std, rel=1e-6)
 
     resumed = load_rewards(cfg)
     resumed.sources[0].load_state_dict(ensemble.state_dict())
-    again, _ = resumed(PROMPTS_2, BATCH_2, {})
+    again = resumed(PROMPTS_2, BATCH_2, {}).total
     torch.testing.assert_close(again, total, rtol=0, atol=0)
-    fresh, _ = load_rewards(cfg)(PROMPTS_2, BATCH_2, {})  # calibrated on this batch instead
+    fresh = load_rewards(cfg)(PROMPTS_2, BATCH_2, {}).total  # calibrated on this batch instead
     assert not torch.allclose(fresh, total, atol=1e-3)
 
 

@@ -197,16 +197,19 @@ def test_none_is_not_applicable_as_in_trl():
         [FunctionReward("m:math_only", math_only), FunctionReward("m:code_only", code_only)],
         [1.0, 2.0],
     )
-    total, parts = rewards(PROMPTS, COMPLETIONS, COLUMNS)
-    assert total.tolist() == [1.0, 0.5]
-    assert parts == {"reward/math_only": 1.0, "reward/code_only": 0.25}
+    scored = rewards(PROMPTS, COMPLETIONS, COLUMNS)
+    assert scored.total.tolist() == [1.0, 0.5]
+    assert scored.parts == {"reward/math_only": 1.0, "reward/code_only": 0.25}
+    # what GDPO combines itself: each source's scores (None as 0) and the weights
+    assert scored.per_source.tolist() == [[1.0, 0.0], [0.0, 0.25]]
+    assert scored.weights == (1.0, 2.0)
 
 
 def test_none_everywhere_scores_zero_and_nan_is_still_refused():
-    total, parts = WeightedRewards(
-        [FunctionReward("m:f", lambda completions, **kw: [None] * 2)], [1.0]
-    )(PROMPTS, COMPLETIONS, COLUMNS)
-    assert total.tolist() == [0.0, 0.0] and parts == {}
+    scored = WeightedRewards([FunctionReward("m:f", lambda completions, **kw: [None] * 2)], [1.0])(
+        PROMPTS, COMPLETIONS, COLUMNS
+    )
+    assert scored.total.tolist() == [0.0, 0.0] and scored.parts == {}
     with pytest.raises(ProxrlError, match="returned nan for prompt index 0"):
         _score(lambda completions, **kw: [math.nan, 0.0])
 
@@ -214,8 +217,9 @@ def test_none_everywhere_scores_zero_and_nan_is_still_refused():
 def test_none_warns_once_and_no_source_never_warns(caplog):
     """An environment's reward alone (no source) is not 'every function returned None'."""
     with caplog.at_level("WARNING", logger="proxrl"):
-        total, _ = WeightedRewards([], [])(PROMPTS, COMPLETIONS, COLUMNS)
-        assert total.tolist() == [0.0, 0.0] and "returned None" not in caplog.text
+        scored = WeightedRewards([], [])(PROMPTS, COMPLETIONS, COLUMNS)
+        assert scored.total.tolist() == [0.0, 0.0] and "returned None" not in caplog.text
+        assert scored.per_source.shape == (2, 0)
         rewards = WeightedRewards(
             [FunctionReward("m:f", lambda completions, **kw: [None] * 2)], [1.0]
         )
@@ -259,3 +263,17 @@ def test_a_missing_column_stops_before_the_first_update(tiny_lm, word_prompts, t
         "prompt data's columns: word)"
     )
     assert not (tmp_path / "metrics.jsonl").exists()  # (checked before the run starts)
+
+
+def test_an_episodes_reward_is_one_more_source_of_weight_one():
+    """An environment's reward joins the record as a source: added to the total, a column of
+    per_source with weight 1 (GDPO normalises it apart), its mean and the episode's metrics
+    logged."""
+    scored = WeightedRewards([FunctionReward("m:f", lambda completions, **kw: [1.0, 3.0])], [0.5])(
+        PROMPTS, COMPLETIONS, COLUMNS
+    )
+    both = scored.with_source("environment", torch.tensor([2.0, 0.0]), {"episode/turns_mean": 2})
+    assert both.total.tolist() == [2.5, 1.5]
+    assert both.per_source.tolist() == [[1.0, 2.0], [3.0, 0.0]]
+    assert both.weights == (0.5, 1.0)
+    assert both.parts == {"reward/f": 2.0, "reward/environment": 1.0, "episode/turns_mean": 2}

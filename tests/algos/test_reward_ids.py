@@ -59,7 +59,8 @@ def _rewards(tiny_lm: str, *paths: str):
 def _call(rewards, ids: list[list[int]], tokenizer):
     completions = [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
     columns = with_extras({}, ids, TrainerState())
-    return rewards(PROMPTS[: len(ids)], completions, columns)
+    scored = rewards(PROMPTS[: len(ids)], completions, columns)
+    return scored.total, scored.parts
 
 
 @torch.no_grad()

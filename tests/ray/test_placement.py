@@ -225,18 +225,32 @@ def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
 ):
     """The reward actor killed: the trainer's call to it fails naming the reward actor. A role
     that died under a call no stand-in names (here: the driver waits on a live actor whose call
-    to a killed one failed) is reported as one the trainer called, not as the trainer."""
+    to a killed one failed) is reported as one the trainer called, not as the trainer. Alive,
+    it gives the local role's record."""
     from proxrl.algos.online.placement.ray_group import wait_forwarding_signals
     from proxrl.algos.online.placement.ray_roles import RemoteRewards, RewardActor
+    from proxrl.algos.online.roles import load_rewards
     from proxrl.data.formats import PromptExample
 
-    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    sources = (
+        "tests.algos.online_rewards:target_fraction",
+        "tests.algos.online_rewards:echoes_word",
+    )
+    cfg = config(
+        tiny_lm, prompts, tmp_path, placement="ray", reward_fn=sources, reward_weights=(1.0, 0.5)
+    )
     handle = local_ray.remote(RewardActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
     rewards = RemoteRewards(handle, str(tmp_path))
-    prompt = [PromptExample("say: abc ->", None, "p:1")]
-    scores, _ = rewards(prompt, [" abc"], {})
-    assert scores.shape == (1,)
+    prompt = [PromptExample("say: abc ->", None, "p:1", {"word": "abc"})] * 2
+    columns = {"word": ["abc", "abc"]}
+    # the remote role gives the record the local one gives, every source's scores included
+    # (an estimator that combines them itself, GDPO, reads them there)
+    remote = rewards(prompt, [" abc", " xyz"], columns)
+    local = load_rewards(cfg)(prompt, [" abc", " xyz"], columns)
+    assert remote.per_source.tolist() == local.per_source.tolist() == [[0.75, 1.0], [0.0, 0.0]]
+    assert remote.weights == local.weights == (1.0, 0.5)
+    assert remote.total.tolist() == local.total.tolist() and remote.parts == local.parts
     local_ray.kill(handle)
     with pytest.raises(ProxrlError, match="placement: the reward actor died.*--resume"):
         rewards(prompt, [" abc"], {})

@@ -32,8 +32,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -390,6 +390,43 @@ class RewardModelReward:
         return scores
 
 
+@dataclass(frozen=True)
+class RewardScores:
+    """What the reward sources give a batch of B responses: the one record every reward role
+    returns, local or remote (an estimator that combines the sources itself, GDPO, reads
+    ``per_source`` and ``weights`` from it, never from the role)."""
+
+    total: Tensor  # (B,) Σ_k w_k · score_k, a function's None counting 0
+    per_source: Tensor  # (B, K) each source's scores, None as 0; (B, 0) with no source
+    weights: tuple[float, ...]  # (K,) w_k
+    parts: dict[str, float]  # logged: reward/<name> means, an ensemble's members and spread
+
+    def cpu(self) -> RewardScores:
+        return replace(self, total=self.total.cpu(), per_source=self.per_source.cpu())
+
+    def with_source(self, name: str, scores: Tensor, parts: dict[str, float]) -> RewardScores:
+        """One more source of weight 1 (an episode's reward from its environment): (B,)
+        ``scores`` added to the total and as a column, its mean logged as ``reward/<name>``."""
+        return RewardScores(
+            self.total + scores,
+            torch.cat([self.per_source, scores[:, None]], dim=1),
+            (*self.weights, 1.0),
+            self.parts | {f"reward/{name}": scores.mean().item()} | parts,
+        )
+
+
+class RewardRole(Protocol):
+    """What the loop calls to score a batch, wherever the sources live: ``WeightedRewards`` in
+    the trainer's process, ``placement.ray_roles.RemoteRewards`` in a Ray actor. Both return a
+    ``RewardScores``, so a stage cannot read from one what the other lacks."""
+
+    trainer_state: TrainerState  # set each iteration; reaches reward functions via the columns
+
+    def __call__(
+        self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
+    ) -> RewardScores: ...
+
+
 @dataclass
 class WeightedRewards:
     """``Σ_k w_k · score_k``; each source's mean is logged as ``reward/<name>``. A function's
@@ -400,8 +437,6 @@ class WeightedRewards:
     warned_none: bool = False
     warned_mismatch: bool = False  # REENCODED_MISMATCH over MISMATCH_WARN_SHARE, warned
     trainer_state: TrainerState = field(default_factory=TrainerState)  # set each iteration
-    last_source_scores: Tensor | None = None  # (B, K) each source's scores of the last call
-    # (None as 0), kept for an estimator that combines them itself (GDPO)
 
     def check_columns(self, columns: Sequence[str]) -> None:
         """Each reward function's parameters against the data's column names, before training."""
@@ -411,7 +446,7 @@ class WeightedRewards:
 
     def __call__(
         self, prompts: list[PromptExample], completions: list[str], columns: dict[str, list[Any]]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> RewardScores:
         total = torch.zeros(len(completions))
         scored = torch.zeros(len(completions), dtype=torch.bool)
         parts, per_source = {}, []
@@ -424,10 +459,6 @@ class WeightedRewards:
             total = total + weight * scores.nan_to_num(0.0)
             scored |= applies
             per_source.append(scores.nan_to_num(0.0))
-        # (B, 0) with no source: an environment's reward alone
-        self.last_source_scores = (
-            torch.stack(per_source, dim=1) if per_source else total[:, None][:, :0]
-        )
         self.warn_mismatch(parts.get(REENCODED_MISMATCH, 0.0), len(completions))
         if self.sources and not scored.all() and not self.warned_none:
             self.warned_none = True
@@ -438,7 +469,9 @@ class WeightedRewards:
                 len(completions),
                 int((~scored).nonzero()[0]),
             )
-        return total, parts
+        # (B, 0) with no source: an environment's reward alone
+        stacked = torch.stack(per_source, dim=1) if per_source else total[:, None][:, :0]
+        return RewardScores(total, stacked, tuple(self.weights), parts)
 
     def warn_mismatch(self, share: float, batch: int) -> None:
         """Once per run: the reward model judged text that is not what was sampled for more

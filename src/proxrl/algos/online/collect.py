@@ -46,7 +46,7 @@ from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import at_least_float32, frozen_pass, policy_forward
 from proxrl.rollout.generation import Samples, SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
-from proxrl.rollout.rewards import WeightedRewards
+from proxrl.rollout.rewards import RewardRole
 from proxrl.runtime import distributed as dist
 
 
@@ -141,7 +141,7 @@ def collect_rollout(
     cfg: OnlineConfig,
     algo: Algorithm,
     models: Models,
-    rewards: WeightedRewards,
+    rewards: RewardRole,
     prompts: list[PromptExample],
     prompt_ids: list[list[int]],
     kl_coef: float,
@@ -305,22 +305,18 @@ def score(
     algo: Algorithm,
     models: Models,
     engine: RolloutEngine,
-    rewards: WeightedRewards,
+    rewards: RewardRole,
     sampled: Sampled,
     prompt_ids: list[list[int]],
 ) -> Scored:
     """Stage 2: the reward sources' scores, shaped; ReMax's greedy baseline."""
     columns = prompt_columns(sampled.prompts)
     samples = sampled.samples
-    raw, parts = score_responses(samples, rewards, sampled.prompts, sampled.completions, columns)
+    scored = score_responses(samples, rewards, sampled.prompts, sampled.completions, columns)
+    raw, parts = scored.total, scored.parts
     combined = None
-    if algo.combine_sources is not None:  # read before a greedy decode is scored
-        assert rewards.last_source_scores is not None
-        sources, weights = rewards.last_source_scores, list(rewards.weights)
-        environment = getattr(samples, "scores", None)  # an episode's reward: a source, weight 1
-        if environment is not None:
-            sources, weights = torch.cat([sources, environment.cpu()[:, None]], 1), [*weights, 1.0]
-        combined = algo.combine_sources(sources, weights)
+    if algo.combine_sources is not None:
+        combined = algo.combine_sources(scored.per_source, list(scored.weights))
     ended = responses_stopped(samples, models.tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
     lengths = samples.response_mask.sum(-1).cpu()
     scores = shaped_scores(cfg, raw.clone(), ended, lengths)
@@ -338,7 +334,7 @@ def greedy_baseline(
     cfg: OnlineConfig,
     models: Models,
     engine: RolloutEngine,
-    rewards: WeightedRewards,
+    rewards: RewardRole,
     prompts: list[PromptExample],
     prompt_ids: list[list[int]],
     columns: dict[str, list[Any]],
@@ -359,7 +355,7 @@ def greedy_baseline(
             with_logprobs=False,
         )
     text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
-    return score_responses(greedy, rewards, prompts, text, columns)[0]
+    return score_responses(greedy, rewards, prompts, text, columns).total
 
 
 def forward_passes(

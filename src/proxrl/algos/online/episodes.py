@@ -24,7 +24,7 @@ from proxrl.rollout.environment import (
 )
 from proxrl.rollout.generation import Sampler, Samples, SamplingSettings, stopped
 from proxrl.rollout.multiturn import EpisodeLimits, Episodes, run_episodes
-from proxrl.rollout.rewards import WeightedRewards, with_extras
+from proxrl.rollout.rewards import RewardRole, RewardScores, with_extras
 
 
 @cache
@@ -84,25 +84,23 @@ def sample_responses(
 
 def score_responses(
     samples: Samples,
-    rewards: WeightedRewards,
+    rewards: RewardRole,
     prompts: list[PromptExample],
     completions: list[str],
     columns: dict[str, list[Any]],
-) -> tuple[Tensor, dict[str, float]]:
-    """(B,) scores and their parts: the reward sources' of each completion, plus an episode's
-    reward from its environment (``reward/environment``). Reward functions also get each
-    completion's token ids and the run's ``trainer_state``, as TRL passes them."""
+) -> RewardScores:
+    """The reward sources' scores of each completion, an episode's reward from its environment
+    one more source (``reward/environment``). Reward functions also get each completion's token
+    ids and the run's ``trainer_state``, as TRL passes them."""
     mask = samples.response_mask.bool()
     ids = [row[keep].tolist() for row, keep in zip(samples.response_ids, mask, strict=True)]
     messages = samples.messages if isinstance(samples, Episodes) else None
     columns = with_extras(columns, ids, rewards.trainer_state, messages)
-    scores, parts = rewards(prompts, completions, columns)
+    scored = rewards(prompts, completions, columns)
     if isinstance(samples, Episodes):
         assert samples.scores is not None
-        scores = scores + samples.scores
-        parts["reward/environment"] = samples.scores.mean().item()
-        parts |= samples.metrics
-    return scores, parts
+        scored = scored.with_source("environment", samples.scores.cpu(), samples.metrics)
+    return scored
 
 
 def responses_stopped(samples: Samples, eos_token_id: int, max_new_tokens: int) -> Tensor:

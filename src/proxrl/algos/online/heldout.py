@@ -38,7 +38,7 @@ from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.rollout.engines import PolicySampling
 from proxrl.rollout.rewards import (
     FunctionReward,
-    WeightedRewards,
+    RewardRole,
     load_reward_function,
     with_extras,
 )
@@ -111,7 +111,7 @@ def load_eval_prompts(
 class HeldOut:
     """The held-out evaluation of one run; ``step`` after every iteration, ``finish`` at the end."""
 
-    def __init__(self, cfg: Any, tokenizer: Any, rewards: WeightedRewards, output_dir: Path):
+    def __init__(self, cfg: Any, tokenizer: Any, rewards: RewardRole, output_dir: Path):
         self.cfg = cfg
         self.rewards = rewards
         try:
@@ -135,7 +135,7 @@ class HeldOut:
 
     @classmethod
     def create(
-        cls, cfg: Any, tokenizer: Any, rewards: WeightedRewards, output_dir: Path
+        cls, cfg: Any, tokenizer: Any, rewards: RewardRole, output_dir: Path
     ) -> HeldOut | None:
         return None if cfg.eval_data is None else cls(cfg, tokenizer, rewards, output_dir)
 
@@ -208,7 +208,7 @@ class HeldOut:
         ]
         messages = [m for o in outputs for m in getattr(o, "messages", ())]  # episodes' turns
         columns = with_extras(columns, ids, self.rewards.trainer_state, messages or None)
-        reward, _ = self.rewards(self.prompts, completions, columns)
+        reward = self.rewards(self.prompts, completions, columns).total
         if cfg.environment is not None:  # and each episode's reward from its environment
             reward = reward + torch.cat([out.scores for out in outputs])  # type: ignore[attr-defined]
         score = reward if self.metric is None else self.metric(self.prompts, completions, columns)

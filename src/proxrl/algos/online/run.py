@@ -26,7 +26,7 @@ from proxrl.models.context import context_of
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.ensemble import calibrated_ensemble
 from proxrl.rollout.generation import CachedSampler, static_cache
-from proxrl.rollout.rewards import WeightedRewards, check_reward_columns
+from proxrl.rollout.rewards import RewardRole, check_reward_columns
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpointer import Restored, TrainableWeights
 from proxrl.runtime.errors import ProxrlError
@@ -63,7 +63,7 @@ class OnlineRun:
     algo: Algorithm
     models: Models  # as loaded: the rollout and the controllers read these
     train_models: Models  # the trained roles as the update runs them (FSDP-wrapped)
-    rewards: WeightedRewards
+    rewards: RewardRole
     prompts: list[PromptExample]
     prompt_ids: list[list[int]]  # each prompt encoded (chat template, tools)
     held_out: HeldOut | None
@@ -154,7 +154,7 @@ def _with_optimizers(
     cfg: OnlineConfig,
     algo: Algorithm,
     models: Models,
-    rewards: WeightedRewards,
+    rewards: RewardRole,
     prompts: list[PromptExample],
     prompt_ids: list[list[int]],
     held_out: HeldOut | None,

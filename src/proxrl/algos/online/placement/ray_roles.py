@@ -37,6 +37,7 @@ from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer
 from proxrl.rollout.forward import frozen_pass
 from proxrl.rollout.generation import Samples, SamplingSettings
+from proxrl.rollout.rewards import RewardScores, TrainerState
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 
@@ -77,24 +78,24 @@ class RewardActor(RoleActor):
 
     def score(
         self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
-    ) -> tuple[Tensor, dict[str, float]]:
-        scores, parts = self.rewards(prompts, completions, columns)
-        return scores.cpu(), parts
+    ) -> RewardScores:
+        return self.rewards(prompts, completions, columns).cpu()
 
 
 class RemoteRewards:
     """The reward actor as the loop's ``WeightedRewards``: (prompts, completions, columns) →
-    ((B,) scores, the logged parts)."""
+    ``RewardScores``, the record the local role returns."""
 
     sources: tuple[()] = ()  # placed in their actor, not by the trainer
 
     def __init__(self, handle: Any, output_dir: str) -> None:
         self.handle = handle
         self.output_dir = output_dir  # named when the actor dies
+        self.trainer_state = TrainerState()  # set each iteration; travels in the columns
 
     def __call__(
         self, prompts: list[Any], completions: list[str], columns: dict[str, list[Any]]
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> RewardScores:
         ref = self.handle.score.remote(prompts, completions, columns)
         return answer_of("the reward actor", self.output_dir, ref)
 
