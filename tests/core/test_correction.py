@@ -7,6 +7,7 @@ from proxrl.core import (
     correction_stats,
     icepop_weights,
     mis_weights,
+    mismatch_stats,
     seq_mis_weights,
     seq_tis_weights,
     tis_weights,
@@ -68,6 +69,29 @@ def test_correction_stats_by_hand():
     stats = correction_stats(trainer, sampler, mis_weights(LOG_RATIO, MASK, 2.0), MASK, 2.0)
     close(stats["masked_share"], t(0.4))
     close(stats["truncated_share"], t(0.0))
+
+
+def test_mismatch_stats_by_hand():
+    """The numbers of ``test_correction_stats_by_hand`` without weights (what the update logs
+    when the sampler's log-probs are π_old: no correction); no valid token: every stat 0."""
+    sampler = t([[math.log(0.5)] * 3] * 2)
+    trainer = sampler + LOG_RATIO
+    valid = [0.4, 1.0, 3.0, 1.5, 2.5]
+    stats = mismatch_stats(trainer, sampler, MASK)
+    assert set(stats) == {
+        "mismatch_kl",
+        "mismatch_kl_k1",
+        "is_ratio_mean",
+        "is_ratio_min",
+        "is_ratio_max",
+    }
+    close(stats["mismatch_kl"], t(sum((r - 1) - math.log(r) for r in valid) / 5))
+    close(stats["mismatch_kl_k1"], t(sum(-math.log(r) for r in valid) / 5))
+    close(stats["is_ratio_mean"], t(1.68))
+    close(stats["is_ratio_min"], t(0.4))
+    close(stats["is_ratio_max"], t(3.0))
+    empty = mismatch_stats(trainer, sampler, MASK * 0)
+    assert all(float(value) == 0.0 for value in empty.values())
 
 
 def test_combine_correction_stats_by_hand():

@@ -75,21 +75,18 @@ def icepop_weights(log_ratio: Tensor, mask: Tensor, low: float, high: float) -> 
     return torch.where((ratio >= low) & (ratio <= high), ratio, 0.0)
 
 
-def correction_stats(
-    trainer_logprobs: Tensor, sampler_logprobs: Tensor, weights: Tensor, mask: Tensor, cap: float
+def mismatch_stats(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor
 ) -> dict[str, Tensor]:
-    """What a user needs to see the mismatch, over valid tokens (scalars):
+    """How far the sampler's log-probs are from the trainer's at the sampled tokens, over valid
+    tokens (scalars; with no valid token, each is 0):
 
     - ``mismatch_kl``: k3 estimate of KL(π_s‖π_old) (tokens are drawn from π_s), ≥ 0;
     - ``mismatch_kl_k1``: mean of log π_s − log π_old (the same KL, unbiased, noisier);
-    - ``is_ratio_mean`` / ``_min`` / ``_max``: of the token ratio ρ_t before any cap;
-    - ``masked_share``: share of tokens whose weight is 0 (MIS, IcePop);
-    - ``truncated_share``: share of tokens whose weight was cut to the cap ``cap`` (TIS).
+    - ``is_ratio_mean`` / ``_min`` / ``_max``: of the token ratio ρ_t = π_old / π_s.
     """
     valid = mask.bool()
-    log_ratio = trainer_logprobs - sampler_logprobs
-    ratio = log_ratio.exp()[valid]
-    kept = weights[valid]
+    ratio = (trainer_logprobs - sampler_logprobs).exp()[valid]
     empty = ratio.numel() == 0
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
     return {
@@ -98,8 +95,27 @@ def correction_stats(
         "is_ratio_mean": zero if empty else ratio.mean(),
         "is_ratio_min": zero if empty else ratio.min(),
         "is_ratio_max": zero if empty else ratio.max(),
-        "masked_share": zero if empty else (kept == 0).to(ratio.dtype).mean(),
-        "truncated_share": zero if empty else ((kept == cap) & (kept > 0)).to(ratio.dtype).mean(),
+    }
+
+
+def correction_stats(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, weights: Tensor, mask: Tensor, cap: float
+) -> dict[str, Tensor]:
+    """What a user needs to see the mismatch and what the correction did, over valid tokens
+    (scalars): ``mismatch_stats`` (the mismatch KL, ρ_t's mean, min and max, ρ_t before any
+    cap), and
+
+    - ``masked_share``: share of tokens whose weight is 0 (MIS, IcePop);
+    - ``truncated_share``: share of tokens whose weight was cut to the cap ``cap`` (TIS).
+    """
+    kept = weights[mask.bool()]
+    stats = mismatch_stats(trainer_logprobs, sampler_logprobs, mask)
+    dtype = stats["is_ratio_mean"].dtype  # the ratio's
+    zero = torch.zeros((), dtype=dtype, device=kept.device)
+    empty = kept.numel() == 0
+    return stats | {
+        "masked_share": zero if empty else (kept == 0).to(dtype).mean(),
+        "truncated_share": zero if empty else ((kept == cap) & (kept > 0)).to(dtype).mean(),
     }
 
 

@@ -11,6 +11,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -20,6 +21,7 @@ from proxrl.algos.online.collect import old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.micro_batches import packs, token_budget
+from proxrl.algos.online.mismatch import MismatchRecord, measures_mismatch
 from proxrl.algos.online.roles import Models
 from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, entropy_bonus
 from proxrl.rollout.experience import Experience
@@ -107,12 +109,19 @@ def update(
 
     A rollout without log π_old (``experience.logprobs`` None: ``collect.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
-    computed from that forward and returned with the stats."""
+    computed from that forward and returned with the stats. A rollout whose log π_old is the
+    sampler's (``mismatch.measures_mismatch``) gets the sampler/trainer mismatch measured from
+    the forward of its first step (``rollout/mismatch_kl``, …: over that step's rows)."""
     record = check_update(cfg, experience)
+    mismatch = None
+    if record is None and measures_mismatch(cfg, algo, models.critic):
+        mismatch = MismatchRecord(experience)
     losses = Losses(
         cfg, algo, models, experience.prompt_ids.shape[1], step, loss_generator(cfg, generator)
     )
-    totals, measured, taken = _epochs(losses, experience, optimizers, generator, guard, record)
+    totals, measured, taken = _epochs(
+        losses, experience, optimizers, generator, guard, record or mismatch
+    )
     counts = ("early_stopped", "masked_steps")
     stats_out = {k: v / max(measured, 1) for k, v in totals.items() if k not in counts}
     stats_out["early_stopped"] = totals.get("early_stopped", 0.0)
@@ -123,6 +132,8 @@ def update(
     stats_out["skipped_steps"] = float(measured - taken) + masked if step.train_policy else 0.0
     if record is not None:
         stats_out |= record.metrics(experience, step.kl_coef, models.tracks_kl)
+    if mismatch is not None:
+        stats_out |= mismatch.metrics(experience)
     return stats_out
 
 
@@ -145,10 +156,11 @@ def _epochs(
     optimizers: list[torch.optim.Optimizer],
     generator: torch.Generator,
     guard: NonFiniteGuard,
-    record: OnPolicyRecord | None,
+    record: ForwardRecord | None,
 ) -> tuple[dict[str, float], int, int]:
     """``update``'s loop: the summed stats (and ``masked_steps``: the steps with nothing to
-    train on), the steps past the guard and those the policy took."""
+    train on), the steps past the guard and those the policy took. ``record`` keeps log π from
+    the forward of the first step run, the one before π moves."""
     cfg, models = losses.cfg, losses.models
     optimization = Optimization.of(models, optimizers)
     totals: dict[str, float] = defaultdict(float)
@@ -163,6 +175,7 @@ def _epochs(
             stats = optimizer_step(
                 losses, experience, minibatch, optimization, guard, record, current
             )
+            record = None  # (a later step's forward is of a π that may have moved)
             if stats is None:
                 continue
             measured += 1
@@ -210,7 +223,7 @@ def optimizer_step(
     minibatch: Tensor,
     optimization: Optimization,
     guard: NonFiniteGuard,
-    record: OnPolicyRecord | None,
+    record: ForwardRecord | None,
     old_is_current: bool = False,
 ) -> dict[str, float] | None:
     """One optimizer step on the rows ``minibatch``: this rank's micro-batches accumulated (a
@@ -236,7 +249,7 @@ def accumulate(
     experience: Experience,
     minibatch: Tensor,
     optimization: Optimization,
-    record: OnPolicyRecord | None,
+    record: ForwardRecord | None,
     old_is_current: bool = False,
 ) -> tuple[dict[str, float], CriticGradient | None]:
     """The backward of one optimizer step's rows ``minibatch`` added to the gradients (this
@@ -443,6 +456,13 @@ def clip_global_norm(
     return float(norm), float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
 
+class ForwardRecord(Protocol):
+    """What keeps log π as an optimizer step's forward computes it (``OnPolicyRecord``,
+    ``mismatch.MismatchRecord``)."""
+
+    def add(self, rows: Tensor, out: PolicyOutput) -> None: ...
+
+
 class OnPolicyRecord:
     """log π and its entropy at every rollout row as the update's forward computes them: π_old
     of a rollout that ran no pass for it, from which its π_old metrics are computed."""
@@ -476,12 +496,13 @@ class OnPolicyRecord:
 def _rows_loss(
     losses: Losses,
     experience: Experience,
-    record: OnPolicyRecord | None,
+    record: ForwardRecord | None,
     model: torch.nn.Module,
     rows: Tensor,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``terms`` on the rows ``rows`` of ``experience``, π at them kept in ``record`` (when the
-    rollout ran no pass for π_old). ``model`` is the actor (the accumulation's signature)."""
+    rollout ran no pass for π_old, or its π_old is the sampler's). ``model`` is the actor (the
+    accumulation's signature)."""
     with losses.cfg.autocast():  # the forward passes and losses; the backward runs outside
         loss, stats, out = terms(losses, experience.select(rows))
     if record is not None:

@@ -1,0 +1,196 @@
+"""The sampler/trainer mismatch of a rollout whose log π_old is the sampler's (sampler_logprobs,
+rollout_correction none: ``sampler: vllm``'s defaults), measured by the update's first
+optimizer step from its own forward (``algos/online/mismatch.py``).
+
+The cached sampler's log-probs differ from the trainer's by float32 rounding only, so a
+sampler that adds seeded noise to them (σ 0.2, the same numbers in every run) stands in for
+an engine whose numbers are not the trainer's. Settings where the first optimizer step is
+the whole rollout (8 responses, mini_batch_size 8, one epoch): the update measures every row,
+as the rollout correction's π_old pass does, so the two are directly comparable."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online.advantages import estimate
+from proxrl.algos.online.collect import collect_rollout
+from proxrl.algos.online.placement import base
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.update import Losses, UpdateStep, minibatches, policy_output, update
+from proxrl.core import mismatch_stats
+from proxrl.runtime.guard import NonFiniteGuard
+from proxrl.runtime.metrics import read_metrics
+
+STATS = ["mismatch_kl", "mismatch_kl_k1", "is_ratio_mean", "is_ratio_min", "is_ratio_max"]
+WORDS = ["abc", "def", "ghi", "jkl"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in WORDS))
+    return str(path)
+
+
+@pytest.fixture
+def noisy_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run's engine samples as before and adds N(0, 0.2²) (seed 1, float32, as the
+    sampler's own numbers) to its log-probs at the valid tokens."""
+    make_engine = base.make_engine
+
+    def noisy(cfg, tokenizer):
+        engine = make_engine(cfg, tokenizer)
+        plain = engine.sampler
+
+        class Noisy:
+            def __init__(self, model):
+                self.sampler = plain(model)
+
+            def sample(self, *args, **kwargs):
+                samples = self.sampler.sample(*args, **kwargs)
+                if samples.logprobs is not None:
+                    lp = samples.logprobs
+                    g = torch.Generator().manual_seed(1)
+                    noise = 0.2 * torch.randn(lp.shape, generator=g, dtype=lp.dtype)
+                    samples.logprobs = (lp + noise.to(lp.device)).where(
+                        samples.response_mask.bool(), 0.0
+                    )
+                return samples
+
+        engine.sampler = Noisy
+        return engine
+
+    monkeypatch.setattr(base, "make_engine", noisy)
+
+
+def _run(module, tiny_lm: str, prompts: str, out: Path, **overrides) -> dict[str, float]:
+    fields = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(out),
+        iterations=1,
+        rollout_batch_size=2,
+        group_size=4,
+        max_new_tokens=6,
+        mini_batch_size=8,  # the first optimizer step is the whole rollout
+        ppo_epochs=1,
+        grad_accum=2,  # two micro-batches: the record is filled by both
+        dtype="float64",
+        temperature=1.0,
+        learning_rate=3e-3,
+        progress=False,
+        seed=3,
+    )
+    module.train(module.Config(**(fields | overrides)))
+    (row,) = read_metrics(out)
+    return row
+
+
+def test_the_update_measures_what_the_pi_old_pass_measures(
+    noisy_sampler, tiny_lm, prompts, tmp_path
+):
+    """sampler_logprobs with rollout_correction none logs rollout/mismatch_kl and the ratio
+    stats from the update's forward, equal in float64 (1e-10) to those the rollout correction's
+    π_old pass logs over the same 8 rows and the same sampled tokens."""
+    update = _run(grpo, tiny_lm, prompts, tmp_path / "update", sampler_logprobs=True)
+    corrected = _run(
+        grpo,
+        tiny_lm,
+        prompts,
+        tmp_path / "pass",
+        sampler_logprobs=True,
+        rollout_correction="tis",
+    )
+    assert update["perf/old_logprobs_pass"] == 0.0  # measured at no forward of its own
+    assert corrected["perf/old_logprobs_pass"] == 1.0
+    assert update["objective/scores"] == corrected["objective/scores"]  # the same samples
+    for stat in STATS:
+        key = f"rollout/{stat}"
+        print(f"{key}: update {update[key]:.15g}, π_old pass {corrected[key]:.15g}")
+        assert abs(update[key] - corrected[key]) <= 1e-10, key
+    assert update["rollout/mismatch_kl"] > 1e-3  # the noise is measured, not a 0 against a 0
+    assert not {"rollout/masked_share", "rollout/truncated_share"} & update.keys()  # no weights
+
+
+def test_the_metric_appears_exactly_where_pi_old_is_the_samplers(
+    noisy_sampler, tiny_lm, prompts, tmp_path
+):
+    """sampler_logprobs with rollout_correction none logs the five stats; where π_old is the
+    trainer's there is nothing to measure for free and no rollout/ metric, as before: without
+    sampler_logprobs (its own pass, or the update's first forward), and under PPO with a value
+    head, whose pass runs anyway and gives π_old."""
+    measured = _run(grpo, tiny_lm, prompts, tmp_path / "sampler", sampler_logprobs=True)
+    assert {key for key in measured if key.startswith("rollout/")} == {
+        f"rollout/{stat}" for stat in STATS
+    }
+    plain = _run(grpo, tiny_lm, prompts, tmp_path / "plain")
+    head = _run(ppo, tiny_lm, prompts, tmp_path / "head", sampler_logprobs=True, critic="head")
+    for row in (plain, head):
+        assert not [key for key in row if key.startswith("rollout/")]
+
+
+def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
+    """Two epochs of two minibatches of 4 (four steps): the update's stats are
+    ``core.mismatch_stats`` of log π at the weights it started from against the sampler's
+    (here its log-probs + seeded noise) over the rows of the first minibatch it draws, to
+    1e-10; the other four rows and the later steps, whose π has moved, are not in them."""
+    cfg = grpo.Config(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(tmp_path),
+        rollout_batch_size=2,
+        group_size=4,
+        max_new_tokens=6,
+        mini_batch_size=4,
+        ppo_epochs=2,
+        sampler_logprobs=True,
+        dtype="float64",
+        temperature=1.0,
+        learning_rate=3e-3,
+        progress=False,
+        seed=3,
+    )
+    algo = grpo.build(cfg)
+    torch.manual_seed(0)
+    models = load_models(cfg, algo)
+    examples, ids = load_prompts(cfg, models.tokenizer)
+    rewards = load_rewards(cfg)
+    experience, _, _ = collect_rollout(cfg, algo, models, rewards, examples[:2], ids[:2], 0.0, {})
+    mask = experience.loss_mask
+    noise = 0.2 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    experience = estimate(algo, experience, 0.0)
+    experience = replace(experience, logprobs=experience.logprobs + noise.to(mask.device) * mask)
+    first, second = minibatches(cfg, len(experience), torch.Generator().manual_seed(7))
+    losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], UpdateStep(0.0, True, 1))
+    with torch.no_grad():
+        rows = experience.select(first)
+        start = policy_output(losses, rows, with_entropy=False).logprobs.double()
+        expected = mismatch_stats(start, rows.logprobs.double(), rows.loss_mask)
+        rest = experience.select(second)
+        other = policy_output(losses, rest, with_entropy=False).logprobs.double()
+        elsewhere = mismatch_stats(other, rest.logprobs.double(), rest.loss_mask)
+    optimizer = torch.optim.AdamW(models.actor.parameters(), lr=cfg.learning_rate)
+    stats = update(
+        cfg,
+        algo,
+        models,
+        experience,
+        [optimizer],
+        UpdateStep(0.0, True, 1),
+        torch.Generator().manual_seed(7),
+        NonFiniteGuard(),
+    )
+    assert stats["steps"] == 4.0
+    for stat in STATS:
+        got, want = stats[f"rollout/{stat}"], float(expected[stat])
+        print(f"{stat}: update {got:.15g}, by hand {want:.15g}, other rows {elsewhere[stat]:.6g}")
+        assert abs(got - want) <= 1e-10, stat
+        assert abs(got - float(elsewhere[stat])) > 1e-6, stat  # the rows are told apart
