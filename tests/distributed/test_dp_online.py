@@ -148,6 +148,22 @@ def test_update_without_old_logprobs_on_two_processes_matches_one(tiny_lm, promp
     assert max(abs(stats1[k] - stats2[k]) for k in stats1) <= WEIGHT_TOL
 
 
+def test_sampler_mismatch_on_two_processes_matches_one(tiny_lm, prompts, tmp_path):
+    """π_old the sampler's (sampler_logprobs, no correction): the mismatch the update measures
+    on its first step (8 of 16 rows, 2 of its 4 micro-batches on each rank) is summed over
+    ranks, so 2 processes log the one process's numbers."""
+    args = [str(a) for a in ("grpo", tiny_lm, prompts, tmp_path)]
+    _one_process("make", *args, "sampler_logprobs=true")
+    _one_process("update", *args, "sampler_logprobs=true")
+    check(torchrun([str(SCRIPT), "update", *args, "sampler_logprobs=true"]))
+    stats1, stats2 = (
+        json.loads((tmp_path / f"world{n}_sampler_logprobs=true.json").read_text()) for n in (1, 2)
+    )
+    measured = [key for key in stats1 if key.startswith("rollout/")]
+    assert "rollout/mismatch_kl" in measured and stats1.keys() == stats2.keys()
+    assert max(abs(stats1[k] - stats2[k]) for k in measured) <= WEIGHT_TOL
+
+
 def test_grpo_on_two_processes_learns_the_task(tiny_lm, prompts, tmp_path):
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(
