@@ -76,7 +76,7 @@ def test_ppo_no_kl_stops_when_gold_falls_and_keeps_its_best(demo_sft_and_rm: Pat
     out = demo_sft_and_rm
     demo = pipeline.Config(progress=False)
     cfg = ppo.Config(
-        **pipeline.online_fields(demo, out, "ppo_no_kl"),
+        **pipeline.no_kl_fields(demo, out),
         reward_model=str(out / "rm"),
         reward_fn=(pipeline.GOLD_FN,),
         reward_weights=(1.0, 0.0),
@@ -93,7 +93,7 @@ def test_ppo_no_kl_stops_when_gold_falls_and_keeps_its_best(demo_sft_and_rm: Pat
     rows = read_metrics(out / "ppo_no_kl")
     evals = [r for r in rows if "eval/score" in r]
     stopped = rows[-1]["step"]
-    assert stopped < demo.rl_iterations, "the run was not stopped"
+    assert stopped < cfg.iterations, "the run was not stopped"
     best = max(evals, key=lambda r: r["eval/score"])
     # stopped with gold below its best and the reward model's score above its value there
     assert evals[-1]["eval/score"] < best["eval/score"] - 0.1

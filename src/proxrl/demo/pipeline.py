@@ -19,15 +19,19 @@ During RL the other signal is logged at weight 0 (the gold reward in the PPO run
 model in GRPO), so every run's metrics hold gold and proxy side by side without changing what
 it optimises.
 
-What the defaults show (benchmarks/README.md has three seeds): the rejected answers of the
-preference pairs are digits of the list, so "a bigger digit is better" already ranks every
-held-out pair correctly and the reward model learns that shortcut (held-out accuracy 1.0).
-PPO with the KL penalty stays near the SFT policy's support (digits of the list) and climbs
-from ~0.25 to ~0.7 gold; without it, PPO drifts to what the shortcut scores highest — "9"
-whatever the list, or " 9 9 9 9" with no end — and the proxy rises above every other policy's
-while gold falls. ``kl_coef`` is in reward-model units: the trained scores have a std of about
-8, so β = 3 is about 0.4 in standardised units. ``--off-list-rejects 0.1`` (some rejected
-answers outside the list) teaches the reward model the rule instead, and the gap closes.
+What the defaults show (benchmarks/results/demo_robustness.md: seeds 1-5, torch's CPU kernels,
+1 and 2 threads): the rejected answers of the preference pairs are digits of the list, so "a
+bigger digit is better" already ranks every held-out pair correctly and the reward model learns
+that shortcut (held-out accuracy 1.0). PPO with the KL penalty stays near the SFT policy's
+support (digits of the list) and climbs from ~0.25 to ~0.75 gold; without it, PPO drifts to
+what the shortcut scores highest — " 9" whatever the list, or a digit repeated with no end
+(" 9 9 9 9", " 7 7 7 7"), as the seed's reward model has it — and the proxy rises above every
+other policy's while gold falls far below PPO's. ppo_no_kl trains at its own, higher learning
+rate: at PPO's, whether it reaches that optimum within the run or stalls on " 8" depended on
+float round-off (the CPU's kernels, issue 51). ``kl_coef`` is in reward-model units: the trained
+scores have a std of about 8, so β = 3 is about 0.4 in standardised units. ``--off-list-rejects
+0.1`` (some rejected answers outside the list) teaches the reward model the rule instead, and
+the gap closes.
 """
 
 from __future__ import annotations
@@ -145,6 +149,11 @@ class Config:
     kl_coef: Annotated[float, Range(ge=0)] = 3.0
     """KL coefficient β of the PPO run, in reward-model units (its scores have a std of ~8 here);
     ppo_no_kl uses 0."""
+    no_kl_learning_rate: Annotated[float, Range(gt=0)] = 1.5e-3
+    """Policy learning rate of ppo_no_kl: at rl_learning_rate it reaches the reward model's
+    favourite (nines whatever the list) within 100 iterations on some CPUs and seeds and stalls
+    on ' 8' or ' 7' on others, as float round-off decides (issue 51); 3x faster, it gets there on
+    every one measured (benchmarks/demo_robustness.py)."""
     grpo_kl_coef: Annotated[float, Range(ge=0)] = 0.0
     """KL coefficient β of the GRPO run (in the loss, k3)."""
     max_new_tokens: Annotated[int, Range(ge=1)] = 4
@@ -367,6 +376,11 @@ def online_fields(cfg: Config, out: Path, name: str) -> dict[str, Any]:
     )
 
 
+def no_kl_fields(cfg: Config, out: Path) -> dict[str, Any]:
+    """``online_fields`` of the ppo_no_kl run: its own learning rate."""
+    return online_fields(cfg, out, "ppo_no_kl") | dict(learning_rate=cfg.no_kl_learning_rate)
+
+
 def train(cfg: Config) -> dict[str, Any]:
     """Run every stage; write ``summary.json`` and ``report.md``; return the summary."""
     # 1. Checks, the output directory and its demo_config.yaml (kept as it was on a resume).
@@ -461,7 +475,8 @@ def rl_stages(cfg: Config, out: Path, watch: Stopwatch, run_stage: StageRunner) 
         )
     with watch.stage("ppo_no_kl"):
         run_stage(
-            ppo.train, ppo.Config(**online_fields(cfg, out, "ppo_no_kl"), **ppo_fields, kl_coef=0.0)
+            ppo.train,
+            ppo.Config(**no_kl_fields(cfg, out), **ppo_fields, kl_coef=0.0),
         )
     with watch.stage("grpo"):
         run_stage(
