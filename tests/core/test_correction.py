@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import torch
 
 from proxrl.core import (
     combine_correction_stats,
@@ -47,6 +48,38 @@ def test_icepop_by_hand():
     themselves are kept (cap 2.5 keeps the 2.5)."""
     close(icepop_weights(LOG_RATIO, MASK, 0.5, 2.0), [[0.0, 1.0, 0.0], [1.5, 0.0, 0.0]])
     close(icepop_weights(LOG_RATIO, MASK, 0.5, 2.5), [[0.0, 1.0, 0.0], [1.5, 2.5, 0.0]])
+
+
+def test_the_caps_themselves_are_kept_by_hand():
+    """A ratio exactly at a bound is inside it (exp(log 2) == 2 and exp(log 0.4) == 0.4 in
+    float64): MIS keeps ρ_t = C = 2, sequence MIS keeps ρ(y) = 2 · 1 = C, IcePop keeps ρ_t = α =
+    0.4 (and, as test_icepop_by_hand shows, β)."""
+    log_ratio, mask = t([[math.log(2.0), 0.0]]), t([[1.0, 1.0]])
+    assert mis_weights(log_ratio, mask, 2.0).tolist() == [[2.0, 1.0]]
+    assert seq_mis_weights(log_ratio, mask, 2.0).tolist() == [[2.0, 2.0]]
+    close(icepop_weights(LOG_RATIO, MASK, 0.4, 2.0), [[0.4, 1.0, 0.0], [1.5, 0.0, 0.0]])
+
+
+def test_correction_stats_of_a_rollout_without_valid_tokens_are_zeros():
+    """A rank whose rows are all padding: no token, so every stat is 0 (not the nan of an empty
+    mean nor the error of an empty min), a float64 scalar for a float64 rollout, whatever sits
+    in the padding."""
+    sampler = t([[math.log(0.5)] * 3] * 2)
+    trainer = sampler + LOG_RATIO
+    empty = torch.zeros_like(MASK)
+    stats = correction_stats(trainer, sampler, tis_weights(LOG_RATIO, empty, 2.0), empty, 2.0)
+    assert set(stats) == {
+        "mismatch_kl",
+        "mismatch_kl_k1",
+        "is_ratio_mean",
+        "is_ratio_min",
+        "is_ratio_max",
+        "masked_share",
+        "truncated_share",
+    }
+    for key, value in stats.items():
+        assert value.shape == () and value.dtype == torch.float64, key
+        assert value.item() == 0.0, key
 
 
 def test_correction_stats_by_hand():
@@ -109,6 +142,32 @@ def test_combine_correction_stats_by_hand():
     assert combined["is_ratio_min"] == 0.4
     assert combined["is_ratio_max"] == 3.0
     assert combine_correction_stats(parts[2:], [0.0]) == parts[2]
+
+
+def test_combine_counts_a_shard_of_one_token():
+    """Shards of 1 and 3 tokens: ratio mean (2·1 + 1·3)/4 = 1.25; the one-token shard's ratio
+    (0.25) is the least and its 4.0 the greatest of the whole."""
+    parts = [
+        {"is_ratio_mean": 2.0, "is_ratio_min": 0.25, "is_ratio_max": 4.0},
+        {"is_ratio_mean": 1.0, "is_ratio_min": 0.5, "is_ratio_max": 1.5},
+    ]
+    assert combine_correction_stats(parts, [1.0, 3.0]) == {
+        "is_ratio_mean": 1.25,
+        "is_ratio_min": 0.25,
+        "is_ratio_max": 4.0,
+    }
+
+
+def test_combine_of_one_shard_is_that_shard():
+    part = {"is_ratio_mean": 1.5, "is_ratio_min": 0.5, "is_ratio_max": 3.0}
+    assert combine_correction_stats([part], [2.0]) == part
+
+
+def test_combine_refuses_shards_and_counts_of_different_lengths():
+    """One count for two shards is a caller's bug: refused, not a silent drop of a shard."""
+    part = {"is_ratio_mean": 1.0, "is_ratio_min": 1.0, "is_ratio_max": 1.0}
+    with pytest.raises(ValueError, match="zip"):
+        combine_correction_stats([part, part], [1.0])
 
 
 def test_combined_shards_equal_the_whole_rollout():

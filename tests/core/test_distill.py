@@ -60,9 +60,50 @@ def test_the_endpoints_are_the_two_kls_by_hand_values():
 
 
 def test_temperature_divides_both_logits():
-    """T = 2: the teacher's logits (ln 2, 0) give (2/3, 1/3); the student's stay uniform:
-    KL(π‖π_T) = ½ ln(0.75) + ½ ln(1.5) = ½ ln 1.125."""
+    """T = 2 on a non-uniform student and teacher: the student's logits (ln 4, 0) become (ln 2, 0),
+    π = (2/3, 1/3); the teacher's (0, ln 4) become (0, ln 2), π_T = (1/3, 2/3). Reverse and
+    forward KL are both ⅔ ln 2 − ⅓ ln 2 = ⅓ ln 2; at β = ½, M = (½, ½) and each side's KL is
+    ⅓ ln ⅔ + ⅔ ln ⁴⁄₃. (A student multiplied by T, π = (16/17, 1/17), gives other numbers; with
+    the uniform student of the cases above, no temperature changes the student.)"""
+    student, teacher = t([math.log(4.0), 0.0]), t([0.0, math.log(4.0)])
+    pi, pi_t, m = (2 / 3, 1 / 3), (1 / 3, 2 / 3), (0.5, 0.5)
+    cases = {0.0: kl(pi_t, pi), 1.0: kl(pi, pi_t), 0.5: 0.5 * kl(pi_t, m) + 0.5 * kl(pi, m)}
+    assert math.isclose(cases[1.0], math.log(2) / 3, rel_tol=1e-12)
+    assert math.isclose(cases[0.5], math.log(2 / 3) / 3 + 2 * math.log(4 / 3) / 3, rel_tol=1e-12)
+    for beta, expected in cases.items():
+        close(generalized_jsd(student, teacher, beta, temperature=2.0), expected)
+        close(
+            chunked_generalized_jsd(student[None, None], teacher[None, None], beta, 2.0),
+            [[expected]],
+        )
+    # the uniform student and the teacher (ln 4, 0) at T = 2: π_T = (2/3, 1/3), ½ ln 1.125
     close(generalized_jsd(STUDENT, TEACHER, 1.0, temperature=2.0), 0.5 * math.log(1.125))
+
+
+def test_a_zero_probability_contributes_nothing():
+    """A −inf logit (a masked vocabulary entry) is a probability of exactly 0, which adds 0 to a
+    KL (0·log 0 = 0), not nan. Student (0, 0, −inf): π = (½, ½, 0); teacher (ln 4, 0, ln 5):
+    π_T = (0.4, 0.1, 0.5). KL(π‖π_T) = ½ ln 1.25 + ½ ln 5; with the roles swapped (β = 0:
+    KL(π_T‖π), the teacher's 0 in the sum) the same number."""
+    student = t([0.0, 0.0, -math.inf])
+    teacher = t([math.log(4.0), 0.0, math.log(5.0)])
+    expected = 0.5 * math.log(1.25) + 0.5 * math.log(5.0)
+    close(generalized_jsd(student, teacher, 1.0), expected)
+    close(generalized_jsd(teacher, student, 0.0), expected)
+
+
+def test_low_precision_logits_are_computed_in_float32():
+    """bf16 logits (exact: student (2, 0), teacher (0, 0)) give float32 divergences computed in
+    float32: KL(π‖uniform) = Σ π ln(2π), π = (e²/(1+e²), 1/(1+e²)), to float32's rounding (a bf16
+    log-softmax is off by ~1e-3)."""
+    student = torch.tensor([[[2.0, 0.0]]], dtype=torch.bfloat16)
+    teacher = torch.zeros(1, 1, 2, dtype=torch.bfloat16)
+    high = math.exp(2) / (1 + math.exp(2))
+    expected = sum(p * math.log(2 * p) for p in (high, 1 - high))
+    for form in (generalized_jsd, chunked_generalized_jsd):
+        value = form(student, teacher, 1.0)
+        assert value.dtype == torch.float32, form
+        assert math.isclose(value.item(), expected, rel_tol=1e-6), form
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])
@@ -153,3 +194,36 @@ def test_each_distill_loss_acts_in_exactly_one_place():
 def test_chunked_refuses_a_beta_outside_the_unit_interval():
     with pytest.raises(ValueError, match="beta must lie in"):
         chunked_generalized_jsd(STUDENT[None, None], TEACHER[None, None], 1.5)
+
+
+def test_chunked_covers_more_positions_than_vocabulary_entries():
+    """T = 3 positions over a V = 2 vocabulary, one position per chunk: each position gets its
+    own divergence (β = 1, teacher π_T = (0.8, 0.2)): students (½, ½) → ½ ln 1.5625, (0.8, 0.2)
+    → 0, (0.2, 0.8) → 0.2 ln ¼ + 0.8 ln 4 = 0.6 ln 4."""
+    student = t([[[0.0, 0.0], [math.log(4.0), 0.0], [0.0, math.log(4.0)]]])
+    teacher = TEACHER.expand(1, 3, 2)
+    values = chunked_generalized_jsd(student, teacher, 1.0, chunk_size=1)
+    close(values, [[0.5 * math.log(1.5625), 0.0, 0.6 * math.log(4.0)]])
+
+
+def test_chunked_refuses_logits_of_different_shapes_naming_both():
+    """A teacher with a larger vocabulary than the student's is refused, with both shapes."""
+    with pytest.raises(ValueError) as refused:
+        chunked_generalized_jsd(STUDENT[None, None], t([[[0.0, 0.0, 0.0]]]), 1.0)
+    assert str(refused.value) == (
+        "student and teacher logits differ in shape: (1, 1, 2) vs (1, 1, 3)"
+    )
+
+
+def test_the_chunked_form_without_a_student_gradient_allocates_no_gradient_buffer():
+    """A student that needs no gradient (evaluation): nothing larger than a chunk's working set is
+    allocated (the gradient buffer of test_the_chunked_form_holds_no_batch_sized_copy is not
+    made); the values are the whole form's."""
+    B, T, V, chunk = 2, 32, 50, 4
+    generator = torch.Generator().manual_seed(0)
+    student = torch.randn(B, T, V, dtype=torch.float64, generator=generator)
+    teacher = torch.randn(B, T, V, dtype=torch.float64, generator=generator)
+    with LargestOutputs(limit=2 * B * chunk * V + 1) as seen:
+        values = chunked_generalized_jsd(student, teacher, 0.5, chunk_size=chunk)
+    assert seen.large == []
+    close(values, generalized_jsd(student, teacher, 0.5))

@@ -91,3 +91,59 @@ def test_masks_by_name_by_hand(name):
     )
     assert math.isclose(PolicyLossSettings().m2po_tau, 0.04)
     close(keep, MASK_CASES[name])
+
+
+# Exact boundaries (issue 54's mutation check). Every value below is exact in binary, so the
+# comparisons at the boundary are exact too: a ≤ written as < (or > as ≥) fails them.
+
+
+def test_opsm_keeps_a_divergence_exactly_at_delta_and_a_zero_advantage():
+    """log μ − log π = (0.5, 0.25): mean 0.375. δ = 0.375 is not exceeded: kept; δ = 0.25 is:
+    dropped. A = 0 is not negative: kept however far the sequence diverged. The keep has the
+    dtype of logprobs (float64 here), as the docstring says."""
+    old, new, mask = t([[0.0, 0.0]]), t([[-0.5, -0.25]]), t([[1, 1]])
+    negative = t([[-1.0, -1.0]])
+    at_delta = opsm_keep(new, old, negative, mask, 0.375)
+    assert at_delta.dtype == torch.float64
+    assert at_delta.tolist() == [[1.0, 1.0]]
+    assert opsm_keep(new, old, negative, mask, 0.25).tolist() == [[0.0, 0.0]]
+    assert opsm_keep(new, old, t([[0.0, -1.0]]), mask, 0.25).tolist() == [[1.0, 0.0]]
+
+
+def test_m2po_keeps_the_rest_when_its_mean_is_exactly_tau():
+    """log r = (1, 0.5): (log r)² 1, 0.25, mean 0.625 > τ = 0.25; after dropping the 1 the rest's
+    mean is 0.25 = τ: it stays. log r = (0.5, −0.5): the mean of all is 0.25 = τ: nothing goes."""
+    zeros, mask = t([[0.0, 0.0]]), t([[1, 1]])
+    assert m2po_keep(t([[1.0, 0.5]]), zeros, mask, 0.25).tolist() == [[0.0, 1.0]]
+    assert m2po_keep(t([[0.5, -0.5]]), zeros, mask, 0.25).tolist() == [[1.0, 1.0]]
+
+
+def test_m2po_squares_the_log_ratio_not_the_log_probs():
+    """log μ = (−1, −2), log π = (−1, −2.5): log r = (0, −0.5), (log r)² = (0, 0.25), mean
+    0.125 > τ = 0.1; without the 0.25 the rest is 0: only the second token goes. (log π + log μ)²
+    would be (4, 20.25) and drop both."""
+    keep = m2po_keep(t([[-1.0, -2.5]]), t([[-1.0, -2.0]]), t([[1, 1]]), 0.1)
+    assert keep.tolist() == [[1.0, 0.0]]
+
+
+def test_m2po_drops_a_single_valid_token_above_tau():
+    """One valid token, (log r)² = 1 > τ = 0.5: the rest after it is empty, so it goes (its
+    padded neighbour is kept, as padding always is)."""
+    keep = m2po_keep(t([[1.0, 7.0]]), t([[0.0, 0.0]]), t([[1, 0]]), 0.5)
+    assert keep.tolist() == [[0.0, 1.0]]
+
+
+def test_m2po_drops_every_valid_token_when_no_rest_is_inside():
+    """(log r)² = 1, 1, 0.25 and τ = 0.1: the rests' means 0.75, 0.625, 0.25 all exceed τ, so all
+    three go."""
+    keep = m2po_keep(t([[1.0, -1.0, 0.5]]), t([[0.0, 0.0, 0.0]]), t([[1, 1, 1]]), 0.1)
+    assert keep.tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_m2po_breaks_many_ties_by_position():
+    """Row 0: 20 tokens of (log r)² = 1; row 1: 20 of 0. τ = 0.25: dropping k of the 1s leaves
+    (20 − k)/(40 − k), ≤ 0.25 first at k = 14 (6/26; k = 13 leaves 7/27 > 0.25). The 14 dropped
+    are the first 14 by position. (torch's unstable CPU sort orders 17 or more ties otherwise.)"""
+    new = t([[1.0, -1.0] * 10, [0.0] * 20])
+    keep = m2po_keep(new, torch.zeros_like(new), torch.ones_like(new), 0.25)
+    assert keep.tolist() == [[0.0] * 14 + [1.0] * 6, [1.0] * 20]
