@@ -163,7 +163,7 @@ class Choice:
         values = value if isinstance(value, list | tuple) else (value,)
         spelled = dict(self.spellings)
         names = (spelled.get(v, v) for v in values)
-        return tuple(n for n in names if n in self.registry)
+        return tuple(n for n in names if isinstance(n, str) and n in self.registry)
 
 
 @dataclass(frozen=True, eq=False)
