@@ -7,6 +7,7 @@ imports it before creating the group."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,3 +42,19 @@ def test_a_launched_rank_ends_in_main_after_its_exit_handlers_with_its_output(tm
         assert written.get(f"{rank}_last_handler") == "True", written
         assert written.get(f"{rank}_first_handler") == "False", written
     assert not any(name.count("main_returned") for name in written), written
+
+
+def test_main_returns_in_a_process_no_launcher_started_even_with_a_group_of_one(tmp_path):
+    """vLLM makes a process group of one in the trainer's process: ``cli.main`` (called
+    in-process, as the vLLM tests do) must still return, not end the process."""
+    script = (
+        "import torch.distributed as d\n"
+        f"d.init_process_group('gloo', init_method='file://{tmp_path}/store', "
+        "rank=0, world_size=1)\n"
+        "from proxrl.cli import main\n"
+        "print('returned', main(['--version']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0 and "returned 0" in result.stdout, result.stdout + result.stderr

@@ -102,7 +102,8 @@ def _shutdown() -> None:
 
 def end_launched_process(exit_code: int) -> None:
     """End this rank of a launched run now, with ``exit_code``; return at once in a process
-    with no group (a one-process run ends as usual).
+    that no launcher started (a one-process run ends as usual, even where a library made a
+    group of one, as vLLM does, and ``cli.main`` called in-process returns).
 
     destroy_process_group cannot stop gloo's threads once FSDP2 has run: torch keeps each device
     mesh, and with it the group, in module-level caches (DTensor's sharding and redistribution
@@ -111,7 +112,7 @@ def end_launched_process(exit_code: int) -> None:
     without an active exception"). So Python's exit handlers run here (``_shutdown`` among
     them: the ranks still leave the group together), the streams are flushed, and the process
     ends without C++ static teardown."""
-    if not (torch_dist.is_available() and torch_dist.is_initialized()):
+    if _env_world_size() <= 1 or not (torch_dist.is_available() and torch_dist.is_initialized()):
         return
     atexit._run_exitfuncs()  # logging's, the trackers', proxrl's own: nothing is skipped
     for stream in (sys.stdout, sys.stderr):
