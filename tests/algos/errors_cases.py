@@ -1482,24 +1482,22 @@ CASES: list[Case] = [
     Case(
         "every unknown key of a config file at once (a TRL config)",
         ("grpo", "--config", "configs/trl_names.yaml"),
-        "proxrl grpo: error: config file configs/trl_names.yaml: 3 unknown keys\n"
-        "  max_steps: in TRL it counts optimizer steps; ppo and grpo count iterations (a rollout "
-        "and its updates): iterations\n"
-        "  num_train_epochs: in TRL it counts passes over the prompts; ppo and grpo count "
-        "iterations (rollout_batch_size prompts each): iterations\n"
-        "  lr_scheduler_type; did you mean lr_schedule?",
+        "proxrl grpo: error: config file configs/trl_names.yaml: 3 unknown keys: max_steps (in "
+        "TRL it counts optimizer steps; ppo and grpo count iterations (a rollout and its "
+        "updates): iterations); num_train_epochs (in TRL it counts passes over the prompts; ppo "
+        "and grpo count iterations (rollout_batch_size prompts each): iterations); "
+        "lr_scheduler_type (did you mean lr_schedule?)",
     ),
     Case(
         "unknown keys and unknown options together",
         ("grpo", "--config", "configs/trl_names.yaml", "--loss-typo", "grpo"),
-        "proxrl grpo: error: 4 unknown keys and options\n"
-        "  config file configs/trl_names.yaml: max_steps: in TRL it counts optimizer steps; ppo "
-        "and grpo count iterations (a rollout and its updates): iterations\n"
-        "  config file configs/trl_names.yaml: num_train_epochs: in TRL it counts passes over "
-        "the prompts; ppo and grpo count iterations (rollout_batch_size prompts each): "
-        "iterations\n"
-        "  config file configs/trl_names.yaml: lr_scheduler_type; did you mean lr_schedule?\n"
-        "  --loss-typo; did you mean --kl-loss-type?",
+        "proxrl grpo: error: 4 unknown keys and options: config file configs/trl_names.yaml: "
+        "max_steps (in TRL it counts optimizer steps; ppo and grpo count iterations (a rollout "
+        "and its updates): iterations); config file configs/trl_names.yaml: num_train_epochs "
+        "(in TRL it counts passes over the prompts; ppo and grpo count iterations "
+        "(rollout_batch_size prompts each): iterations); config file configs/trl_names.yaml: "
+        "lr_scheduler_type (did you mean lr_schedule?); --loss-typo (did you mean "
+        "--kl-loss-type?)",
     ),
     Case(
         "an option given under its own and another library's name",
@@ -1897,10 +1895,10 @@ API_CASES: list[ApiCase] = [
     ApiCase(
         "several unknown options, one of them another library's",
         'proxrl.sft(model="model", data=rows, max_step=3, per_device_train_batch_size=2)',
-        "proxrl.sft(): 2 unknown keys\n  max_step; did you mean max_steps?\n"
-        "  per_device_train_batch_size: in TRL it counts per device; proxrl's batch_size (sft, "
+        "proxrl.sft(): 2 unknown keys: max_step (did you mean max_steps?); "
+        "per_device_train_batch_size (in TRL it counts per device; proxrl's batch_size (sft, "
         "rm, dpo) and mini_batch_size (ppo, grpo: responses per optimizer step) count all "
-        "processes together",
+        "processes together)",
     ),
     ApiCase(
         "an option given under its own and another library's name",

@@ -271,10 +271,10 @@ def _hint(name: str, table: dict[str, FieldSpec], flag: bool) -> str:
 
 
 def _unknown(names: list[tuple[str, str]], table: dict[str, FieldSpec]) -> ProxrlError:
-    """One error for every unknown name, (where, name): ``where`` a file's (or mapping's) prefix,
-    '' for a flag. One name: one line; several: a header line, then one line each."""
+    """One error, one line, for every unknown name, (where, name): ``where`` a file's (or
+    mapping's) prefix, '' for a flag; a name given twice is named once."""
     rows = []
-    for where, name in names:
+    for where, name in dict.fromkeys(names):
         key = name.replace("-", "_")
         shown = "--" + key.replace("_", "-") if not where else name
         ok = shown.isprintable() and shown == shown.strip() and name
@@ -287,14 +287,17 @@ def _unknown(names: list[tuple[str, str]], table: dict[str, FieldSpec]) -> Proxr
     places = {where for where, _, _ in rows}
     if len(places) > 1:
         head = f"{len(rows)} unknown keys and options"
-        lines = [
-            f"{where}: {shown}{hint}" if where else f"{shown}{hint}" for where, shown, hint in rows
-        ]
+        items = [f"{where}: {shown}" if where else shown for where, shown, _ in rows]
     else:
         where = places.pop()
         head = f"{where}: {len(rows)} unknown keys" if where else f"{len(rows)} unknown options"
-        lines = [f"{shown}{hint}" for _, shown, hint in rows]
-    return ProxrlError("\n  ".join([head, *lines]))
+        items = [shown for _, shown, _ in rows]
+    # each hint in brackets after its name ("; did you mean x?" → "(did you mean x?)")
+    items = [
+        f"{item} ({hint[2:]})" if hint else item
+        for item, (_, _, hint) in zip(items, rows, strict=True)
+    ]
+    return ProxrlError(f"{head}: " + "; ".join(items))
 
 
 def _foreign_help(table: dict[str, FieldSpec]) -> str:
