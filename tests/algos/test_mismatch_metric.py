@@ -1,6 +1,8 @@
-"""The sampler/trainer mismatch of a rollout whose log π_old is the sampler's (sampler_logprobs,
-rollout_correction none: ``sampler: vllm``'s defaults), measured by the update's first
-optimizer step from its own forward (``algos/online/mismatch.py``).
+"""The sampler/trainer mismatch: of a rollout whose log π_old is the sampler's (sampler_logprobs,
+rollout_correction none), measured by the update's first optimizer step from its own forward
+(``algos/online/mismatch.py``); and where π_old is the trainer's (``sampler: vllm``'s defaults),
+the log-probs of an engine with kernels of its own measured against the trainer's π_old pass, or
+against the update's forward where that pass is skipped (``OldPolicySource.measured``).
 
 The cached sampler's log-probs differ from the trainer's by float32 rounding only, so a
 sampler that adds seeded noise to them (σ 0.2, the same numbers in every run) stands in for
@@ -22,8 +24,10 @@ from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import base
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.algos.online.update import Losses, UpdateStep, minibatches, policy_output, update
 from proxrl.core import mismatch_stats
+from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 
@@ -44,8 +48,8 @@ def noisy_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
     sampler's own numbers) to its log-probs at the valid tokens."""
     make_engine = base.make_engine
 
-    def noisy(cfg, tokenizer):
-        engine = make_engine(cfg, tokenizer)
+    def noisy(cfg, tokenizer, engines=None):
+        engine = make_engine(cfg, tokenizer, engines)
         plain = engine.sampler
 
         class Noisy:
@@ -67,6 +71,18 @@ def noisy_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
         return engine
 
     monkeypatch.setattr(base, "make_engine", noisy)
+
+
+@pytest.fixture
+def own_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in samplers taken for engines with kernels of their own (``ENGINES``' trait
+    ``own_kernels``, vLLM's): the main environment has no vLLM."""
+    trait = ENGINES.trait
+    monkeypatch.setattr(
+        ENGINES,
+        "trait",
+        lambda name, key, default=False: key == "own_kernels" or trait(name, key, default),
+    )
 
 
 def _run(module, tiny_lm: str, prompts: str, out: Path, **overrides) -> dict[str, float]:
@@ -194,3 +210,120 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
         print(f"{stat}: update {got:.15g}, by hand {want:.15g}, other rows {elsewhere[stat]:.6g}")
         assert abs(got - want) <= 1e-10, stat
         assert abs(got - float(elsewhere[stat])) > 1e-6, stat  # the rows are told apart
+
+
+class NoisyRecording:
+    """``make_engine``'s engine whose sampler adds N(0, 0.2²) (seed 1) to its log-probs at the
+    valid tokens, as ``noisy_sampler``, and keeps what it returned."""
+
+    def __init__(self, cfg, tokenizer):
+        self.engine, self.samples = make_engine(cfg, tokenizer), []
+
+    def sampler(self, model):
+        plain, samples = self.engine.sampler(model), self.samples
+
+        class Sampler:
+            def sample(self, *args, **kwargs):
+                out = plain.sample(*args, **kwargs)
+                noise = 0.2 * torch.randn(
+                    out.logprobs.shape, generator=torch.Generator().manual_seed(1)
+                )
+                out.logprobs = (out.logprobs + noise).where(out.response_mask.bool(), 0.0)
+                samples.append(out)
+                return out
+
+        return Sampler()
+
+
+def test_an_engine_of_its_own_is_measured_against_the_trainers_pass(
+    own_kernels, tiny_lm, prompts, tmp_path
+):
+    """Without sampler_logprobs, an engine with kernels of its own is asked for the sampled
+    tokens' log-probs; the rollout logs ``core.mismatch_stats`` of the trainer's π_old pass
+    against them, equal in float64 (1e-10) to those of an independent forward of the policy over
+    the same batch against the log-probs the sampler returned. π_old stays the pass's."""
+    cfg = grpo.Config(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(tmp_path),
+        rollout_batch_size=2,
+        group_size=4,
+        max_new_tokens=6,
+        mini_batch_size=4,  # two optimizer steps: the rollout runs the π_old pass
+        dtype="float64",
+        temperature=1.0,
+        progress=False,
+        seed=3,
+    )
+    algo = grpo.build(cfg)
+    torch.manual_seed(0)
+    models = load_models(cfg, algo)
+    examples, ids = load_prompts(cfg, models.tokenizer)
+    engine = NoisyRecording(cfg, models.tokenizer)
+    experience, _, metrics = collect_rollout(
+        cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.0, {}, engine
+    )
+    (sampled,) = engine.samples
+    assert sampled.logprobs is not None  # asked for, though sampler_logprobs is off
+    with torch.no_grad():
+        trainer = policy_forward(
+            models.actor,
+            experience.input_ids,
+            experience.attention_mask,
+            experience.prompt_ids.shape[1],
+            cfg.temperature,
+        ).logprobs.double()
+    mask = experience.loss_mask
+    assert torch.allclose(experience.logprobs * mask, trainer * mask, rtol=0, atol=1e-12)
+    expected = mismatch_stats(trainer, sampled.logprobs.double(), mask)
+    assert metrics["perf/old_logprobs_pass"] == 1.0
+    for stat in STATS:
+        got, want = metrics[f"rollout/{stat}"], float(expected[stat])
+        print(f"{stat}: logged {got:.15g}, by hand {want:.15g}")
+        assert abs(got - want) <= 1e-10, stat
+    assert metrics["rollout/mismatch_kl"] > 1e-3  # the noise is measured
+
+
+def test_a_skipped_pass_measures_in_the_update_what_the_pass_measures(
+    noisy_sampler, own_kernels, tiny_lm, prompts, tmp_path
+):
+    """One optimizer step over the whole rollout with the KL in the loss: the π_old pass is
+    skipped and the update's forward, π_old, measures the engine's log-probs, equal in float64
+    (1e-10) to what the pass measures when it runs (skip_old_logprobs_pass false) and to what
+    the update measures where π_old is the sampler's (sampler_logprobs): the same five stats of
+    the same tokens, three ways."""
+    skipped = _run(grpo, tiny_lm, prompts, tmp_path / "skipped")
+    passed = _run(grpo, tiny_lm, prompts, tmp_path / "pass", skip_old_logprobs_pass=False)
+    sampler = _run(grpo, tiny_lm, prompts, tmp_path / "sampler", sampler_logprobs=True)
+    assert (skipped["perf/old_logprobs_pass"], passed["perf/old_logprobs_pass"]) == (0.0, 1.0)
+    assert skipped["objective/scores"] == passed["objective/scores"] == sampler["objective/scores"]
+    for stat in STATS:
+        key = f"rollout/{stat}"
+        print(f"{key}: update {skipped[key]:.15g}, pass {passed[key]:.15g}")
+        assert abs(skipped[key] - passed[key]) <= 1e-10, key
+        assert abs(skipped[key] - sampler[key]) <= 1e-10, key
+    assert skipped["rollout/mismatch_kl"] > 1e-3
+
+
+def test_only_an_engine_of_its_own_is_measured_and_never_a_rollouts_file(tiny_lm, prompts):
+    """Where π_old is the trainer's, the built-in samplers (the trainer's own module) are not
+    asked for log-probs; vLLM is, unless sampler_logprobs already makes them π_old; nothing is
+    sampled from a rollouts file."""
+    from types import SimpleNamespace
+
+    from proxrl.algos.online.collect import OldPolicySource
+
+    def source(**fields):
+        base = dict(model=tiny_lm, prompts=prompts, output_dir="unused")
+        cfg = grpo.Config(reward_fn=("tests.algos.online_rewards:target_fraction",), **base)
+        for name, value in fields.items():  # (a vllm config would validate against vllm)
+            object.__setattr__(cfg, name, value)
+        return OldPolicySource.of(cfg, grpo.build(cfg), SimpleNamespace(needs_hidden=False))
+
+    assert not source().measured and not source().sampler_logprobs  # cached
+    assert not source(sampler="hf").measured
+    vllm = source(sampler="vllm")
+    assert vllm.measured and vllm.sampler_logprobs and not vllm.from_sampler
+    assert not source(sampler="vllm", sampler_logprobs=True).measured  # π_old is the sampler's
+    assert not source(sampler="vllm", rollouts_file="rollouts.jsonl").measured

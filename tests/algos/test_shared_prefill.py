@@ -126,4 +126,4 @@ def test_the_config_option_reaches_the_cached_sampler(model_and_prompts):
     model, tokenizer, _ = model_and_prompts
     for flag in (False, True):
         cfg = SimpleNamespace(compile_sampler=False, shared_prefix=flag)
-        assert ENGINES["cached"](cfg, tokenizer).sampler(model).shared_prefill is flag
+        assert ENGINES["cached"](cfg, tokenizer, None).sampler(model).shared_prefill is flag

@@ -1,5 +1,6 @@
-"""One vLLM engine per module (a start costs seconds); the tiny model has head_dim 32, a size
-vLLM's CPU attention supports (the tests/algos model's 32-wide, 4-head one has 8)."""
+"""One vLLM engine for the session (a start costs seconds), kept by ``engines`` and handed to
+every run through ``train``; the tiny model has head_dim 32, a size vLLM's CPU attention
+supports (the tests/algos model's 32-wide, 4-head one has 8)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import os
 import pytest
 import torch
 
+from proxrl.algos.online.loop import train_online
+from proxrl.algos.online.placement.base import LocalPlacement
+from proxrl.algos.online.run import check_run
 from proxrl.models.tiny import build_tiny_lm
+from proxrl.rollout.vllm_sampler import EngineCache
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 CORPUS = ["abcdefghijklmnopqrstuvwxyz =.:->" * 3, "copy: abc = abc", "say: abc -> def"]
@@ -35,3 +40,23 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _quiet() -> None:
     torch.set_num_threads(1)
     logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+@pytest.fixture(scope="session")
+def engines() -> EngineCache:
+    """The session's vLLM engine, kept between its tests and runs."""
+    return EngineCache()
+
+
+@pytest.fixture
+def train(engines):
+    """``command.train(cfg)`` as a command runs it (the config and the run checked, then the
+    driver), its placement handed the session's ``engines``: the run takes the engine kept
+    there and leaves it for the test to read."""
+
+    def run(command, cfg):
+        cfg.validate()
+        check_run(cfg)
+        return train_online(cfg, command.build(cfg), LocalPlacement(engines))
+
+    return run

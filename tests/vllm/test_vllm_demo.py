@@ -29,7 +29,8 @@ TOY = [
 ]  # fmt: skip
 
 
-def test_demo_with_the_vllm_sampler_runs_end_to_end(tmp_path: Path) -> None:
+def test_demo_with_the_vllm_sampler_runs_end_to_end(tmp_path: Path, engines) -> None:
+    engines.clear()  # each of the demo's runs starts its own: one engine at a time
     out = tmp_path / "demo"
     argv = ["demo", "--output-dir", str(out), "--sampler", "vllm", "--num-heads", "2", *TOY]
     assert cli.main(argv) == 0

@@ -23,7 +23,7 @@ def teacher(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
 
 
-def test_a_teacher_scores_what_vllm_samples(tiny_lm, teacher, prompts, tmp_path: Path):
+def test_a_teacher_scores_what_vllm_samples(tiny_lm, teacher, prompts, tmp_path: Path, train):
     cfg = grpo.Config(
         model=tiny_lm,
         teacher_model=teacher,
@@ -41,8 +41,7 @@ def test_a_teacher_scores_what_vllm_samples(tiny_lm, teacher, prompts, tmp_path:
         sampler="vllm",
         vllm_gpu_memory_utilization=0.02,
     )
-    cfg.validate()
-    grpo.train(cfg)
+    train(grpo, cfg)
     rows = read_metrics(tmp_path)
     assert len(rows) == 2
     for row in rows:

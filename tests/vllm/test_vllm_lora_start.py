@@ -14,7 +14,6 @@ from proxrl.algos.online.samplers import engine_options
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
 from proxrl.rollout.engines import VLLMEngine
-from proxrl.rollout.vllm_sampler import start_engine
 from tests.vllm.test_vllm_training import _engine_matches_saved_policy, small
 
 HERE = Path(__file__).parent
@@ -22,7 +21,7 @@ HERE = Path(__file__).parent
 
 @pytest.mark.parametrize("sync", ["merged", "adapter"])
 def test_a_lora_run_from_an_adapter_directory_samples_the_adapted_policy(
-    tiny_lm, prompts, tmp_path, monkeypatch, sync
+    tiny_lm, prompts, tmp_path, monkeypatch, sync, train, engines
 ):
     """With adapter syncs the engine's base is the adapted model (the run's first sync sends the
     policy's base weights) and the new adapter is applied on it."""
@@ -45,7 +44,7 @@ def test_a_lora_run_from_an_adapter_directory_samples_the_adapted_policy(
         vllm_lora_sync=sync,
     )
 
-    grpo.train(cfg)
+    train(grpo, cfg)
 
-    assert _engine_matches_saved_policy(cfg, tmp_path / "run", kept[0]) < 1e-4
-    kept[0].close(start_engine(engine_options(cfg)))
+    assert _engine_matches_saved_policy(cfg, tmp_path / "run", engines, kept[0]) < 1e-4
+    kept[0].close(engines.get(engine_options(cfg)).llm)

@@ -22,7 +22,7 @@ from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.engines import VLLMEngine
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import SamplingSettings
-from proxrl.rollout.vllm_sampler import LORA_SYNCS, start_engine
+from proxrl.rollout.vllm_sampler import LORA_SYNCS
 from proxrl.runtime.errors import ProxrlError
 from tests.vllm.test_vllm_training import _rows, small
 
@@ -32,14 +32,13 @@ TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_lm, prompts):
+def setup(tiny_lm, prompts, engines):
     from transformers import AutoModelForCausalLM
 
     cfg = small(grpo.Config, tiny_lm, prompts, "unused", lora_r=4, vllm_lora_sync="adapter")
     tokenizer = load_tokenizer(tiny_lm)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32)
-    start_engine(engine_options(cfg))  # started once for the module (kept in the process)
-    return cfg, tokenizer, model
+    return cfg, tokenizer, model, engines
 
 
 def _prompts(tokenizer):
@@ -79,8 +78,8 @@ def _update(policy, seed: int) -> None:
 
 
 def test_adapter_syncs_score_as_the_trainer_and_keep_only_the_newest(setup):
-    cfg, tokenizer, model = setup
-    engine = VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg))
+    cfg, tokenizer, model, engines = setup
+    engine = VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg), engines)
     policy = apply_lora(copy.deepcopy(model), r=4)
     _update(policy, seed=2)
     engine.start(policy, 0)
@@ -95,7 +94,7 @@ def test_adapter_syncs_score_as_the_trainer_and_keep_only_the_newest(setup):
     _update(policy, seed=4)  # a second update: the newest adapter, not the first or second
     engine.after_update(policy, 1)
     assert _gap(engine, policy) < TOLERANCE
-    llm = engine.llm
+    llm = engine.engine.llm
     assert engine.adapters.request.lora_int_id not in (first.lora_int_id, second.lora_int_id)
     assert llm.llm_engine.list_loras() == {engine.adapters.request.lora_int_id}
     assert [p.name for p in engine.adapters.root.iterdir()] == ["v3"]  # v1, v2 deleted
@@ -111,7 +110,7 @@ def test_the_base_weights_are_sent_once_per_run(setup, monkeypatch):
     syncs the adapter alone."""
     from proxrl.rollout import vllm_sampler
 
-    cfg, tokenizer, model = setup
+    cfg, tokenizer, model, engines = setup
     sent: list[bool] = []
     reload = vllm_sampler.sync_weights
     monkeypatch.setattr(
@@ -119,7 +118,7 @@ def test_the_base_weights_are_sent_once_per_run(setup, monkeypatch):
         "sync_weights",
         lambda e, m, deltas=True: sent.append(deltas) or reload(e, m, deltas),
     )
-    engine = VLLMEngine(engine_options(cfg), tokenizer, LORA_SYNCS["adapter"])
+    engine = VLLMEngine(engine_options(cfg), tokenizer, LORA_SYNCS["adapter"], engines)
     policy = apply_lora(copy.deepcopy(model), r=4)
     _update(policy, seed=5)
     engine.start(policy, 0)
@@ -129,13 +128,13 @@ def test_the_base_weights_are_sent_once_per_run(setup, monkeypatch):
     engine.close()
 
 
-def test_a_resumed_run_samples_its_restored_adapter(tiny_lm, prompts, tmp_path, monkeypatch):
+def test_a_resumed_run_samples_its_restored_adapter(tiny_lm, prompts, tmp_path, monkeypatch, train):
     """2 + 1 iterations resumed from the iteration-2 checkpoint log what 3 straight do: the
     third rollout samples the restored adapter (a stale or missing one samples otherwise)."""
     monkeypatch.syspath_prepend(str(HERE))
     options = dict(lora_r=4, vllm_lora_sync="adapter", save_every=1, keep_checkpoints=5)
     straight = tmp_path / "straight"
-    grpo.train(small(grpo.Config, tiny_lm, prompts, straight, **options))
+    train(grpo, small(grpo.Config, tiny_lm, prompts, straight, **options))
     resumed = tmp_path / "resumed"
     shutil.copytree(straight, resumed)
     steps = sorted((resumed / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
@@ -143,7 +142,7 @@ def test_a_resumed_run_samples_its_restored_adapter(tiny_lm, prompts, tmp_path, 
     shutil.rmtree(steps[-1])
     for path in resumed.glob("*.safetensors"):
         path.unlink()
-    grpo.train(small(grpo.Config, tiny_lm, prompts, resumed, resume=True, **options))
+    train(grpo, small(grpo.Config, tiny_lm, prompts, resumed, resume=True, **options))
     assert len(_rows(straight)) == 3
     assert _rows(straight) == _rows(resumed)
 

@@ -22,7 +22,7 @@ import torch
 from proxrl.core import truncate_logits
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.generation import SamplingSettings
-from proxrl.rollout.vllm_sampler import EngineOptions, VLLMSampler, start_engine
+from proxrl.rollout.vllm_sampler import EngineOptions, VLLMSampler
 
 TOKENS = (10, 11, 12, 13)  # a, b, c, d
 PROBS = (0.4, 0.35, 0.15, 0.1)
@@ -37,7 +37,7 @@ def _logits(vocab: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def engine_and_tokenizer(tiny_lm, tmp_path_factory):
+def engine_and_tokenizer(tiny_lm, tmp_path_factory, engines):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32)
@@ -55,7 +55,7 @@ def engine_and_tokenizer(tiny_lm, tmp_path_factory):
     path = tmp_path_factory.mktemp("fixed") / "lm"
     model.save_pretrained(path)
     load_tokenizer(tiny_lm).save_pretrained(path)
-    engine = start_engine(EngineOptions(str(path), gpu_memory_utilization=0.02))
+    engine = engines.get(EngineOptions(str(path), gpu_memory_utilization=0.02)).llm
     return engine, load_tokenizer(str(path))
 
 

@@ -11,7 +11,7 @@ from proxrl.rollout.environment import Turn
 from proxrl.rollout.forward import policy_forward
 from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.multiturn import EpisodeLimits, run_episodes
-from proxrl.rollout.vllm_sampler import EngineOptions, VLLMSampler, start_engine, sync_weights
+from proxrl.rollout.vllm_sampler import EngineOptions, VLLMSampler, sync_weights
 
 WORDS = ["abc", "def", "ghi", "jkl"]
 
@@ -40,10 +40,10 @@ class Recording:
         return out
 
 
-def test_vllm_episodes_are_token_in_token_out(tiny_lm):
+def test_vllm_episodes_are_token_in_token_out(tiny_lm, engines):
     from transformers import AutoModelForCausalLM
 
-    engine = start_engine(EngineOptions(tiny_lm, gpu_memory_utilization=0.02))
+    engine = engines.get(EngineOptions(tiny_lm, gpu_memory_utilization=0.02)).llm
     tokenizer = load_tokenizer(tiny_lm)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32)
     sync_weights(engine, model)

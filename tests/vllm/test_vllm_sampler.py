@@ -21,7 +21,6 @@ from proxrl.rollout.vllm_sampler import (
     RELOAD_LOGGER,
     EngineOptions,
     VLLMSampler,
-    release_memory,
     sleep_supported,
     start_engine,
     sync_weights,
@@ -32,10 +31,10 @@ PROMPTS = ["say: abc ->", "copy: de =", "say: x ->", "abc"]
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_lm):
+def setup(tiny_lm, engines):
     from transformers import AutoModelForCausalLM
 
-    engine = start_engine(EngineOptions(tiny_lm, gpu_memory_utilization=0.02))
+    engine = engines.get(EngineOptions(tiny_lm, gpu_memory_utilization=0.02)).llm
     tokenizer = load_tokenizer(tiny_lm)
     model = AutoModelForCausalLM.from_pretrained(tiny_lm, dtype=torch.float32)
     sync_weights(engine, model)  # the module's other tests may have changed the engine's
@@ -270,10 +269,12 @@ def test_greedy_matches_the_cached_sampler(setup):
     assert torch.equal(ours.response_ids[:, :width], cached.response_ids)
 
 
-def test_sleep_is_skipped_on_the_cpu(setup):
+def test_sleep_is_skipped_on_the_cpu(setup, engines, tiny_lm):
     engine, tokenizer, model = setup
     assert not sleep_supported()
-    release_memory(engine)  # a no-op here: the engine still samples
+    held = engines.get(EngineOptions(tiny_lm, gpu_memory_utilization=0.02))
+    held.sleep()  # a no-op here: the engine stays awake and still samples
+    assert held.llm is engine and not held.asleep
     prompt_ids, mask = _prompts(tokenizer)
     samples = VLLMSampler(engine, tokenizer).sample(prompt_ids, mask, SamplingSettings(4))
     assert samples.response_mask.sum() > 0

@@ -57,10 +57,11 @@ def _rows(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(run)]
 
 
-def _engine_matches_saved_policy(cfg, run: Path, adapters=None) -> float:
+def _engine_matches_saved_policy(cfg, run: Path, engines, adapters=None) -> float:
     """Largest |engine − trainer| log-prob over a sampled batch, the trainer being the run's
-    saved policy: the engine must hold the weights of the last update (``adapters``: the run's
-    ``AdapterVersions`` under vllm_lora_sync adapter, kept from its close)."""
+    saved policy: the engine (the run's, kept by ``engines``) must hold the weights of the last
+    update (``adapters``: the run's ``AdapterVersions`` under vllm_lora_sync adapter, kept from
+    its close)."""
     from transformers import AutoModelForCausalLM
 
     from proxrl.algos.online.samplers import engine_options
@@ -69,7 +70,7 @@ def _engine_matches_saved_policy(cfg, run: Path, adapters=None) -> float:
     from proxrl.rollout.generation import SamplingSettings
     from proxrl.rollout.vllm_sampler import VLLMSampler
 
-    engine = start_engine(engine_options(cfg))  # the run's own engine, kept in the process
+    engine = engines.get(engine_options(cfg)).llm  # the run's own
     tokenizer = load_tokenizer(str(run))
     model = AutoModelForCausalLM.from_pretrained(str(run), dtype=torch.float32)
     ids = [tokenizer(p)["input_ids"] for p in ["say: abc ->", "say: mno ->"]]
@@ -92,16 +93,24 @@ def _engine_matches_saved_policy(cfg, run: Path, adapters=None) -> float:
 
 
 @pytest.mark.parametrize("command", [ppo, grpo])
-def test_a_run_keeps_the_engine_on_the_policy(command, tiny_lm, prompts, tmp_path):
+def test_a_run_keeps_the_engine_on_the_policy(command, tiny_lm, prompts, tmp_path, train, engines):
     cfg = small(command.Config, tiny_lm, prompts, tmp_path)
-    command.train(cfg)
+    train(command, cfg)
     rows = read_metrics(tmp_path)
     assert len(rows) == 3
     assert all(r["time/weight_sync_s"] > 0 for r in rows)
-    assert _engine_matches_saved_policy(cfg, tmp_path) < 1e-4
+    assert _engine_matches_saved_policy(cfg, tmp_path, engines) < 1e-4
+    for row in rows:  # the defaults: π_old is the trainer's pass, vLLM's log-probs measured
+        assert row["perf/old_logprobs_pass"] == 1.0
+        # float32 both sides: |Δ log π| < 1e-4 (above), so KL ≈ Δ²/2 < 1e-8 and ρ within 1e-4;
+        # log-probs not asked of the engine (zeros) would read KL ≈ 1 here
+        assert 0 <= row["rollout/mismatch_kl"] < 1e-8, row
+        assert abs(row["rollout/is_ratio_mean"] - 1) < 1e-4, row
 
 
-def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(tiny_lm, prompts, tmp_path):
+def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(
+    tiny_lm, prompts, tmp_path, train
+):
     """Without the trainer's pass the entropy is the engine's sampled-token estimate: finite,
     and between 0 and log V (a uniform over the vocabulary; T 1, nothing truncated)."""
     import math
@@ -109,20 +118,20 @@ def test_sampler_logprobs_take_the_engines_and_log_the_entropy_estimate(tiny_lm,
     from proxrl.models.tokenizer import load_tokenizer
 
     cfg = small(grpo.Config, tiny_lm, prompts, tmp_path, iterations=2, sampler_logprobs=True)
-    grpo.train(cfg)
+    train(grpo, cfg)
     rows = read_metrics(tmp_path)
     vocab = len(load_tokenizer(tiny_lm))
     assert len(rows) == 2
     assert all(0 < r["objective/entropy"] < math.log(vocab) for r in rows), rows
 
 
-def test_resume_two_plus_one_equals_three(tiny_lm, prompts, tmp_path):
+def test_resume_two_plus_one_equals_three(tiny_lm, prompts, tmp_path, train):
     """A run resumed from its iteration-2 checkpoint ends as the run left alone: same metrics
     (wall-clock aside) and bit-identical weights. The engine gets the restored weights at start
     and its request seeds come from the restored generator."""
     straight = tmp_path / "straight"
     options = dict(critic_learning_rate=1e-3, save_every=1, keep_checkpoints=5)
-    ppo.train(small(ppo.Config, tiny_lm, prompts, straight, **options))
+    train(ppo, small(ppo.Config, tiny_lm, prompts, straight, **options))
     resumed = tmp_path / "resumed"
     shutil.copytree(straight, resumed)
     steps = sorted((resumed / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
@@ -130,14 +139,14 @@ def test_resume_two_plus_one_equals_three(tiny_lm, prompts, tmp_path):
     shutil.rmtree(steps[-1])
     for path in resumed.glob("*.safetensors"):
         path.unlink()
-    ppo.train(small(ppo.Config, tiny_lm, prompts, resumed, resume=True, **options))
+    train(ppo, small(ppo.Config, tiny_lm, prompts, resumed, resume=True, **options))
     assert _rows(straight) == _rows(resumed)
     a = load_file(str(straight / "model.safetensors"))
     b = load_file(str(resumed / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_sigterm_saves_exits_143_and_the_run_resumes(tiny_lm, prompts, tmp_path, capsys):
+def test_sigterm_saves_exits_143_and_the_run_resumes(tiny_lm, prompts, tmp_path, capsys, engines):
     run = tmp_path / "run"
     config = tmp_path / "grpo.yaml"
     fields = dict(
@@ -174,6 +183,7 @@ def test_sigterm_saves_exits_143_and_the_run_resumes(tiny_lm, prompts, tmp_path,
     assert process.returncode == 143, err[-3000:]
     assert "received SIGTERM; checkpoint saved in" in err.strip().splitlines()[-1]
     done = len(read_metrics(run))
+    engines.clear()  # the command's run starts its own: one engine at a time
     code = main(
         [
             "grpo",
@@ -193,7 +203,7 @@ def test_sigterm_saves_exits_143_and_the_run_resumes(tiny_lm, prompts, tmp_path,
 
 
 def test_a_poisoned_update_is_skipped_and_the_engine_stays_on_the_policy(
-    tiny_lm, prompts, tmp_path, monkeypatch
+    tiny_lm, prompts, tmp_path, monkeypatch, train, engines
 ):
     cfg = small(ppo.Config, tiny_lm, prompts, tmp_path, critic_learning_rate=1e-3)
     algo = ppo.build(cfg)
@@ -206,11 +216,12 @@ def test_a_poisoned_update_is_skipped_and_the_engine_stays_on_the_policy(
 
     algo.estimate = poisoned
     monkeypatch.setattr(ppo, "build", lambda c: algo)
-    ppo.train(cfg)
+    train(ppo, cfg)
     assert [r["guard/skipped_updates"] for r in read_metrics(tmp_path)] == [0.0, 1.0, 1.0]
-    assert _engine_matches_saved_policy(cfg, tmp_path) < 1e-4
+    assert _engine_matches_saved_policy(cfg, tmp_path, engines) < 1e-4
 
 
-def test_a_memory_share_the_machine_cannot_give_is_one_line(tiny_lm):
+def test_a_memory_share_the_machine_cannot_give_is_one_line(tiny_lm, engines):
+    engines.clear()  # one engine at a time
     with pytest.raises(ProxrlError, match=r"^vllm_gpu_memory_utilization: 1.0 cannot be given"):
         start_engine(EngineOptions(tiny_lm, gpu_memory_utilization=1.0))

@@ -19,7 +19,7 @@ from torch import nn
 from proxrl.rollout.generation import CachedSampler, HFSampler, Sampler
 
 if TYPE_CHECKING:
-    from proxrl.rollout.vllm_sampler import EngineOptions, LoraSync
+    from proxrl.rollout.vllm_sampler import EngineCache, EngineOptions, LocalLLM, LoraSync
 
 
 class RolloutEngine(Protocol):
@@ -78,10 +78,16 @@ class PolicySampling:
 class VLLMEngine:
     """A vLLM engine in this process with its own copy of the weights, synced after each
     update (``lora_sync``: a LoRA merged in, or the adapter alone); on a GPU it sleeps through
-    the update."""
+    the update. It owns its engine (``LocalLLM``: the ``vllm.LLM`` and its sleep state),
+    started at the run's start, or taken from ``engines`` where the caller keeps one between
+    runs (``EngineCache``); a run's own is dropped at its close."""
 
     def __init__(
-        self, options: EngineOptions, tokenizer: Any, lora_sync: LoraSync | None = None
+        self,
+        options: EngineOptions,
+        tokenizer: Any,
+        lora_sync: LoraSync | None = None,
+        engines: EngineCache | None = None,
     ) -> None:
         from proxrl.rollout.vllm_sampler import LORA_SYNCS, AdapterVersions
 
@@ -89,32 +95,36 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.lora_sync = lora_sync or LORA_SYNCS["merged"]
         self.adapters = AdapterVersions()
-        self.llm: Any = None
+        self.engines = engines
+        self.engine: LocalLLM | None = None
 
-    def _started(self) -> Any:
-        from proxrl.rollout.vllm_sampler import start_engine
+    def _started(self) -> LocalLLM:
+        from proxrl.rollout.vllm_sampler import LocalLLM, start_engine
 
-        if self.llm is None:
-            self.llm = start_engine(self.options)
-        return self.llm
+        if self.engine is None:
+            if self.engines is not None:
+                self.engine = self.engines.get(self.options)
+            else:
+                self.engine = LocalLLM(start_engine(self.options))
+        return self.engine
 
     def start(self, policy: nn.Module, iteration: int) -> None:
-        # a resumed run's weights differ from the model's
-        self.lora_sync.sync(self._started(), policy, self.adapters)
+        # a resumed run's weights differ from the model's, a kept engine holds another run's
+        self.lora_sync.sync(self._started().awake(), policy, self.adapters)
 
     def sampler(self, policy: nn.Module) -> Sampler:
         from proxrl.rollout.vllm_sampler import VLLMSampler
 
-        return VLLMSampler(self._started(), self.tokenizer, self.adapters)
+        return VLLMSampler(self._started().awake(), self.tokenizer, self.adapters)
 
     def before_update(self, iteration: int) -> None:
-        from proxrl.rollout.vllm_sampler import release_memory
-
-        release_memory(self._started())
+        self._started().sleep()
 
     def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
-        return {"time/weight_sync_s": self.lora_sync.sync(self._started(), policy, self.adapters)}
+        seconds = self.lora_sync.sync(self._started().awake(), policy, self.adapters)
+        return {"time/weight_sync_s": seconds}
 
     def close(self) -> None:
-        if self.llm is not None:
-            self.adapters.close(self.llm)
+        if self.engine is not None:
+            self.adapters.close(self.engine.awake())
+            self.engine = None  # (a kept one stays with its cache)

@@ -53,6 +53,9 @@ class Experience:
     # processed as π_old and π_ref are (temperature, top-k, top-p, min-p); None without a teacher
     teacher_argmax: Tensor | None = None  # (B, T) int64, the teacher's likeliest token at s_t
     # (its agreement with the sampled token is logged); None without a teacher
+    sampler_logprobs: Tensor | None = None  # (B, T) the sampler's log-probs of the sampled
+    # tokens where π_old is the trainer's and they are kept only to be measured against it
+    # (``rollout/mismatch_kl``: an engine with kernels of its own); no loss reads them; else None
     loss_selection: Tensor | None = None  # (B, T) 0/1 the tokens the policy loss chose over
     # its whole optimizer step before the micro-batches (``core.TOKEN_SELECTIONS``: clip_cov's
     # drawn, kl_cov's penalised), set by the update for that step; None otherwise

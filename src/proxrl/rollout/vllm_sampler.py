@@ -2,9 +2,10 @@
 
 The engine runs in the trainer's own process (vLLM's in-process engine core and single-process
 executor, as TRL's colocate mode and veRL's hybrid engine do), so a weight update hands vLLM the
-trainer's tensors by reference: no disk, no copy through a pipe. It is started once per process
-for a given set of options and reused (a test module, or a run after a resumed one, pays the
-start-up once).
+trainer's tensors by reference: no disk, no copy through a pipe. A run starts its own engine
+(``LocalLLM``: the engine and its sleep state), dropped with the run; whoever opens several runs
+in one process can hand each the same ``EngineCache``, which keeps the engine between runs of
+the same options, so the start-up is paid once (the vLLM tests hold one for their session).
 
 The log-probs it returns are vLLM's *processed* ones (``logprobs_mode="processed_logprobs"``):
 those of the distribution the token was drawn from, after temperature, top-k, top-p and min-p,
@@ -57,7 +58,7 @@ LORA_SLOT_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """What the engine is started with; equal options share one engine in a process."""
+    """What the engine is started with; runs of equal options can share one (``EngineCache``)."""
 
     model: str
     dtype: str = "float32"
@@ -67,10 +68,6 @@ class EngineOptions:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     max_lora_rank: int | None = None  # vLLM's LoRA layers with one slot of this rank (None: none)
-
-
-_ENGINES: dict[EngineOptions, Any] = {}
-_ASLEEP: set[int] = set()  # id() of the engines put to sleep
 
 
 def vllm_available() -> bool:
@@ -111,14 +108,16 @@ def check_engine_options(options: EngineOptions, on_cpu: bool) -> None:
 
 
 def start_engine(options: EngineOptions) -> Any:
-    """The ``vllm.LLM`` for ``options``, started on first use (its start-up logged) and kept.
-    One engine per process: starting another releases the previous one first (on a CPU the
-    memory share counts this whole process, a second engine's cache included)."""
-    if options in _ENGINES:
-        return _ENGINES[options]
-    if _ENGINES:
-        _ENGINES.clear()
-        gc.collect()
+    """A new ``vllm.LLM`` for ``options`` (its start-up logged). Engines no longer held are
+    collected first: vLLM's objects hold reference cycles, and on a CPU the memory share counts
+    this whole process, a dropped engine's cache included.
+
+    One engine at a time: vLLM keeps its parallel state per process, and a second engine
+    started while another is held takes that state down when it is dropped, under the first
+    (whose next step fails: "pipeline model parallel group is not initialized"). A scan for
+    live engines cannot refuse it reliably: vLLM's threads keep a dropped engine alive a moment
+    after its run (measured: the demo's next stage found it)."""
+    gc.collect()
     if not vllm_available():
         raise ProxrlError(f"sampler: vllm needs the vllm package: {INSTALL}")
     # The engine core and its worker in this process: weights pass by reference.
@@ -165,8 +164,55 @@ def start_engine(options: EngineOptions) -> Any:
         raise ProxrlError(f"sampler: vllm could not start: {message.splitlines()[0]}") from error
     quiet_weightless_layers()
     log.info("vLLM engine started in %.1f s", time.perf_counter() - started)
-    _ENGINES[options] = engine
     return engine
+
+
+class LocalLLM:
+    """A ``vllm.LLM`` started in this process and whether it sleeps: on a GPU it frees its
+    memory while the trainer updates (``sleep``) and is woken to take the new weights
+    (``awake``). The sleep state lives here, with the engine, so a run handed an engine that
+    another run left asleep (one that failed mid-update) wakes it before its first sync."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.asleep = False
+
+    def awake(self) -> Any:
+        """The ``vllm.LLM``, woken first if it sleeps."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+        return self.llm
+
+    def sleep(self) -> None:
+        """Free the KV cache and the weights until ``awake`` (level 2 drops the weights too:
+        they are re-sent after the update); a no-op where sleep is not supported."""
+        if sleep_supported():
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+
+class EngineCache:
+    """The engine of a run kept for the next run that asks for the same options: whoever opens
+    several runs in one process holds one and hands it to each (``LocalPlacement(engines)``),
+    and vLLM's start-up (seconds; more on a GPU) is paid once. One engine at a time: other
+    options drop the one held before starting theirs (on a CPU the memory share counts this
+    whole process, a second engine's cache included)."""
+
+    def __init__(self) -> None:
+        self.options: EngineOptions | None = None
+        self.engine: LocalLLM | None = None
+
+    def get(self, options: EngineOptions) -> LocalLLM:
+        """The engine for ``options``: the one held, or a new one, then held."""
+        if self.engine is None or self.options != options:
+            self.clear()
+            self.engine, self.options = LocalLLM(start_engine(options)), options
+        return self.engine
+
+    def clear(self) -> None:
+        """Drop the engine held (collected before the next one starts)."""
+        self.options, self.engine = None, None
 
 
 def lora_slot_rank(lora_r: int) -> int:
@@ -182,9 +228,10 @@ def lora_slot_rank(lora_r: int) -> int:
 
 @torch.no_grad()
 def sync_weights(engine: Any, model: nn.Module, deltas: bool = True) -> float:
-    """Load ``model``'s current weights into ``engine`` in place; returns the seconds it took.
-    The prefix cache is dropped: its keys and values came from the old weights. ``deltas=False``:
-    a LoRA model's base weights alone (``merged_weights``)."""
+    """Load ``model``'s current weights into ``engine`` (a ``vllm.LLM``, awake:
+    ``LocalLLM.awake``) in place; returns the seconds it took. The prefix cache is dropped: its
+    keys and values came from the old weights. ``deltas=False``: a LoRA model's base weights
+    alone (``merged_weights``)."""
     engine_vocab = engine.llm_engine.model_config.get_vocab_size()
     policy_vocab = model.get_input_embeddings().weight.shape[0]  # type: ignore[operator]
     if policy_vocab != engine_vocab:
@@ -194,9 +241,6 @@ def sync_weights(engine: Any, model: nn.Module, deltas: bool = True) -> float:
             "start from it"
         )
     started = time.perf_counter()
-    if id(engine) in _ASLEEP:
-        engine.wake_up()
-        _ASLEEP.discard(id(engine))
     weights: Any = merged_weights(model, deltas)  # each merged weight made when vLLM reaches it
     if engine.llm_engine.vllm_config.parallel_config.world_size > 1:
         weights = list(weights)  # worker processes: the executor pickles its arguments whole
@@ -336,14 +380,6 @@ def quiet_weightless_layers() -> None:
 def sleep_supported() -> bool:
     """vLLM's sleep mode needs CUDA's memory allocator; its CPU build has none."""
     return torch.cuda.is_available()
-
-
-def release_memory(engine: Any) -> None:
-    """Free the engine's KV cache and weights while the trainer updates (``sync_weights`` wakes
-    it); a no-op where sleep is not supported."""
-    if sleep_supported():
-        engine.sleep(level=2)  # level 2 drops the weights too: they are re-sent after the update
-        _ASLEEP.add(id(engine))
 
 
 def outputs_as_tensors(outputs: Any, pad: int, with_logprobs: bool) -> tuple[Tensor, Tensor]:

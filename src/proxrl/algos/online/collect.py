@@ -29,12 +29,13 @@ from proxrl.algos.online.episodes import responses_stopped, sample_responses, sc
 from proxrl.algos.online.gather import gather_rollout, gathered_correction_stats
 from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.samplers import make_engine, sampling_settings
+from proxrl.algos.online.samplers import ENGINES, make_engine, sampling_settings
 from proxrl.core import (
     NO_STOP_RULES,
     ROLLOUT_CORRECTIONS,
     correction_stats,
     masked_mean,
+    mismatch_stats,
     overlong_penalty,
     sequence_kl,
 )
@@ -65,6 +66,8 @@ class OldPolicySource:
     from_sampler: bool  # the sampler's log-probs stand in for π_old (no pass for them)
     correct: bool  # a rollout correction: the pass gives π_old, the sampler's give the weights
     forward_pass: bool  # the rollout runs its own pass (else, without from_sampler, the update)
+    measured: bool = False  # π_old is the trainer's, and the sampler's log-probs are asked for
+    # only to measure them against it (``Experience.sampler_logprobs``)
 
     @classmethod
     def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> OldPolicySource:
@@ -72,20 +75,27 @@ class OldPolicySource:
         sampler_logprobs alone its log-probs are π_old: the same weights sampled. Not under
         async_rollout: the batch was sampled by the policy one or more versions back, and the
         pass would give the current policy's, leaving the lag uncorrected. π_old is then the
-        engine's (the behaviour policy's), as without a value head; the pass gives V_old."""
+        engine's (the behaviour policy's), as without a value head; the pass gives V_old.
+
+        Without sampler_logprobs an engine with kernels of its own (vLLM: ``ENGINES``' trait
+        ``own_kernels``) is still asked for its log-probs, which it computes as it samples, so
+        the mismatch the trainer's π_old leaves unmeasured is logged; the built-in samplers run
+        the trainer's own module, whose numbers the pass repeats to round-off."""
         correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
         behind = cfg.async_rollout  # the samples may lag the policy they train
+        own_kernels = ENGINES.trait(cfg.sampler, "own_kernels")
         return cls(
             from_sampler=cfg.sampler_logprobs
             and (behind or not critic.needs_hidden)
             and not correct,
             correct=correct,
             forward_pass=old_logprobs_pass(cfg, algo, critic),
+            measured=own_kernels and not cfg.sampler_logprobs and cfg.rollouts_file is None,
         )
 
     @property
     def sampler_logprobs(self) -> bool:
-        return self.from_sampler or self.correct
+        return self.from_sampler or self.correct or self.measured
 
 
 @dataclass
@@ -195,6 +205,9 @@ def evaluate(
     }
     if experience.teacher_logprobs is not None:
         metrics |= distill_metrics(experience)
+    if experience.sampler_logprobs is not None and experience.logprobs is not None:
+        # (without the pass, the update's forward is π_old: it measures, ``OnPolicyRecord``)
+        metrics |= mismatch_metrics(experience.logprobs, experience.sampler_logprobs, experience)
     if experience.logprobs is not None:  # else the update logs them (update.OnPolicyRecord)
         assert entropy is not None
         mask = experience.loss_mask.float()
@@ -208,6 +221,19 @@ def evaluate(
             models.tracks_kl,
         )
     return experience, completions, metrics
+
+
+def mismatch_metrics(
+    trainer: Tensor, sampler: Tensor, experience: Experience, rows: Tensor | None = None
+) -> dict[str, float]:
+    """``core.mismatch_stats`` of the trainer's log π_old (B, T) against the sampler's over the
+    model's tokens (of ``rows`` alone: a bool (B,)), named ``rollout/mismatch_kl``, …, in float64
+    (a float32 engine's numbers are exact in it; the trainer's are kept as computed)."""
+    mask = experience.loss_mask
+    if rows is not None:
+        trainer, sampler, mask = trainer[rows], sampler[rows], mask[rows]
+    stats = mismatch_stats(trainer.double(), sampler.double(), mask)
+    return {f"rollout/{key}": float(value) for key, value in stats.items()}
 
 
 def distill_metrics(experience: Experience) -> dict[str, float]:
@@ -398,6 +424,7 @@ def forward_passes(
         token_rewards=None if scored.token_rewards is None else scored.token_rewards.to(device),
         teacher_logprobs=joined.get("teacher_logprobs"),
         teacher_argmax=joined.get("teacher_argmax"),
+        sampler_logprobs=samples.logprobs if source.measured else None,
     )
     if not source.correct:
         return Passes(experience, joined.get("entropy"), {}, 0.0)

@@ -10,10 +10,9 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm
-from proxrl.algos.online.collect import OldPolicySource
+from proxrl.algos.online.collect import OldPolicySource, mismatch_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic
-from proxrl.core import mismatch_stats
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput
 from proxrl.runtime import distributed as dist
@@ -53,6 +52,4 @@ class MismatchRecord:
         sampler = experience.logprobs
         if sampler is None or not bool(rows.any()):
             return {}
-        # (float64: a float32 sampler's numbers are exact in it, the trainer's kept as computed)
-        stats = mismatch_stats(logprobs[rows], sampler[rows].double(), experience.loss_mask[rows])
-        return {f"rollout/{key}": float(value) for key, value in stats.items()}
+        return mismatch_metrics(logprobs, sampler, experience, rows)

@@ -52,25 +52,31 @@ def engine_options(cfg: Any) -> Any:
     )
 
 
-def _vllm(cfg: Any, tokenizer: Any) -> RolloutEngine:
+def _vllm(cfg: Any, tokenizer: Any, engines: Any) -> RolloutEngine:
     if dist.world_size() > 1:
         raise ProxrlError("sampler: vllm runs in one process for now; launch it without accelerate")
-    return VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg))
+    return VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg), engines)
 
 
-ENGINES: Registry[Callable[[Any, Any], RolloutEngine]] = Registry("sampler")
-"""``sampler`` → (config, tokenizer) → the engine; ``hf`` whenever stop strings need
+ENGINES: Registry[Callable[[Any, Any, Any], RolloutEngine]] = Registry("sampler")
+"""``sampler`` → (config, tokenizer, the caller's ``vllm_sampler.EngineCache`` or None) → the
+engine (the built-in samplers start nothing, so keep nothing); ``hf`` whenever stop strings need
 generate's text matching. Traits: ``token_ids_only`` (no stop strings), ``min_p_first`` (min-p
-before top-p, unlike generate), ``needs_vllm`` (the vllm package)."""
+before top-p, unlike generate), ``needs_vllm`` (the vllm package), ``own_kernels`` (the engine
+computes with kernels of its own, not the trainer's module: where the trainer runs the π_old
+pass, the engine's log-probs of the sampled tokens are asked for too and measured against it,
+``rollout/mismatch_kl``)."""
 ENGINES.add(
     "cached",
-    lambda cfg, tok: PolicySampling(
+    lambda cfg, tok, engines: PolicySampling(
         tok, compile_step=cfg.compile_sampler, shared_prefill=cfg.shared_prefix
     ),
     "a lean decoding loop over the KV cache",
     knobs=("compile_sampler",),
 )
-ENGINES.add("hf", lambda cfg, tok: PolicySampling(tok, generate=True), "transformers' generate")
+ENGINES.add(
+    "hf", lambda cfg, tok, engines: PolicySampling(tok, generate=True), "transformers' generate"
+)
 ENGINES.add(
     "vllm",
     _vllm,
@@ -86,20 +92,23 @@ ENGINES.add(
     token_ids_only=True,
     min_p_first=True,
     needs_vllm=True,
+    own_kernels=True,
 )
 SamplerChoice = ENGINES.choice()
 
 
-def make_engine(cfg: Any, tokenizer: Any) -> RolloutEngine:
+def make_engine(cfg: Any, tokenizer: Any, engines: Any = None) -> RolloutEngine:
     """The engine ``cfg.sampler`` names (``hf`` for ``cached`` with stop strings: the same
     transformers policy in this process, generate matching the text, as the option says).
     vLLM with stop strings is refused, never replaced: no path runs another engine than the
-    one asked for (the config's validation refuses it first; this holds where it was skipped)."""
+    one asked for (the config's validation refuses it first; this holds where it was skipped).
+    ``engines``: a ``vllm_sampler.EngineCache`` the caller keeps between runs (None: the run
+    starts its own)."""
     if ENGINES.trait(cfg.sampler, "token_ids_only") and cfg.stop_strings:
         raise ProxrlError(
             "stop_strings: sampler vllm sees token ids only; use sampler hf, or drop stop_strings"
         )
-    return ENGINES["hf" if cfg.stop_strings else cfg.sampler](cfg, tokenizer)
+    return ENGINES["hf" if cfg.stop_strings else cfg.sampler](cfg, tokenizer, engines)
 
 
 def make_sampler(cfg: Any, model: Any, tokenizer: Any) -> Sampler:

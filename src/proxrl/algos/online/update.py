@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm, corrected
-from proxrl.algos.online.collect import old_policy_metrics
+from proxrl.algos.online.collect import mismatch_metrics, old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.micro_batches import packs, token_budget
@@ -480,7 +480,9 @@ class OnPolicyRecord:
         self.seen[rows] += 1
 
     def metrics(self, experience: Experience, kl_coef: float, tracks_kl: bool) -> dict[str, float]:
-        """``collect.old_policy_metrics`` over every row (each rank ran some: summed over them)."""
+        """``collect.old_policy_metrics`` over every row (each rank ran some: summed over them),
+        and the sampler's mismatch against this π_old where its log-probs were kept to measure
+        (``Experience.sampler_logprobs``)."""
         logprobs, entropy, seen = (
             dist.all_reduce_sum(x) for x in (self.logprobs, self.entropy, self.seen)
         )
@@ -488,9 +490,12 @@ class OnPolicyRecord:
             raise ValueError("every rollout row must reach the update's forward exactly once")
         reference = logprobs if experience.ref_logprobs is None else experience.ref_logprobs
         mask = experience.loss_mask.double()
-        return old_policy_metrics(
+        metrics = old_policy_metrics(
             logprobs, reference, entropy, experience.scores, mask, kl_coef, tracks_kl
         )
+        if experience.sampler_logprobs is not None:
+            metrics |= mismatch_metrics(logprobs, experience.sampler_logprobs, experience)
+        return metrics
 
 
 def _rows_loss(

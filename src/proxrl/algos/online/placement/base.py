@@ -39,7 +39,12 @@ class Placement(Protocol):
 
 
 class LocalPlacement:
-    """Every role in this process, loaded as ``roles`` loads them; the run's own sampler."""
+    """Every role in this process, loaded as ``roles`` loads them; the run's own sampler.
+    ``engines``: a ``vllm_sampler.EngineCache`` kept by a caller that opens several runs, whose
+    vLLM engine the run takes (None: the run starts its own)."""
+
+    def __init__(self, engines: Any = None) -> None:
+        self.engines = engines
 
     def rewards(self, cfg: OnlineConfig) -> WeightedRewards:
         return load_rewards(cfg, reward_policy_tokenizer(cfg))
@@ -48,7 +53,7 @@ class LocalPlacement:
         return load_models(cfg, algo)
 
     def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
-        return make_engine(cfg, models.tokenizer)
+        return make_engine(cfg, models.tokenizer, self.engines)
 
     def stop(self) -> GracefulStop:
         return GracefulStop()
