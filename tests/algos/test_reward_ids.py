@@ -64,10 +64,10 @@ def _call(rewards, ids: list[list[int]], tokenizer):
 
 
 @torch.no_grad()
-def _direct(path: str, ids: list[list[int]]) -> torch.Tensor:
+def _direct(path: str, ids: list[list[int]], prompt_text: str = PROMPTS[0].prompt) -> torch.Tensor:
     """(B,) the reward model's scores of prompt ids + the sampled ids + EOS, built by hand."""
     tokenizer, model = load_tokenizer(path), load_score_model(path).eval()
-    prompt = tokenizer(PROMPTS[0].prompt)["input_ids"]
+    prompt = tokenizer(prompt_text)["input_ids"]
     rows = [prompt + r + ([] if r[-1] == EOS else [EOS]) for r in ids]
     width = max(len(r) for r in rows)
     padded = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
@@ -153,3 +153,36 @@ def test_tokenizer_difference_names_what_differs(tiny_lm):
     other = load_tokenizer(tiny_lm)
     other.eos_token = "<|bos|>"
     assert tokenizer_difference(policy, other) == "another EOS token (id 1 vs the policy's 2)"
+
+
+def test_the_demos_held_out_evaluation_scores_the_sampled_ids(tiny_lm, rms, monkeypatch):
+    """``demo.evaluate.evaluate_policy`` hands the reward model the sampled ids: a response cut
+    inside a character gets the score of its ids (the text path scores other tokens)."""
+    from proxrl.demo import evaluate
+    from proxrl.demo.task import make_prompt
+    from proxrl.rollout.generation import Samples
+    from proxrl.rollout.rewards import RewardModelReward
+
+    tokenizer = load_tokenizer(tiny_lm)
+    rows = [CUT, STOPPED, SPLIT]
+
+    class Fixed:  # the sampler: these three responses, whatever the policy
+        def __init__(self, policy, tokenizer):
+            pass
+
+        def sample(self, prompt_ids, prompt_mask, settings, with_logprobs=False):
+            width = max(map(len, rows))
+            pad = tokenizer.pad_token_id
+            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+            mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+            return Samples(ids, mask)
+
+    monkeypatch.setattr(evaluate, "HFSampler", Fixed)
+    path = rms["same"]
+    rm = RewardModelReward(load_score_model(path).eval(), load_tokenizer(path), reads_ids=True)
+    policy = torch.nn.Linear(1, 1)  # (never called: the policy is the SFT model, no KL)
+    prompt = PromptExample(make_prompt([3, 1, 4]), None, "row 0", {})  # (gold reads the task's)
+    scores = evaluate.evaluate_policy(policy, policy, rm, tokenizer, [prompt], 3, 8)
+    expected = _direct(path, rows, prompt.prompt)
+    assert [s["proxy"] for s in scores.samples] == [round(float(x), 4) for x in expected]
+    assert scores.proxy == pytest.approx(float(expected.mean()), abs=1e-6)

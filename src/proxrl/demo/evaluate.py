@@ -49,6 +49,7 @@ def evaluate_policy(
     settings = SamplingSettings(max_new_tokens, temperature)
     sampler = HFSampler(policy, tokenizer)
     completions: list[str] = []
+    completion_ids: list[list[int]] = []  # the reward model scores these where it reads ids
     kls: list[torch.Tensor] = []
     policy.eval()
     with torch.random.fork_rng():
@@ -61,6 +62,10 @@ def evaluate_policy(
             sampled = sampler.sample(prompt_ids, prompt_mask, settings)
             response_ids, response_mask = sampled.response_ids, sampled.response_mask
             completions += tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+            completion_ids += [
+                row[keep].tolist()
+                for row, keep in zip(response_ids, response_mask.bool(), strict=True)
+            ]
             if policy is sft:
                 kls.append(torch.zeros(len(chunk)))
                 continue
@@ -70,7 +75,7 @@ def evaluate_policy(
             logprobs = policy_forward(policy, input_ids, attention_mask, P, temperature).logprobs
             ref_logprobs = policy_forward(sft, input_ids, attention_mask, P, temperature).logprobs
             kls.append(((logprobs - ref_logprobs) * response_mask).sum(-1).double())
-    proxy = reward(examples, completions, {})
+    proxy = reward(examples, completions, {"completion_ids": completion_ids})
     correct = [is_correct(p.prompt, c) for p, c in zip(examples, completions, strict=True)]
     samples = [
         {"prompt": p.prompt, "completion": c, "correct": ok, "proxy": round(float(s), 4)}

@@ -58,7 +58,7 @@ from proxrl.demo.evaluate import PolicyScores, evaluate_policy
 from proxrl.model_card import publish
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.scalar_head import load_score_model
-from proxrl.models.tokenizer import load_tokenizer
+from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import ProxrlError, RunFinished
@@ -531,7 +531,10 @@ def evaluate_all(cfg: Config, out: Path) -> dict[str, PolicyScores]:
     tokenizer = load_tokenizer(str(out / "sft"))
     sft_model = load_causal_lm(str(out / "sft")).eval()
     rm_model = load_score_model(str(out / "rm")).eval()
-    reward_source = RewardModelReward(rm_model, load_tokenizer(str(out / "rm")))
+    rm_tokenizer = load_tokenizer(str(out / "rm"))
+    # (as the RL stages score: the sampled ids where the reward model has the policy's tokenizer)
+    reads_ids = tokenizer_difference(tokenizer, rm_tokenizer) is None
+    reward_source = RewardModelReward(rm_model, rm_tokenizer, reads_ids=reads_ids)
     prompts = load_prompt_examples(str(out / "data" / "eval_prompts.jsonl"))
     scores = {}
     for name in POLICIES:

@@ -311,8 +311,8 @@ def sync_merged(engine: Any, model: nn.Module, adapters: AdapterVersions) -> flo
 @torch.no_grad()
 def sync_adapter(engine: Any, model: nn.Module, adapters: AdapterVersions) -> float:
     """A LoRA model's adapter alone, as a new version vLLM's LoRA layers apply; the base
-    weights are sent on a run's first sync only (the engine, kept in the process, may hold
-    another run's), the LoRA trains none of them."""
+    weights are sent on a run's first sync only (an engine kept between runs, ``EngineCache``,
+    may hold another run's), the LoRA trains none of them."""
     from vllm.lora.request import LoRARequest
 
     if not is_peft_model(model):
