@@ -35,7 +35,7 @@ from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig, canonical
-from proxrl.algos.online.loop import train_online
+from proxrl.algos.online.launch import launch
 from proxrl.core import (
     KL_ESTIMATORS,
     REWARD_SCALES,
@@ -352,4 +352,4 @@ def _gdpo_combination(cfg: Config) -> Callable[[Tensor, list[float]], Tensor]:
 
 
 def train(cfg: Config) -> dict[str, float]:
-    return train_online(cfg, build(cfg))
+    return launch(cfg, build)

@@ -5,7 +5,8 @@ log and save.
 PPO, GRPO, RLOO, ReMax, REINFORCE++ and REINFORCE differ only in what an ``Algorithm`` says:
 whether a critic is trained, whether the KL to the reference is paid in the reward or in the
 loss, how advantages are estimated and which policy loss is minimised. Each algorithm file
-builds one and calls ``train_online``; the stages live in ``rollout``, ``dapo`` (dynamic
+builds one, and ``launch`` runs ``train_online`` (the driver) with the placement the config
+names; the stages live in ``rollout``, ``dapo`` (dynamic
 sampling), ``advantages`` and ``update``; what a run holds in ``run``; where its roles live
 and which engine samples in the placement it is handed (``placement``).
 """
@@ -24,11 +25,11 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.collect import RolloutBatch, collect_rollout
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
-from proxrl.algos.online.placement.base import LocalPlacement, Placement
+from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.prompts import PromptDraw, draw_prompts
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollouts_file import recorded_rollout
-from proxrl.algos.online.run import OnlineRun, check_run, health_monitor, open_run
+from proxrl.algos.online.run import OnlineRun, health_monitor, open_run
 from proxrl.algos.online.update import NAMESPACES, UpdateStep, update
 from proxrl.core import informative_groups
 from proxrl.data.formats import PromptExample
@@ -45,28 +46,16 @@ log = logging.getLogger(__name__)
 __all__ = ["Algorithm", "OnlineConfig", "train_online"]
 
 
-def train_online(
-    cfg: OnlineConfig, algo: Algorithm, placement: Placement | None = None
-) -> dict[str, float]:
-    """Run ``cfg.iterations`` of the online loop for ``algo``; ``placement`` says where the
-    roles live (default: this process, or Ray's actors with ``placement: ray``)."""
-    # 1. Everything the user handed us is checked before the output directory is touched: the
-    # config (as the CLI and the Python API do; a module-level grpo.train / ppo.train skipped
-    # it, and ran transformers' generate for a sampler vllm with stop_strings), then the run.
-    if placement is None:  # (the trainer actors of placement ray run a validated config)
-        cfg.validate()
-    check_run(cfg)
-    if placement is None and cfg.ray_actors:  # the loop runs again in trainer actors
-        from proxrl.algos.online.placement.ray_run import train_on_ray
-
-        return train_on_ray(cfg, algo, train_online)
-    placement = placement or LocalPlacement()
-    # 2. Roles, prompts, output directory, optimizers, checkpoint, resume, engine.
+def train_online(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> dict[str, float]:
+    """The driver: run ``cfg.iterations`` of the online loop for ``algo`` with the roles where
+    ``placement`` keeps them. ``launch.launch`` has checked the config and the output
+    directory and chosen the placement (Ray's trainer actors call this too)."""
+    # 1. Roles, prompts, output directory, optimizers, checkpoint, resume, engine.
     run = open_run(cfg, algo, placement)
     health = health_monitor(run)
     done = run.start
     end = run.start if run.held_out is not None and run.held_out.stopped else cfg.iterations
-    # 3. Iterate; a stop signal ends an iteration with a checkpoint.
+    # 2. Iterate; a stop signal ends an iteration with a checkpoint.
     stop = placement.stop()
     # An exception mid-run saves the last finished iteration (runtime.run: save_on_error).
     with run.context.running(
@@ -84,7 +73,7 @@ def train_online(
             context.finished(done, iteration=done, extra_rounds=run.extra_rounds)
             if stop_early:
                 break
-    # 4. Final checkpoint and the policy (and critic) for transformers.
+    # 3. Final checkpoint and the policy (and critic) for transformers.
     return finish(run, done)
 
 

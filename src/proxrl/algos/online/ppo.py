@@ -27,7 +27,7 @@ from torch import Tensor
 from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CRITICS, CriticSettings
-from proxrl.algos.online.loop import train_online
+from proxrl.algos.online.launch import launch
 from proxrl.algos.online.micro_batches import packs
 from proxrl.core import (
     AdaptiveKL,
@@ -286,4 +286,4 @@ def build(cfg: Config) -> Algorithm:
 
 
 def train(cfg: Config) -> dict[str, float]:
-    return train_online(cfg, build(cfg))
+    return launch(cfg, build)

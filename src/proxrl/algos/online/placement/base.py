@@ -4,6 +4,7 @@ holds the Ray one. The command chooses the placement and passes it in."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from proxrl.algos.online.algorithm import Algorithm
@@ -38,6 +39,11 @@ class Placement(Protocol):
         ...
 
 
+Driver = Callable[[OnlineConfig, Algorithm, "Placement"], dict[str, float]]
+"""The online driver (``loop.train_online``): opens the run with a placement, iterates,
+returns the last metrics row."""
+
+
 class LocalPlacement:
     """Every role in this process, loaded as ``roles`` loads them; the run's own sampler.
     ``engines``: a ``vllm_sampler.EngineCache`` kept by a caller that opens several runs, whose
@@ -57,3 +63,8 @@ class LocalPlacement:
 
     def stop(self) -> GracefulStop:
         return GracefulStop()
+
+
+def run_here(cfg: OnlineConfig, algo: Algorithm, driver: Driver) -> dict[str, float]:
+    """``placement: local``: the driver in this process (each process of a launcher's)."""
+    return driver(cfg, algo, LocalPlacement())

@@ -1,8 +1,9 @@
 """``placement: ray``: the driver and the trainer actor.
 
-The driver (the ``proxrl`` process) starts a local Ray or joins a cluster (``ray_address``,
-else ``$RAY_ADDRESS``), checks the cluster can give every role its resources, and runs
-``loop.train_online`` in a trainer actor, which holds the policy and its optimizer (and a value
+The ``proxrl`` process (``launch.LAUNCHERS["ray"]``: ``train_on_ray``) starts a local Ray or
+joins a cluster (``ray_address``, else ``$RAY_ADDRESS``), checks the cluster can give every
+role its resources, and runs the driver (``loop.train_online``) in a trainer actor with a
+``RayPlacement``, which holds the policy and its optimizer (and a value
 head: ``critic: head``); ``ray_trainer_processes`` of them run it data parallel (``ray_group``).
 From there ``RayPlacement`` starts the other roles as actors (rank 0's) that go when the trainer
 does: the reward sources, the reference, the separate critic (``ray_critic``) and
@@ -17,7 +18,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -27,6 +27,7 @@ from torch import nn
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement import ray_group
+from proxrl.algos.online.placement.base import Driver
 from proxrl.algos.online.placement.ray_group import join_paths
 from proxrl.algos.online.placement_fields import RAY_INSTALL
 from proxrl.algos.online.prompts import per_response, prompt_order
@@ -38,8 +39,6 @@ from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
-
-OnlineLoop = Callable[..., dict[str, float]]  # (cfg, algo, placement) → the last metrics row
 
 
 def has_reference(cfg: OnlineConfig) -> bool:
@@ -229,13 +228,14 @@ class TrainerActor:
         """The signal forwarded so far (None: none)."""
         return self.stop.signum
 
-    def train(self, cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> tuple[str, Any]:
-        """``loop`` (the online loop) with this actor's placement: ("ok", the last metrics
-        row), or ("error", (class name, message, exit code)) for an error the user can act on,
-        re-raised by the driver as the same one line."""
+    def train(self, cfg: OnlineConfig, algo: Algorithm, driver: Driver) -> tuple[str, Any]:
+        """``driver`` (the online loop, as a local run calls it) with this actor's placement:
+        ("ok", the last metrics row), or ("error", (class name, message, exit code)) for an
+        error the user can act on, re-raised by ``train_on_ray`` as the same one line."""
         logging.basicConfig(level=logging.INFO)
         try:
-            return "ok", loop(cfg, algo, RayPlacement(cfg, self.stop, self.run, self.published))
+            placement = RayPlacement(cfg, self.stop, self.run, self.published)
+            return "ok", driver(cfg, algo, placement)
         except ProxrlError as error:
             return "error", (type(error).__name__, str(error), error.exit_code)
 
@@ -248,9 +248,9 @@ def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
     return ProxrlError(message)
 
 
-def train_on_ray(cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> dict[str, float]:
-    """Run ``loop`` in ``ray_trainer_processes`` trainer actors; the driver waits, and leaves
-    the Ray it started."""
+def train_on_ray(cfg: OnlineConfig, algo: Algorithm, driver: Driver) -> dict[str, float]:
+    """``placement: ray``: run ``driver`` in ``ray_trainer_processes`` trainer actors (each with
+    its ``RayPlacement``); this process waits, and leaves the Ray it started."""
     import ray
 
     if dist.world_size() > 1:
@@ -280,7 +280,7 @@ def train_on_ray(cfg: OnlineConfig, algo: Algorithm, loop: OnlineLoop) -> dict[s
         for rank, pid in enumerate(ray_group.connect_group(trainers)):
             log.info("placement: trainer rank %d of %d in process %d", rank, len(trainers), pid)
         status, value = ray_group.wait_forwarding_signals(
-            trainers, [t.train.remote(cfg, algo, loop) for t in trainers], cfg.output_dir
+            trainers, [t.train.remote(cfg, algo, driver) for t in trainers], cfg.output_dir
         )
         if status == "error":
             raise reraised(*value)
