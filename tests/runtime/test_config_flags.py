@@ -35,6 +35,10 @@ def test_numbers_starting_with_a_minus_are_values():
     )
     assert (cfg.lr, cfg.target, cfg.weights) == (-0.5, -1e-3, (-1.0, 2.0, float("-inf")))
     assert parse_config(Flags, ["--names", "-", "a"], "t").names == ("-", "a")
+    # argparse alone reads -1e-3, -.5e2 and -nan after a flag as options
+    cfg = parse_config(Flags, ["--target", "-1e-3", "--weights", "-.5e2", "-NaN"], "t")
+    assert cfg.target == -1e-3 and cfg.weights[0] == -50.0 and cfg.weights[1] != cfg.weights[1]
+    assert parse_config(Flags, ["--names", "-1e-3", "x"], "t").names == ("-1e-3", "x")
     with pytest.raises(ProxrlError, match=r"^--target needs a value \(float or None\)$"):
         parse_config(Flags, ["--target", "-x"], "t")
     with pytest.raises(ProxrlError, match=r"^--resume expects true or false, found '-1'$"):

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from proxrl.runtime.config import save_config_file
+from proxrl.runtime.config import free_on_resume, save_config_file
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.resume import RESUME_FREE, changed_options, check_resume
+from proxrl.runtime.resume import changed_options, check_resume
 from proxrl.runtime.run_config import RunConfig
 
 
@@ -57,15 +57,21 @@ def test_the_same_options_and_the_free_ones_pass(tmp_path):
         cfg, save_every=1, keep_checkpoints=9, progress=False, output_dir=cfg.output_dir + "/"
     )
     assert check_resume(free) == {}
-    assert {
-        "resume",
-        "overwrite",
-        "resume_with_changes",
-        "progress",
-        "stop_at_step",
-        "save_every",
-        "keep_checkpoints",
-    } <= RESUME_FREE
+    session = {"resume", "overwrite", "resume_with_changes", "progress", "output_dir"}
+    assert session | {"save_every", "keep_checkpoints"} <= free_on_resume(Config)
+    assert free_on_resume(Config, session_only=True) == session  # a redeclared default keeps it
+
+
+def test_the_marks_sit_on_the_commands_fields():
+    """Which options may change on resume is field metadata (``FREE_ON_RESUME``,
+    ``SESSION_OPTION``) on the config that declares the option, not a list in runtime/."""
+    from proxrl.algos.online.grpo import Config as GrpoConfig
+    from proxrl.classic.config import ClassicConfig
+
+    assert "stop_at_step" in free_on_resume(ClassicConfig, session_only=True)
+    free = free_on_resume(GrpoConfig)
+    assert {"vllm_gpu_memory_utilization", "ray_address", "push_to_hub", "report_to"} <= free
+    assert not {"learning_rate", "iterations", "sampler"} & free
 
 
 def test_the_vllm_memory_share_may_change_on_resume_and_the_sampler_may_not(tmp_path):
@@ -105,7 +111,7 @@ def test_nothing_to_compare_without_resume_or_without_a_saved_config(tmp_path):
 def test_only_options_in_both_are_compared():
     saved = {"a": 1, "gone": 2, "resume": False}
     now = {"a": 1, "new": 3, "resume": True}
-    assert changed_options(saved, now) == {}
+    assert changed_options(saved, now, free={"resume"}) == {}
     assert changed_options(saved, {"a": 2}) == {"a": (1, 2)}
     assert changed_options(saved, {"a": 2}, free={"a"}) == {}
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Annotated
 
 import pytest
 
+from proxrl.runtime.config import SESSION_OPTION
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.resume import command_of_config
 from proxrl.runtime.run import Run
@@ -17,14 +19,14 @@ from proxrl.runtime.run_dir import RUN_MARKER
 
 @dataclass
 class Cfg:
-    output_dir: str
-    resume: bool = False
-    overwrite: bool = False
-    resume_with_changes: bool = False
+    output_dir: Annotated[str, SESSION_OPTION]  # marked as RunConfig marks them
+    resume: Annotated[bool, SESSION_OPTION] = False
+    overwrite: Annotated[bool, SESSION_OPTION] = False
+    resume_with_changes: Annotated[bool, SESSION_OPTION] = False
     keep_checkpoints: int = 3
     max_consecutive_skips: int = 5
     report_to: tuple[str, ...] = ("none",)
-    progress: bool = False
+    progress: Annotated[bool, SESSION_OPTION] = False
 
 
 def _finished_run(out, command: str) -> None:

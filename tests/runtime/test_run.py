@@ -8,10 +8,12 @@ import json
 import logging
 import signal
 from dataclasses import dataclass
+from typing import Annotated
 
 import pytest
 import torch
 
+from proxrl.runtime.config import SESSION_OPTION
 from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.lr_schedule import StepSchedule, warmup_then_decay
 from proxrl.runtime.run import LR_SCHEDULER, Run
@@ -19,14 +21,14 @@ from proxrl.runtime.run import LR_SCHEDULER, Run
 
 @dataclass
 class Cfg:
-    output_dir: str
-    resume: bool = False
-    overwrite: bool = False
-    resume_with_changes: bool = False
+    output_dir: Annotated[str, SESSION_OPTION]  # marked as RunConfig marks them
+    resume: Annotated[bool, SESSION_OPTION] = False
+    overwrite: Annotated[bool, SESSION_OPTION] = False
+    resume_with_changes: Annotated[bool, SESSION_OPTION] = False
     keep_checkpoints: int = 3
     max_consecutive_skips: int = 5
     report_to: tuple[str, ...] = ("none",)
-    progress: bool = False
+    progress: Annotated[bool, SESSION_OPTION] = False
     learning_rate: float = 0.5
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from typing import Annotated
 
 import pytest
 import torch
 
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.checkpointer import TrainableWeights
+from proxrl.runtime.config import SESSION_OPTION
 from proxrl.runtime.lr_schedule import warmup_then_decay
 from proxrl.runtime.run import Run
 
@@ -23,14 +25,14 @@ TOTAL = 6
 
 @dataclass
 class Cfg:
-    output_dir: str
-    resume: bool = False
-    overwrite: bool = False
-    resume_with_changes: bool = False
+    output_dir: Annotated[str, SESSION_OPTION]  # marked as RunConfig marks them
+    resume: Annotated[bool, SESSION_OPTION] = False
+    overwrite: Annotated[bool, SESSION_OPTION] = False
+    resume_with_changes: Annotated[bool, SESSION_OPTION] = False
     keep_checkpoints: int = 3
     max_consecutive_skips: int = 5
     report_to: tuple[str, ...] = ("none",)
-    progress: bool = False
+    progress: Annotated[bool, SESSION_OPTION] = False
 
 
 class Boom(RuntimeError):

@@ -30,7 +30,7 @@ import tyro
 
 from proxrl.registry import Registry
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range, alias
+from proxrl.runtime.fields import SESSION_OPTION, Range, alias
 from proxrl.runtime.run_config import RunConfig
 
 OBJECTIVE_TABLE: Registry[None] = Registry("objective")
@@ -100,7 +100,8 @@ class ClassicConfig(RunConfig):
     """Stop an iteration's epochs early once a minibatch's approx KL exceeds this (None: off)."""
     total_steps: Annotated[int | None, Range(gt=0)] = None
     """Environment steps over all environments (None: 1M continuous, 500k discrete)."""
-    stop_at_step: Annotated[int | None, Range(gt=0)] = None
+    # where this session stops, not what a step does
+    stop_at_step: Annotated[int | None, Range(gt=0), SESSION_OPTION] = None
     """Checkpoint and stop once this many steps are done (continue later with --resume)."""
     num_envs: Annotated[int | None, Range(gt=0)] = None
     """N vectorised environments (None: 1 continuous, 4 discrete)."""

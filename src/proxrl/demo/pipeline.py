@@ -62,7 +62,7 @@ from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
 from proxrl.rollout.rewards import RewardModelReward
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import ProxrlError, RunFinished
-from proxrl.runtime.fields import Range, check_ranges
+from proxrl.runtime.fields import FREE_ON_RESUME, SESSION_OPTION, Range, check_ranges
 from proxrl.runtime.metrics import read_metrics
 from proxrl.runtime.run import Run
 from proxrl.runtime.seeding import seed_everything
@@ -83,18 +83,18 @@ class Config:
 
     saved_config_file: ClassVar[str] = "demo_config.yaml"  # what --resume starts from
 
-    output_dir: str = "runs/demo"
+    output_dir: Annotated[str, SESSION_OPTION] = "runs/demo"
     """Directory for the data, every stage's run, summary.json and report.md."""
     seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 1
     """Random seed of the data, the model's initialisation and every stage."""
-    overwrite: bool = True
+    overwrite: Annotated[bool, SESSION_OPTION] = True
     """Replace a previous demo in output_dir (only a directory that holds a proxrl run is
     deleted)."""
-    resume: bool = False
+    resume: Annotated[bool, SESSION_OPTION] = False
     """Continue an interrupted demo in output_dir, with the same options: finished stages are kept,
     a stopped RL stage resumes from its last checkpoint (Ctrl-C saves one, and one is kept every
     quarter of a run), and a stage with none starts over."""
-    resume_with_changes: bool = False
+    resume_with_changes: Annotated[bool, SESSION_OPTION] = False
     """With --resume: continue even though options differ from the demo's demo_config.yaml (without
     it such a resume is refused, naming the changed options); every stage then runs with the new
     ones."""
@@ -162,13 +162,13 @@ class Config:
     """Sampling temperature of rollouts and evaluation."""
     sampler: SamplerChoice = "cached"
     """Sampler of the three RL runs' rollouts (as ppo's and grpo's sampler)."""
-    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.05
+    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1), FREE_ON_RESUME] = 0.05
     """With sampler vllm: the engine's share of GPU memory (on a CPU, of RAM for its KV cache);
     below ppo's 0.3 because the toy model needs megabytes, and 0.3 of RAM can exceed what a CPU
     machine's NUMA node has free."""
-    threads: Annotated[int, Range(ge=0)] = 1
+    threads: Annotated[int, Range(ge=0), FREE_ON_RESUME] = 1  # how fast, not what
     """torch CPU threads (0: torch's default; one is fastest for a model this small)."""
-    progress: bool = True
+    progress: Annotated[bool, SESSION_OPTION] = True
     """Show progress bars."""
 
     @property
@@ -257,20 +257,16 @@ class Stopwatch:
 # Written into a stage's run directory once its trainer has returned: ``--resume`` skips it.
 STAGE_DONE = "demo_stage_done"
 DEMO_CONFIG = Config.saved_config_file
-RESUME_ALSO_FREE = {
-    "threads"
-}  # the demo's own option that may change on resume (runtime.resume has the rest)
 
 
 def demo_run(cfg: Config) -> Run:
-    """The demo's run context (``runtime.run``): its own config file and resume-free options, and
+    """The demo's run context (``runtime.run``): its own config file, and
     ``overwrite`` (on by default) off when resuming. It owns the directory and the config; each
     stage is a run of its own."""
     return Run(
         cfg,
         config_file=DEMO_CONFIG,
         what="demo",
-        also_free=RESUME_ALSO_FREE,
         overwrite=cfg.overwrite and not cfg.resume,
     )
 

@@ -12,7 +12,7 @@ import torch
 from proxrl.models.causal_lm import resolve_dtype
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.fields import FREE_ON_RESUME, Range
 from proxrl.runtime.lr_schedule import LRScheduleChoice
 from proxrl.runtime.run_config import RunConfig
 
@@ -43,11 +43,12 @@ class ModelRunConfig(RunConfig):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Run model code shipped with a hub repository (off unless you trust it)."""
-    push_to_hub: bool = False
+    # where the model is sent, not what the run computes
+    push_to_hub: Annotated[bool, FREE_ON_RESUME] = False
     """After training, upload the saved model, tokenizer and model card to the Hugging Face hub."""
-    hub_model_id: str | None = None
+    hub_model_id: Annotated[str | None, FREE_ON_RESUME] = None
     """Hub repository of push_to_hub, org/name (None: the output directory's name)."""
-    hub_private: bool = False
+    hub_private: Annotated[bool, FREE_ON_RESUME] = False
     """Create the push_to_hub repository as private."""
 
     def validate(self) -> None:

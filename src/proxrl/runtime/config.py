@@ -30,6 +30,9 @@ T = TypeVar("T")
 # A number as people write it; YAML 1.1 (PyYAML) reads ``1e-4`` (no dot) as a string.
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NEGATIVE = re.compile(r"^-(\.?\d|inf$|nan$)", re.I)  # a flag's value, not an option: -1e-3, -inf
+# Prefixed to such a value so that argparse reads it as one (it takes -1 for a value, not -1e-3 or
+# -inf), and taken off after: a command line cannot hold a NUL, so no real argument has it.
+_VALUE = "\0"
 
 
 def alias(*names: str) -> Any:
@@ -42,6 +45,26 @@ Range = Bound
 range type: a config field's and a core knob's (``Bound``) alike."""
 
 
+CONFIG_FILE = "config.yaml"
+"""A run's saved config, in its output directory (what ``--resume`` starts from)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OnResume:
+    """How ``--resume`` treats a field, in its ``Annotated`` metadata (``runtime.resume``); a
+    field without one is compared with the saved run's value, and a change refused."""
+
+    session: bool  # True: it describes this invocation, never read from the saved config
+
+
+SESSION_OPTION = OnResume(session=True)
+"""Describes this invocation rather than the run: never taken from the saved config, and free
+to differ from it."""
+FREE_ON_RESUME = OnResume(session=False)
+"""May change on resume: it says where the run lives, how it is driven, saved and shown, never
+what it computes."""
+
+
 class FieldSpec(NamedTuple):
     type: Any  # without Annotated
     range: Range | None  # a subclass that only changes the default keeps its base's
@@ -51,6 +74,7 @@ class FieldSpec(NamedTuple):
     required: bool  # no default
     choice: Choice | None  # the registry whose entry (each item's, for a list) the value picks
     applies_with: str | None  # the field that must be set for this one to apply
+    on_resume: OnResume | None  # how --resume treats it (None: a change is refused)
 
 
 @functools.cache
@@ -74,6 +98,7 @@ def field_table(config_cls: Any) -> dict[str, FieldSpec]:
             f.default is f.default_factory is dataclasses.MISSING,
             next((m for m in markers if isinstance(m, Choice)), None),
             next((m.field for m in markers if isinstance(m, AppliesWith)), None),
+            next((m for m in metadata if isinstance(m, OnResume)), None),
         )
     spelt = {s for n, f in table.items() for s in (n, *f.aliases)}
     for name, (field, _) in SAME.items():  # another library's name of the same meaning
@@ -383,15 +408,32 @@ def save_config_file(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
+def free_on_resume(config_cls: Any, session_only: bool = False) -> frozenset[str]:
+    """The fields of ``config_cls`` marked ``FREE_ON_RESUME`` or ``SESSION_OPTION`` (with
+    ``session_only``, only the latter): a subclass that changes only a default keeps its
+    base's mark."""
+    return frozenset(
+        name
+        for name, f in field_table(config_cls).items()
+        if f.on_resume is not None and (f.on_resume.session or not session_only)
+    )
+
+
 def saved_run_values(cls: type, resume: bool, output_dir: Any, given: frozenset[str]) -> dict:
     """With ``resume``: the options the run in ``output_dir`` saved (config.yaml, or
-    ``cls.saved_config_file``), less the ``given`` ones and those of this invocation
-    (``runtime.resume.SESSION_OPTIONS``): what a config file, flags or API options change."""
-    from proxrl.runtime.resume import CONFIG_FILE, SESSION_OPTIONS
-
+    ``cls.saved_config_file``), less the ``given`` ones and those of this invocation (marked
+    ``SESSION_OPTION``): what a config file, flags or API options change."""
     path = Path(str(output_dir)) / getattr(cls, "saved_config_file", CONFIG_FILE)
-    ok = resume and path.is_file()
-    return file_values(cls, path, given | SESSION_OPTIONS, True) if ok else {}
+    if not (resume and path.is_file()):
+        return {}
+    return file_values(cls, path, given | free_on_resume(cls, session_only=True), True)
+
+
+def _unmarked(text: Any) -> Any:
+    """A value parsed from the command line, or a list of them, without ``_VALUE``."""
+    if isinstance(text, list):
+        return [_unmarked(t) for t in text]
+    return text.removeprefix(_VALUE) if isinstance(text, str) else text
 
 
 def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
@@ -401,7 +443,7 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
     config (``saved_run_values``) is the base. ``--help`` prints the fields and exits 0."""
     table, argv = field_table(cls), list(argv or [])
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    parser.argument_default, parser._negative_number_matcher = argparse.SUPPRESS, _NEGATIVE
+    parser.argument_default = argparse.SUPPRESS
     parser.add_argument("--config")
     for name, f in table.items():
         flags = ["--" + n.replace("_", "-") for n in (name, *f.aliases)]
@@ -412,14 +454,17 @@ def parse_config(cls: type[T], argv: list[str] | None, prog: str) -> T:
     args = [a for a in argv if a not in ("-h", "--help")]
     try:
         dashed = [re.sub(r"^(--[^=]*)", lambda m: m[1].replace("_", "-"), a) for a in args]
-        known, extras = parser.parse_known_args(dashed)
+        known, extras = parser.parse_known_args(
+            [_VALUE + a if _NEGATIVE.match(a) else a for a in dashed]
+        )
     except argparse.ArgumentError as e:
         flag = (e.argument_name or "").split("/")[0]
         tp = table.get(flag[2:].replace("-", "_"))
         need = f"a value ({type_name(tp.type)})" if tp else "a file path"
         why = e.message.replace("ignored explicit argument", f"{flag} takes no value, found")
         raise ProxrlError(f"{flag} needs {need}" if why.startswith("expected") else why) from None
-    texts, unknown = vars(known), []
+    texts, unknown = {k: _unmarked(v) for k, v in vars(known).items()}, []
+    extras = _unmarked(extras)
     path = texts.pop("config", None)
     values = file_values(cls, path, frozenset(texts), unknown=unknown) if path else {}
     spelt, seen = {s: n for n, f in table.items() for s in (n, *f.aliases)}, {}

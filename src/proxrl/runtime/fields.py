@@ -1,4 +1,12 @@
 """The field vocabulary's old home: ``alias``, ``Range``, ``field_table`` and ``check_ranges``
 live in ``runtime.config`` with the parsing that reads them; the configs import them here."""
 
-from proxrl.runtime.config import Range, alias, check_ranges, field_table, optional_inner  # noqa: F401
+from proxrl.runtime.config import (  # noqa: F401
+    FREE_ON_RESUME,
+    SESSION_OPTION,
+    Range,
+    alias,
+    check_ranges,
+    field_table,
+    optional_inner,
+)

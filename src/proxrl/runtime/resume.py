@@ -3,8 +3,8 @@ command (the LM trainers, ``classic`` and ``demo``).
 
 The starting point of a resumed run is its own saved config: ``proxrl ppo --output-dir runs/x
 --resume`` needs no other option (``runtime.config.parse_config`` reads ``runs/x/config.yaml``
-under ``--config`` and the flags; ``SESSION_OPTIONS`` below are never taken from it). Resuming a
-run that already took every step it was configured for raises ``RunFinished`` (``proxrl``
+under ``--config`` and the flags; a field marked ``SESSION_OPTION`` is never taken from it).
+Resuming a run that already took every step it was configured for raises ``RunFinished`` (``proxrl``
 prints one line and exits 0): there is nothing to do, and a retried job should not fail on it.
 
 A resumed run is compared with the options it was started with, read from its saved config
@@ -13,8 +13,9 @@ A resumed run is compared with the options it was started with, read from its sa
 because the run would silently continue as a mix of two configurations. ``--resume-with-changes``
 accepts them: each change is logged at WARNING and the trainer writes the new config file.
 
-``RESUME_FREE`` lists, once, the options that may always change on resume: they say where the run
-lives, how it is driven, saved and shown, never what it computes. ``save_every``,
+A field marked ``FREE_ON_RESUME`` (or ``SESSION_OPTION``) in its ``Annotated`` metadata
+(``runtime.config``) may always change on resume: it says where the run lives, how it is
+driven, saved and shown, never what it computes; the mark sits beside the field. ``save_every``,
 ``keep_checkpoints`` and ``max_consecutive_skips`` are among them: how often a run saves, how many
 checkpoints it keeps and how many bad steps it tolerates before stopping change no step it takes;
 nor does the vLLM engine's memory share, which a run that ran out of memory must be able to lower.
@@ -42,45 +43,15 @@ import yaml
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import MANIFEST, CheckpointManager
+from proxrl.runtime.config import CONFIG_FILE, free_on_resume
 from proxrl.runtime.errors import ProxrlError, RunFinished
 from proxrl.runtime.run_dir import run_command
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-
-# What describes this invocation rather than the run: never taken from the saved config.
-SESSION_OPTIONS = frozenset(
-    {
-        "resume",
-        "overwrite",
-        "resume_with_changes",  # how this invocation treats the directory
-        "output_dir",  # a run directory may be moved or copied and resumed there
-        "progress",  # what is shown (--debug and --quiet are the CLI's, not a config's)
-        "stop_at_step",  # classic: where this session stops, not what a step does
-    }
-)
-
-RESUME_FREE = SESSION_OPTIONS | frozenset(
-    {
-        "save_every",
-        "keep_checkpoints",
-        "max_consecutive_skips",  # how the run is saved and guarded
-        "report_to",
-        "push_to_hub",
-        "hub_model_id",
-        "hub_private",  # where the metrics and the model are sent
-        # The engine's memory budget, the first thing to lower after it ran out of memory; it
-        # bounds how many sequences decode at once, not what any of them decodes.
-        "vllm_gpu_memory_utilization",
-        # placement ray: which cluster the invocation joins (a resumed run may run on another)
-        "ray_address",
-    }
-)
-
 
 def changed_options(
-    saved: Mapping[str, Any], now: Mapping[str, Any], free: Iterable[str] = RESUME_FREE
+    saved: Mapping[str, Any], now: Mapping[str, Any], free: Iterable[str] = ()
 ) -> dict[str, tuple[Any, Any]]:
     """``{option: (saved value, new value)}`` for every option in both that differs, in the
     order of ``now``; ``free`` options are left out."""
@@ -93,13 +64,13 @@ def changed_options(
 
 
 def check_resume(
-    cfg: Any, config_file: str = CONFIG_FILE, what: str = "run", also_free: Iterable[str] = ()
+    cfg: Any, config_file: str = CONFIG_FILE, what: str = "run"
 ) -> dict[str, tuple[Any, Any]]:
     """Apply the policy to ``cfg`` (a config with ``output_dir``, ``resume`` and
     ``resume_with_changes``): nothing to do unless resuming a run whose ``config_file`` exists;
     changed options are refused unless ``cfg.resume_with_changes``, then logged. Returns the
-    changes (empty when none). ``what`` names the run in the message; ``also_free``: options
-    of this command that may change too. Reads only; call it before anything is written."""
+    changes (empty when none). ``what`` names the run in the message. Reads only; call it
+    before anything is written."""
     path = Path(cfg.output_dir) / config_file
     if not cfg.resume or not path.is_file():
         return {}
@@ -111,10 +82,9 @@ def check_resume(
         ) from None
     if not isinstance(saved, dict):
         raise ProxrlError(f"--resume: {path} does not hold a mapping of option: value")
-    # The new config as its YAML file would read back (tuples as lists), so values compare alike;
-    # not through runtime.config, which reads SESSION_OPTIONS from here.
+    # The new config as its YAML file would read back (tuples as lists), so values compare alike.
     now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    changes = changed_options(saved, now, RESUME_FREE | set(also_free))
+    changes = changed_options(saved, now, free_on_resume(type(cfg)))
     if not changes:
         return {}
     if not getattr(cfg, "resume_with_changes", False):

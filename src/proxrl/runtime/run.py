@@ -82,7 +82,7 @@ the checkpointer also read ``keep_checkpoints``, ``max_consecutive_skips``, ``re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -121,7 +121,6 @@ class Run:
         cfg: the run's config (``output_dir``, ``resume``, ``overwrite``, ...).
         config_file: the name of the saved config in ``output_dir`` (what ``--resume`` compares).
         what: names the run in the changed-options message (``"run"``, ``"demo"``).
-        also_free: options of this command that may change on resume (``runtime.resume``).
         overwrite: the overwrite policy when it is not ``cfg.overwrite`` (the demo's).
         rank_rng, reseed: passed to the ``Checkpointer`` (several processes, each with its own
             sampler stream).
@@ -135,7 +134,6 @@ class Run:
         *,
         config_file: str = CONFIG_FILE,
         what: str = "run",
-        also_free: Iterable[str] = (),
         overwrite: bool | None = None,
         rank_rng: bool = False,
         reseed: Callable[[int], None] | None = None,
@@ -147,7 +145,6 @@ class Run:
         self.overwrite = bool(cfg.overwrite if overwrite is None else overwrite)
         self.config_file = config_file
         self.what = what
-        self.also_free = frozenset(also_free)
         self._rank_rng = rank_rng
         self._reseed = reseed
         self.schedules: list[StepSchedule] = []
@@ -170,7 +167,7 @@ class Run:
         """With ``--resume``: refuse a run another command made, and changed options unless
         ``--resume-with-changes`` (then log them); returns the changes."""
         check_command(self.cfg, self.command)
-        return check_resume(self.cfg, self.config_file, self.what, self.also_free)
+        return check_resume(self.cfg, self.config_file, self.what)
 
     def check_not_finished(self, total: int, unit: str = "step", longer: str = "--epochs") -> None:
         """With ``--resume``: raise ``RunFinished`` when the newest checkpoint is at ``total``

@@ -42,7 +42,7 @@ from proxrl.registry import AppliesWith
 from proxrl.rollout.vllm_sampler import LORA_SYNCS
 from proxrl.runtime.config import check_knobs
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range, alias
+from proxrl.runtime.fields import FREE_ON_RESUME, Range, alias
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,9 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     """cached: a lean decoding loop over the KV cache; hf: transformers' generate (always used
     with stop_strings); vllm: a vLLM engine in this process (in the environment make setup-vllm
     builds)."""
-    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1)] = 0.3
+    # The engine's memory budget, the first thing to lower after it ran out of memory: it bounds
+    # how many sequences decode at once, not what any of them decodes.
+    vllm_gpu_memory_utilization: Annotated[float, Range(gt=0, le=1), FREE_ON_RESUME] = 0.3
     """sampler vllm: share of the GPU's memory the engine takes for weights and KV cache (on a
     CPU: share of the RAM for its KV cache)."""
     vllm_max_model_length: Annotated[int | None, Range(ge=1)] = None

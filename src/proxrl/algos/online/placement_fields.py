@@ -8,7 +8,7 @@ from typing import Annotated
 
 from proxrl.registry import AppliesWith, Registry
 from proxrl.runtime.errors import ProxrlError
-from proxrl.runtime.fields import Range
+from proxrl.runtime.fields import FREE_ON_RESUME, Range
 
 RAY_INSTALL = "pip install 'proxrl[ray]' (or pip install ray)"
 
@@ -60,7 +60,8 @@ class PlacementFields:
     """local: every role in this process (data parallel under accelerate); ray: the trainer, the
     reference, a teacher, the reward sources, a separate critic and the generation engines each
     a Ray actor."""
-    ray_address: str = ""
+    # which cluster this invocation joins (a resumed run may run on another)
+    ray_address: Annotated[str, FREE_ON_RESUME] = ""
     """placement ray: the cluster to join (host:port or auto; empty: $RAY_ADDRESS, else a local
     Ray started for the run)."""
     ray_engines: Annotated[int, Range(ge=1)] = 1
