@@ -63,7 +63,7 @@ def test_sft_from_rows_and_a_loaded_model_trains_that_model(tiny_lm, tmp_path):
     config = yaml.safe_load((run.output_dir / "config.yaml").read_text())
     assert config["model"] == "python:model"
     assert config["data"] == f"python:data@{objects.fingerprint(SFT_ROWS)}"
-    assert not objects._entries, "the run's objects are forgotten after it"
+    assert not objects.is_handle("python:model"), "the run's objects are forgotten after it"
 
 
 def test_rows_as_a_file_and_as_a_list_train_the_same_model(tiny_lm, tmp_path):

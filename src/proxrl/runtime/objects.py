@@ -5,7 +5,9 @@ an already-loaded model, a list of rows, a ``datasets.Dataset`` or a reward func
 ``proxrl.train(...)`` gets a handle such as ``python:model``, ``python:data@1a2b3c4d`` (a
 fingerprint of the rows, so a resume with other rows is a changed option) or ``python:score``,
 and the handle goes into the config field. The objects travel with the config object
-(``attach``) and are registered only while its run runs (``registered``). The loaders the
+(``attach``) and are registered only while its run runs (``registered``), in the run's context
+(a ``contextvars`` variable: set for the block and reset after it, in this thread or task only;
+no module global holds them, so two runs in two threads see their own). The loaders the
 command line uses (``data.readers.read_rows``, ``models.causal_lm.load_pretrained``,
 ``models.tokenizer``, ``rollout.rewards.load_reward_function``) look a handle up here first:
 one path for both.
@@ -24,7 +26,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 PREFIX = "python:"
@@ -39,7 +43,10 @@ class Entry:
     saved_to: str | None = None  # a directory holding save_pretrained of obj (saved_copy)
 
 
-_entries: dict[str, Entry] = {}
+_REGISTERED: ContextVar[Mapping[str, Entry]] = ContextVar(
+    "proxrl_objects", default=MappingProxyType({})
+)
+"""The handles of the runs in progress in this context (``registered``)."""
 
 
 def attach(cfg: Any, entries: Mapping[str, Entry]) -> None:
@@ -52,7 +59,7 @@ def attached(cfg: Any) -> dict[str, Entry]:
 
 
 def is_handle(name: object) -> bool:
-    return isinstance(name, str) and name in _entries
+    return isinstance(name, str) and name in _REGISTERED.get()
 
 
 def fingerprint(rows: Any) -> str:
@@ -68,14 +75,14 @@ def fingerprint(rows: Any) -> str:
 
 def lookup(handle: str) -> Any:
     """The object behind ``handle`` (``KeyError`` if it is not one)."""
-    return _entries[handle].obj
+    return _REGISTERED.get()[handle].obj
 
 
 def take_model(handle: str) -> Any:
     """The model behind ``handle``: itself the first time, afterwards a deep copy as
     ``from_pretrained`` would give it (every weight trainable, eval mode), even when the first
     taker froze the object (a reward model, then a critic started from it)."""
-    entry = _entries[handle]
+    entry = _REGISTERED.get()[handle]
     if not entry.handed_out:
         entry.handed_out = True
         return entry.obj
@@ -85,7 +92,7 @@ def take_model(handle: str) -> Any:
 def tokenizer_of(handle: str) -> Any:
     """A copy of the tokenizer registered with the model ``handle`` (None if none was given).
     A copy: the run adds a pad token and sets the padding side on its own tokenizer."""
-    tokenizer = _entries[handle].tokenizer
+    tokenizer = _REGISTERED.get()[handle].tokenizer
     return None if tokenizer is None else copy.deepcopy(tokenizer)
 
 
@@ -93,7 +100,7 @@ def saved_copy(handle: str) -> str:
     """A temporary directory holding ``save_pretrained`` of the model behind ``handle`` (written
     once per run), for a loader that must build another class from it (a causal LM asked for
     as a sequence classifier: ``rm`` on a loaded LM, a critic started from the policy)."""
-    entry = _entries[handle]
+    entry = _REGISTERED.get()[handle]
     if entry.saved_to is None:
         entry.saved_to = tempfile.mkdtemp(prefix="proxrl-object-")
         entry.obj.save_pretrained(entry.saved_to)
@@ -106,13 +113,12 @@ def saved_copy(handle: str) -> str:
 def registered(entries: Mapping[str, Entry]) -> Iterator[None]:
     """Resolve the handles of ``entries`` inside the block (each run starts with no model
     handed out), then forget them and delete the copies written for them."""
-    global _entries
-    before = _entries
-    _entries = {**before, **{h: Entry(e.obj, e.tokenizer) for h, e in entries.items()}}
+    fresh = {h: Entry(e.obj, e.tokenizer) for h, e in entries.items()}
+    token = _REGISTERED.set(MappingProxyType({**_REGISTERED.get(), **fresh}))
     try:
         yield
     finally:
-        for handle, entry in _entries.items():
-            if before.get(handle) is not entry and entry.saved_to is not None:
+        _REGISTERED.reset(token)
+        for entry in fresh.values():
+            if entry.saved_to is not None:
                 shutil.rmtree(entry.saved_to, ignore_errors=True)
-        _entries = before
