@@ -34,23 +34,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.threads import choose_cpu_threads
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
-    "classic-eval": ("proxrl.classic.evaluate", "run a saved classic policy deterministically"),
-    "sft": ("proxrl.algos.offline.sft", "supervised fine-tuning"),
-    "rm": ("proxrl.algos.offline.reward", "train a Bradley-Terry reward model"),
-    "dpo": ("proxrl.algos.offline.dpo", "DPO / IPO / SimPO on preference pairs"),
-    "ppo": ("proxrl.algos.online.ppo", "RLHF PPO (actor, critic, reference, reward)"),
-    "grpo": ("proxrl.algos.online.grpo", "GRPO and the critic-free family"),
-    "demo": ("proxrl.demo", "the whole pipeline on a tiny model"),
-    "report": ("proxrl.report", "summarise runs"),
-}
+COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "classic": ("proxrl.classic.train", "PPO / TRPO on gymnasium environments"),
+        "classic-eval": ("proxrl.classic.evaluate", "run a saved classic policy deterministically"),
+        "sft": ("proxrl.algos.offline.sft", "supervised fine-tuning"),
+        "rm": ("proxrl.algos.offline.reward", "train a Bradley-Terry reward model"),
+        "dpo": ("proxrl.algos.offline.dpo", "DPO / IPO / SimPO on preference pairs"),
+        "ppo": ("proxrl.algos.online.ppo", "RLHF PPO (actor, critic, reference, reward)"),
+        "grpo": ("proxrl.algos.online.grpo", "GRPO and the critic-free family"),
+        "demo": ("proxrl.demo", "the whole pipeline on a tiny model"),
+        "report": ("proxrl.report", "summarise runs"),
+    }
+)
 """Command → (module, one-line help). A module has ``Config`` and ``train(cfg)``, or
 ``main(argv)`` when it parses its own arguments (``classic-eval``)."""
 
@@ -63,7 +66,7 @@ DATA_OPTIONS = ("data", "eval_data", "prompts")
 FACTORY_OPTIONS = ("environment",)
 """Options that take a factory, which may be a class (``environment=MyEnvironment``)."""
 
-TOKENIZER_OPTIONS = {"tokenizer": "model", "reward_tokenizer": "reward_model"}
+TOKENIZER_OPTIONS = MappingProxyType({"tokenizer": "model", "reward_tokenizer": "reward_model"})
 """Python-only options: the tokenizer of a model given as an object."""
 
 

@@ -28,7 +28,7 @@ from proxrl.runtime.errors import ProxrlError
 log = logging.getLogger(__name__)
 
 CARD_FILE = "README.md"
-NOT_UPLOADED = [
+NOT_UPLOADED = (
     "checkpoints/*",
     "checkpoints/**",
     "tensorboard/**",
@@ -36,7 +36,7 @@ NOT_UPLOADED = [
     "mlruns/**",
     "trackio/**",
     "*.tmp",
-]
+)
 """What ``push_to_hub`` leaves out of the upload: resumable state and tracker files."""
 
 
@@ -283,7 +283,7 @@ def push_to_hub(output_dir: Path, repo_id: str, private: bool = False) -> str:
             folder_path=str(output_dir),
             repo_type="model",
             commit_message="proxrl: upload the trained model",
-            ignore_patterns=NOT_UPLOADED,
+            ignore_patterns=list(NOT_UPLOADED),
         )
     except Exception as exc:  # network, authentication, permissions: one line, model kept
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -34,8 +34,10 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import tyro
@@ -50,37 +52,44 @@ from proxrl.runtime.metrics import METRICS_FILE, read_metrics
 from proxrl.runtime.run_dir import not_writable
 
 # panel file name → (title, metric names tried in order: the first one a run logged is drawn)
-PANELS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "score": ("score (objective/scores)", ("objective/scores",)),
-    "kl": ("KL to the reference (objective/kl, per sequence)", ("objective/kl",)),
-    "episodic_return": ("episode return (charts/episodic_return)", ("charts/episodic_return",)),
-    "kl_coef": ("KL coefficient β (policy/kl_coef)", ("policy/kl_coef",)),
-    "value_loss": ("value loss (value/loss)", ("value/loss", "losses/value_loss")),
-    "clip_fraction": ("clip fraction (policy/clipfrac)", ("policy/clipfrac", "losses/clipfrac")),
-    "entropy": (
-        "entropy per token (objective/entropy)",
-        ("objective/entropy", "policy/entropy", "losses/entropy"),
-    ),
-    "response_length": (
-        "response length in tokens (response/length_mean)",
-        ("response/length_mean",),
-    ),
-    "loss": ("training loss (train/loss)", ("train/loss",)),
-    "heldout_score": ("held-out score (eval/score)", ("eval/score",)),
-    "eval_loss": ("held-out loss (eval/loss)", ("eval/loss",)),
-    "teacher_kl": (
-        "reverse KL to the teacher (distill/reverse_kl, per token)",
-        ("distill/reverse_kl",),
-    ),
-    "distill_loss": ("distillation loss (distill/loss)", ("distill/loss",)),
-}
-UNIT_OF_PANEL: dict[str, str] = {
-    "score": "reward",
-    "value_loss": "reward",
-    "kl_coef": "reward",
-    "heldout_score": "eval_reward_fn",
-    "episodic_return": "env",
-}
+PANELS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "score": ("score (objective/scores)", ("objective/scores",)),
+        "kl": ("KL to the reference (objective/kl, per sequence)", ("objective/kl",)),
+        "episodic_return": ("episode return (charts/episodic_return)", ("charts/episodic_return",)),
+        "kl_coef": ("KL coefficient β (policy/kl_coef)", ("policy/kl_coef",)),
+        "value_loss": ("value loss (value/loss)", ("value/loss", "losses/value_loss")),
+        "clip_fraction": (
+            "clip fraction (policy/clipfrac)",
+            ("policy/clipfrac", "losses/clipfrac"),
+        ),
+        "entropy": (
+            "entropy per token (objective/entropy)",
+            ("objective/entropy", "policy/entropy", "losses/entropy"),
+        ),
+        "response_length": (
+            "response length in tokens (response/length_mean)",
+            ("response/length_mean",),
+        ),
+        "loss": ("training loss (train/loss)", ("train/loss",)),
+        "heldout_score": ("held-out score (eval/score)", ("eval/score",)),
+        "eval_loss": ("held-out loss (eval/loss)", ("eval/loss",)),
+        "teacher_kl": (
+            "reverse KL to the teacher (distill/reverse_kl, per token)",
+            ("distill/reverse_kl",),
+        ),
+        "distill_loss": ("distillation loss (distill/loss)", ("distill/loss",)),
+    }
+)
+UNIT_OF_PANEL: Mapping[str, str] = MappingProxyType(
+    {
+        "score": "reward",
+        "value_loss": "reward",
+        "kl_coef": "reward",
+        "heldout_score": "eval_reward_fn",
+        "episodic_return": "env",
+    }
+)
 """Panels whose values are in a run's own units: the panel → what sets them."""
 GOLD_METRIC = "reward/gold"
 PROXY_METRIC = "reward/reward_model"

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import types
 import warnings
+from types import MappingProxyType
 
 import pytest
 
-from proxrl import cli
+from proxrl import api, cli
 from proxrl.runtime.errors import ProxrlError
 
 
@@ -32,7 +33,14 @@ def _fake_module(monkeypatch, calls):
 
     module.train = train
     monkeypatch.setitem(sys.modules, "proxrl_fake_cmd", module)
-    monkeypatch.setitem(cli.COMMANDS, "fake", ("proxrl_fake_cmd", "a test command"))
+    add_command(monkeypatch, "fake", ("proxrl_fake_cmd", "a test command"))
+
+
+def add_command(monkeypatch, name, entry):
+    """``name`` a command for the test (the table itself is immutable)."""
+    commands = MappingProxyType({**api.COMMANDS, name: entry})
+    monkeypatch.setattr(api, "COMMANDS", commands)
+    monkeypatch.setattr(cli, "COMMANDS", commands)
 
 
 def test_dispatch_parses_the_config_and_trains(monkeypatch):
@@ -80,7 +88,7 @@ def test_python_dash_m_proxrl_exit_code():
 
 
 def test_command_whose_module_is_missing(monkeypatch, capsys):
-    monkeypatch.setitem(cli.COMMANDS, "ghost", ("proxrl.no_such_module", "x"))
+    add_command(monkeypatch, "ghost", ("proxrl.no_such_module", "x"))
     assert cli.main(["ghost"]) == 2
     assert "command 'ghost' is not available" in capsys.readouterr().err
 

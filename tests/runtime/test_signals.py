@@ -13,6 +13,7 @@ import pytest
 from proxrl import cli
 from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.signals import GracefulStop
+from tests.runtime.test_cli import add_command
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -77,7 +78,7 @@ def test_cli_prints_a_stop_as_one_line_with_the_signal_exit_code(monkeypatch, ca
 
     module.main = main
     monkeypatch.setitem(sys.modules, "proxrl_fake_stop", module)
-    monkeypatch.setitem(cli.COMMANDS, "fake", ("proxrl_fake_stop", "a test command"))
+    add_command(monkeypatch, "fake", ("proxrl_fake_stop", "a test command"))
     assert cli.main(["fake"]) == 143
     err = capsys.readouterr().err
     assert err == (

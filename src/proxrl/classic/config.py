@@ -24,6 +24,8 @@ switch ``clip_vloss``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any
 
 import tyro
@@ -52,27 +54,31 @@ ALGOS.add("ppo", None, "PPO with the objective chosen", trains_policy_by_gradien
 ALGOS.add("trpo", None, "natural gradient + KL-constrained line search")
 AlgoChoice = ALGOS.choice()
 
-_CONTINUOUS: dict[str, Any] = dict(
-    total_steps=1_000_000,
-    num_envs=1,
-    num_steps=2048,
-    mini_batch_size=64,
-    ppo_epochs=10,
-    learning_rate=3e-4,
-    entropy_coef=0.0,
-    normalize_obs=True,
-    normalize_reward=True,
+_CONTINUOUS: Mapping[str, Any] = MappingProxyType(
+    dict(
+        total_steps=1_000_000,
+        num_envs=1,
+        num_steps=2048,
+        mini_batch_size=64,
+        ppo_epochs=10,
+        learning_rate=3e-4,
+        entropy_coef=0.0,
+        normalize_obs=True,
+        normalize_reward=True,
+    )
 )
-_DISCRETE: dict[str, Any] = dict(
-    total_steps=500_000,
-    num_envs=4,
-    num_steps=128,
-    mini_batch_size=128,
-    ppo_epochs=4,
-    learning_rate=2.5e-4,
-    entropy_coef=0.01,
-    normalize_obs=False,
-    normalize_reward=False,
+_DISCRETE: Mapping[str, Any] = MappingProxyType(
+    dict(
+        total_steps=500_000,
+        num_envs=4,
+        num_steps=128,
+        mini_batch_size=128,
+        ppo_epochs=4,
+        learning_rate=2.5e-4,
+        entropy_coef=0.01,
+        normalize_obs=False,
+        normalize_reward=False,
+    )
 )
 
 

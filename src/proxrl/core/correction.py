@@ -16,6 +16,7 @@ Inputs are read, never changed; nothing here carries a gradient (callers pass de
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -149,7 +150,7 @@ ROLLOUT_CORRECTIONS.add(
 )
 
 
-EXTREMES = {"is_ratio_min": min, "is_ratio_max": max}
+EXTREMES = MappingProxyType({"is_ratio_min": min, "is_ratio_max": max})
 """The ``correction_stats`` that are extremes over tokens; every other one is a token mean."""
 
 

@@ -32,16 +32,17 @@ import ast
 import json
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from transformers.utils import get_json_schema
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 GIVE_UP = "unknown"  # what the sloppy annotator answers when it does not use the calculator
-ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
 
 # Hermes/Qwen style, made small: the tools' names on a system line, each tool call as
 # <tool_call>{"name": ..., "arguments": {...}}</tool_call>, every assistant turn closed by EOS
@@ -64,11 +65,13 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
-_OPERATORS: dict[type, Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-}
+_OPERATORS: Mapping[type, Callable[[int, int], int]] = MappingProxyType(
+    {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+    }
+)
 
 
 def calculator(expression: str) -> str:
@@ -88,12 +91,12 @@ def _evaluate(node: ast.expr) -> int:
     raise ValueError("expected whole numbers joined by +, - and *")
 
 
-TOOLS = [calculator]
+TOOLS = (calculator,)
 
 
 def tool_schemas(tools: list[Callable[..., Any]] | None = None) -> list[dict[str, Any]]:
     """The JSON schemas a chat template's ``tools=`` takes (from signature + docstring)."""
-    return [get_json_schema(t) for t in (TOOLS if tools is None else tools)]
+    return [get_json_schema(t) for t in (list(TOOLS) if tools is None else tools)]
 
 
 def answer_of(expression: str) -> str:
@@ -119,7 +122,7 @@ def environment() -> Any:
     ``calculator`` tool, the exact final-answer reward."""
     from proxrl.rollout.environment import ToolEnvironment
 
-    return ToolEnvironment(TOOLS, final_answer_reward)
+    return ToolEnvironment(list(TOOLS), final_answer_reward)
 
 
 def environment_without_tool() -> Any:

@@ -42,9 +42,11 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, ClassVar
 
 import torch
@@ -311,12 +313,14 @@ class StageRunner:
         return metrics
 
 
-STAGE_COMMANDS: dict[type, str] = {
-    sft.Config: "sft",
-    reward.Config: "rm",
-    ppo.Config: "ppo",
-    grpo.Config: "grpo",
-}
+STAGE_COMMANDS: Mapping[type, str] = MappingProxyType(
+    {
+        sft.Config: "sft",
+        reward.Config: "rm",
+        ppo.Config: "ppo",
+        grpo.Config: "grpo",
+    }
+)
 
 
 def last_metrics(run_dir: Path) -> dict[str, float]:

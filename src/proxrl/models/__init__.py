@@ -10,23 +10,26 @@ imported.
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 from typing import Any
 
-_HOMES = {
-    "disable_dropout": "causal_lm",
-    "load_causal_lm": "causal_lm",
-    "adapter_disabled": "lora",
-    "apply_lora": "lora",
-    "trainable_state_dict": "lora",
-    "last_token_index": "scalar_head",
-    "load_score_model": "scalar_head",
-    "sequence_scores": "scalar_head",
-    "store_score_normalization": "scalar_head",
-    "token_values": "scalar_head",
-    "load_tokenizer": "tokenizer",
-    "padding_side": "tokenizer",
-    "resize_for_tokenizer": "tokenizer",
-}
+_HOMES = MappingProxyType(
+    {
+        "disable_dropout": "causal_lm",
+        "load_causal_lm": "causal_lm",
+        "adapter_disabled": "lora",
+        "apply_lora": "lora",
+        "trainable_state_dict": "lora",
+        "last_token_index": "scalar_head",
+        "load_score_model": "scalar_head",
+        "sequence_scores": "scalar_head",
+        "store_score_normalization": "scalar_head",
+        "token_values": "scalar_head",
+        "load_tokenizer": "tokenizer",
+        "padding_side": "tokenizer",
+        "resize_for_tokenizer": "tokenizer",
+    }
+)
 """Public name → the submodule that defines it."""
 
 __all__ = sorted(_HOMES)

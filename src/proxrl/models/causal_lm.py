@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,19 +42,23 @@ from proxrl.runtime.errors import ProxrlError
 if TYPE_CHECKING:  # transformers loads with the first model or tokenizer, not with a config
     from transformers import PreTrainedModel
 
-DTYPES: dict[str, torch.dtype | str] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-    "auto": "auto",
-}
+DTYPES: Mapping[str, torch.dtype | str] = MappingProxyType(
+    {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float64": torch.float64,
+        "auto": "auto",
+    }
+)
 
 
-NOTHING_MISSING: dict[str, list[str]] = {"missing_keys": [], "unexpected_keys": []}
+NOTHING_MISSING: Mapping[str, list[str]] = MappingProxyType(
+    {"missing_keys": [], "unexpected_keys": []}
+)
 """``output_loading_info`` of a model used as it is (nothing was loaded, nothing is missing)."""
 
 
@@ -165,11 +171,13 @@ def load_causal_lm(
 
 NOT_A_CAUSAL_LM = "not a causal LM with its LM head"
 
-OTHER_HEADS = {
-    "ForTokenClassification": "a token classifier",
-    "ForQuestionAnswering": "a question-answering model",
-    "ForMultipleChoice": "a multiple-choice model",
-}
+OTHER_HEADS = MappingProxyType(
+    {
+        "ForTokenClassification": "a token classifier",
+        "ForQuestionAnswering": "a question-answering model",
+        "ForMultipleChoice": "a multiple-choice model",
+    }
+)
 """Class-name endings of transformers models with a head other than an LM head."""
 
 

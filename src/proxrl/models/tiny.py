@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>"]
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>")
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -28,7 +28,7 @@ def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 320) -> PreTra
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from proxrl.runtime.errors import ProxrlError
@@ -122,7 +123,9 @@ def parse_hermes(text: str) -> list[ToolCall]:
     return calls
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[[str], list[ToolCall]]] = {"hermes": parse_hermes}
+TOOL_CALL_PARSERS: Mapping[str, Callable[[str], list[ToolCall]]] = MappingProxyType(
+    {"hermes": parse_hermes}
+)
 """``tool_call_format`` → a parser of a model turn's text into its tool calls."""
 
 

@@ -92,13 +92,12 @@ from torch.optim import Optimizer
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, Restored, Snapshot
-from proxrl.runtime.config import config_to_dict, save_config_file
+from proxrl.runtime.config import CONFIG_FILE, config_to_dict, save_config_file
 from proxrl.runtime.errors import Interrupted, RunFinished
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.lr_schedule import Rate, StepSchedule
 from proxrl.runtime.metrics import MetricsLogger, ProgressBar, progress_bar
 from proxrl.runtime.resume import (
-    CONFIG_FILE,
     check_command,
     check_not_finished,
     check_resume,

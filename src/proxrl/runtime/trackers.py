@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -183,7 +184,7 @@ TRACKERS.add("tensorboard", TensorBoardTracker, "TensorBoard event files", packa
 TRACKERS.add("wandb", WandbTracker, "Weights & Biases", package="wandb")
 TRACKERS.add("mlflow", MlflowTracker, "MLflow (MLFLOW_TRACKING_URI or ./mlruns)", package="mlflow")
 TRACKERS.add("trackio", TrackioTracker, "Trackio, Hugging Face's local tracker", package="trackio")
-PACKAGES = {name: TRACKERS.trait(name, "package") for name in TRACKERS}
+PACKAGES = MappingProxyType({name: TRACKERS.trait(name, "package") for name in TRACKERS})
 """The import each tracker needs."""
 TrackerName = TRACKERS.choice(off=("none",))
 

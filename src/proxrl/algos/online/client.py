@@ -19,9 +19,10 @@ the KL is the user's to pay in the reward (``core.shaped_rewards``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -103,10 +104,12 @@ def _named_surrogate(name: str) -> Callable[[OnlineConfig], PolicyLoss]:
     return lambda cfg: surrogate(replace(cfg, policy_loss=name))
 
 
-LOSSES: dict[str, Callable[[OnlineConfig], PolicyLoss]] = {
-    **{name: _named_surrogate(name) for name in POLICY_LOSSES},
-    "sft": _sft_loss,
-}
+LOSSES: Mapping[str, Callable[[OnlineConfig], PolicyLoss]] = MappingProxyType(
+    {
+        **{name: _named_surrogate(name) for name in POLICY_LOSSES},
+        "sft": _sft_loss,
+    }
+)
 """``forward_backward``'s ``loss`` → (config) → the policy loss: every ``core.POLICY_LOSSES``
 surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo`` bind it), and
 ``sft``, the negative log-likelihood."""
@@ -115,11 +118,13 @@ VALUE_LOSS = "value"
 """``forward_backward``'s loss that trains the critic alone (a ``ppo`` client; the update of
 ``proxrl ppo``'s critic warm-up): the value loss, no policy term."""
 
-COMMANDS: dict[str, type[OnlineConfig]] = {"grpo": grpo.Config, "ppo": ppo.Config}
+COMMANDS: Mapping[str, type[OnlineConfig]] = MappingProxyType(
+    {"grpo": grpo.Config, "ppo": ppo.Config}
+)
 """``TrainingClient(command=…)`` → the config its options are fields of."""
 
 
-PAIR_LOSSES = {"dpo": "sigmoid", "ipo": "ipo", "simpo": "simpo"}
+PAIR_LOSSES = MappingProxyType({"dpo": "sigmoid", "ipo": "ipo", "simpo": "simpo"})
 """``forward_backward``'s losses on ``PreferencePairs`` → ``proxrl dpo``'s ``loss`` (the same
 ``dpo.preference_loss``)."""
 

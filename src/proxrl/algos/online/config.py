@@ -17,6 +17,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, ClassVar
 
 import tyro
@@ -48,12 +49,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MINI_BATCH = 16  # responses per optimizer step when the batch allows it
 
-LOSS_AGGREGATION_ALIASES = {
-    "dapo": "token-mean",
-    "bnpo": "token-mean",
-    "grpo": "seq-mean-token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-}
+LOSS_AGGREGATION_ALIASES = MappingProxyType(
+    {
+        "dapo": "token-mean",
+        "bnpo": "token-mean",
+        "grpo": "seq-mean-token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+    }
+)
 """TRL's loss_type spellings of the aggregations → their names in ``core.AGGREGATIONS``."""
 
 
@@ -87,10 +90,12 @@ NoStopChoice = NO_STOP_RULES.choice()
 KLControllerChoice = KL_CONTROLLERS.choice()
 LoraSyncChoice = LORA_SYNCS.choice()
 
-HARMLESS_WHEN_UNUSED = {
-    "clip": "TRL's epsilon: accepted whatever the loss, so a config moves between losses as is",
-    "clip_high": "TRL's epsilon_high: accepted whatever the loss, as clip",
-}
+HARMLESS_WHEN_UNUSED = MappingProxyType(
+    {
+        "clip": "TRL's epsilon: accepted whatever the loss, so a config moves between losses as is",
+        "clip_high": "TRL's epsilon_high: accepted whatever the loss, as clip",
+    }
+)
 """The knobs accepted while no selected entry reads them (``runtime.config.check_knobs``),
 each with the reason: every other knob of an entry the run has not chosen is refused."""
 
@@ -347,7 +352,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         """The most tokens a response holds: max_new_tokens, or a whole episode's budget."""
         return self.max_new_tokens if self.environment is None else self.max_episode_tokens
 
-    harmless_when_unused: ClassVar[dict[str, str]] = HARMLESS_WHEN_UNUSED
+    harmless_when_unused: ClassVar[Mapping[str, str]] = HARMLESS_WHEN_UNUSED
 
     def validate(self) -> None:
         super().validate()

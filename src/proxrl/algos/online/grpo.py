@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated
 
 import torch
@@ -60,7 +61,7 @@ from proxrl.rollout.experience import Experience
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
-SCALE_REWARDS_ALIASES = {"std": "group"}
+SCALE_REWARDS_ALIASES = MappingProxyType({"std": "group"})
 """proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
 Estimate = tuple[Tensor, Tensor, Tensor]
 ESTIMATORS: Registry[Callable[[Config, Experience, float], Estimate]] = Registry("estimator")

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 from torch import Tensor
 
@@ -140,11 +141,13 @@ def progress_figures(cfg: OnlineConfig, row: dict[str, float]) -> dict[str, floa
     return figures | {"lr": row["train/lr"]}
 
 
-PROGRESS_FIGURES = {
-    "objective/kl": "kl",
-    "distill/reverse_kl": "teacher_kl",
-    "distill/loss": "distill_loss",
-}
+PROGRESS_FIGURES = MappingProxyType(
+    {
+        "objective/kl": "kl",
+        "distill/reverse_kl": "teacher_kl",
+        "distill/loss": "distill_loss",
+    }
+)
 
 
 def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> RolloutBatch:

@@ -36,6 +36,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pydantic
@@ -102,16 +103,18 @@ class RowContext:
     limits: Limits | None = None
 
 
-EXPECTED = {
-    "prompt_ids": "a non-empty list of token ids (integers)",
-    "response_ids": "a non-empty list of token ids (integers)",
-    "logprobs": "a list of numbers (one per response token)",
-    "group": "a string or an integer",
-    "reward": "a number",
-    "rewards": "a list of numbers (one per response token)",
-    "loss_mask": "a list of 0s and 1s (one per response token)",
-    "response": "the response's text (a string)",
-}
+EXPECTED = MappingProxyType(
+    {
+        "prompt_ids": "a non-empty list of token ids (integers)",
+        "response_ids": "a non-empty list of token ids (integers)",
+        "logprobs": "a list of numbers (one per response token)",
+        "group": "a string or an integer",
+        "reward": "a number",
+        "rewards": "a list of numbers (one per response token)",
+        "loss_mask": "a list of 0s and 1s (one per response token)",
+        "response": "the response's text (a string)",
+    }
+)
 """Each column's type, in words: a row's value of another type is refused with it."""
 
 

@@ -11,6 +11,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import partial
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
@@ -597,16 +598,18 @@ def policy_output(
     )
 
 
-NAMESPACES = {
-    "loss": "policy/total_loss",
-    "value_loss": "value/loss",
-    "value_clipfrac": "value/clipfrac",
-    "value_mean": "value/mean",
-    "entropy": "policy/entropy",
-    "grad_norm": "policy/grad_norm",
-    "early_stopped": "policy/early_stopped",
-    "steps": "policy/optimizer_steps",
-    "skipped_steps": "policy/skipped_steps",
-    "masked_steps": "policy/masked_steps",
-    "distill_loss": "distill/loss",
-}
+NAMESPACES = MappingProxyType(
+    {
+        "loss": "policy/total_loss",
+        "value_loss": "value/loss",
+        "value_clipfrac": "value/clipfrac",
+        "value_mean": "value/mean",
+        "entropy": "policy/entropy",
+        "grad_norm": "policy/grad_norm",
+        "early_stopped": "policy/early_stopped",
+        "steps": "policy/optimizer_steps",
+        "skipped_steps": "policy/skipped_steps",
+        "masked_steps": "policy/masked_steps",
+        "distill_loss": "distill/loss",
+    }
+)

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import replace
 from functools import partial
+from types import MappingProxyType
 from typing import Any
 
 from torch import nn
@@ -59,17 +60,19 @@ def has_critic_role(cfg: OnlineConfig) -> bool:
     return getattr(cfg, "critic", None) == "separate"
 
 
-ACTORS = {
-    "ray_trainer": "the trainer actor",
-    "ray_engine": "each generation engine",
-    "ray_reward": "the reward actor",
-    "ray_reference": "the reference actor",
-    "ray_teacher": "the teacher actor",
-    "ray_critic": "the critic actor",
-}
+ACTORS = MappingProxyType(
+    {
+        "ray_trainer": "the trainer actor",
+        "ray_engine": "each generation engine",
+        "ray_reward": "the reward actor",
+        "ray_reference": "the reference actor",
+        "ray_teacher": "the teacher actor",
+        "ray_critic": "the critic actor",
+    }
+)
 
 
-COUNTS = {"ray_trainer": "ray_trainer_processes", "ray_engine": "ray_engines"}
+COUNTS = MappingProxyType({"ray_trainer": "ray_trainer_processes", "ray_engine": "ray_engines"})
 
 
 def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:

@@ -15,6 +15,7 @@ copy (``load_state_dict``, then ``sync_weights`` into vLLM).
 from __future__ import annotations
 
 import datetime
+from types import MappingProxyType
 from typing import Any
 
 import ray
@@ -72,7 +73,9 @@ def nccl_group(store: Any, rank: int, world: int) -> Any:
     return tdist.ProcessGroupNCCL(store, rank, world, options)
 
 
-BACKENDS = {"cpu": gloo_group, "cuda": nccl_group}  # by the device the weights are on
+BACKENDS = MappingProxyType(
+    {"cpu": gloo_group, "cuda": nccl_group}
+)  # by the device the weights are on
 
 
 def join_group(address: str, port: int, rank: int, world: int, device: str) -> Any:
@@ -181,4 +184,6 @@ class ProcessGroupWeights:
         self.pending, self.sent = [], []
 
 
-TRANSPORTS = {"object_store": ObjectStoreWeights, "process_group": ProcessGroupWeights}
+TRANSPORTS = MappingProxyType(
+    {"object_store": ObjectStoreWeights, "process_group": ProcessGroupWeights}
+)
