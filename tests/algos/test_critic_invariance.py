@@ -14,7 +14,7 @@ import torch
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.core import AGGREGATIONS
 from proxrl.runtime.guard import NonFiniteGuard
 from tests.algos.test_loss_invariance import REL_TOL, _config, _experience
@@ -40,7 +40,7 @@ def _step(tiny_lm: str, prompts: str, out: Path, grad_accum: int, **overrides) -
     rewards, advantages, returns = algo.estimate(experience, cfg.kl_coef)  # positives observed
     experience = replace(experience, rewards=rewards, advantages=advantages, returns=returns)
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

@@ -18,7 +18,7 @@ from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateStep, terms
+from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms
 from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped
 from proxrl.runtime.errors import ProxrlError
@@ -199,7 +199,13 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
         for m in models.critic.modules():
             m.zero_grad()
         P = exp.prompt_ids.shape[1]
-        losses = Losses(cfg, algo, models, P, UpdateStep(cfg.kl_coef, True, 1))
+        losses = Losses(
+            UpdateSettings.of(cfg, algo, models.critic),
+            algo,
+            models,
+            P,
+            UpdateStep(cfg.kl_coef, True, 1),
+        )
         loss, _, _ = terms(losses, exp)
         loss.backward()
         params = [*models.actor.parameters(), *models.critic.parameters()]

@@ -25,7 +25,14 @@ from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import base
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.samplers import ENGINES, make_engine
-from proxrl.algos.online.update import Losses, UpdateStep, minibatches, policy_output, update
+from proxrl.algos.online.update import (
+    Losses,
+    UpdateSettings,
+    UpdateStep,
+    minibatches,
+    policy_output,
+    update,
+)
 from proxrl.core import mismatch_stats
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
@@ -184,8 +191,16 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
     noise = 0.2 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
     experience = estimate(algo, experience, 0.0)
     experience = replace(experience, logprobs=experience.logprobs + noise.to(mask.device) * mask)
-    first, second = minibatches(cfg, len(experience), torch.Generator().manual_seed(7))
-    losses = Losses(cfg, algo, models, experience.prompt_ids.shape[1], UpdateStep(0.0, True, 1))
+    first, second = minibatches(
+        cfg.responses_per_step, len(experience), torch.Generator().manual_seed(7)
+    )
+    losses = Losses(
+        UpdateSettings.of(cfg, algo, models.critic),
+        algo,
+        models,
+        experience.prompt_ids.shape[1],
+        UpdateStep(0.0, True, 1),
+    )
     with torch.no_grad():
         rows = experience.select(first)
         start = policy_output(losses, rows, with_entropy=False).logprobs.double()
@@ -195,7 +210,7 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
         elsewhere = mismatch_stats(other, rest.logprobs.double(), rest.loss_mask)
     optimizer = torch.optim.AdamW(models.actor.parameters(), lr=cfg.learning_rate)
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

@@ -15,7 +15,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateStep, terms, update
+from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms, update
 from proxrl.core import masked_mean
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
@@ -252,7 +252,13 @@ def _grads(cfg, algo, models, mb, kl_coef=0.1):
     params = [p for p in models.actor.parameters()] + list(models.critic.parameters())
     for p in params:
         p.grad = None
-    losses = Losses(cfg, algo, models, mb.prompt_ids.shape[1], UpdateStep(kl_coef, True, 1))
+    losses = Losses(
+        UpdateSettings.of(cfg, algo, models.critic),
+        algo,
+        models,
+        mb.prompt_ids.shape[1],
+        UpdateStep(kl_coef, True, 1),
+    )
     loss, stats, _ = terms(losses, mb)
     loss.backward()
     return torch.cat([p.grad.flatten() for p in params if p.grad is not None]), stats
@@ -356,7 +362,8 @@ def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
     assert shares.max() - shares.min() > 0.05
     whole, _ = _grads(cfg, algo, models, exp)
     recorder = GradientRecorder(models.actor.parameters())
-    update(cfg, algo, models, exp, [recorder], UpdateStep(0.1, True, 1),
+    settings = UpdateSettings.of(cfg, algo, models.critic)
+    update(settings, algo, models, exp, [recorder], UpdateStep(0.1, True, 1),
            torch.Generator().manual_seed(0), NonFiniteGuard())  # fmt: skip
     torch.testing.assert_close(recorder.gradient, whole, rtol=1e-4, atol=1e-7)
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.collect import old_logprobs_pass
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
@@ -120,7 +120,7 @@ def _step(module, cfg, optimizer: str, without_old: bool):
         else torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     )
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

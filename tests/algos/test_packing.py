@@ -27,7 +27,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.data.batching import pack_lengths
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout.experience import Experience
@@ -215,7 +215,7 @@ def _step(module, cfg, without_old: bool = False, observations: bool = False):
     if without_old:
         experience = replace(experience, logprobs=None)
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

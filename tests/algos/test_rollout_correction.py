@@ -14,7 +14,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateStep, terms
+from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms
 from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.metrics import read_metrics
@@ -79,7 +79,16 @@ def policy_grads(cfg, algo, models, mb):
     models.actor.zero_grad()
     P = mb.prompt_ids.shape[1]
     with cfg.autocast():
-        loss, _, _ = terms(Losses(cfg, algo, models, P, UpdateStep(0.0, True, 1)), mb)
+        loss, _, _ = terms(
+            Losses(
+                UpdateSettings.of(cfg, algo, models.critic),
+                algo,
+                models,
+                P,
+                UpdateStep(0.0, True, 1),
+            ),
+            mb,
+        )
     loss.backward()
     return [p.grad.clone() for p in models.actor.parameters() if p.grad is not None]
 

@@ -19,7 +19,7 @@ from transformers import GPT2Config
 from proxrl.algos.online import grpo, loop, ppo
 from proxrl.algos.online.roles import load_models
 from proxrl.algos.online.run import check_context
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.core import chunked_generalized_jsd
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.rollout.forward import frozen_pass, policy_forward, response_logits
@@ -102,7 +102,7 @@ def _sgd_step(cfg, generator_seed: int = 1, global_seed: int | None = None):
     if global_seed is not None:
         torch.manual_seed(global_seed)  # torch's global generator, as the run left it: any state
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

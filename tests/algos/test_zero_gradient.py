@@ -23,7 +23,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 
@@ -91,7 +91,7 @@ def _rollout(cfg, algo, models, examples, ids, reward_fn: str):
 
 def _update(cfg, algo, models, experience, optimizers):
     return update(
-        cfg,
+        UpdateSettings.of(cfg, algo, models.critic),
         algo,
         models,
         experience,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -60,19 +60,9 @@ class ModelRunConfig(RunConfig):
                 "(fp16 would need loss scaling; use bf16)"
             )
 
-    @contextmanager
-    def autocast(self) -> Iterator[None]:
-        """The context every forward pass runs in: bfloat16 autocast under
-        ``mixed_precision=bf16`` (a no-op otherwise) on this process's device and on the CPU,
-        where ``offload_frozen_roles`` runs the reference and reward models. Backward passes
-        run outside it."""
-        enabled = self.mixed_precision == "bf16"
-        with ExitStack() as stack:
-            for device_type in {dist.device().type, "cpu"}:
-                stack.enter_context(
-                    torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled)
-                )
-            yield
+    def autocast(self) -> AbstractContextManager[None]:
+        """``autocast(self.mixed_precision)``: the context every forward pass runs in."""
+        return autocast(self.mixed_precision)
 
     def loader_kwargs(self) -> dict[str, Any]:
         """The options every ``from_pretrained`` call of a run shares."""
@@ -81,3 +71,16 @@ class ModelRunConfig(RunConfig):
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
         }
+
+
+@contextmanager
+def autocast(mixed_precision: str) -> Iterator[None]:
+    """The context every forward pass runs in: bfloat16 autocast under ``mixed_precision``
+    bf16 (a no-op otherwise) on this process's device and on the CPU, where
+    ``offload_frozen_roles`` runs the reference and reward models. Backward passes run outside
+    it."""
+    enabled = mixed_precision == "bf16"
+    with ExitStack() as stack:
+        for device_type in {dist.device().type, "cpu"}:
+            stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16, enabled=enabled))
+        yield

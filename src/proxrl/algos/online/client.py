@@ -61,6 +61,7 @@ from proxrl.algos.online.update import (
     POLICY_STEPPED,
     Losses,
     Optimization,
+    UpdateSettings,
     UpdateStep,
     accumulate,
     clipped_step,
@@ -393,7 +394,7 @@ class TrainingClient:
     def minibatches(self, rows: int) -> list[Tensor]:
         """One epoch's minibatches of ``rows`` rows, shuffled and split as ``proxrl grpo``'s
         update does (``mini_batch_size`` each; the client's generator is checkpointed)."""
-        return minibatches(self.cfg, rows, self.generator)
+        return minibatches(self.cfg.responses_per_step, rows, self.generator)
 
     def pairs(
         self,
@@ -472,13 +473,14 @@ class TrainingClient:
             if isinstance(loss, str) and loss in POLICY_LOSSES
             else None
         )
+        algo = _algorithm(self.cfg, policy_loss, None if named is None else step_selection(named))
         losses = Losses(
-            self.cfg,
-            _algorithm(self.cfg, policy_loss, None if named is None else step_selection(named)),
+            UpdateSettings.of(self.cfg, algo, self.models.critic),
+            algo,
             self.models,
             batch.prompt_ids.shape[1],
             UpdateStep(self.cfg.kl_coef, train_policy=train_policy, iteration=self.steps + 1),
-            None if named is None else loss_generator(named, self.generator),
+            None if named is None else loss_generator(named.policy_loss, self.generator),
         )
         self._losses = losses
         if self.cfg.aggregation.units(batch.loss_mask) == 0:
@@ -553,9 +555,10 @@ class TrainingClient:
             )
             for i in range(0, len(batch), size)
         ]
+        algo = _algorithm(self.cfg, LOSSES["ppo"](self.cfg))  # optim_step reads its settings only
         self._losses = Losses(
-            self.cfg,
-            _algorithm(self.cfg, LOSSES["ppo"](self.cfg)),  # optim_step reads its config only
+            UpdateSettings.of(self.cfg, algo, self.models.critic),
+            algo,
             self.models,
             0,
             UpdateStep(self.cfg.kl_coef, train_policy=True, iteration=self.steps + 1),

@@ -210,7 +210,7 @@ def train(
     stats: dict[str, float] = {}
     if rollout_ok:
         stats = update(
-            run.cfg,
+            run.updating,
             run.algo,
             run.train_models,
             trained,

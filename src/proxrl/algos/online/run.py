@@ -20,6 +20,7 @@ from proxrl.algos.online.micro_batches import prefix_note
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
 from proxrl.algos.online.rollouts_file import iteration_rows
+from proxrl.algos.online.update import UpdateSettings
 from proxrl.core import KL_CONTROLLERS, FixedKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.context import context_of
@@ -72,6 +73,7 @@ class OnlineRun:
     optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
     kl: FixedKL  # β of the KL to the reference (fixed or proportional)
     generator: torch.Generator  # the minibatch order
+    updating: UpdateSettings  # what the update stage reads of the options (π_old's source)
     engine: RolloutEngine = field(init=False)
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
@@ -185,6 +187,7 @@ def _with_optimizers(
     return OnlineRun(
         cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
         context.output_dir, context, optimizers, kl, generator,
+        UpdateSettings.of(cfg, algo, models.critic),
     )  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from types import MappingProxyType
 from typing import Protocol
@@ -20,13 +20,17 @@ from torch import Tensor
 from proxrl.algos.online.algorithm import Algorithm, corrected
 from proxrl.algos.online.collect import mismatch_metrics, old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import CriticGradient
-from proxrl.algos.online.micro_batches import packs, token_budget
+from proxrl.algos.online.critic import Critic, CriticGradient
+from proxrl.algos.online.distill_fields import DistillFields
+from proxrl.algos.online.micro_batches import token_budget
 from proxrl.algos.online.mismatch import MismatchRecord, measures_mismatch
 from proxrl.algos.online.roles import Models
-from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, entropy_bonus
+from proxrl.algos.online.samplers import sampling_settings
+from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, Aggregation, entropy_bonus
+from proxrl.models.options import autocast
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput, policy_forward, response_logits
+from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
@@ -47,10 +51,60 @@ class UpdateStep:
 
 
 @dataclass(frozen=True)
+class UpdateSettings:
+    """What the update stage reads of the run's options, built once when the run opens
+    (``of``): where π_old comes from is decided there, not at each step."""
+
+    ppo_epochs: int  # passes over the rollout batch
+    responses_per_step: int  # rows of one optimizer step (a minibatch)
+    mini_batch_size: int | None  # as set (a rollout without log π_old takes one step of it)
+    early_stop_kl: float | None  # stop the epochs above this approx-KL(π_old‖π)
+    aggregation: Aggregation  # how per-token terms reduce (loss_aggregation, its horizon)
+    entropy_coef: float
+    max_grad_norm: float  # 0: no clipping
+    grad_accum: int
+    max_tokens_per_micro_batch: int | None  # as set (refused under FSDP)
+    micro_batch_size: int
+    token_budget: int | None  # the micro-batch plan's max_tokens (micro_batches.token_budget)
+    shared_prefix: bool
+    sampling: SamplingSettings  # the distribution sampled from, as the forward replays it
+    mixed_precision: str  # the forwards' autocast (models.options.autocast)
+    policy_loss: str  # its name: whether its selection draws (core.DRAWING_LOSSES)
+    distill: DistillFields | None  # a teacher's options (None: no teacher)
+    old_is_trainers_pass: bool  # π_old is π at the update's start (old_is_trainers_pass)
+    measures_mismatch: bool  # π_old is the sampler's: measure it (mismatch.measures_mismatch)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> UpdateSettings:
+        return cls(
+            ppo_epochs=cfg.ppo_epochs,
+            responses_per_step=cfg.responses_per_step,
+            mini_batch_size=cfg.mini_batch_size,
+            early_stop_kl=cfg.early_stop_kl,
+            aggregation=cfg.aggregation,
+            entropy_coef=cfg.entropy_coef,
+            max_grad_norm=cfg.max_grad_norm,
+            grad_accum=cfg.grad_accum,
+            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+            micro_batch_size=cfg.micro_batch_size,
+            token_budget=token_budget(cfg),
+            shared_prefix=cfg.shared_prefix,
+            sampling=sampling_settings(cfg),
+            mixed_precision=cfg.mixed_precision,
+            policy_loss=cfg.policy_loss,
+            distill=DistillFields(**{f.name: getattr(cfg, f.name) for f in fields(DistillFields)})
+            if cfg.distills
+            else None,
+            old_is_trainers_pass=old_is_trainers_pass(cfg),
+            measures_mismatch=measures_mismatch(cfg, algo, critic),
+        )
+
+
+@dataclass(frozen=True)
 class Losses:
     """What every micro-batch's loss reads besides its rows."""
 
-    cfg: OnlineConfig
+    settings: UpdateSettings
     algo: Algorithm
     models: Models
     prompt_width: int  # P: the prompt columns before the response's
@@ -82,7 +136,7 @@ class Optimization:
 
 
 def update(
-    cfg: OnlineConfig,
+    settings: UpdateSettings,
     algo: Algorithm,
     models: Models,
     experience: Experience,
@@ -113,13 +167,12 @@ def update(
     computed from that forward and returned with the stats. A rollout whose log π_old is the
     sampler's (``mismatch.measures_mismatch``) gets the sampler/trainer mismatch measured from
     the forward of its first step (``rollout/mismatch_kl``, …: over that step's rows)."""
-    record = check_update(cfg, experience)
+    record = check_update(settings, experience)
     mismatch = None
-    if record is None and measures_mismatch(cfg, algo, models.critic):
+    if record is None and settings.measures_mismatch:
         mismatch = MismatchRecord(experience)
-    losses = Losses(
-        cfg, algo, models, experience.prompt_ids.shape[1], step, loss_generator(cfg, generator)
-    )
+    drawing = loss_generator(settings.policy_loss, generator)
+    losses = Losses(settings, algo, models, experience.prompt_ids.shape[1], step, drawing)
     totals, measured, taken = _epochs(
         losses, experience, optimizers, generator, guard, record or mismatch
     )
@@ -138,14 +191,14 @@ def update(
     return stats_out
 
 
-def loss_generator(cfg: OnlineConfig, generator: torch.Generator) -> torch.Generator | None:
+def loss_generator(policy_loss: str, generator: torch.Generator) -> torch.Generator | None:
     """The generator a policy loss's selection that draws (``core.DRAWING_LOSSES``: clip_cov)
     draws from in this update (``Losses.drawing``, passed to it explicitly): seeded by one draw
     from the run's ``generator``, taken before the update on every rank alike, so the run's
     generator (checkpointed: a resumed run draws the same) moves by that one draw however many
     steps draw, and every rank keeps drawing the same minibatches. None (the run's generator
     untouched) for the other losses."""
-    if cfg.policy_loss not in DRAWING_LOSSES:
+    if policy_loss not in DRAWING_LOSSES:
         return None
     seed = int(torch.randint(0, 2**62, (), generator=generator))
     return torch.Generator().manual_seed(seed)
@@ -162,17 +215,17 @@ def _epochs(
     """``update``'s loop: the summed stats (and ``masked_steps``: the steps with nothing to
     train on), the steps past the guard and those the policy took. ``record`` keeps log π from
     the forward of the first step run, the one before π moves."""
-    cfg, models = losses.cfg, losses.models
+    settings, models = losses.settings, losses.models
     optimization = Optimization.of(models, optimizers)
     totals: dict[str, float] = defaultdict(float)
     measured = taken = 0  # steps past the guard; those in which the policy's optimizer stepped
-    for _ in range(cfg.ppo_epochs):
+    for _ in range(settings.ppo_epochs):
         epoch_kl = []
-        for minibatch in minibatches(cfg, len(experience), generator):
+        for minibatch in minibatches(settings.responses_per_step, len(experience), generator):
             if nothing_to_train(losses, experience, minibatch):
                 totals["masked_steps"] += 1.0
                 continue
-            current = taken == 0 and old_is_trainers_pass(cfg)  # π has not moved from π_old
+            current = taken == 0 and settings.old_is_trainers_pass  # π has not moved from π_old
             stats = optimizer_step(
                 losses, experience, minibatch, optimization, guard, record, current
             )
@@ -184,34 +237,35 @@ def _epochs(
             for key, value in stats.items():
                 totals[key] += value
             epoch_kl.append(stats.get("approx_kl", 0.0))
-        if cfg.early_stop_kl and epoch_kl and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
+        limit = settings.early_stop_kl
+        if limit and epoch_kl and sum(epoch_kl) / len(epoch_kl) > limit:
             totals["early_stopped"] = 1.0
             break
     return totals, measured, taken
 
 
-def minibatches(cfg: OnlineConfig, rows: int, generator: torch.Generator) -> list[Tensor]:
+def minibatches(per_step: int, rows: int, generator: torch.Generator) -> list[Tensor]:
     """One epoch's minibatches: the ``rows`` rollout rows shuffled by ``generator``, split into
-    ``cfg.responses_per_step`` each (``TrainingClient.minibatches`` draws them the same way)."""
-    return list(torch.randperm(rows, generator=generator).split(cfg.responses_per_step))
+    ``per_step`` each (``TrainingClient.minibatches`` draws them the same way)."""
+    return list(torch.randperm(rows, generator=generator).split(per_step))
 
 
-def check_update(cfg: OnlineConfig, experience: Experience) -> OnPolicyRecord | None:
+def check_update(settings: UpdateSettings, experience: Experience) -> OnPolicyRecord | None:
     """Refuse what the update cannot do; the record of π where the rollout ran no pass."""
     world, sharded = dist.world_size(), dist.is_sharded()
-    if sharded and cfg.grad_accum % world:  # each rank must run as many forwards as the others
+    if sharded and settings.grad_accum % world:  # each rank must run as many forwards as the others
         raise ProxrlError(
-            f"grad_accum: under FSDP/DeepSpeed {cfg.grad_accum} micro-batches per step "
+            f"grad_accum: under FSDP/DeepSpeed {settings.grad_accum} micro-batches per step "
             f"must divide across {world} processes"
         )
-    if sharded and cfg.max_tokens_per_micro_batch:  # packed micro-batches vary in number
+    if sharded and settings.max_tokens_per_micro_batch:  # packed micro-batches vary in number
         raise ProxrlError(
             "max_tokens_per_micro_batch: not under FSDP/DeepSpeed (each process must run as "
             "many forwards as the others); use grad_accum"
         )
     if experience.logprobs is not None:
         return None
-    if cfg.ppo_epochs > 1 or cfg.mini_batch_size < len(experience):
+    if settings.ppo_epochs > 1 or settings.mini_batch_size < len(experience):
         raise ValueError(
             "a rollout without log π_old takes exactly one optimizer step (π moves after it)"
         )
@@ -242,7 +296,7 @@ def optimizer_step(
 def nothing_to_train(losses: Losses, experience: Experience, minibatch: Tensor) -> bool:
     """Whether every response of the rows ``minibatch`` is masked out (mask_truncated): the
     step has no loss term to learn from."""
-    return losses.cfg.aggregation.units(experience.loss_mask[minibatch]) == 0
+    return losses.settings.aggregation.units(experience.loss_mask[minibatch]) == 0
 
 
 def accumulate(
@@ -261,16 +315,16 @@ def accumulate(
     first, from log π at every row of the step: the rows' log π_old where ``old_is_current``
     (π has not moved since the rollout's pass for it), else a forward without gradient over the
     step's micro-batches (``step_logprobs``)."""
-    cfg, critic = losses.cfg, losses.models.critic
+    settings, critic = losses.settings, losses.models.critic
     world, rank, sharded = dist.world_size(), dist.rank(), dist.is_sharded()
     # The normaliser of every loss term is counted on the whole minibatch before its
     # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
-    total_units = cfg.aggregation.units(experience.loss_mask[minibatch])
+    total_units = settings.aggregation.units(experience.loss_mask[minibatch])
     plan = micro_batch_plan(
-        experience.attention_mask[minibatch], cfg.micro_batch_size, token_budget(cfg)
+        experience.attention_mask[minibatch], settings.micro_batch_size, settings.token_budget
     )
     mine = [minibatch[rows] for rows in plan][rank::world]
-    units = partial(_units, cfg, experience)
+    units = partial(_units, settings.aggregation, experience)
     chosen: dict[str, float] = {}
     if losses.algo.step_selection is not None and losses.step.train_policy:
         experience, chosen = select_for_step(losses, experience, minibatch, mine, old_is_current)
@@ -279,7 +333,7 @@ def accumulate(
     no_sync = contextlib.ExitStack()
     for model in (losses.models.actor, *critic.modules()) if world > 1 else ():
         no_sync.enter_context(dist.no_sync(model))
-    critic.start_step(experience, mine, units, step_units, cfg.aggregation)
+    critic.start_step(experience, mine, units, step_units, settings.aggregation)
     with no_sync:
         step_stats: dict[str, float] = defaultdict(float)
         step_stats.update(
@@ -354,7 +408,7 @@ def step_logprobs(
     logprobs = torch.zeros(
         len(minibatch), width, dtype=torch.float64, device=experience.response_mask.device
     )
-    with torch.no_grad(), losses.cfg.autocast():
+    with torch.no_grad(), autocast(losses.settings.mixed_precision):
         for rows in mine:
             out = policy_output(losses, experience.select(rows), with_entropy=False)
             logprobs[at[rows], : out.logprobs.shape[1]] = out.logprobs.double()
@@ -373,7 +427,7 @@ def clipped_step(
     # The global norm doubles as the finiteness check: only a non-finite one makes the
     # guard look for the culprit tensor.
     grad_norm, coefficient = clip_global_norm(
-        optimization.parameters, elsewhere, losses.cfg.max_grad_norm or float("inf")
+        optimization.parameters, elsewhere, losses.settings.max_grad_norm or float("inf")
     )
     tensors = dict(step_stats)
     named = optimization.named
@@ -434,9 +488,9 @@ def has_gradient(optimizer: torch.optim.Optimizer, elsewhere: CriticGradient | N
     return dist.any_rank(nonzero) if dist.is_sharded() else nonzero
 
 
-def _units(cfg: OnlineConfig, experience: Experience, rows: Tensor) -> float:
+def _units(aggregation: Aggregation, experience: Experience, rows: Tensor) -> float:
     """The loss units (tokens, sequences) of the rows ``rows``: a micro-batch's weight."""
-    return float(cfg.aggregation.units(experience.loss_mask[rows]))
+    return float(aggregation.units(experience.loss_mask[rows]))
 
 
 def clip_global_norm(
@@ -509,7 +563,7 @@ def _rows_loss(
     """``terms`` on the rows ``rows`` of ``experience``, π at them kept in ``record`` (when the
     rollout ran no pass for π_old, or its π_old is the sampler's). ``model`` is the actor (the
     accumulation's signature)."""
-    with losses.cfg.autocast():  # the forward passes and losses; the backward runs outside
+    with autocast(losses.settings.mixed_precision):  # the forwards and losses, not the backward
         loss, stats, out = terms(losses, experience.select(rows))
     if record is not None:
         record.add(rows, out)
@@ -518,13 +572,13 @@ def _rows_loss(
 
 def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], PolicyOutput]:
     """Policy loss (+ KL in the loss, − entropy bonus) + the critic's weighted value loss on one
-    micro-batch, every term reduced by ``cfg.aggregation`` in the micro-batch's own units."""
-    cfg, algo, step = losses.cfg, losses.algo, losses.step
-    critic = losses.models.critic
-    agg = cfg.aggregation
+    micro-batch, every term reduced by the aggregation in the micro-batch's own units."""
+    settings, algo, step = losses.settings, losses.algo, losses.step
+    critic, distill = losses.models.critic, settings.distill
+    agg = settings.aggregation
     mask = mb.loss_mask.float()  # model tokens: observations take no loss
-    full_distill = DISTILL_LOSSES[cfg.distill_loss].per_token_loss if cfg.distills else None
-    with_entropy = cfg.entropy_coef > 0 or mb.logprobs is None
+    full_distill = DISTILL_LOSSES[distill.distill_loss].per_token_loss if distill else None
+    with_entropy = settings.entropy_coef > 0 or mb.logprobs is None
     with_logits = full_distill is not None and step.train_policy
     out = policy_output(losses, mb, with_entropy, critic.needs_hidden, with_logits)
     if mb.logprobs is None:  # π_old is π at this step (the rollout ran no pass for it)
@@ -537,10 +591,10 @@ def terms(losses: Losses, mb: Experience) -> tuple[Tensor, dict[str, Tensor], Po
             kl_loss = agg(algo.kl_loss(out.logprobs, mb.ref_logprobs), mask)
             loss = loss + step.kl_coef * kl_loss
             stats["kl_loss"] = kl_loss.detach()
-        if cfg.entropy_coef:  # (the rollout's entropy is logged either way)
+        if settings.entropy_coef:  # (the rollout's entropy is logged either way)
             bonus, entropy_stats = entropy_bonus(out.entropy, mask, agg)  # type: ignore[arg-type]
             stats.update(entropy_stats)
-            loss = loss + cfg.entropy_coef * bonus
+            loss = loss + settings.entropy_coef * bonus
         if full_distill is not None:
             loss = loss + distill_loss_term(losses, mb, out, mask, stats)
     v_loss, v_stats = critic.loss(mb, out.hidden, agg)  # 0 and {} without a critic
@@ -556,19 +610,21 @@ def distill_loss_term(
     teacher's logits at every response position (no gradient), the divergence per position in
     chunks (``core.chunked_generalized_jsd``), reduced as every other term; stat
     ``distill_loss``."""
-    cfg = losses.cfg
-    per_token_loss = DISTILL_LOSSES[cfg.distill_loss].per_token_loss
-    assert per_token_loss is not None and out.logits is not None
+    settings, distill = losses.settings, losses.settings.distill
+    assert distill is not None and out.logits is not None
+    per_token_loss = DISTILL_LOSSES[distill.distill_loss].per_token_loss
+    assert per_token_loss is not None
     with torch.no_grad():
         teacher = response_logits(
             losses.models.teacher, mb.input_ids, mb.attention_mask, losses.prompt_width
         )
+    temperature = settings.sampling.temperature
     per_token = per_token_loss(
-        out.logits, teacher, cfg.distill_beta, cfg.temperature, cfg.distill_chunk_size
+        out.logits, teacher, distill.distill_beta, temperature, distill.distill_chunk_size
     )
-    divergence = cfg.aggregation(per_token, mask)
+    divergence = settings.aggregation(per_token, mask)
     stats["distill_loss"] = divergence.detach()
-    return cfg.distill_coef * divergence
+    return distill.distill_coef * divergence
 
 
 def policy_output(
@@ -580,21 +636,19 @@ def policy_output(
 ) -> PolicyOutput:
     """The actor's forward over the rows ``mb``: log π on the distribution that was sampled
     from (its temperature, top-k, top-p, min-p, as π_old)."""
-    cfg = losses.cfg
+    settings = losses.settings
     return policy_forward(
         losses.models.actor,
         mb.input_ids,
         mb.attention_mask,
         losses.prompt_width,
-        cfg.temperature,
+        settings.sampling.temperature,
         with_entropy=with_entropy,
         with_hidden=with_hidden,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        min_p=cfg.min_p,
-        packed=packs(cfg),
+        **settings.sampling.truncation,
+        packed=settings.token_budget != 0,  # (micro_batches.packs)
         with_logits=with_logits,
-        shared_prefix=cfg.shared_prefix,
+        shared_prefix=settings.shared_prefix,
     )
 
 
