@@ -85,7 +85,7 @@ def run_iteration(
     stops early (held-out patience)."""
     cfg, algo, models = run.cfg, run.algo, run.models
     started = time.perf_counter()
-    learning_rate = run.context.learning_rate(iteration + 1)
+    learning_rate = run.context.learning_rate(iteration + 1)  # (sets this iteration's rates)
     timings: dict[str, float] = {}
     # 1. Rollout: sample → score → forward passes → gather (dynamic sampling: rounds, filter).
     models.actor.eval()
@@ -93,31 +93,21 @@ def run_iteration(
     batch = rollout(run, iteration, timings)
     # 2. Advantages, once, over the rows that are trained on.
     experience = estimate(algo, batch.experience, run.kl.value, cfg)
-    row = batch.metrics | {"train/lr": learning_rate}  # the policy's (sft's name)
-    if cfg.group_size > 1:
-        constant = ~informative_groups(experience.scores, cfg.group_size)
-        row["sampling/constant_groups"] = float(constant.sum())
     trained = without_truncated(experience) if cfg.mask_truncated else experience
     rollout_ok = inspect_rollout(run, experience, iteration)
     # 3. Update: the critic alone during warm-up, then both; the engine gets the new weights.
     train_policy = iteration >= models.critic.warmup_iterations
     stats = train(run, trained, UpdateStep(run.kl.value, train_policy, iteration + 1), rollout_ok)
     timings["time/update_s"] = stats.pop("time/update_s")
-    warming = not train_policy and "value_loss" in stats  # it may end when it stops falling
-    if warming and models.critic.end_warmup_iteration(iteration, stats["value_loss"]):
-        log.info("iteration %d: the critic's warm-up ends (value loss stalled)", iteration + 1)
-    # (before the controllers: without a π_old pass objective/kl comes from the update)
-    for key, value in stats.items():
-        row[NAMESPACES.get(key, key if "/" in key else f"policy/{key}")] = value
+    end_warmup_if_stalled(run, iteration, stats, train_policy)
     timings |= run.engine.after_update(models.actor, iteration + 1)
     # 4. Controllers: KL-in-reward β, PPO-Penalty β, reference reset.
-    update_controllers(run, row, stats, rollout_ok, train_policy, iteration)
+    controlled = update_controllers(run, batch, stats, rollout_ok, train_policy, iteration)
     if train_policy and rollout_ok:
         warn_if_mostly_empty(run, iteration, stats)
-    # 5. Metrics, samples.
-    if rollout_ok:
-        row.update(models.critic.rollout_metrics(experience))
-    row.update(run.guard.metrics())
+    # 5. Metrics, held-out evaluation, samples.
+    row = iteration_metrics(run, learning_rate, batch, experience, stats | controlled, rollout_ok)
+    row |= run.guard.metrics()
     elapsed = time.perf_counter() - started
     row["perf/tokens_per_s"] = experience.response_mask.float().sum().item() / elapsed
     row["time/iteration_s"] = elapsed
@@ -128,6 +118,42 @@ def run_iteration(
         health.observe(iteration + 1, run.last)
         write_samples_if_due(run, iteration, batch, experience)
     return row, stop_early
+
+
+def end_warmup_if_stalled(
+    run: OnlineRun, iteration: int, stats: dict[str, float], train_policy: bool
+) -> None:
+    """A critic warming up alone may end its warm-up when its value loss stops falling."""
+    warming = not train_policy and "value_loss" in stats
+    if warming and run.models.critic.end_warmup_iteration(iteration, stats["value_loss"]):
+        log.info("iteration %d: the critic's warm-up ends (value loss stalled)", iteration + 1)
+
+
+def iteration_metrics(
+    run: OnlineRun,
+    learning_rate: float,
+    batch: RolloutBatch,
+    experience: Experience,
+    stats: dict[str, float],
+    rollout_ok: bool,
+) -> dict[str, float]:
+    """The iteration's metrics from its stages' records: the rollout's, the learning rate, the
+    groups whose scores were all equal, the update's stats in their namespaces (without a π_old
+    pass objective/kl comes from the update) and the critic's view of the rollout."""
+    row = batch.metrics | {"train/lr": learning_rate}  # the policy's (sft's name)
+    group_size = run.cfg.group_size
+    if group_size > 1:
+        constant = ~informative_groups(experience.scores, group_size)
+        row["sampling/constant_groups"] = float(constant.sum())
+    row |= namespaced(stats)
+    if rollout_ok:
+        row.update(run.models.critic.rollout_metrics(experience))
+    return row
+
+
+def namespaced(stats: dict[str, float]) -> dict[str, float]:
+    """The update's stats under their metric names (``update.NAMESPACES``, else policy/…)."""
+    return {NAMESPACES.get(k, k if "/" in k else f"policy/{k}"): v for k, v in stats.items()}
 
 
 def progress_figures(cfg: OnlineConfig, row: dict[str, float]) -> dict[str, float]:
@@ -225,23 +251,27 @@ def train(
 
 def update_controllers(
     run: OnlineRun,
-    row: dict[str, float],
+    batch: RolloutBatch,
     stats: dict[str, float],
     rollout_ok: bool,
     train_policy: bool,
     iteration: int,
-) -> None:
+) -> dict[str, float]:
     """β of the KL in the reward (proportional controller), PPO-Penalty's β, and the reference
-    copied from the policy every ref_reset_every iterations."""
+    copied from the policy every ref_reset_every iterations; returns PPO-Penalty's new β as a
+    metric (none without it)."""
     cfg, algo, models = run.cfg, run.algo, run.models
-    if rollout_ok:
-        run.kl.update(row.get("objective/kl", 0.0), cfg.responses_per_iteration)
+    metrics: dict[str, float] = {}
+    if rollout_ok:  # the rollout's KL, or the update's where the rollout ran no π_old pass
+        observed = (batch.metrics | stats).get("objective/kl", 0.0)
+        run.kl.update(observed, cfg.responses_per_iteration)
     if algo.penalty is not None and train_policy and stats.get("steps"):
         algo.penalty.update(stats.get("approx_kl", 0.0))
-        row["policy/penalty_beta"] = algo.penalty.value
+        metrics["policy/penalty_beta"] = algo.penalty.value
     reset = cfg.ref_reset_every and (iteration + 1) % cfg.ref_reset_every == 0
     if reset and models.reference is not None:
         models.reference.load_state_dict(dist.full_state(models.actor.state_dict()))
+    return metrics
 
 
 EMPTY_WARNING_AFTER = 3
