@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TypeVar
 
 from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.loop import train_online
 from proxrl.algos.online.placement.base import Driver, run_here
 from proxrl.algos.online.placement.ray_run import train_on_ray
 from proxrl.algos.online.run import check_run
 
-Launcher = Callable[[Any, Algorithm, Driver], dict[str, float]]
+Launcher = Callable[[OnlineConfig, Algorithm, Driver], dict[str, float]]
 """(cfg, algo, the driver) → the last metrics row: builds a placement and runs the driver
 with it."""
 
@@ -25,7 +26,10 @@ LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({"local": run_here, "ray": 
 """``placement`` → how the driver is run (the names are ``placement_fields.PLACEMENTS``')."""
 
 
-def launch(cfg: Any, build: Callable[[Any], Algorithm]) -> dict[str, float]:
+C = TypeVar("C", bound=OnlineConfig)
+
+
+def launch(cfg: C, build: Callable[[C], Algorithm]) -> dict[str, float]:
     """Check ``cfg`` (as the command line and ``proxrl.config`` do: a module-level
     ``grpo.train`` / ``ppo.train`` is a way in too) and the run it asks for, build the
     algorithm, and run the driver where ``cfg.placement`` says."""
