@@ -72,6 +72,10 @@ def test_the_marks_sit_on_the_commands_fields():
     free = free_on_resume(GrpoConfig)
     assert {"vllm_gpu_memory_utilization", "ray_address", "push_to_hub", "report_to"} <= free
     assert not {"learning_rate", "iterations", "sampler"} & free
+    from proxrl.demo.pipeline import Config as DemoConfig
+
+    assert {"threads", "vllm_gpu_memory_utilization"} <= free_on_resume(DemoConfig)
+    assert "threads" not in free_on_resume(DemoConfig, session_only=True)
 
 
 def test_the_vllm_memory_share_may_change_on_resume_and_the_sampler_may_not(tmp_path):
