@@ -24,8 +24,6 @@ MUTABLE_CALLS = frozenset(
 ALLOWED = {
     ("runtime/run_dir.py", "_HELD"): "the run-directory locks this process holds: process-wide "
     "by nature (a lock belongs to the process, whichever run asked for it)",
-    ("rollout/vllm_sampler.py", "_ENGINES"): "helper B removes these",
-    ("rollout/vllm_sampler.py", "_ASLEEP"): "helper B removes these",
 }
 """(module path under src/proxrl, name) → why it may be module state."""
 
