@@ -11,9 +11,6 @@ import os
 import pytest
 import torch
 
-from proxrl.algos.online.loop import train_online
-from proxrl.algos.online.placement.base import LocalPlacement
-from proxrl.algos.online.run import check_run
 from proxrl.models.tiny import build_tiny_lm
 from proxrl.rollout.vllm_sampler import EngineCache
 
@@ -50,13 +47,11 @@ def engines() -> EngineCache:
 
 @pytest.fixture
 def train(engines):
-    """``command.train(cfg)`` as a command runs it (the config and the run checked, then the
-    driver), its placement handed the session's ``engines``: the run takes the engine kept
-    there and leaves it for the test to read."""
+    """``command.train(cfg)`` as a command runs it (``launch``: the config and the run checked,
+    then the driver), handed the session's ``engines``: the run takes the engine kept there and
+    leaves it for the test to read."""
 
     def run(command, cfg):
-        cfg.validate()
-        check_run(cfg)
-        return train_online(cfg, command.build(cfg), LocalPlacement(engines))
+        return command.train(cfg, engines)
 
     return run

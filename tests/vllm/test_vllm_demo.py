@@ -4,6 +4,7 @@ every policy gets a gold score; a head width the CPU engine lacks is refused bef
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -29,11 +30,15 @@ TOY = [
 ]  # fmt: skip
 
 
-def test_demo_with_the_vllm_sampler_runs_end_to_end(tmp_path: Path, engines) -> None:
-    engines.clear()  # each of the demo's runs starts its own: one engine at a time
+def test_demo_with_the_vllm_sampler_runs_end_to_end(tmp_path: Path, engines, caplog) -> None:
+    engines.clear()  # the demo holds an engine of its own for its stages: one at a time
     out = tmp_path / "demo"
     argv = ["demo", "--output-dir", str(out), "--sampler", "vllm", "--num-heads", "2", *TOY]
-    assert cli.main(argv) == 0
+    with caplog.at_level(logging.INFO, logger="proxrl.rollout.vllm_sampler"):
+        assert cli.main(argv) == 0
+    # Its three RL stages sample with one engine: the start-up is paid once.
+    starts = [r for r in caplog.records if r.getMessage().startswith("vLLM engine started")]
+    assert len(starts) == 1
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["policies"]) == ["sft", "ppo", "ppo_no_kl", "grpo"]
     for name, scores in summary["policies"].items():

@@ -45,6 +45,7 @@ import time
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, ClassVar
@@ -62,6 +63,7 @@ from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
 from proxrl.rollout.rewards import RewardModelReward
+from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import ProxrlError, RunFinished
 from proxrl.runtime.fields import FREE_ON_RESUME, SESSION_OPTION, Range, check_ranges
@@ -458,8 +460,10 @@ def offline_stages(
 
 def rl_stages(cfg: Config, out: Path, watch: Stopwatch, run_stage: StageRunner) -> None:
     """PPO against the reward model with KL ``kl_coef`` and with none; GRPO on the gold reward
-    (the other signal logged at weight 0)."""
+    (the other signal logged at weight 0). With ``sampler: vllm`` the three stages share one
+    engine (``engines``): its start-up is paid once."""
     rm_dir = str(out / "rm")
+    engines = EngineCache()
     ppo_fields = dict(
         reward_model=rm_dir,
         reward_fn=(GOLD_FN,),
@@ -470,17 +474,17 @@ def rl_stages(cfg: Config, out: Path, watch: Stopwatch, run_stage: StageRunner) 
     )
     with watch.stage("ppo"):
         run_stage(
-            ppo.train,
+            partial(ppo.train, engines=engines),
             ppo.Config(**online_fields(cfg, out, "ppo"), **ppo_fields, kl_coef=cfg.kl_coef),
         )
     with watch.stage("ppo_no_kl"):
         run_stage(
-            ppo.train,
+            partial(ppo.train, engines=engines),
             ppo.Config(**no_kl_fields(cfg, out), **ppo_fields, kl_coef=0.0),
         )
     with watch.stage("grpo"):
         run_stage(
-            grpo.train,
+            partial(grpo.train, engines=engines),
             grpo.Config(
                 **online_fields(cfg, out, "grpo"),
                 reward_model=rm_dir,

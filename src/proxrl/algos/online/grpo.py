@@ -58,6 +58,7 @@ from proxrl.core import (
     shaped_rewards,
 )
 from proxrl.rollout.experience import Experience
+from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
@@ -352,5 +353,6 @@ def _gdpo_combination(cfg: Config) -> Callable[[Tensor, list[float]], Tensor]:
     return combine
 
 
-def train(cfg: Config) -> dict[str, float]:
-    return launch(cfg, build)
+def train(cfg: Config, engines: EngineCache | None = None) -> dict[str, float]:
+    """Run ``cfg`` (``engines``: an ``EngineCache`` kept across a caller's runs; ``launch``)."""
+    return launch(cfg, build, engines)

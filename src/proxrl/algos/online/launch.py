@@ -17,10 +17,11 @@ from proxrl.algos.online.loop import train_online
 from proxrl.algos.online.placement.base import Driver, run_here
 from proxrl.algos.online.placement.ray_run import train_on_ray
 from proxrl.algos.online.run import check_run
+from proxrl.rollout.vllm_sampler import EngineCache
 
-Launcher = Callable[[OnlineConfig, Algorithm, Driver], dict[str, float]]
-"""(cfg, algo, the driver) → the last metrics row: builds a placement and runs the driver
-with it."""
+Launcher = Callable[[OnlineConfig, Algorithm, Driver, EngineCache | None], dict[str, float]]
+"""(cfg, algo, the driver, an ``EngineCache`` or None) → the last metrics row: builds a
+placement and runs the driver with it."""
 
 LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({"local": run_here, "ray": train_on_ray})
 """``placement`` → how the driver is run (the names are ``placement_fields.PLACEMENTS``')."""
@@ -29,10 +30,14 @@ LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({"local": run_here, "ray": 
 C = TypeVar("C", bound=OnlineConfig)
 
 
-def launch(cfg: C, build: Callable[[C], Algorithm]) -> dict[str, float]:
+def launch(
+    cfg: C, build: Callable[[C], Algorithm], engines: EngineCache | None = None
+) -> dict[str, float]:
     """Check ``cfg`` (as the command line and ``proxrl.config`` do: a module-level
     ``grpo.train`` / ``ppo.train`` is a way in too) and the run it asks for, build the
-    algorithm, and run the driver where ``cfg.placement`` says."""
+    algorithm, and run the driver where ``cfg.placement`` says. ``engines``: a
+    ``vllm_sampler.EngineCache`` held by a caller that runs several stages in this process
+    (the demo), so that their vLLM engine starts once."""
     cfg.validate()
     check_run(cfg)
-    return LAUNCHERS[cfg.placement](cfg, build(cfg), train_online)
+    return LAUNCHERS[cfg.placement](cfg, build(cfg), train_online, engines)

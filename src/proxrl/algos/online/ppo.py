@@ -45,6 +45,7 @@ from proxrl.core import (
 )
 from proxrl.registry import AppliesWith, Registry
 from proxrl.rollout.experience import Experience
+from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 
@@ -285,5 +286,6 @@ def build(cfg: Config) -> Algorithm:
     )
 
 
-def train(cfg: Config) -> dict[str, float]:
-    return launch(cfg, build)
+def train(cfg: Config, engines: EngineCache | None = None) -> dict[str, float]:
+    """Run ``cfg`` (``engines``: an ``EngineCache`` kept across a caller's runs; ``launch``)."""
+    return launch(cfg, build, engines)

@@ -18,6 +18,7 @@ from proxrl.algos.online.roles import (
 from proxrl.algos.online.samplers import make_engine
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.rewards import WeightedRewards
+from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime.signals import GracefulStop
 
 
@@ -49,7 +50,7 @@ class LocalPlacement:
     ``engines``: a ``vllm_sampler.EngineCache`` kept by a caller that opens several runs, whose
     vLLM engine the run takes (None: the run starts its own)."""
 
-    def __init__(self, engines: Any = None) -> None:
+    def __init__(self, engines: EngineCache | None = None) -> None:
         self.engines = engines
 
     def rewards(self, cfg: OnlineConfig) -> WeightedRewards:
@@ -65,6 +66,9 @@ class LocalPlacement:
         return GracefulStop()
 
 
-def run_here(cfg: OnlineConfig, algo: Algorithm, driver: Driver) -> dict[str, float]:
-    """``placement: local``: the driver in this process (each process of a launcher's)."""
-    return driver(cfg, algo, LocalPlacement())
+def run_here(
+    cfg: OnlineConfig, algo: Algorithm, driver: Driver, engines: EngineCache | None = None
+) -> dict[str, float]:
+    """``placement: local``: the driver in this process (each process of a launcher's);
+    ``engines``: the caller's ``EngineCache``, kept across its runs (None: the run's own)."""
+    return driver(cfg, algo, LocalPlacement(engines))

@@ -35,6 +35,7 @@ from proxrl.algos.online.prompts import per_response, prompt_order
 from proxrl.algos.online.roles import Models, load_models, measures_kl
 from proxrl.algos.online.samplers import sampling_settings
 from proxrl.core import DISTILL_LOSSES
+from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.signals import GracefulStop
@@ -251,9 +252,12 @@ def reraised(name: str, message: str, exit_code: int) -> ProxrlError:
     return ProxrlError(message)
 
 
-def train_on_ray(cfg: OnlineConfig, algo: Algorithm, driver: Driver) -> dict[str, float]:
+def train_on_ray(
+    cfg: OnlineConfig, algo: Algorithm, driver: Driver, engines: EngineCache | None = None
+) -> dict[str, float]:
     """``placement: ray``: run ``driver`` in ``ray_trainer_processes`` trainer actors (each with
-    its ``RayPlacement``); this process waits, and leaves the Ray it started."""
+    its ``RayPlacement``); this process waits, and leaves the Ray it started. ``engines`` is
+    not read: Ray's engine actors start their own engines, in their own processes."""
     import ray
 
     if dist.world_size() > 1:
