@@ -26,7 +26,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
 from proxrl.runtime import fsdp
@@ -136,7 +136,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         *models.critic.optimizers(),
     ]
     stats = update(
-        cfg,
+        UpdateSettings.of(cfg, algo, train_models.critic),
         algo,
         train_models,
         experience,

@@ -21,7 +21,7 @@ from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 
@@ -104,7 +104,8 @@ def run_update(
     ]
     generator = torch.Generator().manual_seed(0)
     step = UpdateStep(0.05, train_policy, 1)
-    return update(s.cfg, s.algo, models, s.exp, optimizers, step, generator, guard)
+    settings = UpdateSettings.of(s.cfg, s.algo, models.critic)
+    return update(settings, s.algo, models, s.exp, optimizers, step, generator, guard)
 
 
 def weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
