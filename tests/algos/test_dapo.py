@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
@@ -23,6 +22,7 @@ from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 from tests.algos.dapo_rewards import WORDS, replay_dynamic_sampling
 from tests.algos.killed_runs import comparable
 
@@ -135,7 +135,7 @@ def _rollout(cfg):
     algo = (ppo if isinstance(cfg, ppo.Config) else grpo).build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, row = collect_rollout(
+    experience, _, row = rollout_of(
         cfg, algo, models, load_rewards(cfg), examples, ids, cfg.kl_coef, {}
     )
     return cfg, algo, models, estimate(algo, experience, cfg.kl_coef), row

@@ -18,12 +18,13 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.collect import OldPolicySource, collect_rollout
+from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.samplers import make_engine
 from proxrl.rollout.engines import PolicySampling
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.errors import ProxrlError
+from tests.algos.collected import rollout_of
 
 WORDS = ["abc", "def", "ghi", "jkl"]
 
@@ -106,7 +107,7 @@ def test_async_value_head_takes_pi_old_from_the_engine(tiny_lm, prompts, tmp_pat
             p.add_(0.05 * torch.randn_like(p))
     examples, ids = load_prompts(cfg, models.tokenizer)
     n = cfg.rollout_batch_size
-    experience, _, _ = collect_rollout(
+    experience, _, _ = rollout_of(
         cfg,
         algo,
         models,

@@ -21,7 +21,6 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import base
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.samplers import ENGINES, make_engine
@@ -37,6 +36,7 @@ from proxrl.core import mismatch_stats
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 
 STATS = ["mismatch_kl", "mismatch_kl_k1", "is_ratio_mean", "is_ratio_min", "is_ratio_max"]
 WORDS = ["abc", "def", "ghi", "jkl"]
@@ -186,7 +186,7 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
     rewards = load_rewards(cfg)
-    experience, _, _ = collect_rollout(cfg, algo, models, rewards, examples[:2], ids[:2], 0.0, {})
+    experience, _, _ = rollout_of(cfg, algo, models, rewards, examples[:2], ids[:2], 0.0, {})
     mask = experience.loss_mask
     noise = 0.2 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
     experience = estimate(algo, experience, 0.0)
@@ -276,7 +276,7 @@ def test_an_engine_of_its_own_is_measured_against_the_trainers_pass(
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
     engine = NoisyRecording(cfg, models.tokenizer)
-    experience, _, metrics = collect_rollout(
+    experience, _, metrics = rollout_of(
         cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.0, {}, engine
     )
     (sampled,) = engine.samples
@@ -327,7 +327,7 @@ def test_only_an_engine_of_its_own_is_measured_and_never_a_rollouts_file(tiny_lm
     sampled from a rollouts file."""
     from types import SimpleNamespace
 
-    from proxrl.algos.online.collect import OldPolicySource
+    from proxrl.algos.online.old_policy import OldPolicySource
 
     def source(**fields):
         base = dict(model=tiny_lm, prompts=prompts, output_dir="unused")

@@ -13,7 +13,6 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms, update
 from proxrl.core import masked_mean
@@ -27,6 +26,7 @@ from proxrl.rollout.multiturn import EpisodeLimits, observation_ids, run_episode
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 from tests.algos.mt_envs import TwoTurns, echo
 
 WORDS = ["abc", "def", "ghi", "jkl"]
@@ -242,9 +242,7 @@ def _rollout(cfg, config_module):
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
     torch.manual_seed(0)
-    experience, _, row = collect_rollout(
-        cfg, algo, models, load_rewards(cfg), examples, ids, 0.1, {}
-    )
+    experience, _, row = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.1, {})
     return algo, models, estimate(algo, experience, 0.1), row
 
 

@@ -1,6 +1,6 @@
 """π_old without a pass: where the rollout batch gets one optimizer step and π_old is the
 trainer's own, the update's forward gives π_old = π, and the step is the one the separate pass
-would have given, to round-off (``collect.old_logprobs_pass``).
+would have given, to round-off (``old_policy.old_logprobs_pass``).
 
 1. The update, on a hand-built float64 rollout of very unequal lengths, gives the same weight
    change (SGD, learning rate 1: minus the gradient) and, after an AdamW step, the same weights
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.collect import old_logprobs_pass
+from proxrl.algos.online.old_policy import old_logprobs_pass
 from proxrl.algos.online.roles import load_models
 from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.rollout.experience import Experience

@@ -15,9 +15,8 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateStep, update
+from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.core import value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
@@ -25,6 +24,7 @@ from proxrl.rollout.generation import response_mask_after_stop, stopped
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
@@ -155,10 +155,10 @@ def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_
         torch.optim.AdamW(models.critic.parameters(), lr=1e-3),
     ]
     for _ in range(2):
-        experience, _, row = collect_rollout(cfg, algo, models, rewards, examples, ids, 0.05, {})
+        experience, _, row = rollout_of(cfg, algo, models, rewards, examples, ids, 0.05, {})
         experience = estimate(algo, experience, 0.05)
         update(
-            cfg,
+            UpdateSettings.of(cfg, algo, models.critic),
             algo,
             models,
             experience,
@@ -215,9 +215,7 @@ def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = collect_rollout(
-        cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {}
-    )
+    experience, _, _ = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
     experience = estimate(algo, experience, 0.05)
     experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
     noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
@@ -468,9 +466,7 @@ def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = collect_rollout(
-        cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {}
-    )
+    experience, _, _ = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
     with torch.no_grad():
         fresh = policy_forward(
             models.actor,

@@ -22,8 +22,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from proxrl.algos.online import collect as online_rollout
-from proxrl.algos.online import grpo, ppo
+from proxrl.algos.online import grpo, ppo, samplers
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.micro_batches import packs, token_budget
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
@@ -35,6 +34,7 @@ from proxrl.rollout.forward import critic_forward, packed_sequence_scores, polic
 from proxrl.rollout.packing import micro_batch_plan, pack_batch
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.guard import NonFiniteGuard
+from tests.algos.collected import rollout_of
 from tests.algos.test_old_logprobs import _config as old_logprobs_config
 
 # Rows of very different lengths: left-padded prompts, right-padded responses.
@@ -327,7 +327,7 @@ def test_packed_rollout_equals_the_padded_one(
 ):
     """π_old, π_ref, a separate critic's values and a reward model's scores: the same rollout,
     on responses cut to very different lengths."""
-    make_engine = online_rollout.make_engine
+    make_engine = samplers.make_engine
 
     def cut(cfg, tokenizer):
         engine = make_engine(cfg, tokenizer)
@@ -350,7 +350,7 @@ def test_packed_rollout_equals_the_padded_one(
         engine.sampler = Cut
         return engine
 
-    monkeypatch.setattr(online_rollout, "make_engine", cut)
+    monkeypatch.setattr(samplers, "make_engine", cut)
     experiences = []
     for budget in (0, 30, 200):
         cfg = _config(
@@ -367,7 +367,7 @@ def test_packed_rollout_equals_the_padded_one(
         torch.manual_seed(cfg.seed)
         models = load_models(cfg, algo)
         examples, ids = load_prompts(cfg, models.tokenizer)
-        experience, _, metrics = online_rollout.collect_rollout(
+        experience, _, metrics = rollout_of(
             cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.1, {}
         )
         experiences.append((estimate(algo, experience, 0.1), metrics))

@@ -12,12 +12,12 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms
 from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 
 CORRECTIONS = list(ROLLOUT_CORRECTIONS)
 METRICS = [
@@ -69,7 +69,7 @@ def rollout(cfg, module):
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
     torch.manual_seed(0)
-    experience, _, metrics = collect_rollout(
+    experience, _, metrics = rollout_of(
         cfg, algo, models, load_rewards(cfg), examples[:4], ids[:4], 0.0, {}
     )
     return algo, models, estimate(algo, experience, 0.0), metrics

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.rollout.forward import policy_forward, position_ids
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 
 TRUNCATED = SamplingSettings(24, temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)
 
@@ -192,7 +192,7 @@ def test_rollout_pi_old_and_reference_score_the_truncated_distribution(tiny_lm, 
     models = load_models(cfg, algo)
     examples, ids = load_prompts(cfg, models.tokenizer)
     torch.manual_seed(0)
-    experience, _, metrics = collect_rollout(
+    experience, _, metrics = rollout_of(
         cfg, algo, models, load_rewards(cfg), examples[:4], ids[:4], 0.05, {}
     )
     settings = SamplingSettings(12, 0.7, 5, 0.9, min_p=0.05)

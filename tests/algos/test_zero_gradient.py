@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
+from tests.algos.collected import rollout_of
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
 CONSTANT = "tests.algos.test_zero_gradient:constant"
@@ -85,7 +85,7 @@ def _identical(a, b) -> bool:
 def _rollout(cfg, algo, models, examples, ids, reward_fn: str):
     rewards = load_rewards(replace(cfg, reward_fn=(reward_fn,)))
     n = cfg.rollout_batch_size  # the first prompts: one batch
-    experience, _, _ = collect_rollout(cfg, algo, models, rewards, examples[:n], ids[:n], 0.0, {})
+    experience, _, _ = rollout_of(cfg, algo, models, rewards, examples[:n], ids[:n], 0.0, {})
     return estimate(algo, experience, 0.0)
 
 

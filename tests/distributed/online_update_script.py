@@ -26,6 +26,8 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.rollout_settings import RolloutSettings
+from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
@@ -100,7 +102,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
     if mode == "make":
         prompts, ids = load_prompts(cfg, models.tokenizer)
         experience, _, _ = collect_rollout(
-            cfg,
+            RolloutSettings.of(cfg, algo, models.critic),
             algo,
             models,
             load_rewards(cfg),
@@ -108,6 +110,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
             ids[: cfg.rollout_batch_size],
             0.05,
             {},
+            make_engine(cfg, models.tokenizer),
         )
         experience = estimate(algo, experience, 0.05, cfg)  # (with a teacher: its term)
         if ragged:

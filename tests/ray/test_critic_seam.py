@@ -17,13 +17,13 @@ import torch
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
 from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
+from tests.algos.collected import rollout_of
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]
 
@@ -88,7 +88,7 @@ def setup(tiny_lm, tmp_path, monkeypatch):
     )
     rewards = load_rewards(cfg)
     examples, ids = load_prompts(cfg, here.tokenizer)
-    experience, _, _ = collect_rollout(cfg, algo, here, rewards, examples[:4], ids[:4], 0.05, {})
+    experience, _, _ = rollout_of(cfg, algo, here, rewards, examples[:4], ids[:4], 0.05, {})
     experience = estimate(algo, experience, 0.05)
     return SimpleNamespace(
         cfg=cfg, algo=algo, here=here, elsewhere=elsewhere, actor=actors[0], exp=experience

@@ -42,19 +42,16 @@ from proxrl.algos.online.client_checks import (
     prompt_examples,
     token_values,
 )
-from proxrl.algos.online.collect import OldPolicySource, Sampled, Scored, forward_passes, sample
+from proxrl.algos.online.collect import Sampled, Scored, forward_passes, sample
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import NoCritic
 from proxrl.algos.online.episodes import environment_tools, responses_stopped
 from proxrl.algos.online.loop import save_policy
+from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, place_roles
-from proxrl.algos.online.rollouts_file import (
-    limits_of,
-    read_rollouts,
-    recorded_source,
-    recorded_stage,
-)
+from proxrl.algos.online.rollout_settings import PassSettings, SampleSettings
+from proxrl.algos.online.rollouts_file import limits_of, read_rollouts, recorded_stage
 from proxrl.algos.online.run import make_optimizers
 from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import (
@@ -326,7 +323,7 @@ class TrainingClient:
         n = self.cfg.group_size if n is None else count(n, "n", where)
         logprobs = flag(logprobs, "logprobs", where)
         cfg = checked_config(type(self.cfg), {**sampling, "group_size": n}, where, self.cfg)
-        tools = environment_tools(cfg)
+        tools = environment_tools(cfg.environment, cfg.tool_call_format)
         ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
         empty = next((i for i, row in enumerate(ids) if not row), None)
         if empty is not None:
@@ -336,7 +333,9 @@ class TrainingClient:
             self.engine_behind = False
         self.models.actor.eval()
         with torch.no_grad(), cfg.autocast():
-            stage = sample(cfg, self.models, self.engine, examples, ids, logprobs)
+            stage = sample(
+                SampleSettings.of(cfg), self.models, self.engine, examples, ids, logprobs
+            )
         return Rollout(stage)
 
     def read_rollouts(self, path: str | Path) -> Rollout:
@@ -385,10 +384,12 @@ class TrainingClient:
             )
         ended = responses_stopped(samples, self.tokenizer.eos_token_id, self.cfg.max_new_tokens)
         scored = Scored(values, values, ended.cpu(), {}, None, token_rewards=token_rewards)
-        source = recorded_source(self.cfg) if recorded else TRAINER_PASS
+        correct = self.cfg.rollout_correction != "none"
+        source = OldPolicySource.of_recorded(correct) if recorded else TRAINER_PASS
+        settings = PassSettings.of(self.cfg)
         self.models.actor.eval()
         with torch.no_grad(), self.cfg.autocast():
-            passes = forward_passes(self.cfg, self.models, rollout.stage, scored, source)
+            passes = forward_passes(settings, self.models, rollout.stage, scored, source)
         return replace(passes.experience, scores=passes.experience.scores.to(device))
 
     def minibatches(self, rows: int) -> list[Tensor]:

@@ -23,13 +23,17 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm
-from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import responses_stopped, sample_responses, score_responses
 from proxrl.algos.online.gather import gather_rollout, gathered_correction_stats
-from proxrl.algos.online.micro_batches import packs, token_budget
+from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.samplers import ENGINES, make_engine, sampling_settings
+from proxrl.algos.online.rollout_settings import (
+    PassSettings,
+    RolloutSettings,
+    SampleSettings,
+    ScoreSettings,
+    ScoreShaping,
+)
 from proxrl.core import (
     NO_STOP_RULES,
     ROLLOUT_CORRECTIONS,
@@ -45,7 +49,7 @@ from proxrl.models.lora import adapter_disabled
 from proxrl.rollout.engines import RolloutEngine
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import at_least_float32, frozen_pass, policy_forward
-from proxrl.rollout.generation import Samples, SamplingSettings
+from proxrl.rollout.generation import Samples
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.rollout.rewards import RewardRole
 from proxrl.runtime import distributed as dist
@@ -57,45 +61,6 @@ def timed(timings: dict[str, float], key: str) -> Iterator[None]:
     started = time.perf_counter()
     yield
     timings[key] = time.perf_counter() - started
-
-
-@dataclass(frozen=True)
-class OldPolicySource:
-    """Where the rollout's log π_old comes from."""
-
-    from_sampler: bool  # the sampler's log-probs stand in for π_old (no pass for them)
-    correct: bool  # a rollout correction: the pass gives π_old, the sampler's give the weights
-    forward_pass: bool  # the rollout runs its own pass (else, without from_sampler, the update)
-    measured: bool = False  # π_old is the trainer's, and the sampler's log-probs are asked for
-    # only to measure them against it (``Experience.sampler_logprobs``)
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> OldPolicySource:
-        """A value head reads the pass's hidden state, so the pass runs anyway, and with
-        sampler_logprobs alone its log-probs are π_old: the same weights sampled. Not under
-        async_rollout: the batch was sampled by the policy one or more versions back, and the
-        pass would give the current policy's, leaving the lag uncorrected. π_old is then the
-        engine's (the behaviour policy's), as without a value head; the pass gives V_old.
-
-        Without sampler_logprobs an engine with kernels of its own (vLLM: ``ENGINES``' trait
-        ``own_kernels``) is still asked for its log-probs, which it computes as it samples, so
-        the mismatch the trainer's π_old leaves unmeasured is logged; the built-in samplers run
-        the trainer's own module, whose numbers the pass repeats to round-off."""
-        correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
-        behind = cfg.async_rollout  # the samples may lag the policy they train
-        own_kernels = ENGINES.trait(cfg.sampler, "own_kernels")
-        return cls(
-            from_sampler=cfg.sampler_logprobs
-            and (behind or not critic.needs_hidden)
-            and not correct,
-            correct=correct,
-            forward_pass=old_logprobs_pass(cfg, algo, critic),
-            measured=own_kernels and not cfg.sampler_logprobs and cfg.rollouts_file is None,
-        )
-
-    @property
-    def sampler_logprobs(self) -> bool:
-        return self.from_sampler or self.correct or self.measured
 
 
 @dataclass
@@ -148,7 +113,7 @@ class RolloutBatch:
 
 @torch.no_grad()
 def collect_rollout(
-    cfg: OnlineConfig,
+    settings: RolloutSettings,
     algo: Algorithm,
     models: Models,
     rewards: RewardRole,
@@ -156,23 +121,23 @@ def collect_rollout(
     prompt_ids: list[list[int]],
     kl_coef: float,
     timings: dict[str, float],
-    engine: RolloutEngine | None = None,
+    engine: RolloutEngine,
 ) -> tuple[Experience, list[str], dict[str, float]]:
-    """Sample, score and evaluate one batch of prompts with ``engine`` (default: the run's
-    sampler on the policy itself); returns the rollout without advantages, the completions and
-    the rollout-side metrics."""
-    engine = engine or make_engine(cfg, models.tokenizer)
-    source = OldPolicySource.of(cfg, algo, models.critic)
+    """Sample, score and evaluate one batch of prompts with ``engine``; returns the rollout
+    without advantages, the completions and the rollout-side metrics."""
+    source = settings.old_policy
     with timed(timings, "time/rollout_s"):
-        sampled = sample(cfg, models, engine, prompts, prompt_ids, source.sampler_logprobs)
+        sampled = sample(
+            settings.sampling, models, engine, prompts, prompt_ids, source.sampler_logprobs
+        )
     with timed(timings, "time/score_s"):
-        scored = score(cfg, algo, models, engine, rewards, sampled, prompt_ids)
-    return evaluate(cfg, models, sampled, scored, source, kl_coef, timings)
+        scored = score(settings.scoring, algo, models, engine, rewards, sampled, prompt_ids)
+    return evaluate(settings.passes, models, sampled, scored, source, kl_coef, timings)
 
 
 @torch.no_grad()
 def evaluate(
-    cfg: OnlineConfig,
+    settings: PassSettings,
     models: Models,
     sampled: Sampled,
     scored: Scored,
@@ -183,7 +148,7 @@ def evaluate(
     """The forward passes over a sampled, scored batch, several processes' rows gathered, and
     the rollout-side metrics (also for a rollouts file's batch: ``rollouts_file``)."""
     with timed(timings, "time/forward_s"):
-        passes = forward_passes(cfg, models, sampled, scored, source)
+        passes = forward_passes(settings, models, sampled, scored, source)
     experience, entropy, completions = passes.experience, passes.entropy, sampled.completions
     raw, ended, parts, correction = scored.raw, scored.ended, scored.parts, passes.correction
     if dist.world_size() > 1:  # advantages, baselines and metrics are over every rank's rows
@@ -267,7 +232,7 @@ def rollout_metrics(
 
 
 def sample(
-    cfg: OnlineConfig,
+    settings: SampleSettings,
     models: Models,
     engine: RolloutEngine,
     prompts: list[PromptExample],
@@ -277,19 +242,19 @@ def sample(
     """Stage 1: G responses per prompt, consecutive, decoded."""
     tokenizer, actor = models.tokenizer, models.actor
     device = next(actor.parameters()).device
-    ids = [row for row in prompt_ids for _ in range(cfg.group_size)]
-    batch_prompts = [p for p in prompts for _ in range(cfg.group_size)]
+    ids = [row for row in prompt_ids for _ in range(settings.group_size)]
+    batch_prompts = [p for p in prompts for _ in range(settings.group_size)]
     prompt_tensor = pad_left(ids, tokenizer.pad_token_id).to(device)
     prompt_mask = pad_left([[1] * len(r) for r in ids], 0).to(device)
     with dist.gathered_for_generation(actor) as whole:  # FSDP / ZeRO-3: full weights to sample
         samples = sample_responses(  # (or whole episodes, with an environment)
-            cfg,
+            settings.episodes,
             engine.sampler(whole),
             tokenizer,
             batch_prompts,
             prompt_tensor,
             prompt_mask,
-            sampling_settings(cfg),
+            settings.distribution,
             with_logprobs=with_logprobs,
         )
     response_ids, response_mask = samples.response_ids, samples.response_mask
@@ -311,23 +276,26 @@ def prompt_columns(prompts: list[PromptExample]) -> dict[str, list[Any]]:
     return dict(columns)
 
 
-def shaped_scores(cfg: OnlineConfig, scores: Tensor, ended: Tensor, lengths: Tensor) -> Tensor:
+def shaped_scores(shaping: ScoreShaping, scores: Tensor, ended: Tensor, lengths: Tensor) -> Tensor:
     """The score-shaping rules in order: the no-stop penalty for a response that did not stop,
     DAPO's soft overlong punishment by its ``lengths`` (B,), then clipping to ±reward_clip."""
-    if cfg.no_stop_penalty is not None:
-        penalised = NO_STOP_RULES[cfg.no_stop_mode](scores, cfg.no_stop_penalty)
+    if shaping.no_stop_penalty is not None:
+        penalised = NO_STOP_RULES[shaping.no_stop_mode](scores, shaping.no_stop_penalty)
         scores = torch.where(ended, scores, penalised)
-    if cfg.overlong_buffer:
+    if shaping.overlong_buffer:
         scores = scores + overlong_penalty(
-            lengths.to(scores.dtype), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty
+            lengths.to(scores.dtype),
+            shaping.max_new_tokens,
+            shaping.overlong_buffer,
+            shaping.overlong_penalty,
         )
-    if cfg.reward_clip:
-        scores = scores.clamp(-cfg.reward_clip, cfg.reward_clip)
+    if shaping.reward_clip:
+        scores = scores.clamp(-shaping.reward_clip, shaping.reward_clip)
     return scores
 
 
 def score(
-    cfg: OnlineConfig,
+    settings: ScoreSettings,
     algo: Algorithm,
     models: Models,
     engine: RolloutEngine,
@@ -343,21 +311,22 @@ def score(
     combined = None
     if algo.combine_sources is not None:
         combined = algo.combine_sources(scored.per_source, list(scored.weights))
-    ended = responses_stopped(samples, models.tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    eos = models.tokenizer.eos_token_id
+    ended = responses_stopped(samples, eos, settings.max_new_tokens).cpu()
     lengths = samples.response_mask.sum(-1).cpu()
-    scores = shaped_scores(cfg, raw.clone(), ended, lengths)
-    greedy_scores = None
-    if algo.needs_greedy:
-        prompts = sampled.prompts[:: cfg.group_size]
-        once = {k: v[:: cfg.group_size] for k, v in columns.items()}
-        greedy_scores = greedy_baseline(cfg, models, engine, rewards, prompts, prompt_ids, once)
+    scores = shaped_scores(settings.shaping, raw.clone(), ended, lengths)
+    greedy_scores, greedy = None, settings.greedy
+    if greedy is not None:
+        prompts = sampled.prompts[:: greedy.group_size]
+        once = {k: v[:: greedy.group_size] for k, v in columns.items()}
+        greedy_scores = greedy_baseline(greedy, models, engine, rewards, prompts, prompt_ids, once)
         device = next(models.actor.parameters()).device
-        greedy_scores = greedy_scores.repeat_interleave(cfg.group_size).to(device)
+        greedy_scores = greedy_scores.repeat_interleave(greedy.group_size).to(device)
     return Scored(raw, scores, ended, parts, greedy_scores, combined)
 
 
 def greedy_baseline(
-    cfg: OnlineConfig,
+    greedy: SampleSettings,
     models: Models,
     engine: RolloutEngine,
     rewards: RewardRole,
@@ -368,24 +337,23 @@ def greedy_baseline(
     """(N,) the score of each prompt's greedy decode (ReMax's baseline)."""
     tokenizer, actor = models.tokenizer, models.actor
     device = next(actor.parameters()).device
-    settings = SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings)
     with dist.gathered_for_generation(actor) as whole:
-        greedy = sample_responses(
-            cfg,
+        decoded = sample_responses(
+            greedy.episodes,
             engine.sampler(whole),
             tokenizer,
             prompts,
             pad_left(prompt_ids, tokenizer.pad_token_id).to(device),
             pad_left([[1] * len(r) for r in prompt_ids], 0).to(device),
-            settings,
+            greedy.distribution,
             with_logprobs=False,
         )
-    text = tokenizer.batch_decode(greedy.response_ids, skip_special_tokens=True)
-    return score_responses(greedy, rewards, prompts, text, columns).total
+    text = tokenizer.batch_decode(decoded.response_ids, skip_special_tokens=True)
+    return score_responses(decoded, rewards, prompts, text, columns).total
 
 
 def forward_passes(
-    cfg: OnlineConfig,
+    settings: PassSettings,
     models: Models,
     sampled: Sampled,
     scored: Scored,
@@ -398,11 +366,11 @@ def forward_passes(
     device = next(models.actor.parameters()).device
     input_ids = torch.cat([sampled.prompt_ids, response_ids], 1)
     attention_mask = torch.cat([sampled.prompt_mask, response_mask], 1)
-    plan = micro_batch_plan(attention_mask, cfg.micro_batch_size, token_budget(cfg))
+    plan = micro_batch_plan(attention_mask, settings.micro_batch_size, settings.token_budget)
     columns: dict[str, list[Tensor]] = defaultdict(list)
     for rows in plan:
         for name, value in micro_batch_passes(
-            cfg, models, samples, input_ids[rows], attention_mask[rows], rows, P, source
+            settings, models, samples, input_ids[rows], attention_mask[rows], rows, P, source
         ).items():
             columns[name].append(value)
     order = torch.cat(plan).argsort()  # packed micro-batches take rows out of order
@@ -431,18 +399,16 @@ def forward_passes(
     behaviour = samples.logprobs.float()  # type: ignore[union-attr]
     old = experience.logprobs
     assert old is not None
-    correct = ROLLOUT_CORRECTIONS[cfg.rollout_correction]
-    low, cap = cfg.rollout_correction_low, cfg.rollout_correction_cap
+    correct = ROLLOUT_CORRECTIONS[settings.rollout_correction]
+    low, cap = settings.rollout_correction_low, settings.rollout_correction_cap
     experience.rollout_weights = correct(old - behaviour, mask, low, cap)
-    stats = correction_stats(
-        old, behaviour, experience.rollout_weights, mask, cfg.rollout_correction_cap
-    )
+    stats = correction_stats(old, behaviour, experience.rollout_weights, mask, cap)
     correction = {k: float(v) for k, v in stats.items()}
     return Passes(experience, joined.get("entropy"), correction, float(mask.sum()))
 
 
 def micro_batch_passes(
-    cfg: OnlineConfig,
+    settings: PassSettings,
     models: Models,
     samples: Samples,
     input_ids: Tensor,
@@ -454,8 +420,8 @@ def micro_batch_passes(
     """One micro-batch's log π_old and entropy (the sampler's or a pass's; none where the
     update's forward gives them), log π_ref and V_old."""
     actor, critic = models.actor, models.critic
-    settings = sampling_settings(cfg)
-    packed = packs(cfg)
+    distribution, packed = settings.distribution, settings.packed
+    temperature, truncation = distribution.temperature, distribution.truncation
     out: dict[str, Tensor] = {}
     hidden = None
     if source.from_sampler:
@@ -472,12 +438,12 @@ def micro_batch_passes(
             input_ids,
             attention_mask,
             P,
-            cfg.temperature,
+            temperature,
             with_entropy=not source.from_sampler,
             with_hidden=critic.needs_hidden,
-            **settings.truncation,
+            **truncation,
             packed=packed,
-            shared_prefix=cfg.shared_prefix,
+            shared_prefix=settings.shared_prefix,
         )
         if not source.from_sampler:
             out["logprobs"] = at_least_float32(policy.logprobs)
@@ -493,54 +459,18 @@ def micro_batch_passes(
             else contextlib.nullcontext(models.reference) as ref
         ):
             out["ref_logprobs"], _ = frozen_pass(
-                ref, input_ids, attention_mask, P, cfg.temperature, settings.truncation, packed,
-                shared_prefix=cfg.shared_prefix,
+                ref, input_ids, attention_mask, P, temperature, truncation, packed,
+                shared_prefix=settings.shared_prefix,
             )  # fmt: skip
     if models.teacher is not None:  # on-policy distillation: the teacher scores the samples
-        teacher, truncation = models.teacher, settings.truncation
         out["teacher_logprobs"], argmax = frozen_pass(
-            teacher, input_ids, attention_mask, P, cfg.temperature, truncation, packed, True,
-            shared_prefix=cfg.shared_prefix,
+            models.teacher, input_ids, attention_mask, P, temperature, truncation, packed, True,
+            shared_prefix=settings.shared_prefix,
         )  # fmt: skip
         assert argmax is not None
         out["teacher_argmax"] = argmax
     out["values"] = critic.values(input_ids, attention_mask, P, hidden)
     return out
-
-
-def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
-    """Whether the rollout runs a forward pass of its own for log π_old. Without it the update
-    takes π_old = π from its forward (detached: the ratio is exactly 1, approx-KL and clip
-    fractions 0), which is the same update and the same logged numbers to round-off only where:
-
-    - the rollout batch gets one optimizer step (ppo_epochs 1, one mini-batch), so π has not
-      moved since the rollout when that step's forward runs;
-    - π_old is the trainer's own (sampler_logprobs false, hence no rollout_correction): the
-      sampler's log-probs differ from the trainer's by the engine's rounding;
-    - nothing before the update reads π_old: the KL is paid in the loss (``Algorithm.kl_loss``,
-      grpo), not in the reward (ppo, rloo, remax, reinforce, reinforce_pp*, whose advantages are
-      KL-shaped), no teacher's term joins the advantages (on-policy distillation), and no value
-      head reads the pass's hidden state for V_old;
-    - every rollout row reaches the update's forward, where the rollout metrics that read π_old
-      (objective/kl, objective/entropy, objective/rlhf_reward) are then computed: not
-      dynamic_sampling (those metrics cover the dropped groups too) nor mask_truncated (a
-      micro-batch of truncated rows runs no forward).
-
-    The two forwards compute the same function of the weights: dropout is off in every model
-    the loop loads (``models.causal_lm.disable_dropout``, LoRA dropout 0), so train() and eval()
-    agree, and both run under the same ``cfg.autocast()`` (under bf16 they agree to its
-    rounding, as the pass itself would)."""
-    one_step = cfg.ppo_epochs == 1 and cfg.mini_batch_size == cfg.responses_per_iteration
-    return not (
-        cfg.skip_old_logprobs_pass
-        and one_step
-        and not cfg.sampler_logprobs
-        and algo.kl_loss is not None
-        and cfg.teacher_model is None
-        and not critic.needs_hidden
-        and not cfg.dynamic_sampling
-        and not cfg.mask_truncated
-    )
 
 
 def old_policy_metrics(

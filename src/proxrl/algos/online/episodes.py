@@ -9,6 +9,7 @@ stopped, so the rest of the loop (forward passes, advantages, the update) sees o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -32,12 +33,31 @@ def _factory(spec: str) -> EnvironmentFactory:
     return load_environment_factory(spec)
 
 
-def environment_tools(cfg: OnlineConfig) -> list[dict[str, Any]] | None:
-    """The JSON schemas of the tools the run's environment offers (None: no environment or no
-    tools), for rendering its prompts and observations."""
-    if cfg.environment is None:
+def environment_tools(
+    environment: str | None, tool_call_format: str
+) -> list[dict[str, Any]] | None:
+    """The JSON schemas of the tools the environment ``environment`` (module:factory) offers
+    (None: no environment or no tools), for rendering its prompts and observations."""
+    if environment is None:
         return None
-    return tool_schemas(new_environment(_factory(cfg.environment), cfg.tool_call_format).tools)
+    return tool_schemas(new_environment(_factory(environment), tool_call_format).tools)
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What a rollout's multi-turn episodes read of the run's options (``environment`` set)."""
+
+    environment: str  # module:factory of each episode's Environment
+    tool_call_format: str  # how a model turn's tool calls are parsed
+    limits: EpisodeLimits  # most model turns, most tokens after the prompt
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig) -> EpisodeSettings | None:
+        """None without an environment: one sampled response per row."""
+        if cfg.environment is None:
+            return None
+        limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
+        return cls(cfg.environment, cfg.tool_call_format, limits)
 
 
 def episode_row(prompt: PromptExample) -> dict[str, Any]:
@@ -53,7 +73,7 @@ def conversation(prompt: PromptExample) -> list[dict[str, Any]]:
 
 
 def sample_responses(
-    cfg: OnlineConfig,
+    episodes: EpisodeSettings | None,
     sampler: Sampler,
     tokenizer: Any,
     prompts: list[PromptExample],
@@ -62,23 +82,23 @@ def sample_responses(
     settings: SamplingSettings,
     with_logprobs: bool,
 ) -> Samples:
-    """One response per row of ``prompt_ids``: a sampled one, or with ``environment`` a whole
+    """One response per row of ``prompt_ids``: a sampled one, or with ``episodes`` a whole
     episode (``Episodes``) started from ``prompts[i]``."""
-    if cfg.environment is None:
+    if episodes is None:
         return sampler.sample(prompt_ids, prompt_mask, settings, with_logprobs=with_logprobs)
-    factory = _factory(cfg.environment)
+    factory = _factory(episodes.environment)
     return run_episodes(
         sampler,
         tokenizer,
-        [new_environment(factory, cfg.tool_call_format) for _ in prompts],
+        [new_environment(factory, episodes.tool_call_format) for _ in prompts],
         [episode_row(p) for p in prompts],
         [conversation(p) for p in prompts],
         prompt_ids,
         prompt_mask,
         settings,
-        EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens),
+        episodes.limits,
         with_logprobs=with_logprobs,
-        tools=environment_tools(cfg),
+        tools=environment_tools(episodes.environment, episodes.tool_call_format),
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from proxrl.algos.online.episodes import sample_responses
+from proxrl.algos.online.episodes import EpisodeSettings, sample_responses
 from proxrl.algos.online.heldout_fields import FINAL_MODELS
 from proxrl.algos.online.samplers import sampling_settings
 from proxrl.data.batching import pad_left
@@ -126,7 +126,10 @@ class HeldOut:
 
         try:
             self.prompts, self.prompt_ids = load_eval_prompts(
-                cfg.eval_data, tokenizer, cfg.max_prompt_length, environment_tools(cfg)
+                cfg.eval_data,
+                tokenizer,
+                cfg.max_prompt_length,
+                environment_tools(cfg.environment, cfg.tool_call_format),
             )
         except ProxrlError as exc:
             raise ProxrlError(f"eval_data: {str(exc).removeprefix('eval_data: ')}") from exc
@@ -180,7 +183,7 @@ class HeldOut:
                 ids = self.prompt_ids[start : start + cfg.eval_batch_size]
                 with dist.gathered_for_generation(actor) as whole:
                     out = sample_responses(
-                        cfg,
+                        EpisodeSettings.of(cfg),
                         engine.sampler(whole),
                         tokenizer,
                         self.prompts[start : start + cfg.eval_batch_size],

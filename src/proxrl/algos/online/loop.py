@@ -182,14 +182,14 @@ def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> Rollou
     cfg = run.cfg
     if cfg.rollouts_file is not None:  # trajectories produced elsewhere
         with cfg.autocast():
-            return recorded_rollout(cfg, run.models, run.kl.value, timings)
+            return recorded_rollout(cfg, run.collecting, run.models, run.kl.value, timings)
 
     def sample_round(
         draw: PromptDraw, round_timings: dict[str, float]
     ) -> tuple[Experience, list[str], dict[str, float]]:
         with cfg.autocast():
             return collect_rollout(
-                cfg,
+                run.collecting,
                 run.algo,
                 run.models,
                 run.rewards,

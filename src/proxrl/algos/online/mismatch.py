@@ -9,23 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.algorithm import Algorithm
-from proxrl.algos.online.collect import OldPolicySource, mismatch_metrics
-from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import Critic
+from proxrl.algos.online.collect import mismatch_metrics
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput
 from proxrl.runtime import distributed as dist
-
-
-def measures_mismatch(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
-    """Whether the update measures the mismatch: log π_old is the sampler's, no pass of the
-    trainer's gave it (a rollout correction's or a value head's pass does, and then π_old is
-    the trainer's), and it is not a rollouts file's recorded numbers. Under async_rollout the
-    engine sampled with weights up to ``max_staleness`` updates behind, and the measure holds
-    that lag too, as a rollout correction's pass then does."""
-    from_sampler = OldPolicySource.of(cfg, algo, critic).from_sampler
-    return from_sampler and cfg.rollouts_file is None
 
 
 class MismatchRecord:

@@ -193,7 +193,9 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
     examples = load_prompt_examples(cfg.prompts)
     check_tokenizer_on(tokenizer, examples)
     kept, ids = [], []
-    tools = environment_tools(cfg)  # what the prompts offer an episode's environment
+    tools = environment_tools(
+        cfg.environment, cfg.tool_call_format
+    )  # what the prompts offer an episode's environment
     for example in examples:
         encoded = encode_prompt_text(tokenizer, example.prompt, example.messages, tools)
         if len(encoded) <= cfg.max_prompt_length:

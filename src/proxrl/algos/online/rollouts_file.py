@@ -43,17 +43,11 @@ import pydantic
 import torch
 from torch import Tensor
 
-from proxrl.algos.online.collect import (
-    OldPolicySource,
-    RolloutBatch,
-    Sampled,
-    Scored,
-    evaluate,
-    shaped_scores,
-)
+from proxrl.algos.online.collect import RolloutBatch, Sampled, Scored, evaluate, shaped_scores
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.episodes import responses_stopped
 from proxrl.algos.online.roles import Models
+from proxrl.algos.online.rollout_settings import RolloutSettings
 from proxrl.core import rewards_at_tokens
 from proxrl.data.batching import pad_left
 from proxrl.data.formats import PromptExample
@@ -475,13 +469,6 @@ def validate_rollouts_file(cfg: OnlineConfig, tokenizer: Any = None) -> list[Tra
     return iteration_rows(cfg, tokenizer)
 
 
-def recorded_source(cfg: OnlineConfig) -> OldPolicySource:
-    """π_old from the recorded log-probs; with a rollout correction the trainer's pass gives
-    π_old and the recorded ones the weights."""
-    correct = cfg.rollout_correction != "none"
-    return OldPolicySource(from_sampler=not correct, correct=correct, forward_pass=True)
-
-
 def iteration_rows(cfg: OnlineConfig, tokenizer: Any) -> list[Trajectory]:
     """``cfg.rollouts_file``'s trajectories, checked, ``rollout_batch_size × group_size`` of
     them (the run's batch); the run reads them once before its output directory is touched,
@@ -497,7 +484,11 @@ def iteration_rows(cfg: OnlineConfig, tokenizer: Any) -> list[Trajectory]:
 
 
 def recorded_rollout(
-    cfg: OnlineConfig, models: Models, kl_coef: float, timings: dict[str, float]
+    cfg: OnlineConfig,
+    settings: RolloutSettings,
+    models: Models,
+    kl_coef: float,
+    timings: dict[str, float],
 ) -> RolloutBatch:
     """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
     between iterations), scored by its recorded rewards (then the shaping rules), evaluated
@@ -510,14 +501,15 @@ def recorded_rollout(
     sampled, raw, token_rewards = recorded_stage(mine, tokenizer, device)
     samples = sampled.samples
     ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
-    scores = shaped_scores(cfg, raw.clone(), ended, samples.response_mask.sum(-1).cpu())
+    lengths = samples.response_mask.sum(-1).cpu()
+    scores = shaped_scores(settings.scoring.shaping, raw.clone(), ended, lengths)
     if token_rewards is not None:  # the shaping rules' change to the sum: at the last token
         mask = samples.response_mask if samples.action_mask is None else samples.action_mask
         change = (scores - raw).to(device)
         token_rewards = rewards_at_tokens(token_rewards, change, mask)
     scored = Scored(raw, scores, ended, {}, None, token_rewards=token_rewards)
     experience, completions, metrics = evaluate(
-        cfg, models, sampled, scored, recorded_source(cfg), kl_coef, timings
+        settings.passes, models, sampled, scored, settings.old_policy, kl_coef, timings
     )
     rows_index = list(range(len(rows)))
     prompts = prompt_examples(rows, tokenizer)  # every rank's rows, as gathered

@@ -17,8 +17,10 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.micro_batches import prefix_note
+from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
+from proxrl.algos.online.rollout_settings import RolloutSettings
 from proxrl.algos.online.rollouts_file import iteration_rows
 from proxrl.algos.online.update import UpdateSettings
 from proxrl.core import KL_CONTROLLERS, FixedKL
@@ -73,7 +75,8 @@ class OnlineRun:
     optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
     kl: FixedKL  # β of the KL to the reference (fixed or proportional)
     generator: torch.Generator  # the minibatch order
-    updating: UpdateSettings  # what the update stage reads of the options (π_old's source)
+    collecting: RolloutSettings  # what the rollout stages read of the options, π_old's source
+    updating: UpdateSettings  # what the update stage reads of the options (the same source)
     engine: RolloutEngine = field(init=False)
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
@@ -184,10 +187,12 @@ def _with_optimizers(
     generator = torch.Generator().manual_seed(cfg.seed)
     if dist.world_size() > 1:
         seed_everything(dist.sampler_seed(cfg.seed))
+    old_policy = OldPolicySource.of(cfg, algo, models.critic)  # decided once, read by both
     return OnlineRun(
         cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
         context.output_dir, context, optimizers, kl, generator,
-        UpdateSettings.of(cfg, algo, models.critic),
+        RolloutSettings.of(cfg, algo, models.critic, old_policy),
+        UpdateSettings.of(cfg, algo, models.critic, old_policy),
     )  # fmt: skip
 
 

@@ -23,7 +23,8 @@ from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, CriticGradient
 from proxrl.algos.online.distill_fields import DistillFields
 from proxrl.algos.online.micro_batches import token_budget
-from proxrl.algos.online.mismatch import MismatchRecord, measures_mismatch
+from proxrl.algos.online.mismatch import MismatchRecord
+from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.samplers import sampling_settings
 from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, Aggregation, entropy_bonus
@@ -71,11 +72,20 @@ class UpdateSettings:
     mixed_precision: str  # the forwards' autocast (models.options.autocast)
     policy_loss: str  # its name: whether its selection draws (core.DRAWING_LOSSES)
     distill: DistillFields | None  # a teacher's options (None: no teacher)
-    old_is_trainers_pass: bool  # π_old is π at the update's start (old_is_trainers_pass)
-    measures_mismatch: bool  # π_old is the sampler's: measure it (mismatch.measures_mismatch)
+    old_is_trainers_pass: bool  # π_old is π at the update's start (the run's OldPolicySource:
+    # ``reused_by_update``)
+    measures_mismatch: bool  # π_old is the sampler's: measure it (``OldPolicySource``)
 
     @classmethod
-    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> UpdateSettings:
+    def of(
+        cls,
+        cfg: OnlineConfig,
+        algo: Algorithm,
+        critic: Critic,
+        old_policy: OldPolicySource | None = None,
+    ) -> UpdateSettings:
+        """``old_policy``: the run's (None: decided here, from the same options)."""
+        source = old_policy or OldPolicySource.of(cfg, algo, critic)
         return cls(
             ppo_epochs=cfg.ppo_epochs,
             responses_per_step=cfg.responses_per_step,
@@ -95,8 +105,8 @@ class UpdateSettings:
             distill=DistillFields(**{f.name: getattr(cfg, f.name) for f in fields(DistillFields)})
             if cfg.distills
             else None,
-            old_is_trainers_pass=old_is_trainers_pass(cfg),
-            measures_mismatch=measures_mismatch(cfg, algo, critic),
+            old_is_trainers_pass=source.reused_by_update,
+            measures_mismatch=source.measures_mismatch,
         )
 
 
@@ -162,11 +172,12 @@ def update(
     the one global norm, and its step takes the same clip coefficient, or is skipped with the
     policy's.
 
-    A rollout without log π_old (``experience.logprobs`` None: ``collect.old_logprobs_pass``)
+    A rollout without log π_old (``experience.logprobs`` None: ``old_policy.old_logprobs_pass``)
     gets one step, whose forward gives π_old = π; the rollout metrics that read π_old are then
     computed from that forward and returned with the stats. A rollout whose log π_old is the
-    sampler's (``mismatch.measures_mismatch``) gets the sampler/trainer mismatch measured from
-    the forward of its first step (``rollout/mismatch_kl``, …: over that step's rows)."""
+    sampler's (``OldPolicySource.measures_mismatch``) gets the sampler/trainer mismatch
+    measured from the forward of its first step (``rollout/mismatch_kl``, …: over that step's
+    rows)."""
     record = check_update(settings, experience)
     mismatch = None
     if record is None and settings.measures_mismatch:
@@ -356,14 +367,6 @@ def accumulate(
             step_stats = defaultdict(float, {k: v / world for k, v in step_stats.items()})
     step_stats.update(chosen)  # (the same on every rank: over the whole step)
     return dict(step_stats), elsewhere
-
-
-def old_is_trainers_pass(cfg: OnlineConfig) -> bool:
-    """Whether a rollout's log π_old is π at its update's start: the trainer's own forward pass
-    over the weights the update starts from, not the sampler's log-probs (sampler_logprobs
-    without a rollout_correction) nor a rollouts file's."""
-    from_sampler = cfg.sampler_logprobs and cfg.rollout_correction == "none"
-    return not from_sampler and cfg.rollouts_file is None
 
 
 def select_for_step(

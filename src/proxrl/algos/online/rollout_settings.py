@@ -1,0 +1,130 @@
+"""What the rollout's stages read of the run's options, built once when the run opens
+(``RolloutSettings.of``, in ``run.open_run``): each stage of ``collect`` takes its own record,
+not the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from proxrl.algos.online.algorithm import Algorithm
+from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.critic import Critic
+from proxrl.algos.online.episodes import EpisodeSettings
+from proxrl.algos.online.micro_batches import token_budget
+from proxrl.algos.online.old_policy import OldPolicySource
+from proxrl.algos.online.samplers import sampling_settings
+from proxrl.rollout.generation import SamplingSettings
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """What the sample stage reads (``collect.sample``, and ReMax's greedy decode)."""
+
+    group_size: int  # G responses per prompt, consecutive
+    distribution: SamplingSettings  # what is sampled, as the trainer's log-probs replay it
+    episodes: EpisodeSettings | None  # multi-turn episodes (None: one response per row)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig) -> SampleSettings:
+        return cls(cfg.group_size, sampling_settings(cfg), EpisodeSettings.of(cfg))
+
+
+@dataclass(frozen=True)
+class ScoreShaping:
+    """The score-shaping rules (``collect.shaped_scores``), in the order they apply."""
+
+    no_stop_penalty: float | None  # the score of a response that did not stop (None: off)
+    no_stop_mode: str  # how it applies (core.NO_STOP_RULES)
+    overlong_buffer: int  # DAPO's soft overlong punishment over the last N tokens (0: off)
+    overlong_penalty: float  # the score lost at max_new_tokens under it
+    max_new_tokens: int
+    reward_clip: float  # clip to ±reward_clip (0: off)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig) -> ScoreShaping:
+        return cls(
+            cfg.no_stop_penalty,
+            cfg.no_stop_mode,
+            cfg.overlong_buffer,
+            cfg.overlong_penalty,
+            cfg.max_new_tokens,
+            cfg.reward_clip,
+        )
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What the score stage reads (``collect.score``)."""
+
+    max_new_tokens: int  # a response that reaches it without its EOS did not stop
+    shaping: ScoreShaping
+    greedy: SampleSettings | None  # ReMax's baseline: each prompt's greedy decode, once per
+    # group (None: the algorithm needs no baseline)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig, algo: Algorithm) -> ScoreSettings:
+        greedy = None
+        if algo.needs_greedy:
+            decode = SamplingSettings(
+                cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings
+            )
+            greedy = replace(SampleSettings.of(cfg), distribution=decode)
+        return cls(cfg.max_new_tokens, ScoreShaping.of(cfg), greedy)
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """What the forward-pass stage reads (``collect.forward_passes``): the micro-batch plan
+    the update's agrees with, and the rollout correction."""
+
+    micro_batch_size: int
+    token_budget: int | None  # the micro-batch plan's max_tokens (micro_batches.token_budget)
+    shared_prefix: bool
+    distribution: SamplingSettings  # the distribution sampled from, as the passes replay it
+    rollout_correction: str  # core.ROLLOUT_CORRECTIONS' name (applied where π_old's source
+    # says ``correct``)
+    rollout_correction_low: float
+    rollout_correction_cap: float
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig) -> PassSettings:
+        return cls(
+            cfg.micro_batch_size,
+            token_budget(cfg),
+            cfg.shared_prefix,
+            sampling_settings(cfg),
+            cfg.rollout_correction,
+            cfg.rollout_correction_low,
+            cfg.rollout_correction_cap,
+        )
+
+    @property
+    def packed(self) -> bool:
+        """Whether the micro-batches are packed (``micro_batches.packs``)."""
+        return self.token_budget != 0
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What ``collect.collect_rollout`` hands its stages, and π_old's source (the run's one)."""
+
+    sampling: SampleSettings
+    scoring: ScoreSettings
+    passes: PassSettings
+    old_policy: OldPolicySource
+
+    @classmethod
+    def of(
+        cls,
+        cfg: OnlineConfig,
+        algo: Algorithm,
+        critic: Critic,
+        old_policy: OldPolicySource | None = None,
+    ) -> RolloutSettings:
+        """``old_policy``: the run's (None: decided here, from the same options)."""
+        return cls(
+            SampleSettings.of(cfg),
+            ScoreSettings.of(cfg, algo),
+            PassSettings.of(cfg),
+            old_policy or OldPolicySource.of(cfg, algo, critic),
+        )
