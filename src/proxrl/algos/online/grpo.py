@@ -65,8 +65,11 @@ from proxrl.runtime.fields import Range, alias
 SCALE_REWARDS_ALIASES = MappingProxyType({"std": "group"})
 """proxrl's older spelling of scale_rewards group → its name in ``core.REWARD_SCALES``."""
 Estimate = tuple[Tensor, Tensor, Tensor]
-ESTIMATORS: Registry[Callable[[Config, Experience, float], Estimate]] = Registry("estimator")
-"""``estimator`` → (config, rollout, β) → (rewards, advantages, returns), each (B, T).
+ESTIMATORS: Registry[Callable[[EstimatorOptions, Experience, float], Estimate]] = Registry(
+    "estimator"
+)
+"""``estimator`` → (the estimators' options, rollout, β) → (rewards, advantages, returns), each
+(B, T).
 
 An estimator is one function and one registration: its knobs (the fields only it reads) and
 its traits, which the config's checks and ``build`` read instead of its name:
@@ -125,6 +128,30 @@ class Config(OnlineConfig):
         super().validate()
 
 
+@dataclass(frozen=True)
+class EstimatorOptions:
+    """What the estimators read of the run's options, built once with the algorithm
+    (``build``); each estimator reads its own knobs of it."""
+
+    group_size: int  # G: a prompt's responses, consecutive rows
+    kl_estimator: str  # the KL paid in the reward (core.KL_ESTIMATORS)
+    scale_rewards: str  # grpo: core.REWARD_SCALES' name
+    rank_weight: float  # grpo
+    gamma: float  # reinforce_pp, reinforce_pp_baseline
+    baseline_shift: float  # asymre
+
+    @classmethod
+    def of(cls, cfg: Config) -> EstimatorOptions:
+        return cls(
+            cfg.group_size,
+            cfg.kl_estimator,
+            canonical(cfg.scale_rewards, SCALE_REWARDS_ALIASES),
+            cfg.rank_weight,
+            cfg.gamma,
+            cfg.baseline_shift,
+        )
+
+
 def _per_token(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
     return sequence_advantages.unsqueeze(1) * mask
 
@@ -144,46 +171,46 @@ def _at_last_token(returns: Tensor, mask: Tensor) -> Tensor:
     group=True,
     kl_in_loss=True,
 )
-def _grpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+def _grpo(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
     """Group baseline; the KL is paid in the loss, so the return is the score."""
     mask, returns = exp.loss_mask.float(), exp.scores
-    if cfg.rank_weight == 1:
-        advantages = rank_advantages(returns, cfg.group_size)
-    elif cfg.rank_weight:
-        advantages = mixed_group_advantages(returns, cfg.group_size, cfg.rank_weight)
+    if options.rank_weight == 1:
+        advantages = rank_advantages(returns, options.group_size)
+    elif options.rank_weight:
+        advantages = mixed_group_advantages(returns, options.group_size, options.rank_weight)
     else:
-        scale = REWARD_SCALES[canonical(cfg.scale_rewards, SCALE_REWARDS_ALIASES)]
-        advantages = scale(returns, cfg.group_size)
+        scale = REWARD_SCALES[options.scale_rewards]
+        advantages = scale(returns, options.group_size)
     return _at_last_token(returns, mask), _per_token(advantages, mask), _per_token(returns, mask)
 
 
 def _group_estimator(advantages_of):  # type: ignore[no-untyped-def]
     """An estimator of grpo's shape (the KL paid in the loss, the return the score) whose (N,)
-    advantage is ``advantages_of(cfg, scores)``."""
+    advantage is ``advantages_of(options, scores)``."""
 
-    def estimate(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    def estimate(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
         mask, scores = exp.loss_mask.float(), exp.scores
-        advantages = advantages_of(cfg, scores)
+        advantages = advantages_of(options, scores)
         return _at_last_token(scores, mask), _per_token(advantages, mask), _per_token(scores, mask)
 
     return estimate
 
 
-def _kl_paid_return(cfg: Config, exp: Experience, kl_coef: float) -> Tensor:
+def _kl_paid_return(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Tensor:
     mask = exp.loss_mask.float()
     return exp.scores - kl_coef * sequence_kl(
-        exp.logprobs, exp.ref_logprobs, mask, cfg.kl_estimator
+        exp.logprobs, exp.ref_logprobs, mask, options.kl_estimator
     )
 
 
 def _sequence_estimator(baseline):  # type: ignore[no-untyped-def]
-    """An estimator whose (N,) advantage is ``baseline(cfg, exp, returns)`` of the KL-paid
+    """An estimator whose (N,) advantage is ``baseline(options, exp, returns)`` of the KL-paid
     sequence return."""
 
-    def estimate(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+    def estimate(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
         mask = exp.loss_mask.float()
-        returns = _kl_paid_return(cfg, exp, kl_coef)
-        advantages = baseline(cfg, exp, returns)
+        returns = _kl_paid_return(options, exp, kl_coef)
+        advantages = baseline(options, exp, returns)
         return (
             _at_last_token(returns, mask),
             _per_token(advantages, mask),
@@ -193,7 +220,7 @@ def _sequence_estimator(baseline):  # type: ignore[no-untyped-def]
     return estimate
 
 
-def _remax_baseline(cfg: Config, exp: Experience, returns: Tensor) -> Tensor:
+def _remax_baseline(options: EstimatorOptions, exp: Experience, returns: Tensor) -> Tensor:
     if exp.greedy_scores is None:
         raise ValueError(
             "remax: the rollout carries no greedy_scores (Algorithm.needs_greedy is off)"
@@ -201,20 +228,20 @@ def _remax_baseline(cfg: Config, exp: Experience, returns: Tensor) -> Tensor:
     return remax_advantages(returns, exp.greedy_scores)
 
 
-def _reinforce_pp(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+def _reinforce_pp(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
     """Per-token KL-shaped rewards, reward-to-go whitened over the batch."""
     mask = exp.loss_mask.float()
     rewards = shaped_rewards(
-        exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+        exp.scores, exp.logprobs, exp.ref_logprobs, mask, kl_coef, options.kl_estimator
     )
     return (
         rewards,
-        reinforce_pp_advantages(rewards, mask, cfg.gamma),
-        discounted_returns(rewards, mask, cfg.gamma),
+        reinforce_pp_advantages(rewards, mask, options.gamma),
+        discounted_returns(rewards, mask, options.gamma),
     )
 
 
-def _reinforce_pp_baseline(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+def _reinforce_pp_baseline(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
     """As reinforce_pp, with the group mean subtracted from each score first."""
     mask = exp.loss_mask.float()
     kl_rewards = shaped_rewards(
@@ -223,19 +250,21 @@ def _reinforce_pp_baseline(cfg: Config, exp: Experience, kl_coef: float) -> Esti
         exp.ref_logprobs,
         mask,
         kl_coef,
-        cfg.kl_estimator,
+        options.kl_estimator,
     )
     rewards = kl_rewards + _at_last_token(exp.scores, mask)
     return (
         rewards,
-        reinforce_pp_baseline_advantages(exp.scores, cfg.group_size, kl_rewards, mask, cfg.gamma),
-        discounted_returns(rewards, mask, cfg.gamma),
+        reinforce_pp_baseline_advantages(
+            exp.scores, options.group_size, kl_rewards, mask, options.gamma
+        ),
+        discounted_returns(rewards, mask, options.gamma),
     )
 
 
 ESTIMATORS.add(
     "rloo",
-    _sequence_estimator(lambda cfg, exp, r: rloo_advantages(r, cfg.group_size)),
+    _sequence_estimator(lambda options, exp, r: rloo_advantages(r, options.group_size)),
     "the mean of the prompt's other samples; KL in the sequence reward",
     knobs=KL_IN_REWARD,
     group=True,
@@ -262,7 +291,7 @@ ESTIMATORS.add(
 )
 ESTIMATORS.add(
     "reinforce",
-    _sequence_estimator(lambda cfg, exp, r: r - r.mean()),
+    _sequence_estimator(lambda options, exp, r: r - r.mean()),
     "the batch mean; KL in the sequence reward; the plain policy-gradient loss",
     knobs=("kl_estimator",),
     policy_gradient=True,
@@ -277,9 +306,9 @@ ESTIMATORS.add(
     kl_in_loss=True,
 )
 @_group_estimator
-def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
+def _maxrl(options: EstimatorOptions, scores: Tensor) -> Tensor:
     try:
-        return maxrl_advantages(scores, cfg.group_size)
+        return maxrl_advantages(scores, options.group_size)
     except ValueError as error:  # a reward outside [0, 1]: the run's data, not a bug
         raise ProxrlError(f"reward_fn: {error} (estimator maxrl)") from None
 
@@ -292,8 +321,8 @@ def _maxrl(cfg: Config, scores: Tensor) -> Tensor:
     kl_in_loss=True,
 )
 @_group_estimator
-def _asymre(cfg: Config, scores: Tensor) -> Tensor:
-    return asymre_advantages(scores, cfg.group_size, cfg.baseline_shift)
+def _asymre(options: EstimatorOptions, scores: Tensor) -> Tensor:
+    return asymre_advantages(scores, options.group_size, options.baseline_shift)
 
 
 @ESTIMATORS.register(
@@ -304,7 +333,7 @@ def _asymre(cfg: Config, scores: Tensor) -> Tensor:
     kl_in_loss=True,
     combines_sources=True,
 )
-def _gdpo(cfg: Config, exp: Experience, kl_coef: float) -> Estimate:
+def _gdpo(options: EstimatorOptions, exp: Experience, kl_coef: float) -> Estimate:
     """The sources' group-normalised weighted sum (taken when scored), whitened over the batch
     trained on; the return is the score, as grpo's."""
     if exp.combined_scores is None:
@@ -320,10 +349,7 @@ KLLossChoice = KL_ESTIMATORS.choice()
 
 
 def build(cfg: Config) -> Algorithm:
-    estimator = ESTIMATORS[cfg.estimator]
-
-    def estimate(exp: Experience, kl_coef: float) -> Estimate:
-        return estimator(cfg, exp, kl_coef)
+    estimate = functools.partial(ESTIMATORS[cfg.estimator], EstimatorOptions.of(cfg))
 
     trait = functools.partial(ESTIMATORS.trait, cfg.estimator)
     if trait("policy_gradient"):  # on-policy: no ratio to clip
@@ -342,13 +368,13 @@ def build(cfg: Config) -> Algorithm:
         step_selection=None if reinforce else step_selection(cfg),
         kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if trait("kl_in_loss") else None,
         needs_greedy=trait("needs_greedy"),
-        combine_sources=_gdpo_combination(cfg) if trait("combines_sources") else None,
+        combine_sources=_gdpo_combination(cfg.group_size) if trait("combines_sources") else None,
     )
 
 
-def _gdpo_combination(cfg: Config) -> Callable[[Tensor, list[float]], Tensor]:
+def _gdpo_combination(group_size: int) -> Callable[[Tensor, list[float]], Tensor]:
     def combine(source_scores: Tensor, weights: list[float]) -> Tensor:
-        return gdpo_normalised_sum(source_scores, cfg.group_size, weights)
+        return gdpo_normalised_sum(source_scores, group_size, weights)
 
     return combine
 

@@ -190,8 +190,37 @@ CriticChoice = CRITICS.choice()
 SurrogateChoice = PPO_SURROGATES.choice()
 
 
+@dataclass(frozen=True)
+class GAEOptions:
+    """What PPO's estimator reads of the run's options, built once with the algorithm
+    (``build``)."""
+
+    kl_estimator: str  # the KL paid in the reward (core.KL_ESTIMATORS)
+    whiten_rewards: bool
+    gamma: float
+    lam: float  # the policy's λ
+    value_lam: float  # the value targets' λ (critic_lam, else lam)
+    length_adaptive_alpha: float | None  # VAPO's length-adaptive λ (None: lam)
+    whiten_advantages: bool
+
+    @classmethod
+    def of(cls, cfg: Config) -> GAEOptions:
+        return cls(
+            cfg.kl_estimator,
+            cfg.whiten_rewards,
+            cfg.gamma,
+            cfg.lam,
+            cfg.value_lam,
+            cfg.length_adaptive_alpha,
+            cfg.whiten_advantages,
+        )
+
+
 def gae_estimate(
-    cfg: Config, exp: Experience, kl_coef: float, positives: PositiveExamples | None = None
+    options: GAEOptions,
+    exp: Experience,
+    kl_coef: float,
+    positives: PositiveExamples | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """PPO's estimator: KL-shaped per-token rewards (whitened if asked), GAE over the critic's
     values, advantages whitened over the batch if asked. → (rewards, advantages, returns).
@@ -204,19 +233,19 @@ def gae_estimate(
     mask = exp.loss_mask.float()
     at_last = exp.scores if exp.token_rewards is None else torch.zeros_like(exp.scores)
     rewards = shaped_rewards(
-        at_last, exp.logprobs, exp.ref_logprobs, mask, kl_coef, cfg.kl_estimator
+        at_last, exp.logprobs, exp.ref_logprobs, mask, kl_coef, options.kl_estimator
     )
     if exp.token_rewards is not None:  # a rollouts file's rewards, each at its own token
         rewards = rewards + torch.where(mask.bool(), exp.token_rewards.to(rewards.dtype), 0.0)
-    if cfg.whiten_rewards:
+    if options.whiten_rewards:
         rewards = masked_whiten(rewards, mask, shift_mean=False)
-    policy_lam: float | Tensor = cfg.lam
-    if cfg.length_adaptive_alpha is not None:
-        policy_lam = length_adaptive_lam(mask, cfg.length_adaptive_alpha)
-    advantages, returns = gae(rewards, exp.values, mask, cfg.gamma, policy_lam)
-    if cfg.length_adaptive_alpha is not None or cfg.value_lam != cfg.lam:
-        _, returns = gae(rewards, exp.values, mask, cfg.gamma, cfg.value_lam)
-    if cfg.whiten_advantages:
+    policy_lam: float | Tensor = options.lam
+    if options.length_adaptive_alpha is not None:
+        policy_lam = length_adaptive_lam(mask, options.length_adaptive_alpha)
+    advantages, returns = gae(rewards, exp.values, mask, options.gamma, policy_lam)
+    if options.length_adaptive_alpha is not None or options.value_lam != options.lam:
+        _, returns = gae(rewards, exp.values, mask, options.gamma, options.value_lam)
+    if options.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
     if positives is not None:
         positives.observe(exp.scores, mask)
@@ -257,7 +286,7 @@ def build(cfg: Config) -> Algorithm:
     positives = None
     if cfg.positive_nll_coef:
         positives = PositiveExamples(cfg.positive_nll_coef, cfg.positive_threshold, cfg.aggregation)
-    estimate = partial(gae_estimate, cfg, positives=positives)
+    estimate = partial(gae_estimate, GAEOptions.of(cfg), positives=positives)
     penalty = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
     )
