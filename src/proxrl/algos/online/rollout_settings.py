@@ -114,17 +114,10 @@ class RolloutSettings:
     old_policy: OldPolicySource
 
     @classmethod
-    def of(
-        cls,
-        cfg: OnlineConfig,
-        algo: Algorithm,
-        critic: Critic,
-        old_policy: OldPolicySource | None = None,
-    ) -> RolloutSettings:
-        """``old_policy``: the run's (None: decided here, from the same options)."""
+    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> RolloutSettings:
         return cls(
             SampleSettings.of(cfg),
             ScoreSettings.of(cfg, algo),
             PassSettings.of(cfg),
-            old_policy or OldPolicySource.of(cfg, algo, critic),
+            OldPolicySource.of(cfg, algo, critic),
         )

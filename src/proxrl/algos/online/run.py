@@ -17,7 +17,6 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.micro_batches import prefix_note
-from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
 from proxrl.algos.online.rollout_settings import RolloutSettings
@@ -187,12 +186,12 @@ def _with_optimizers(
     generator = torch.Generator().manual_seed(cfg.seed)
     if dist.world_size() > 1:
         seed_everything(dist.sampler_seed(cfg.seed))
-    old_policy = OldPolicySource.of(cfg, algo, models.critic)  # decided once, read by both
+    # π_old's source and the passes' layout decided once, read by the rollout and the update
+    collecting = RolloutSettings.of(cfg, algo, models.critic)
     return OnlineRun(
         cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
-        context.output_dir, context, optimizers, kl, generator,
-        RolloutSettings.of(cfg, algo, models.critic, old_policy),
-        UpdateSettings.of(cfg, algo, models.critic, old_policy),
+        context.output_dir, context, optimizers, kl, generator, collecting,
+        UpdateSettings.of(cfg, algo, models.critic, collecting),
     )  # fmt: skip
 
 

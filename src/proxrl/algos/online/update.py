@@ -22,16 +22,13 @@ from proxrl.algos.online.collect import mismatch_metrics, old_policy_metrics
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, CriticGradient
 from proxrl.algos.online.distill_fields import DistillFields
-from proxrl.algos.online.micro_batches import token_budget
 from proxrl.algos.online.mismatch import MismatchRecord
-from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.samplers import sampling_settings
+from proxrl.algos.online.rollout_settings import PassSettings, RolloutSettings
 from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, Aggregation, entropy_bonus
 from proxrl.models.options import autocast
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import PolicyOutput, policy_forward, response_logits
-from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.packing import micro_batch_plan
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.accumulation import accumulate_gradients
@@ -65,10 +62,8 @@ class UpdateSettings:
     max_grad_norm: float  # 0: no clipping
     grad_accum: int
     max_tokens_per_micro_batch: int | None  # as set (refused under FSDP)
-    micro_batch_size: int
-    token_budget: int | None  # the micro-batch plan's max_tokens (micro_batches.token_budget)
-    shared_prefix: bool
-    sampling: SamplingSettings  # the distribution sampled from, as the forward replays it
+    passes: PassSettings  # the micro-batch plan, shared prefix and distribution replayed: the
+    # rollout's passes' own record, so that the two lay out their forwards alike
     mixed_precision: str  # the forwards' autocast (models.options.autocast)
     policy_loss: str  # its name: whether its selection draws (core.DRAWING_LOSSES)
     distill: DistillFields | None  # a teacher's options (None: no teacher)
@@ -82,10 +77,12 @@ class UpdateSettings:
         cfg: OnlineConfig,
         algo: Algorithm,
         critic: Critic,
-        old_policy: OldPolicySource | None = None,
+        rollout: RolloutSettings | None = None,
     ) -> UpdateSettings:
-        """``old_policy``: the run's (None: decided here, from the same options)."""
-        source = old_policy or OldPolicySource.of(cfg, algo, critic)
+        """``rollout``: the run's rollout settings, whose π_old source and pass layout the
+        update reads (None: built here from the same options)."""
+        rollout = rollout or RolloutSettings.of(cfg, algo, critic)
+        source = rollout.old_policy
         return cls(
             ppo_epochs=cfg.ppo_epochs,
             responses_per_step=cfg.responses_per_step,
@@ -96,10 +93,7 @@ class UpdateSettings:
             max_grad_norm=cfg.max_grad_norm,
             grad_accum=cfg.grad_accum,
             max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-            micro_batch_size=cfg.micro_batch_size,
-            token_budget=token_budget(cfg),
-            shared_prefix=cfg.shared_prefix,
-            sampling=sampling_settings(cfg),
+            passes=rollout.passes,
             mixed_precision=cfg.mixed_precision,
             policy_loss=cfg.policy_loss,
             distill=DistillFields(**{f.name: getattr(cfg, f.name) for f in fields(DistillFields)})
@@ -332,7 +326,9 @@ def accumulate(
     # micro-batches run, so 1, 2 or 4 micro-batches (or processes) give the same gradient.
     total_units = settings.aggregation.units(experience.loss_mask[minibatch])
     plan = micro_batch_plan(
-        experience.attention_mask[minibatch], settings.micro_batch_size, settings.token_budget
+        experience.attention_mask[minibatch],
+        settings.passes.micro_batch_size,
+        settings.passes.token_budget,
     )
     mine = [minibatch[rows] for rows in plan][rank::world]
     units = partial(_units, settings.aggregation, experience)
@@ -621,7 +617,7 @@ def distill_loss_term(
         teacher = response_logits(
             losses.models.teacher, mb.input_ids, mb.attention_mask, losses.prompt_width
         )
-    temperature = settings.sampling.temperature
+    temperature = settings.passes.distribution.temperature
     per_token = per_token_loss(
         out.logits, teacher, distill.distill_beta, temperature, distill.distill_chunk_size
     )
@@ -645,13 +641,13 @@ def policy_output(
         mb.input_ids,
         mb.attention_mask,
         losses.prompt_width,
-        settings.sampling.temperature,
+        settings.passes.distribution.temperature,
         with_entropy=with_entropy,
         with_hidden=with_hidden,
-        **settings.sampling.truncation,
-        packed=settings.token_budget != 0,  # (micro_batches.packs)
+        **settings.passes.distribution.truncation,
+        packed=settings.passes.packed,
         with_logits=with_logits,
-        shared_prefix=settings.shared_prefix,
+        shared_prefix=settings.passes.shared_prefix,
     )
 
 
