@@ -260,15 +260,16 @@ def update_controllers(
     """β of the KL in the reward (proportional controller), PPO-Penalty's β, and the reference
     copied from the policy every ref_reset_every iterations; returns PPO-Penalty's new β as a
     metric (none without it)."""
-    cfg, algo, models = run.cfg, run.algo, run.models
+    settings, algo, models = run.controlling, run.algo, run.models
     metrics: dict[str, float] = {}
     if rollout_ok:  # the rollout's KL, or the update's where the rollout ran no π_old pass
         observed = (batch.metrics | stats).get("objective/kl", 0.0)
-        run.kl.update(observed, cfg.responses_per_iteration)
+        run.kl.update(observed, settings.samples_per_measure)
     if algo.penalty is not None and train_policy and stats.get("steps"):
         algo.penalty.update(stats.get("approx_kl", 0.0))
         metrics["policy/penalty_beta"] = algo.penalty.value
-    reset = cfg.ref_reset_every and (iteration + 1) % cfg.ref_reset_every == 0
+    every = settings.ref_reset_every
+    reset = every and (iteration + 1) % every == 0
     if reset and models.reference is not None:
         models.reference.load_state_dict(dist.full_state(models.actor.state_dict()))
     return metrics

@@ -57,6 +57,19 @@ def check_run(cfg: OnlineConfig) -> None:
     run_context(cfg).check(cfg.iterations, "iteration", "--iterations")
 
 
+@dataclass(frozen=True)
+class ControllerSettings:
+    """What the controllers between iterations read of the run's options (``loop.
+    update_controllers``; β's controller itself is built from them once, ``OnlineRun.kl``)."""
+
+    samples_per_measure: int  # the responses behind each KL measurement (an iteration's)
+    ref_reset_every: int  # copy the policy into the reference every N iterations (0: never)
+
+    @classmethod
+    def of(cls, cfg: OnlineConfig) -> ControllerSettings:
+        return cls(cfg.responses_per_iteration, cfg.ref_reset_every)
+
+
 @dataclass
 class OnlineRun:
     """The state of one online run; every stage of an iteration reads it."""
@@ -76,6 +89,7 @@ class OnlineRun:
     generator: torch.Generator  # the minibatch order
     collecting: RolloutSettings  # what the rollout stages read of the options, π_old's source
     updating: UpdateSettings  # what the update stage reads of the options (the same source)
+    controlling: ControllerSettings  # what the controllers read of the options
     engine: RolloutEngine = field(init=False)
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
@@ -191,7 +205,7 @@ def _with_optimizers(
     return OnlineRun(
         cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
         context.output_dir, context, optimizers, kl, generator, collecting,
-        UpdateSettings.of(cfg, algo, models.critic, collecting),
+        UpdateSettings.of(cfg, algo, models.critic, collecting), ControllerSettings.of(cfg),
     )  # fmt: skip
 
 
@@ -213,7 +227,7 @@ def _register_state(run: OnlineRun) -> None:
     context, models = run.context, run.models
     context.track(actor=TrainableWeights(models.actor))
     context.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
-    if run.cfg.ref_reset_every:  # a reference that moves is state; a frozen one is reloaded
+    if run.controlling.ref_reset_every:  # a moving reference is state; a frozen one reloads
         context.track(reference=models.reference)
     context.track(optimizers=run.optimizers, kl=run.kl, penalty=run.algo.penalty)
     context.track(generator=run.generator)
