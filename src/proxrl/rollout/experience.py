@@ -21,7 +21,7 @@ class Experience:
     response_mask: Tensor  # (B, T) 1 at response tokens up to and including the stop token
     logprobs: Tensor | None  # (B, T) log π_old(a_t|s_t) of the processed sampling distribution
     # (temperature, top-k, top-p, min-p; ``core.processed_logprobs``); None where π_old is π at
-    # the update's only step and its forward gives them (``algos.online.collect.old_logprobs_pass``)
+    # the update's only step and its forward gives them (``old_policy.old_logprobs_pass``)
     ref_logprobs: Tensor | None  # (B, T) log π_ref(a_t|s_t), processed the same way; None
     # only with logprobs None and no KL tracked (nothing reads it then)
     values: Tensor  # (B, T) V_old(s_t) of the critic; zeros without one
