@@ -79,3 +79,8 @@ def test_calibration_statistics_by_hand():
     z = standardised_scores(t([1.0, 2.0, 6.0]), mean, std)
     assert abs(z.mean().item()) < 1e-15 and z.std(correction=0).item() == pytest.approx(1, 1e-15)
     assert calibration_statistics(t([2.0, 2.0])) == (2.0, 0.0)  # nothing to calibrate on
+
+
+def test_mean_minus_std_subtracts_one_std_by_default():
+    # Coste et al.'s uncertainty-weighted mean at k = 1: 3 − √(14/3), 2 − √(8/3)
+    close(ensemble_mean_minus_std(SCORES), [3 - (14 / 3) ** 0.5, 2 - (8 / 3) ** 0.5])

@@ -183,3 +183,75 @@ def test_an_unknown_kl_estimator_names_the_closest():
         kl_per_token(t([0.0]), t([0.0]), "k4")
     with pytest.raises(KeyError, match="did you mean k3"):
         kl_per_token(t([0.0]), t([0.0]), "k3-")
+
+
+def test_last_valid_index_by_hand():
+    """The last 1 of each row, holes before it skipped: a row valid only at its first token ends
+    at 0 (a padded position must not win the max), a row with a hole at 1 ends at 2."""
+    from proxrl.core import last_valid_index
+
+    mask = t([[1, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]])
+    assert last_valid_index(mask).tolist() == [0, 2, 3]
+
+
+def test_every_row_needs_a_valid_token_even_beside_valid_rows():
+    """The check is per row: one empty row is refused although the batch has valid tokens
+    (its score would land at a padded position). The message whole, not only a fragment."""
+    message = r"^every sequence needs at least one valid token to carry its score$"
+    with pytest.raises(ValueError, match=message):
+        shaped_rewards(
+            t([1.0, 2.0]), t([[0.0, 0.0]] * 2), t([[0.0, 0.0]] * 2), t([[1, 1], [0, 0]]), 0.1
+        )
+    with pytest.raises(ValueError, match=message):
+        rewards_at_tokens(t([[0.0], [0.0]]), t([1.0, 1.0]), t([[1], [0]]))
+
+
+def test_a_float32_score_joins_float64_rewards():
+    """A reward model's float32 score is paid into float64 rewards (scatter_add needs one
+    dtype): β = 0.5, k1 0 and 1 → (0, −0.5 + 0.25)."""
+    rewards = shaped_rewards(
+        torch.tensor([0.25], dtype=torch.float32),
+        t([[-1.0, -1.0]]),
+        t([[-1.0, -2.0]]),
+        t([[1, 1]]),
+        kl_coef=0.5,
+    )
+    assert rewards.dtype == torch.float64
+    close(rewards, [[0.0, -0.25]])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "last"), [(torch.float32, torch.float64), (torch.float64, torch.float32)]
+)
+def test_rewards_at_tokens_promote_the_two_dtypes(tokens, last):
+    """float32 per-token rewards and a float64 change at the last token (or the other way
+    round) add in float64: 0.25 + 0.5 at the last token, exact in both."""
+    rewards = rewards_at_tokens(
+        torch.tensor([[0.5, 0.25]], dtype=tokens), torch.tensor([0.5], dtype=last), t([[1, 1]])
+    )
+    assert rewards.dtype == torch.float64
+    close(rewards, [[0.5, 0.75]], rtol=0, atol=0)
+
+
+def test_sequence_kl_is_k1_by_default():
+    """log π − log π_ref = 0.5 and −1.5 over two valid tokens (the third masked): k1 sums to −1,
+    where k2 or k3 would give a positive sum."""
+    close(sequence_kl(t([[0.0, -2.0, 5.0]]), t([[-0.5, -0.5, 0.0]]), t([[1, 1, 0]])), [-1.0])
+
+
+def test_adaptive_controller_keeps_beta_at_the_band_edges():
+    """d_targ 3: the band's edges 3/1.5 = 2 and 3·1.5 = 4.5 are exact in binary, and a KL on
+    either edge is inside the band (PPO's rule moves β only below d_targ/1.5 or above
+    1.5·d_targ)."""
+    controller = AdaptiveKL(1.0, target=3.0)
+    for kl in (2.0, 4.5):
+        controller.update(kl)
+        assert controller.value == 1.0
+
+
+def test_proportional_controller_counts_one_sample_by_default():
+    """β0 = 1, target 1, horizon 10: KL 2 → e = 0.2 (clipped from 1); n_steps 1 by default →
+    β = 1 + 0.2·1/10 = 1.02."""
+    controller = ProportionalKL(1.0, target=1.0, horizon=10)
+    controller.update(2.0)
+    assert controller.value == pytest.approx(1.02, rel=1e-15)

@@ -68,3 +68,15 @@ def test_positive_nll_without_a_positive_row_is_zero_and_its_micro_batches_add_u
         for rows in (slice(0, 1), slice(1, 3), slice(3, 4))
     )
     close(shares, whole)
+
+
+def test_positive_responses_is_a_bool_mask_even_when_none_is_positive():
+    """The mask indexes rows (``mask[positive]`` in ``positive_scale``): a float 0/1 tensor of
+    the same values would index nothing as meant, so the dtype is part of the answer. An empty
+    batch has no maximum to compare with and gives an empty mask; a single response is its own
+    maximum and, every score equal, is not singled out."""
+    for scores in (t([0.0, 0.0]), t([0.0, 1.0]), t([]), t([3.0])):
+        assert positive_responses(scores).dtype == torch.bool
+    assert positive_responses(t([])).tolist() == []
+    assert positive_responses(t([3.0])).tolist() == [False]
+    assert positive_responses(t([0.0, 1.0]), 0.5).dtype == torch.bool
