@@ -480,3 +480,126 @@ def test_gdpo_a_batch_of_constant_groups_is_exactly_zero():
 def test_gdpo_one_weight_per_reward():
     with pytest.raises(ValueError, match=r"^source_scores must be \(N, 3\), got \(4, 2\)$"):
         gdpo_advantages(t([[0.0, 1.0]] * 4), 2, (1.0, 1.0, 1.0))
+
+
+# ------------------------------------------------ exact edges (issue 54's mutation check)
+
+
+def test_a_one_token_wide_batch():
+    """T = 1 (every response a single token): returns and GAE read column 0 only.
+    Returns γ = 0.9: 2 | 0 (masked). GAE: δ = r − V = 1 − 0.25 = 0.75, A = 0.75, R = 1."""
+    close(discounted_returns(t([[2.0], [3.0]]), t([[1], [0]]), 0.9), [[2.0], [0.0]])
+    advantages, returns = gae(t([[1.0]]), t([[0.25]]), t([[1]]), 0.9, 0.5)
+    close(advantages, [[0.75]])
+    close(returns, [[1.0]])
+
+
+def test_gae_takes_a_float32_lambda_in_the_values_dtype():
+    """length_adaptive_lam of an integer mask is float32; with float64 values the decay γλ is
+    taken in float64 from λ's float32 value, so each row equals a run with that λ as a Python
+    float to the bit (γλ rounded to float32 would not)."""
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randn(2, 5, dtype=torch.float64, generator=g)
+    values = torch.randn(2, 5, dtype=torch.float64, generator=g)
+    mask = prefix_mask([5, 3], 5)
+    lam = torch.tensor([0.95, 0.7], dtype=torch.float32)
+    advantages, _ = gae(rewards, values, mask, 0.9, lam)
+    assert advantages.dtype == torch.float64
+    for row in range(2):
+        one = slice(row, row + 1)
+        expected, _ = gae(rewards[one], values[one], mask[one], 0.9, float(lam[row]))
+        assert torch.equal(advantages[one], expected)
+
+
+def test_length_adaptive_lam_dtype():
+    """A floating mask's dtype, float32 for an integer or bool mask (torch.finfo needs a float
+    dtype); l = 40, α = 0.05: λ = 0.5 in each."""
+    mask = prefix_mask([40], 50)
+    assert length_adaptive_lam(mask, 0.05).dtype == torch.float64
+    for integer in (mask.long(), mask.bool()):
+        lam = length_adaptive_lam(integer, 0.05)
+        assert lam.dtype == torch.float32
+        assert lam.tolist() == [0.5]
+
+
+def test_gae_env_takes_a_bool_done_mask():
+    """gymnasium's terminated | truncated is bool: the same advantages as the 0/1 floats of
+    test_gae_env_done_in_the_middle_and_bootstrap_at_the_end."""
+    advantages, _ = gae_env(
+        torch.ones(4, 1, dtype=torch.float64),
+        torch.zeros(4, 1, dtype=torch.float64),
+        torch.tensor([[False], [True], [False], [False]]),
+        t([2.0]),
+        0.5,
+        1.0,
+    )
+    close(advantages, [[1.5], [1.0], [2.0], [2.0]])
+
+
+@pytest.mark.parametrize("fn", [group_scaled_advantages, rank_advantages, rloo_advantages])
+def test_group_functions_refuse_scores_that_are_not_a_vector(fn):
+    with pytest.raises(ValueError, match=r"^scores must be \(N,\), got shape \(1, 2\)$"):
+        fn(t([[1.0, 2.0]]), 2)
+
+
+def test_mixed_group_advantages_edges():
+    """(0, 0, 4) as test_mixed_group_advantages_by_hand. w = 0 (allowed) is GRPO alone; the
+    default eps is 1e-6: the std 4/√3 + 1e-6; w outside [0, 1] is refused in one line."""
+    r3 = 3**0.5
+    scores = t([0.0, 0.0, 4.0])
+    close(mixed_group_advantages(scores, 3, 0.0, eps=0.0), [-1 / r3, -1 / r3, 2 / r3])
+    std = 4 / r3 + 1e-6
+    expected = [0.5 * (-4 / 3) / std - 0.25, 0.5 * (-4 / 3) / std - 0.25, 0.5 * (8 / 3) / std + 0.5]
+    close(mixed_group_advantages(scores, 3, 0.5), expected)
+    with pytest.raises(ValueError, match=r"^rank_weight must lie in \[0, 1\], got 1.5$"):
+        mixed_group_advantages(scores, 3, 1.5)
+
+
+def test_remax_refuses_greedy_scores_that_do_not_divide_the_samples():
+    with pytest.raises(ValueError, match=r"^2 greedy scores do not divide 3 samples$"):
+        remax_advantages(t([1.0, 2.0, 3.0]), t([1.0, 2.0]))
+
+
+def test_reinforce_pp_baseline_takes_float32_scores_into_float64_rewards():
+    """The case of test_reinforce_pp_baseline_by_hand with the scores in float32 (a reward
+    model's): the centred scores (−1, +1, exact) join the float64 KL rewards."""
+    from proxrl.core import reinforce_pp_baseline_advantages
+
+    mask = t([[1, 1], [1, 0]])
+    kl_rewards = t([[-0.1, -0.2], [-0.3, 0.0]])
+    scores = torch.tensor([1.0, 3.0], dtype=torch.float32)
+    expected = t([[-0.7, -0.6], [1.3, 0.0]]) / math.sqrt(1.27 + 1e-8)
+    close(reinforce_pp_baseline_advantages(scores, 2, kl_rewards, mask), expected)
+
+
+def test_maxrl_default_eps():
+    """(1, 0, 0, 0): r̄ = 1/4, A = (r − 1/4)/(1/4 + 1e-6)."""
+    q = 0.25 + 1e-6
+    close(maxrl_advantages(t([1.0, 0.0, 0.0, 0.0]), 4), [0.75 / q, -0.25 / q, -0.25 / q, -0.25 / q])
+
+
+GDPO_SCORES = t([[1.0, 0.0], [0.0, 2.0], [1.0, 4.0], [1.0, 0.0]])
+
+
+def _gdpo_sum(eps):
+    """The weighted sums a, −a, b, −b of test_gdpo_normalises_each_reward_..., at eps."""
+    a = 0.5 / (math.sqrt(0.5) + eps) - 0.5 / (math.sqrt(2) + eps)
+    b = 0.5 * 2 / (2 * math.sqrt(2) + eps)
+    return [a, -a, b, -b]
+
+
+@pytest.mark.parametrize("eps", [0.25, None])
+def test_gdpo_uses_its_eps_in_both_stages(eps):
+    """eps 0.25 (large enough to show where it is used) in each group's std and in the batch
+    whitening; None: the default 1e-6 (grpo calls the two stages with it)."""
+    from proxrl.core import batch_whitened, gdpo_normalised_sum
+
+    e = 1e-6 if eps is None else eps
+    sums = _gdpo_sum(e)
+    std = math.sqrt(sum(v * v for v in sums) / 3)
+    whitened = [v / (std + e) for v in sums]
+    kwargs = {} if eps is None else {"eps": eps}
+    close(gdpo_advantages(GDPO_SCORES, 2, (1.0, 0.5), **kwargs), whitened)
+    close(gdpo_normalised_sum(GDPO_SCORES, 2, (1.0, 0.5), **kwargs), sums)
+    # batch_whitened alone: 1, 2, 3: mean 2, unbiased std 1
+    close(batch_whitened(t([1.0, 2.0, 3.0]), **kwargs), [-1 / (1 + e), 0.0, 1 / (1 + e)])
