@@ -200,3 +200,29 @@ def test_a_refused_file_leaves_the_output_directory_as_it_was(tiny_lm, tmp_path,
     )
     assert "Traceback" not in err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ([1, 2], "row 3: expected an object of columns, got list"),
+        (
+            {k: v for k, v in GOOD.items() if k != "group"},
+            "row 3: group: expected a string or an integer; the row has none",
+        ),
+        ({**GOOD, "reward": "high"}, "row 3: reward: expected a number, got 'high'"),
+        (
+            {**GOOD, "prompt_ids": [5, "x"]},
+            "row 3: prompt_ids: expected a non-empty list of token ids (integers), got 'x' at "
+            "position 1",
+        ),
+    ],
+    ids=["not-an-object", "missing", "one-type-error", "position"],
+)
+def test_a_rows_type_error_is_one_line_naming_the_field(record, message):
+    """Pydantic's complaint in the row's words, each whole: the row that is no object, a
+    missing column, a value of another type (pydantic's only error there: its first is read),
+    and the position inside a list."""
+    with pytest.raises(ProxrlError) as refused:
+        rollout_row("row 3", record)
+    assert str(refused.value) == message

@@ -454,3 +454,91 @@ def test_token_selections_by_name_by_hand(name):
         logprobs, logprobs, COV_ADVANTAGES, COV_MASK, settings, generator
     )
     close(chosen, SELECTION_CASES[name])
+
+
+# ------------------------------------------------ exact edges (issue 54's mutation check)
+
+
+def test_dppo_default_deltas_are_0_2():
+    """The DPPO_NEW case at the defaults drops (0, 0) (π − μ = 0.3) and (1, 0) (μ − π = 0.3),
+    as test_dppo_tv_masks_... and test_dppo_kl_masks_... at δ 0.2 | 0.2 (D = 0.2231 > 0.2 at
+    both): (−1.2 − 0.5)/4 for each divergence."""
+    for loss_fn in (dppo_tv_loss, dppo_kl_loss):
+        loss, _ = loss_fn(_leaf(DPPO_NEW), DPPO_OLD, DPPO_ADVANTAGES, DPPO_MASK)
+        close(loss, (-1.2 - 0.5) / 4)
+
+
+@pytest.mark.parametrize("loss_fn", [dppo_tv_loss, dppo_kl_loss])
+def test_dppo_a_token_exactly_at_delta_is_inside(loss_fn):
+    """μ 0.5 → π 0.75 with A = +1, μ 0.75 → π 0.5 with A = −1 (each probability's exp(log) is
+    exact): δ_high and δ_low set to exactly the divergence each token reached (TV: 0.25;
+    KL: binary_kl's value) keep both, as "past δ" means strictly past. Loss −r·A per token:
+    (−1.5 + (0.5/0.75))/2, clipfrac 0."""
+    old = t([[0.5, 0.75]]).log()
+    new = t([[0.75, 0.5]]).log()
+    if loss_fn is dppo_tv_loss:
+        reached = (torch.exp(new) - torch.exp(old)).abs()[0]
+        assert reached.tolist() == [0.25, 0.25]
+    else:
+        reached = binary_kl(old, new)[0]
+    high, low = float(reached[0]), float(reached[1])
+    loss, stats = loss_fn(_leaf(new.tolist()), old, t([[1.0, -1.0]]), t([[1, 1]]), low, high)
+    close(loss, (-1.5 + 0.5 / 0.75) / 2)
+    close(stats["clipfrac"], 0.0)
+
+
+@pytest.mark.parametrize("loss_fn", [dppo_tv_loss, dppo_kl_loss])
+def test_dppo_only_the_advantages_sign_picks_the_side(loss_fn):
+    """A = 0 moves nothing, whichever way π went (0.5 → 0.8 and 0.5 → 0.2, past δ 0.2 by TV
+    0.3 and KL 0.2231): no token outside, clipfrac 0. A = 0.5 (positive, below 1) with π
+    falling 0.5 → 0.2 is kept: −r·A = −0.4·0.5; token-mean over 3."""
+    old = t([[0.5, 0.5, 0.5]]).log()
+    new = [[math.log(0.8), math.log(0.2), math.log(0.2)]]
+    loss, stats = loss_fn(_leaf(new), old, t([[0.0, 0.0, 0.5]]), t([[1, 1, 1]]), 0.2, 0.2)
+    close(loss, -0.4 * 0.5 / 3)
+    close(stats["clipfrac"], 0.0)
+
+
+@pytest.mark.parametrize("log_ratio", [30.0, -30.0])
+def test_the_log_ratio_is_clamped_to_20_either_way(log_ratio):
+    """veRL's guard: exp of a log-ratio past ±20 reads as e^±20 (e^30 would be the value
+    otherwise, and e^±21 is not e^±20 to 1e-9). unclipped: −r·A with A = 1; dppo_tv with no
+    cap the same (π and μ both below e^−10: the token is inside δ 1)."""
+    expected = -math.exp(math.copysign(20.0, log_ratio))
+    old = t([[-40.0]])
+    logprobs = _leaf([[-40.0 + log_ratio]])
+    close(unclipped_loss(logprobs, old, t([[1.0]]), t([[1]]))[0], expected)
+    loss, _ = dppo_tv_loss(logprobs, old, t([[1.0]]), t([[1]]), 1.0, 1.0, "token-mean", None)
+    close(loss, expected)
+
+
+def test_dppo_kl_a_negative_advantage_on_a_rising_token_is_kept():
+    """The mirror of (0, 2) in test_dppo_kl_masks_...: A = −1 and π rose 0.5 → 0.8 (D = 0.2231
+    past δ_low 0.2): the update moves π back towards μ, so the token keeps its −r·A = 1.6."""
+    loss, stats = dppo_kl_loss(
+        _leaf([[math.log(0.8)]]), t([[0.5]]).log(), t([[-1.0]]), t([[1]]), 0.2, 0.2
+    )
+    close(loss, 1.6)
+    close(stats["clipfrac"], 0.0)
+
+
+def test_clip_cov_bounds_are_open():
+    """The covariances (2, 0.5, −1) | 4.5 of the ragged case are exact in binary: with bounds
+    (2, 4.5) neither (0, 0) nor (1, 0) lies strictly inside, and nothing is drawn."""
+    old = t(COV_LOGPROBS)
+    drawn = clip_cov_draw(old, old, COV_ADVANTAGES, COV_MASK, ratio=0.5, bounds=(2.0, 4.5))
+    close(drawn, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], rtol=0, atol=0)
+
+
+def test_clip_cov_takes_an_upper_clip_of_its_own():
+    """Token (0, 0) at r = 1.25 with A > 0: inside clip_high 0.3 (ratio ≤ 1.3), outside 1 + 0.2.
+    The draw may take it (covariance 2 in (1, 5); ratio 0.5 draws ⌊2⌋ = both candidates), and
+    the loss reads −r·A = −1.25 there when not drawn (PPO-Clip at 0.3, not 0.2)."""
+    logprobs = _leaf(COV_LOGPROBS)
+    old = logprobs.detach() - t([[math.log(1.25), 0.0, 0.0], [0.0, 0.0, 0.0]])
+    drawn = clip_cov_draw(logprobs, old, COV_ADVANTAGES, COV_MASK, 0.2, 0.3, ratio=0.5)
+    close(drawn, [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    nothing = torch.zeros_like(drawn)
+    loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, nothing, 0.2, 0.3)
+    close(loss, (-1.25 - 1 - 1 + 3) / 4)
+    close(stats["clipfrac"], 0.0)
