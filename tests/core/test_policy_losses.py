@@ -510,6 +510,8 @@ def test_the_log_ratio_is_clamped_to_20_either_way(log_ratio):
     close(unclipped_loss(logprobs, old, t([[1.0]]), t([[1]]))[0], expected)
     loss, _ = dppo_tv_loss(logprobs, old, t([[1.0]]), t([[1]]), 1.0, 1.0, "token-mean", None)
     close(loss, expected)
+    # kl_cov on an unselected token: −r·A alone
+    close(kl_cov_loss(logprobs, old, t([[1.0]]), t([[1]]), t([[0.0]]))[0], expected)
 
 
 def test_dppo_kl_a_negative_advantage_on_a_rising_token_is_kept():
@@ -542,3 +544,94 @@ def test_clip_cov_takes_an_upper_clip_of_its_own():
     loss, stats = clip_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, nothing, 0.2, 0.3)
     close(loss, (-1.25 - 1 - 1 + 3) / 4)
     close(stats["clipfrac"], 0.0)
+
+
+def test_kl_cov_ties_go_to_the_earlier_token():
+    """A constant advantage makes every covariance 0: 40 tied tokens over 2 rows of 20, ratio
+    0.25 selects ⌊10⌋, the first 10 of row 0 (a stable sort; torch's CPU sort is not stable
+    once 17 values tie, and picks others)."""
+    logprobs = -torch.rand(2, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    selected = kl_cov_select(
+        logprobs, torch.ones(2, 20, dtype=torch.float64), torch.ones(2, 20), 0.25
+    )
+    expected = torch.zeros(2, 20, dtype=torch.float64)
+    expected[0, :10] = 1.0
+    close(selected, expected, rtol=0, atol=0)
+
+
+# One row, old log-probs −1 (not 0: the ratio diagnostics must read log π − log π_old), token
+# ratios 1.5 and 1, A = +1 | −1 where the sign matters.
+OLD_ROW = t([[-1.0, -1.0]])
+NEW_ROW = [[-1.0 + math.log(1.5), -1.0]]
+
+
+def test_gspo_default_clip_and_stats():
+    """Sequence ratio s = √1.5 ≈ 1.2247 with A = +1: the paper's ε 3e-4 (the default, both
+    sides) clips it to 1.0003, −1.0003 per token; clip_high 0.5 leaves it, −s. Stats: clipfrac,
+    seq_ratio_mean s, and the token-ratio diagnostics (ratio_mean (1.5 + 1)/2, approx_kl_k1
+    −ln 1.5 / 2)."""
+    advantages, mask = t([[1.0, 1.0]]), t([[1, 1]])
+    s = math.sqrt(1.5)
+    for loss_fn in (gspo_loss, gspo_token_loss):
+        loss, stats = loss_fn(_leaf(NEW_ROW), OLD_ROW, advantages, mask)
+        close(loss, -1.0003)
+        close(stats["clipfrac"], 1.0)
+        close(stats["seq_ratio_mean"], s)
+        close(stats["ratio_mean"], 1.25)
+        close(stats["approx_kl_k1"], -math.log(1.5) / 2)
+        loss, stats = loss_fn(_leaf(NEW_ROW), OLD_ROW, advantages, mask, 3e-4, 0.5)
+        close(loss, -s)
+        close(stats["clipfrac"], 0.0)
+
+
+def test_cispo_default_upper_clip_is_0_2():
+    """Weights min(1.5, 1.2) = 1.2 and 1 (stop-gradient), A = 1: −(1.2·log π₀ + log π₁)/2."""
+    logprobs = _leaf(NEW_ROW)
+    loss, stats = cispo_loss(logprobs, OLD_ROW, t([[1.0, 1.0]]), t([[1, 1]]))
+    close(loss, -(1.2 * NEW_ROW[0][0] + NEW_ROW[0][1]) / 2)
+    close(stats["clipfrac"], 0.5)
+
+
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_default_temperatures_and_a_float64_tau():
+    """r = 1.5 with A = +1 and r = 1 with A = −1. Defaults τ_pos 1, τ_neg 1.05:
+    (−4σ(0.5) + σ(0)·4/1.05)/2. τ_pos 1.05 (not exact in float32) taken in float64:
+    (−σ(1.05·0.5)·4/1.05 + 2/1.05)/2."""
+    advantages, mask = t([[1.0, -1.0]]), t([[1, 1]])
+    loss, _ = sapo_loss(_leaf(NEW_ROW), OLD_ROW, advantages, mask)
+    close(loss, (-4 * _sigmoid(0.5) + 2 / 1.05) / 2, rtol=1e-14, atol=0)
+    loss, _ = sapo_loss(_leaf(NEW_ROW), OLD_ROW, advantages, mask, 1.05, 1.05)
+    close(loss, (-_sigmoid(1.05 * 0.5) * 4 / 1.05 + 2 / 1.05) / 2, rtol=1e-14, atol=0)
+
+
+def test_sapo_clamps_a_very_negative_log_ratio_at_minus_20():
+    """log r = −30 reads as −20: −4σ(e^−20 − 1), A = 1, τ 1 (e^−21 or e^−30 would move it by
+    ~1e-9, beyond float64's round-off at rtol 1e-14)."""
+    loss, _ = sapo_loss(_leaf([[-40.0]]), t([[-10.0]]), t([[1.0]]), t([[1]]))
+    close(loss, -4 * _sigmoid(math.exp(-20.0) - 1), rtol=1e-14, atol=0)
+
+
+def test_kl_cov_default_coefficient_is_1():
+    """The case of test_kl_cov_penalises_..., (0, 0) and (1, 0) selected, at the default coef:
+    |log r| = 0.1 and 0.4 added once."""
+    logprobs = _leaf(COV_LOGPROBS)
+    old = logprobs.detach() - t([[0.1, 0.2, 0.3], [0.4, 0.0, 0.0]])
+    selected = t([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    loss, _ = kl_cov_loss(logprobs, old, COV_ADVANTAGES, COV_MASK, selected)
+    e = math.exp
+    close(loss, (-e(0.1) + 0.1 - e(0.2) - e(0.3) + 3 * e(0.4) + 0.4) / 4)
+
+
+@pytest.mark.parametrize("name", sorted(TOKEN_SELECTIONS))
+def test_a_loss_with_a_selection_refuses_to_run_without_it(name):
+    """The update chooses the tokens over the whole step first: called without them, the loss
+    says which table's entry it needs, in one line."""
+    logprobs, mask = t([[-1.0]]), t([[1]])
+    message = rf"^policy loss {name}: the selection of TOKEN_SELECTIONS\['{name}'\]$"
+    with pytest.raises(ValueError, match=message):
+        POLICY_LOSSES[name](
+            logprobs, logprobs, mask, mask, PolicyLossSettings(), aggregation("token-mean")
+        )
