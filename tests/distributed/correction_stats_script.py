@@ -37,3 +37,5 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    # As cli.main: a rank that ran FSDP2 ends without C++ teardown (runtime.distributed).
+    dist.end_launched_process(0)

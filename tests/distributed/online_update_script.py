@@ -183,3 +183,5 @@ def jobs(argv: list[str]) -> list[list[str]]:
 if __name__ == "__main__":
     for job in jobs(sys.argv[1:]):
         main(*job)
+    # As cli.main: a rank that ran FSDP2 ends without C++ teardown (runtime.distributed).
+    dist.end_launched_process(0)

@@ -91,3 +91,5 @@ def main(model_path: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # As cli.main: a rank that ran FSDP2 ends without C++ teardown (runtime.distributed).
+    dist.end_launched_process(0)
