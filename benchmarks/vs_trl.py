@@ -163,11 +163,11 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-# Where a generation call is told from the other passes: by the width of its first forward (at
-# most PROMPT_TOKENS columns, the default), or, with MARK_GENERATION (vs_trl_05b.py), by the
-# sampling function each side calls (Workload.mark_generation): a group's prompt forwarded
-# once (proxrl's shared prefix) makes narrow training passes and a prefill of fewer rows.
-MARK_GENERATION = False
+# Where a generation call is told from the other passes: with MARK_GENERATION (the default), by
+# the sampling function each side calls (Workload.mark_generation), since a group's prompt
+# forwarded once (proxrl's shared prefix) makes narrow training passes and a prefill of fewer
+# rows; else by the width of its first forward (at most PROMPT_TOKENS columns), as before it.
+MARK_GENERATION = True
 
 
 class Workload:
