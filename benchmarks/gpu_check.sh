@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The first minutes on a GPU machine, in one script (issue 39): the accelerator tests, the vLLM
-# tests on CUDA and the GRPO row of benchmarks/vs_trl_05b.py at Qwen2-0.5B's shape, then one
-# table. Each step has its own time limit (100 + 130 + 240 s), so the whole stays under 8 minutes:
+# tests on CUDA and the GRPO rows of benchmarks/vs_trl_05b.py at Qwen2-0.5B's shape (16- and
+# 256-token prompts), then one table. Each step has its own time limit (100 + 130 + 240 + 180 s),
+# so the whole stays under 11 minutes:
 #
 #     bash benchmarks/gpu_check.sh                  # from the repository root
 #     PYTHON=/path/to/python LOGS=results bash benchmarks/gpu_check.sh
@@ -72,10 +73,37 @@ else
     row "pytest tests/vllm (CUDA)" "skipped: $PYTHON has no vllm (a CUDA build is needed)" "0 s" "-"
 fi
 
-# 3. The GRPO row at the 0.5B shape: proxrl cached, proxrl vllm, TRL 1.16 (colocated vLLM
-# when it has both), one pair, 3 updates per run (the first is warm-up). The floors are CPU
-# loops and are left out here. All sides run in PYTHON (no per-side environments on this machine).
-t0=$SECONDS
+# 3. GRPO rows at the 0.5B shape (vs_trl_05b.py), one pair, 3 updates per run (the first is
+# warm-up). The floors are CPU loops and are left out here. All sides run in PYTHON (no per-side
+# environments on this machine). grpo_row NAME LOG TIMEOUT SIDE... -- ARGS...
+grpo_row() {
+    local name=$1 log=$2 limit=$3 t0=$SECONDS sides=() args=()
+    shift 3
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do sides+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    args=("$@")
+    PROXRL_PYTHON=$PYTHON PROXRL_VLLM_PYTHON=$PYTHON TRL_PYTHON=$PYTHON \
+        timeout "$limit" "$PYTHON" benchmarks/vs_trl_05b.py --trainers grpo --pairs 1 \
+        --updates 3 --threads 8 --sides "${sides[@]}" "${args[@]}" --work "$MODELS/$log" \
+        --results "$OUT/$log.jsonl" >"$OUT/$log.log" 2>&1
+    local rc=$?
+    while read -r line; do  # one row per side that ran (also when a later one timed out)
+        side=$(awk '{print $4}' <<<"$line")
+        row "$name: $side" "$(cut -d' ' -f5- <<<"$line" | tr -s ' ' | cut -c1-100)" "" \
+            "$OUT/$log.log"
+    done < <(grep -E '^grpo pair 0 [a-z]' "$OUT/$log.log")
+    local ratio status
+    ratio=$(grep -E '^grpo pair 0:' "$OUT/$log.log" | cut -d: -f2-)
+    case $rc in
+        0) status="${ratio:-no TRL side}" ;;
+        124) status="timed out${ratio:+; $ratio}" ;;
+        *) status="exit $rc${ratio:+; $ratio}" ;;
+    esac
+    row "$name: tokens/s ratios" "$status" "$((SECONDS - t0)) s" "$OUT/$log.log"
+}
+
+# 3a. proxrl cached, proxrl vllm, TRL 1.16 (colocated vLLM when it has both): 7-10-token
+# prompts, responses of 10-256 tokens (240 s at most)
 SIDES=(cached)
 has vllm && SIDES+=(vllm)
 TRL_FLAG=()
@@ -83,23 +111,16 @@ if has trl; then
     SIDES+=(trl)
     has vllm && TRL_FLAG=(--trl-vllm)
 fi
-PROXRL_PYTHON=$PYTHON PROXRL_VLLM_PYTHON=$PYTHON TRL_PYTHON=$PYTHON \
-    timeout 240 "$PYTHON" benchmarks/vs_trl_05b.py --trainers grpo --pairs 1 --updates 3 \
-    --tokens 256 --threads 8 --sides "${SIDES[@]}" ${TRL_FLAG[@]+"${TRL_FLAG[@]}"} --work "$MODELS" \
-    --results "$OUT/grpo_05b.jsonl" >"$OUT/grpo_05b.log" 2>&1
-rc=$?
-while read -r line; do  # one row per side that ran (also when a later one timed out)
-    side=$(awk '{print $4}' <<<"$line")
-    row "GRPO 0.5B LoRA: $side" "$(cut -d' ' -f5- <<<"$line" | tr -s ' ' | cut -c1-100)" "" \
-        "$OUT/grpo_05b.log"
-done < <(grep -E '^grpo pair 0 [a-z]' "$OUT/grpo_05b.log")
-ratio=$(grep -E '^grpo pair 0:' "$OUT/grpo_05b.log" | cut -d: -f2-)
-case $rc in
-    0) status="${ratio:-no TRL side}" ;;
-    124) status="timed out${ratio:+; $ratio}" ;;
-    *) status="exit $rc${ratio:+; $ratio}" ;;
-esac
-row "GRPO 0.5B LoRA: tokens/s ratios" "$status" "$((SECONDS - t0)) s" "$OUT/grpo_05b.log"
+grpo_row "GRPO 0.5B LoRA" grpo_05b 240 "${SIDES[@]}" -- --tokens 256 \
+    ${TRL_FLAG[@]+"${TRL_FLAG[@]}"}
+
+# 3b. At a user's lengths (issue 50, benchmarks/results/issue50_user_lengths.md): 256-token
+# prompts, responses of 16-256 tokens, all 24 layers; proxrl with the shared prefix (cached)
+# and without it (repeated), TRL 1.16 (180 s at most)
+SIDES=(cached repeated)
+has trl && SIDES+=(trl)
+grpo_row "GRPO 0.5B LoRA, 256-token prompts" grpo_05b_p256 180 "${SIDES[@]}" -- \
+    --prompt-tokens 256 --tokens 256 --shortest 16
 
 # 4. One table
 {

@@ -36,6 +36,7 @@ TRL 1.12's PPOTrainer ignores ``bf16=True`` on a CPU, so under
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -44,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +101,12 @@ def ensure_trl_venv(trainer: str) -> None:
     )
 
 
-def build_models(work: Path, hidden: int, layers: int, **shape: object) -> dict[str, str]:
+def build_models(
+    work: Path, hidden: int, layers: int, prompts: Callable | None = None, **shape: object
+) -> dict[str, str]:
     """A Qwen2-style causal LM, a reward model with the same body and a random head, both
-    with the locally trained tokenizer; ``shape`` replaces config fields (vs_trl_05b.py)."""
+    with the locally trained tokenizer; ``shape`` replaces config fields and ``prompts``
+    (tokenizer → prompt texts) replaces PROMPTS (vs_trl_05b.py; saved as ``prompt_list``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
@@ -134,16 +139,19 @@ def build_models(work: Path, hidden: int, layers: int, **shape: object) -> dict[
     Qwen2ForSequenceClassification(config).save_pretrained(paths["reward"])
     for path in paths.values():
         tokenizer.save_pretrained(path)
-    prompts = work / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 4))
+    if prompts is not None:
+        PROMPTS[:] = prompts(tokenizer)
+    prompt_file = work / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 4))
     if max(len(tokenizer(p)["input_ids"]) for p in PROMPTS) > PROMPT_TOKENS:
         raise SystemExit("PROMPT_TOKENS: a prompt is longer; raise it")
     return {
         "model": str(paths["model"]),
         "reward": str(paths["reward"]),
-        "prompts": str(prompts),
+        "prompts": str(prompt_file),
         "eos": str(tokenizer.eos_token_id),
         "vocab": str(config.vocab_size),  # the LM head's width (the tokenizer's by default)
+        "prompt_list": json.dumps(PROMPTS),
     }
 
 
@@ -155,6 +163,13 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# Where a generation call is told from the other passes: with MARK_GENERATION (the default), by
+# the sampling function each side calls (Workload.mark_generation), since a group's prompt
+# forwarded once (proxrl's shared prefix) makes narrow training passes and a prefill of fewer
+# rows; else by the width of its first forward (at most PROMPT_TOKENS columns), as before it.
+MARK_GENERATION = True
+
+
 class Workload:
     """What every side's model calls see, hooked into every module (both frameworks alike).
 
@@ -162,7 +177,9 @@ class Workload:
       mod 32, stops after ``SPREAD_LENGTHS[j]`` tokens — EOS is impossible before and certain
       there, the same lengths on every side whatever the model samples. A generation call is a
       prompt-wide forward (at most PROMPT_TOKENS columns) followed by one-token steps; the
-      training and scoring passes are wider and left alone.
+      training and scoring passes are wider and left alone. With ``MARK_GENERATION`` a
+      generation call is what runs inside ``transformers``' ``generate``, proxrl's
+      ``CachedSampler.sample`` or ``generation()`` (the floor's loop), its rows counted there.
     - The padding share of the training and scoring passes: pad positions (id 0, also the
       packed filler) over all positions those passes computed."""
 
@@ -174,18 +191,57 @@ class Workload:
         self.offset, self.step, self.rows, self.width = 0, 0, None, 0
         self.positions, self.pads = 0, 0
         self.decode_steps, self.decode_rows = 0, 0  # one-token forwards and their rows
+        self.marked, self.generating = MARK_GENERATION, False
+        if self.marked:
+            self.mark_generation()
         self.handle = torch.nn.modules.module.register_module_forward_hook(self.hook)
+
+    @contextlib.contextmanager
+    def generation(self, rows: int) -> Iterator[None]:
+        """A generation call of ``rows`` rows runs inside (MARK_GENERATION)."""
+        self.generating, self.step = True, 0
+        self.rows = (self.offset + self.torch.arange(rows)) % len(self.lengths)
+        self.offset += rows
+        try:
+            yield
+        finally:
+            self.generating, self.rows = False, None
+
+    def mark_generation(self) -> None:
+        """Wrap the sampling functions this process has in ``generation``."""
+        import transformers
+
+        def wrap(owner: type, name: str, rows_of: Callable[..., int]) -> None:
+            original = getattr(owner, name)
+
+            def marked(*args, **kwargs):  # type: ignore[no-untyped-def]
+                with self.generation(rows_of(*args, **kwargs)):
+                    return original(*args, **kwargs)
+
+            setattr(owner, name, marked)
+
+        def generate_rows(model, inputs=None, *args, **kwargs):  # type: ignore[no-untyped-def]
+            ids = inputs if inputs is not None else kwargs["input_ids"]
+            return int(ids.shape[0])
+
+        wrap(transformers.GenerationMixin, "generate", generate_rows)
+        if "proxrl.rollout.generation" in sys.modules:  # (not in TRL's environment)
+            from proxrl.rollout.generation import CachedSampler
+
+            wrap(CachedSampler, "sample", lambda sampler, ids, *a, **k: int(ids.shape[0]))
 
     def hook(self, module, args, output) -> None:  # type: ignore[no-untyped-def]
         torch = self.torch
         if isinstance(module, torch.nn.Embedding) and args and args[0].dim() == 2:
             n, self.width = args[0].shape
-            if self.width > PROMPT_TOKENS:
+            if self.width > PROMPT_TOKENS if not self.marked else not self.generating:
                 self.positions += args[0].numel()
                 self.pads += int((args[0] == 0).sum())
             elif self.width > 1:  # a generation call starts: token 0 comes out of this pass
-                self.step, self.rows = 0, (self.offset + torch.arange(n)) % len(self.lengths)
-                self.offset += n
+                if not self.marked:  # (marked: its rows were counted as the call began)
+                    self.rows = (self.offset + torch.arange(n)) % len(self.lengths)
+                    self.offset += n
+                self.step = 0
             else:
                 self.step += 1
                 self.decode_steps, self.decode_rows = self.decode_steps + 1, self.decode_rows + n
@@ -198,12 +254,16 @@ class Workload:
             self.forced
             and isinstance(module, torch.nn.Linear)
             and self.vocab <= module.out_features <= self.vocab + 8  # (proxrl adds a token)
-            and self.width <= PROMPT_TOKENS
+            and (self.width <= PROMPT_TOKENS if not self.marked else self.generating)
             and self.rows is not None
             and not torch.is_grad_enabled()
         ):
             stop = self.lengths[self.rows].to(output.device) - 1 == self.step
             last = output[:, -1]
+            if len(last) != len(stop):  # a prefill of the distinct prompts (shared prefill)
+                assert self.step == 0 and not bool(stop.any()), "a response of 1 token"
+                last[:, self.eos] = float("-inf")
+                return
             last[:, self.eos] = torch.where(stop, 1e4, float("-inf")).to(last.dtype)
 
     @property
@@ -528,8 +588,8 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     )
     from proxrl.models.lora import adapter_disabled, apply_lora
     from proxrl.models.scalar_head import sequence_scores
-    from proxrl.rollout.forward import critic_forward, position_ids
-    from proxrl.rollout.generation import draw_tokens, response_mask_after_stop
+    from proxrl.rollout.forward import critic_forward, policy_forward, position_ids
+    from proxrl.rollout.generation import distinct_rows, draw_tokens, response_mask_after_stop
 
     ppo = args.trainer == "ppo"
     shape = {
@@ -540,6 +600,7 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         "epochs": 4 if ppo else 1,
         "lora_r": 0,
         "engine": None,
+        "shared": None,
     } | getattr(args, "floor_shape", {})
     torch.manual_seed(1)
     workload = Workload(args.workload == "spread", int(paths["eos"]), int(paths["vocab"]))
@@ -576,19 +637,28 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
     dtypes = ComputeDtypes()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
-    def sample() -> tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor
-    ]:  # (B, P+T) ids, (B, P+T) mask, (B, T) log-probs
+    def sample() -> tuple[torch.Tensor, torch.Tensor]:  # (B, T) ids, (B, T) log-probs
+        marked = workload.generation(len(prompts)) if workload.marked else contextlib.nullcontext()
+        with marked:
+            return sample_rows()
+
+    def sample_rows() -> tuple[torch.Tensor, torch.Tensor]:
         attention = batch.attention_mask.clone()
         positions = position_ids(attention)
+        # shape["shared"]: a group's prompt prefilled once, its cache copied to the group's rows
+        found = distinct_rows(batch.input_ids, attention) if shape["shared"] else None
+        first, inverse = found if found is not None else (slice(None), None)
         out = policy(
-            input_ids=batch.input_ids,
-            attention_mask=attention,
-            position_ids=positions,
+            input_ids=batch.input_ids[first],
+            attention_mask=attention[first],
+            position_ids=positions[first],
             use_cache=True,
             logits_to_keep=1,
         )
         cache, logits, step = out.cache, out.logits[:, -1], positions[:, -1:] + 1
+        if inverse is not None:
+            cache.reorder_cache(inverse)
+            logits = logits[inverse]
         done = torch.zeros(len(prompts), dtype=torch.bool)
         tokens, logprobs = [], []
         for _ in range(args.tokens):
@@ -641,6 +711,8 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
         )
 
     def policy_logprobs(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if shape["shared"] is not None:  # the response positions' logits alone, as both sides
+            return policy_forward(policy, ids, mask, P, 1.0, shared_prefix=shape["shared"]).logprobs
         logits = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[
             :, P - 1 : -1
         ]
@@ -663,13 +735,17 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
             if ppo:
                 scores = sequence_scores(reward, ids, mask)
                 with adapter_disabled(ref):
+                    ref_logprobs = policy_logprobs(ids, mask) if ref is policy else None
+                if ref_logprobs is None:
                     ref_logprobs = logprobs_from_logits(
                         ref(
                             input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)
                         ).logits[:, P - 1 : -1],
                         ids[:, P:],
                     )
-                old_values = critic_forward(critic, ids, mask, P)
+                old_values = critic_forward(
+                    critic, ids, mask, P, shared_prefix=bool(shape["shared"])
+                )
             else:
                 scores = torch.tensor(letter_share(prompts, completions))
         scored = time.perf_counter()
@@ -686,7 +762,13 @@ def worker_floor(args: argparse.Namespace, paths: dict[str, str]) -> dict:
                                 advantages[rows],
                                 response_mask[rows],
                             )[0]
-                            values = critic_forward(critic, ids[rows], mask[rows], P)
+                            values = critic_forward(
+                                critic,
+                                ids[rows],
+                                mask[rows],
+                                P,
+                                shared_prefix=bool(shape["shared"]),
+                            )
                             loss = (
                                 loss
                                 + 0.1

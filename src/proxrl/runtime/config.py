@@ -426,7 +426,20 @@ def saved_run_values(cls: type, resume: bool, output_dir: Any, given: frozenset[
     path = Path(str(output_dir)) / getattr(cls, "saved_config_file", CONFIG_FILE)
     if not (resume and path.is_file()):
         return {}
-    return file_values(cls, path, given | free_on_resume(cls, session_only=True), True)
+    values = file_values(cls, path, given | free_on_resume(cls, session_only=True), True)
+    return former_defaults_unset(cls, values)
+
+
+def former_defaults_unset(cls: type, saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's values, each option of ``cls.former_defaults`` (name → the default an
+    earlier proxrl saved) read as its default now where it holds that earlier default: the run
+    took the default, not a value its user chose."""
+    former = getattr(cls, "former_defaults", {})
+    now = {f.name: f.default for f in dataclasses.fields(cls) if f.name in former}
+    return {
+        name: now[name] if name in former and value == former[name] else value
+        for name, value in saved.items()
+    }
 
 
 def _unmarked(text: Any) -> Any:

@@ -23,7 +23,9 @@ The run's length (``iterations``, ``max_steps``, ``epochs``, ``total_steps``) is
 learning-rate schedule, so extending a run needs ``--resume-with-changes``.
 
 Only options present in both configs are compared: one that a newer proxrl added or renamed is not
-a change the user made.
+a change the user made. Nor is a default that a newer proxrl reads differently: a config class's
+``former_defaults`` (``shared_prefix: true``, saved as the default before an explicit true was
+refused where it cannot apply) are read back as unset, here and as the resumed run's base.
 
 A run is resumed by the command that made it: the run marker records it (``run_dir.record_run``)
 and ``check_command`` refuses another in one line naming both (a ``grpo`` run resumed with
@@ -43,7 +45,7 @@ import yaml
 
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.checkpoint import MANIFEST, CheckpointManager
-from proxrl.runtime.config import CONFIG_FILE, free_on_resume
+from proxrl.runtime.config import CONFIG_FILE, former_defaults_unset, free_on_resume
 from proxrl.runtime.errors import ProxrlError, RunFinished
 from proxrl.runtime.run_dir import run_command
 
@@ -84,6 +86,7 @@ def check_resume(
         raise ProxrlError(f"--resume: {path} does not hold a mapping of option: value")
     # The new config as its YAML file would read back (tuples as lists), so values compare alike.
     now = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    saved = former_defaults_unset(type(cfg), saved)
     changes = changed_options(saved, now, free_on_resume(type(cfg)))
     if not changes:
         return {}

@@ -40,7 +40,9 @@ from proxrl.core import (
 )
 from proxrl.models.options import ModelRunConfig
 from proxrl.registry import AppliesWith
+from proxrl.rollout.prefix import unshared_reason
 from proxrl.rollout.vllm_sampler import LORA_SYNCS
+from proxrl.runtime import distributed as dist
 from proxrl.runtime.config import check_knobs
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import FREE_ON_RESUME, Range, alias
@@ -246,14 +248,15 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     merged in (merged), or the adapter alone, applied by vLLM's LoRA layers (adapter; not with
     placement ray): a sync of ~0 s, but on a CPU each sampled token ~2× dearer, so it pays only
     below ~130–300 sampled tokens per update at Qwen2-0.5B's shape."""
-    shared_prefix: bool = True
+    shared_prefix: Annotated[bool | None, tyro.conf.DisallowNone] = None  # a switch
     """Run a group's prompt once: the cached sampler prefills it once and expands its KV cache to
     the group's rows, and the padded training passes (policy, π_old, reference, teacher,
     separate critic) forward it once, each response attending to its keys and values (its
-    gradient the sum over the group). The same results as repeating it, up to float rounding
-    (false: every row repeats its prompt). Not with several processes, under
-    gradient_checkpointing, in packed micro-batches (max_tokens_per_micro_batch > 0), nor in
-    compile_sampler's loop: those repeat it, and the run says so in one line at start-up."""
+    gradient the sum over the group). The same results as repeating it, up to float rounding.
+    It cannot apply with several processes, under gradient_checkpointing, in packed
+    micro-batches (max_tokens_per_micro_batch > 0) or with group_size 1 (None: on wherever it
+    applies, and the run says in one line at start-up where it does not; true: refused where it
+    cannot apply; false: every row repeats its prompt). compile_sampler's loop repeats it."""
     compile_sampler: bool = False
     """cached sampler: run its decoding step through torch.compile over a static KV cache. A
     compile (seconds) per rollout batch size and 64-token length bucket, then cheaper steps: for
@@ -353,6 +356,25 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         return self.max_new_tokens if self.environment is None else self.max_episode_tokens
 
     harmless_when_unused: ClassVar[Mapping[str, str]] = HARMLESS_WHEN_UNUSED
+    # shared_prefix was a bool, true by default, before true meant "refused where it cannot
+    # apply": a run saved then holds true, read back on --resume as unset (what it meant).
+    former_defaults: ClassVar[Mapping[str, Any]] = MappingProxyType({"shared_prefix": True})
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether the passes forward a group's prompt once wherever they can (shared_prefix
+        unset or true; ``micro_batches.prefix_off`` says where they cannot)."""
+        return self.shared_prefix is not False
+
+    def prefix_off(self) -> str | None:
+        """Why this run's passes repeat each prompt although ``shared_prefix`` is on, or None
+        where they forward a group's prompt once (``rollout.prefix.unshared_reason``)."""
+        return unshared_reason(
+            dist.world_size(),
+            self.gradient_checkpointing,
+            self.max_tokens_per_micro_batch or 0,
+            alone=self.group_size == 1 and self.rollouts_file is None,
+        )
 
     def validate(self) -> None:
         super().validate()
@@ -379,6 +401,18 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
         self._check_kl()
         self._check_sampler()
         self._check_shaping()
+        self._check_shared_prefix()
+
+    def _check_shared_prefix(self) -> None:
+        """An explicit shared_prefix true where it cannot apply (unset: said at start-up)."""
+        if self.shared_prefix is not True:
+            return
+        reason = self.prefix_off()
+        if reason is not None:
+            raise ProxrlError(
+                f"shared_prefix: true cannot apply to this run ({reason}); leave it unset (on "
+                "wherever it applies) or set it false"
+            )
 
     def _check_inputs(self) -> None:
         """A model, prompts, something that scores, and an environment that loads (or a

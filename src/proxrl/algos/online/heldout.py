@@ -165,7 +165,7 @@ class HeldOut:
         settings = replace(sampling_settings(cfg), greedy=cfg.eval_greedy)
         # the built-in samplers of the policy itself, whichever engine the rollouts use
         engine = PolicySampling(
-            tokenizer, generate=bool(cfg.stop_strings), shared_prefill=cfg.shared_prefix
+            tokenizer, generate=bool(cfg.stop_strings), shared_prefill=cfg.shares_prefix
         )
         device = next(actor.parameters()).device
         was_training = actor.training

@@ -15,19 +15,13 @@ from __future__ import annotations
 
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.core import DISTILL_LOSSES
-from proxrl.rollout.prefix import unshared_reason
 from proxrl.runtime import distributed as dist
 
 
 def prefix_off(cfg: OnlineConfig) -> str | None:
     """Why this run's passes repeat each prompt although ``shared_prefix`` is on, or None where
-    they forward a group's prompt once (``rollout.prefix.unshared_reason``)."""
-    return unshared_reason(
-        dist.world_size(),
-        cfg.gradient_checkpointing,
-        cfg.max_tokens_per_micro_batch or 0,
-        alone=cfg.group_size == 1 and cfg.rollouts_file is None,
-    )
+    they forward a group's prompt once (``OnlineConfig.prefix_off``)."""
+    return cfg.prefix_off()
 
 
 def token_budget(cfg: OnlineConfig) -> int | None:
@@ -40,7 +34,7 @@ def token_budget(cfg: OnlineConfig) -> int | None:
         return 0
     if cfg.distills and DISTILL_LOSSES.trait(cfg.distill_loss, "logits"):  # the padded layout
         return 0
-    if cfg.shared_prefix and prefix_off(cfg) is None:  # the prompt once: the larger saving
+    if cfg.shares_prefix and prefix_off(cfg) is None:  # the prompt once: the larger saving
         return 0
     return None
 
@@ -53,7 +47,7 @@ def packs(cfg: OnlineConfig) -> bool:
 def prefix_note(cfg: OnlineConfig) -> str | None:
     """The start-up line where ``shared_prefix`` is on but a part of the run repeats each
     prompt, or None."""
-    if not cfg.shared_prefix:
+    if not cfg.shares_prefix:
         return None
     reason = prefix_off(cfg)
     if reason is not None:

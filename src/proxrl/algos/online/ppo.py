@@ -301,7 +301,7 @@ def build(cfg: Config) -> Algorithm:
         warmup_patience=cfg.critic_warmup_patience,
         source=cfg.critic_model,
         packed=packs(cfg),
-        shared_prefix=cfg.shared_prefix,
+        shared_prefix=cfg.shares_prefix,
         lora_r=cfg.lora_r if cfg.critic_lora_r is None else cfg.critic_lora_r,
         lora_alpha=cfg.lora_alpha or None,
     )

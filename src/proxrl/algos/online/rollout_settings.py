@@ -91,7 +91,7 @@ class PassSettings:
         return cls(
             cfg.micro_batch_size,
             token_budget(cfg),
-            cfg.shared_prefix,
+            cfg.shares_prefix,
             sampling_settings(cfg),
             cfg.rollout_correction,
             cfg.rollout_correction_low,

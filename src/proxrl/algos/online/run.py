@@ -128,7 +128,7 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     context = run_context(cfg)
     context.prepare()
     context.write_config(cfg.iterations)
-    note = prefix_note(cfg)  # on by default, so never refused: said once where it cannot apply
+    note = prefix_note(cfg)  # unset (on where it applies): said once where it cannot apply
     if note is not None and dist.is_main():
         log.info("%s", note)
     run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, context)

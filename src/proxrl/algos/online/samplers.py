@@ -69,7 +69,7 @@ pass, the engine's log-probs of the sampled tokens are asked for too and measure
 ENGINES.add(
     "cached",
     lambda cfg, tok, engines: PolicySampling(
-        tok, compile_step=cfg.compile_sampler, shared_prefill=cfg.shared_prefix
+        tok, compile_step=cfg.compile_sampler, shared_prefill=cfg.shares_prefix
     ),
     "a lean decoding loop over the KV cache",
     knobs=("compile_sampler",),

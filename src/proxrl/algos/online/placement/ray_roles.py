@@ -107,7 +107,7 @@ class FrozenActor(RoleActor):
 
     def __init__(self, cfg: OnlineConfig, paths: list[str], model: str | None = None) -> None:
         join_paths(paths)
-        self.shared_prefix = cfg.shared_prefix
+        self.shared_prefix = cfg.shares_prefix
         try:
             self.model, _ = frozen_model(cfg, path=model)
         except ProxrlError as error:
