@@ -238,10 +238,14 @@ def test_a_demo_stopped_by_ctrl_c_resumes_to_the_uninterrupted_results(
 
     monkeypatch.setattr(metrics.MetricsLogger, "log", original_log)
     for module in (sft, reward, ppo):
-        monkeypatch.setattr(module, "train", lambda cfg: pytest.fail(f"{cfg.output_dir} ran again"))
+        monkeypatch.setattr(
+            module, "train", lambda cfg, **_: pytest.fail(f"{cfg.output_dir} ran again")
+        )
     grpo_configs = []
     grpo_train = grpo.train
-    monkeypatch.setattr(grpo, "train", lambda cfg: grpo_configs.append(cfg) or grpo_train(cfg))
+    monkeypatch.setattr(
+        grpo, "train", lambda cfg, **kw: grpo_configs.append(cfg) or grpo_train(cfg, **kw)
+    )
     assert cli.main(["demo", "--output-dir", str(out), *TOY, "--resume"]) == 0
     assert [c.resume for c in grpo_configs] == [True]  # from its checkpoint, not from scratch
     resumed, uninterrupted = (json.loads((d / "summary.json").read_text()) for d in (out, toy_demo))
@@ -287,7 +291,9 @@ def test_resume_with_changes_keeps_finished_stages_and_runs_with_the_new_options
     out = tmp_path / "demo"
     shutil.copytree(toy_demo, out)
     for module in (sft, reward, ppo, grpo):
-        monkeypatch.setattr(module, "train", lambda cfg: pytest.fail(f"{cfg.output_dir} ran again"))
+        monkeypatch.setattr(
+            module, "train", lambda cfg, **_: pytest.fail(f"{cfg.output_dir} ran again")
+        )
     changed = [arg if arg != "3" else "4" for arg in TOY]  # --seed 3 → 4
     assert cli.main(["demo", "--output-dir", str(out), *changed, "--resume"]) == 2
     assert (
