@@ -272,7 +272,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     (None: true with async_rollout, whose engine alone knows the behaviour policy, else false)."""
     skip_old_logprobs_pass: bool = True
     """Skip the rollout's forward pass for log π_old where π_old is π at the update's only
-    optimizer step (collect.old_logprobs_pass lists when): the update's own forward gives it and
+    optimizer step (old_policy.old_logprobs_pass lists when): the update's own forward gives it and
     the ratio is exactly 1. False: always run the pass."""
     rollout_correction: RolloutCorrectionChoice = "none"
     """With sampler_logprobs: weigh each token's policy loss by ρ = π_old/π_sampler (one extra
