@@ -194,3 +194,26 @@ def test_required_positional_and_report_options(capsys):
         with pytest.raises(ProxrlError) as e:
             parse_config(ReportConfig, argv, "t")
         assert str(e.value) == message
+
+
+def test_narrowed_takes_the_records_fields_by_name_and_refuses_a_missing_one():
+    from dataclasses import dataclass
+
+    from proxrl.runtime.config import narrowed
+
+    @dataclass(frozen=True)
+    class Cfg:
+        lr: float = 1e-3
+        seed: int = 7
+        unrelated: str = "x"
+
+    @dataclass(frozen=True)
+    class Record:
+        seed: int
+        lr: float
+        derived: int
+
+    assert narrowed(Record, Cfg(lr=0.5), derived=3) == Record(seed=7, lr=0.5, derived=3)
+    assert narrowed(Record, Cfg(), lr=2.0, derived=0).lr == 2.0  # given wins over the config
+    with pytest.raises(TypeError, match="derived"):
+        narrowed(Record, Cfg())

@@ -403,6 +403,19 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
 
 
+def narrowed(record: type[T], cfg: Any, **given: Any) -> T:
+    """A stage's settings record (a dataclass) from the config: each of its fields the config's
+    field of the same name, except those in ``given`` (what a record derives or holds that is no
+    option). A record field the config lacks and ``given`` does not supply is a TypeError: the
+    name of a setting means one thing in the config and in every record."""
+    taken = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(record)  # type: ignore[arg-type]
+        if f.init and f.name not in given and hasattr(cfg, f.name)
+    }
+    return record(**taken, **given)
+
+
 def save_config_file(cfg: Any, path: str | Path) -> None:
     """Write a config as YAML that ``load_config_file`` reads back to an equal config."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
