@@ -7,7 +7,7 @@ from typing import Any
 
 from proxrl.algos.online import samplers
 from proxrl.algos.online.collect import collect_rollout
-from proxrl.algos.online.rollout_settings import RolloutSettings
+from proxrl.algos.online.run_settings import run_settings
 
 
 def rollout_of(
@@ -24,7 +24,7 @@ def rollout_of(
     """``collect.collect_rollout`` with ``cfg``'s settings and, unless given, its engine
     (``samplers.make_engine``, looked up when called: a test may replace it)."""
     engine = engine or samplers.make_engine(cfg, models.tokenizer)
-    settings = RolloutSettings.of(cfg, algo, models.critic)
+    settings = run_settings(cfg, algo, models.critic).collecting
     return collect_rollout(
         settings, algo, models, rewards, prompts, prompt_ids, kl_coef, timings, engine
     )

@@ -14,7 +14,8 @@ import torch
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import AGGREGATIONS
 from proxrl.runtime.guard import NonFiniteGuard
 from tests.algos.test_loss_invariance import REL_TOL, _config, _experience
@@ -40,7 +41,7 @@ def _step(tiny_lm: str, prompts: str, out: Path, grad_accum: int, **overrides) -
     rewards, advantages, returns = algo.estimate(experience, cfg.kl_coef)  # positives observed
     experience = replace(experience, rewards=rewards, advantages=advantages, returns=returns)
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,

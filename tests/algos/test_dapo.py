@@ -17,7 +17,8 @@ from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import overlong_penalty
 from proxrl.rollout.generation import stopped
 from proxrl.runtime.errors import ProxrlError
@@ -200,7 +201,7 @@ def test_truncated_responses_contribute_zero_gradient(command, tiny_lm, prompts,
             m.zero_grad()
         P = exp.prompt_ids.shape[1]
         losses = Losses(
-            UpdateSettings.of(cfg, algo, models.critic),
+            run_settings(cfg, algo, models.critic).updating,
             algo,
             models,
             P,

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import make_engine
 from proxrl.rollout.engines import PolicySampling
 from proxrl.rollout.forward import policy_forward
@@ -99,7 +99,7 @@ def test_async_value_head_takes_pi_old_from_the_engine(tiny_lm, prompts, tmp_pat
     )
     algo = ppo.build(cfg)
     models = load_models(cfg, algo)
-    source = OldPolicySource.of(cfg, algo, models.critic)
+    source = run_settings(cfg, algo, models.critic).collecting.old_policy
     assert source.from_sampler and not source.correct
     stale = copy.deepcopy(models.actor)
     with torch.no_grad():  # the policy moves on after the batch was launched

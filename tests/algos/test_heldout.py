@@ -19,6 +19,7 @@ from proxrl.algos.online.heldout import (
     stop_reason,
 )
 from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
 from tests.algos.test_online import prompts, small  # noqa: F401  (the module's prompt fixture)
@@ -103,8 +104,10 @@ def test_evaluation_samples_as_shared_prefix_says(tiny_lm, prompts, tmp_path, mo
     monkeypatch.setattr(heldout, "sample_responses", record)
     for flag in (False, True):
         _, cfg = heldout_run(tiny_lm, prompts, tmp_path / str(flag), shared_prefix=flag)
-        models = load_models(cfg, ppo.build(cfg))
-        held_out = heldout.HeldOut.create(cfg, models.tokenizer, None, tmp_path)
+        algo = ppo.build(cfg)
+        models = load_models(cfg, algo)
+        settings = run_settings(cfg, algo, models.critic).held_out
+        held_out = heldout.HeldOut.create(settings, models.tokenizer, None, tmp_path)
         with pytest.raises(StopIteration):
             held_out.evaluate(models, 1)
     assert seen == [False, True]

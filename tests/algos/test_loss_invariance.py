@@ -18,7 +18,8 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import AGGREGATIONS, POLICY_LOSSES
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
@@ -107,7 +108,7 @@ def _step(module, tiny_lm, prompts, tmp_path, grad_accum, with_stats=False, **ov
     before = [p.detach().clone() for p in params]
     experience = _experience(models.actor, critic_values=module is ppo)
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,

@@ -23,10 +23,10 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.placement import base
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.algos.online.update import (
     Losses,
-    UpdateSettings,
     UpdateStep,
     minibatches,
     policy_output,
@@ -195,7 +195,7 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
         cfg.responses_per_step, len(experience), torch.Generator().manual_seed(7)
     )
     losses = Losses(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience.prompt_ids.shape[1],
@@ -210,7 +210,7 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
         elsewhere = mismatch_stats(other, rest.logprobs.double(), rest.loss_mask)
     optimizer = torch.optim.AdamW(models.actor.parameters(), lr=cfg.learning_rate)
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,
@@ -327,14 +327,13 @@ def test_only_an_engine_of_its_own_is_measured_and_never_a_rollouts_file(tiny_lm
     sampled from a rollouts file."""
     from types import SimpleNamespace
 
-    from proxrl.algos.online.old_policy import OldPolicySource
-
     def source(**fields):
         base = dict(model=tiny_lm, prompts=prompts, output_dir="unused")
         cfg = grpo.Config(reward_fn=("tests.algos.online_rewards:target_fraction",), **base)
         for name, value in fields.items():  # (a vllm config would validate against vllm)
             object.__setattr__(cfg, name, value)
-        return OldPolicySource.of(cfg, grpo.build(cfg), SimpleNamespace(needs_hidden=False))
+        no_hidden = SimpleNamespace(needs_hidden=False)
+        return run_settings(cfg, grpo.build(cfg), no_hidden).collecting.old_policy  # type: ignore[arg-type]
 
     assert not source().measured and not source().sampler_logprobs  # cached
     assert not source(sampler="hf").measured

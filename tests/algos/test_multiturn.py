@@ -14,7 +14,8 @@ import torch
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import Losses, UpdateStep, terms, update
 from proxrl.core import masked_mean
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
@@ -251,7 +252,7 @@ def _grads(cfg, algo, models, mb, kl_coef=0.1):
     for p in params:
         p.grad = None
     losses = Losses(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         mb.prompt_ids.shape[1],
@@ -360,7 +361,7 @@ def test_micro_batches_weigh_by_model_tokens(tiny_lm, chat_prompts, tmp_path):
     assert shares.max() - shares.min() > 0.05
     whole, _ = _grads(cfg, algo, models, exp)
     recorder = GradientRecorder(models.actor.parameters())
-    settings = UpdateSettings.of(cfg, algo, models.critic)
+    settings = run_settings(cfg, algo, models.critic).updating
     update(settings, algo, models, exp, [recorder], UpdateStep(0.1, True, 1),
            torch.Generator().manual_seed(0), NonFiniteGuard())  # fmt: skip
     torch.testing.assert_close(recorder.gradient, whole, rtol=1e-4, atol=1e-7)

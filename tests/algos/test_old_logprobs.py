@@ -24,11 +24,13 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.old_policy import old_logprobs_pass
+from proxrl.algos.online.old_policy import OldPolicyOptions, old_logprobs_pass
 from proxrl.algos.online.roles import load_models
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import policy_forward
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 
@@ -120,7 +122,7 @@ def _step(module, cfg, optimizer: str, without_old: bool):
         else torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     )
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,
@@ -206,7 +208,7 @@ def test_which_configurations_skip_the_pass(module, overrides, skipped, tiny_lm,
     cfg.validate()
     algo = module.build(cfg)
     critic = load_models(cfg, algo).critic
-    assert old_logprobs_pass(cfg, algo, critic) is not skipped
+    assert old_logprobs_pass(narrowed(OldPolicyOptions, cfg), algo, critic) is not skipped
 
 
 # ---------------------------------------------------------------- whole runs

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import value_loss
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, policy_forward
@@ -158,7 +159,7 @@ def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_
         experience, _, row = rollout_of(cfg, algo, models, rewards, examples, ids, 0.05, {})
         experience = estimate(algo, experience, 0.05)
         update(
-            UpdateSettings.of(cfg, algo, models.critic),
+            run_settings(cfg, algo, models.critic).updating,
             algo,
             models,
             experience,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,17 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 
 from proxrl.algos.online import grpo, ppo, samplers
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.micro_batches import packs, token_budget
+from proxrl.algos.online.micro_batches import PassLayout, packs, token_budget
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.data.batching import pack_lengths
 from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.forward import critic_forward, packed_sequence_scores, policy_forward
 from proxrl.rollout.packing import micro_batch_plan, pack_batch
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.guard import NonFiniteGuard
 from tests.algos.collected import rollout_of
 from tests.algos.test_old_logprobs import _config as old_logprobs_config
@@ -215,7 +216,7 @@ def _step(module, cfg, without_old: bool = False, observations: bool = False):
     if without_old:
         experience = replace(experience, logprobs=None)
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,
@@ -269,11 +270,19 @@ def test_packed_update_equals_the_padded_one(
             assert packed_stats[key] == pytest.approx(padded_stats[key], rel=1e-10, abs=1e-13)
 
 
+def _layout(cfg):  # type: ignore[no-untyped-def]
+    """The run's ``PassLayout``, as ``run_settings`` builds it when the run opens."""
+    return narrowed(PassLayout, cfg, prefix_off=cfg.prefix_off())
+
+
 def test_packed_by_default_where_no_prompt_is_shared(tiny_lm, prompts, tmp_path, monkeypatch):
     """max_tokens_per_micro_batch left unset: packed by the batch's own lengths, except where
     the shared prefix runs (a group's prompt once), a distill loss reads padded logits, or FSDP
     needs as many forwards on every rank; a value the user gives is kept (0: padded)."""
-    cfg = partial(old_logprobs_config, tiny_lm=tiny_lm, prompts=prompts, out=tmp_path)
+
+    def cfg(module, **options):  # type: ignore[no-untyped-def]
+        return _layout(old_logprobs_config(module, tiny_lm, prompts, tmp_path, **options))
+
     assert token_budget(cfg(ppo, group_size=1)) is None
     assert token_budget(cfg(grpo, shared_prefix=False)) is None
     assert token_budget(cfg(grpo, gradient_checkpointing=True)) is None
@@ -293,7 +302,7 @@ def test_packed_by_default_update_equals_the_padded_one(tiny_lm, prompts, tmp_pa
         ppo, tiny_lm, prompts, tmp_path, max_new_tokens=12, critic="separate", group_size=1
     )
     padded_cfg = replace(default_cfg, max_tokens_per_micro_batch=0)
-    assert packs(default_cfg) and _shares_a_line(_batch(40)[1], None, 8)
+    assert packs(_layout(default_cfg)) and _shares_a_line(_batch(40)[1], None, 8)
     padded, padded_stats = _step(ppo, padded_cfg)
     packed, packed_stats = _step(ppo, default_cfg)
     scale = float(padded.abs().max())

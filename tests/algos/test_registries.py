@@ -25,10 +25,13 @@ from proxrl.core import (
     REWARD_KL_ESTIMATORS,
     REWARD_SCALES,
     ROLLOUT_CORRECTIONS,
+    Aggregation,
+    PolicyLossSettings,
     aggregate_loss,
 )
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.vllm_sampler import LORA_SYNCS
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import field_table
 
@@ -143,8 +146,13 @@ def test_the_dppo_knobs_are_config_fields_with_ranges():
             grpo.Config(**BASE, **{name: 0.0}).validate()
 
 
+def _policy_loss(cfg: grpo.Config) -> tuple[str, PolicyLossSettings, Aggregation]:
+    """What ``surrogate`` binds of ``cfg`` (``run_settings`` narrows the knobs so)."""
+    return cfg.policy_loss, narrowed(PolicyLossSettings, cfg), cfg.aggregation
+
+
 def test_the_dppo_binding_reads_the_config_knobs():
-    """surrogate(cfg) with dppo_tv: μ = 1/2 at every token, π = 0.8 | 0.2 (rows of A = ±1): the
+    """surrogate with dppo_tv: μ = 1/2 at every token, π = 0.8 | 0.2 (rows of A = ±1): the
     change 0.3 is past δ_high 0.25 (A > 0 dropped), within δ_low 0.35 (A < 0 kept, −r·A = 0.4)."""
     from proxrl.algos.online.algorithm import surrogate
 
@@ -153,14 +161,14 @@ def test_the_dppo_binding_reads_the_config_knobs():
     mb.logprobs = torch.full((2, 2), 0.5).log()
     mb.advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
     logprobs = torch.tensor([[0.8, 0.8], [0.2, 0.2]]).log()
-    loss, stats = surrogate(cfg)(logprobs, mb)
+    loss, stats = surrogate(*_policy_loss(cfg))(logprobs, mb)
     assert math.isclose(loss.item(), 2 * 0.4 / 4, rel_tol=1e-6)
     assert math.isclose(stats["clipfrac"].item(), 0.5)
 
 
 @pytest.mark.parametrize("name", ["opsm", "m2po"])
 def test_the_off_policy_mask_binding_zeroes_the_dropped_advantages(name):
-    """surrogate(cfg) with a mask, on PPO-Clip: row 0 has log(μ/π) = 1 at both tokens (ratio
+    """surrogate with a mask, on PPO-Clip: row 0 has log(μ/π) = 1 at both tokens (ratio
     e^−1, clipped for A < 0 at 0.8: −A·0.8 = 0.8 per token), row 1 is on-policy (−A·1 = 1).
     opsm (δ 0.5) drops row 0 (A < 0, diverged); m2po (τ 0.4) drops one of row 0's tokens
     ((log r)² 1, 1, 0, 0: mean 0.5 > 0.4, then 1/3 ≤ 0.4). token-mean over 4 tokens. m2po's
@@ -172,11 +180,11 @@ def test_the_off_policy_mask_binding_zeroes_the_dropped_advantages(name):
     mb = _experience(scores=[1.0, 0.0])
     mb.advantages = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     logprobs = mb.logprobs - torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    select = step_selection(cfg)
+    select = step_selection(*_policy_loss(cfg)[:2])
     assert (select is None) == (name == "opsm")
     if select is not None:
         mb, step_stats = select(logprobs, mb, None)
-    loss, stats = surrogate(cfg)(logprobs, mb)
+    loss, stats = surrogate(*_policy_loss(cfg))(logprobs, mb)
     stats = step_stats if select is not None else stats
     kept_of_row_0 = {"opsm": 0, "m2po": 1}[name]
     assert math.isclose(loss.item(), (kept_of_row_0 * 0.8 + 2 * 1.0) / 4, rel_tol=1e-6)
@@ -194,10 +202,10 @@ def test_m2po_on_the_unclipped_loss_keeps_the_ratio_a_clip_would_cut():
     mb = _experience(scores=[1.0, 0.0])
     mb.advantages = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     logprobs = (mb.logprobs - torch.tensor([[1.0, 1.0], [0.0, 0.0]])).requires_grad_()
-    select = step_selection(cfg)
+    select = step_selection(*_policy_loss(cfg)[:2])
     assert select is not None
     rows, _ = select(logprobs.detach(), mb, None)
-    loss, stats = surrogate(cfg)(logprobs, rows)
+    loss, stats = surrogate(*_policy_loss(cfg))(logprobs, rows)
     assert math.isclose(loss.item(), (math.exp(-1.0) + 2.0) / 4, rel_tol=1e-6)
     loss.backward()
     expected = torch.tensor([[0.0, math.exp(-1.0)], [1.0, 1.0]]) / 4
@@ -233,12 +241,12 @@ def test_clip_cov_draws_from_the_generator_it_is_given():
     cfg = grpo.Config(**BASE, policy_loss="clip_cov", clip_cov_lb=-10.0, clip_cov_ratio=0.25)
     mb = _experience(scores=[1.0, 0.0])
     mb.advantages = torch.tensor([[1.0, 1.0], [-3.0, -3.0]])
-    select = step_selection(cfg)
+    select = step_selection(*_policy_loss(cfg)[:2])
     assert select is not None
     drawn = []
     for seed in (0, 0, 1, 2, 3):
         rows, _ = select(mb.logprobs, mb, torch.Generator().manual_seed(seed))
-        _, stats = surrogate(cfg)(mb.logprobs.clone(), rows)
+        _, stats = surrogate(*_policy_loss(cfg))(mb.logprobs.clone(), rows)
         drawn.append(float(stats["policy_loss"]))
         assert math.isclose(stats["cov_dropped"].item(), 1 / 4)
     # the same seed draws the same token; some other seed another one
@@ -264,13 +272,13 @@ def test_the_sapo_knobs_reach_yaml_and_the_command_line(tmp_path):
 
 
 def test_the_policy_loss_binding_reads_the_config_knobs():
-    """surrogate(cfg) with sapo: the config's τ reach the core loss (r = 1: loss −(2/τ)·A)."""
+    """surrogate with sapo: the config's τ reach the core loss (r = 1: loss −(2/τ)·A)."""
     from proxrl.algos.online.algorithm import surrogate
 
     cfg = grpo.Config(**BASE, policy_loss="sapo", sapo_tau_pos=4.0, sapo_tau_neg=0.5)
     mb = _experience(scores=[1.0, 3.0, 0.0, 2.0])
     mb.advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]])
-    loss, _ = surrogate(cfg)(mb.logprobs, mb)
+    loss, _ = surrogate(*_policy_loss(cfg))(mb.logprobs, mb)
     # token-mean over 8 tokens: 4 tokens at −(2/4)·1, 4 at −(2/0.5)·(−1) = +4
     assert math.isclose(loss.item(), (4 * -0.5 + 4 * 4.0) / 8, rel_tol=1e-6)
 

@@ -13,7 +13,8 @@ import torch
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import Losses, UpdateSettings, UpdateStep, terms
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
 from proxrl.rollout.forward import policy_forward
 from proxrl.runtime.metrics import read_metrics
@@ -81,7 +82,7 @@ def policy_grads(cfg, algo, models, mb):
     with cfg.autocast():
         loss, _, _ = terms(
             Losses(
-                UpdateSettings.of(cfg, algo, models.critic),
+                run_settings(cfg, algo, models.critic).updating,
                 algo,
                 models,
                 P,

@@ -15,10 +15,12 @@ import pytest
 from proxrl.algos.online import grpo
 from proxrl.algos.online.rollouts_file import (
     Limits,
+    RolloutsFile,
     read_rollouts,
     rollout_row,
     validate_rollouts_file,
 )
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 
 GOOD = {
@@ -158,13 +160,18 @@ def _context_config(tiny_lm: str, tmp_path: Path, prompt: int, response: int) ->
     )
 
 
+def _context_file(tiny_lm: str, tmp_path: Path, prompt: int, response: int) -> RolloutsFile:
+    """What the run reads of ``_context_config``'s options (``run_settings`` narrows it so)."""
+    return narrowed(RolloutsFile, _context_config(tiny_lm, tmp_path, prompt, response))
+
+
 def test_prompt_and_response_fit_the_models_context(tiny_lm, tmp_path):
     """The tiny model has 256 positions (max_position_embeddings): 250 + 6 fill them, and
     250 + 7 is refused (it trained, past the positions a rotary model was trained on)."""
-    rows = validate_rollouts_file(_context_config(tiny_lm, tmp_path, 250, 6))
+    rows = validate_rollouts_file(_context_file(tiny_lm, tmp_path, 250, 6))
     assert [len(r.prompt_ids) + len(r.response_ids) for r in rows] == [256, 256]
     with pytest.raises(ProxrlError) as refused:
-        validate_rollouts_file(_context_config(tiny_lm, tmp_path, 250, 7))
+        validate_rollouts_file(_context_file(tiny_lm, tmp_path, 250, 7))
     assert str(refused.value) == (
         f"{tmp_path}/rollouts.jsonl:1: response_ids: prompt_ids (250 tokens) + response_ids "
         "(7 tokens) = 257 tokens is longer than the model's context (256 positions)"

@@ -31,6 +31,7 @@ from transformers.models.qwen2 import modeling_qwen2
 from proxrl.rollout import prefix
 from proxrl.rollout.forward import critic_forward, frozen_pass, policy_forward
 from proxrl.rollout.prefix import prompt_groups
+from proxrl.runtime.config import narrowed
 
 REL = 1e-10
 # Three groups of left-padded prompts (2, 4, 6 real tokens) and a row alone; responses of
@@ -294,7 +295,9 @@ def test_the_run_says_in_one_line_where_the_prompt_is_repeated(
     )
 
     def note(config=grpo.Config, **extra):  # type: ignore[no-untyped-def]
-        return micro_batches.prefix_note(config(**(options | extra)))
+        cfg = config(**(options | extra))
+        layout = narrowed(micro_batches.PassLayout, cfg, prefix_off=cfg.prefix_off())
+        return micro_batches.prefix_note(layout)
 
     off = "shared_prefix: off for this run"
     assert note() is None and note(shared_prefix=False) is None

@@ -19,7 +19,8 @@ from transformers import GPT2Config
 from proxrl.algos.online import grpo, loop, ppo
 from proxrl.algos.online.roles import load_models
 from proxrl.algos.online.run import check_context
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import chunked_generalized_jsd
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.rollout.forward import frozen_pass, policy_forward, response_logits
@@ -102,7 +103,7 @@ def _sgd_step(cfg, generator_seed: int = 1, global_seed: int | None = None):
     if global_seed is not None:
         torch.manual_seed(global_seed)  # torch's global generator, as the run left it: any state
     stats = update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,
@@ -233,7 +234,7 @@ def test_the_longest_prompt_plus_max_new_tokens_may_exactly_fill_the_context():
 
     def checked(max_new_tokens: int) -> None:
         cfg = grpo.Config(model="m", prompts="p", reward_fn=("m:f",), max_new_tokens=max_new_tokens)
-        check_context(cfg, _Actor(), prompt_ids)  # type: ignore[arg-type]
+        check_context(cfg.max_new_tokens, _Actor(), prompt_ids)  # type: ignore[arg-type]
 
     checked(14)
     with pytest.raises(ProxrlError) as refused:

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.collected import rollout_of
@@ -91,7 +92,7 @@ def _rollout(cfg, algo, models, examples, ids, reward_fn: str):
 
 def _update(cfg, algo, models, experience, optimizers):
     return update(
-        UpdateSettings.of(cfg, algo, models.critic),
+        run_settings(cfg, algo, models.critic).updating,
         algo,
         models,
         experience,

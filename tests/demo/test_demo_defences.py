@@ -15,6 +15,7 @@ from proxrl.algos.offline import reward, sft
 from proxrl.algos.online import ppo
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.roles import load_rewards
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.demo import pipeline, task
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.tiny import build_tiny_lm
@@ -109,6 +110,10 @@ def test_ppo_no_kl_stops_when_gold_falls_and_keeps_its_best(demo_sft_and_rm: Pat
     # best/ is that policy: evaluated again, it scores the logged best gold exactly
     policy = load_causal_lm(str(out / "ppo_no_kl" / "best")).eval()
     tokenizer = load_tokenizer(str(out / "ppo_no_kl" / "best"))
-    held_out = HeldOut(cfg, tokenizer, load_rewards(cfg), out / "ppo_no_kl")
+    # the run's held-out settings, as it opened with them (they read nothing of the critic)
+    no_hidden = SimpleNamespace(needs_hidden=False)
+    settings = run_settings(cfg, ppo.build(cfg), no_hidden).held_out  # type: ignore[arg-type]
+    assert settings is not None
+    held_out = HeldOut(settings, tokenizer, load_rewards(cfg), out / "ppo_no_kl")
     again = held_out.evaluate(SimpleNamespace(actor=policy, tokenizer=tokenizer), best["step"])
     assert again["eval/score"] == best["eval/score"]

@@ -26,9 +26,9 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.rollout_settings import RolloutSettings
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import make_engine
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
 from proxrl.runtime import distributed as dist
 from proxrl.runtime import fsdp
@@ -102,7 +102,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
     if mode == "make":
         prompts, ids = load_prompts(cfg, models.tokenizer)
         experience, _, _ = collect_rollout(
-            RolloutSettings.of(cfg, algo, models.critic),
+            run_settings(cfg, algo, models.critic).collecting,
             algo,
             models,
             load_rewards(cfg),
@@ -139,7 +139,7 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
         *models.critic.optimizers(),
     ]
     stats = update(
-        UpdateSettings.of(cfg, algo, train_models.critic),
+        run_settings(cfg, algo, train_models.critic).updating,
         algo,
         train_models,
         experience,

@@ -20,7 +20,8 @@ from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
 from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
-from proxrl.algos.online.update import UpdateSettings, UpdateStep, update
+from proxrl.algos.online.run_settings import run_settings
+from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.seeding import capture_rng_state, restore_rng_state
 from tests.algos.collected import rollout_of
@@ -104,7 +105,7 @@ def run_update(
     ]
     generator = torch.Generator().manual_seed(0)
     step = UpdateStep(0.05, train_policy, 1)
-    settings = UpdateSettings.of(s.cfg, s.algo, models.critic)
+    settings = run_settings(s.cfg, s.algo, models.critic).updating
     return update(settings, s.algo, models, s.exp, optimizers, step, generator, guard)
 
 

@@ -1,12 +1,11 @@
 """The ``Algorithm`` record: the small, explicit choices that make one online algorithm differ
 from another (how advantages are estimated, the policy loss, where the KL is paid, the critic),
-and ``surrogate``, the policy loss a config names, bound to its knobs."""
+and ``surrogate``, the policy loss a run names, bound to its knobs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -18,13 +17,11 @@ from proxrl.core import (
     POLICY_LOSSES,
     TOKEN_SELECTIONS,
     AdaptiveKL,
+    Aggregation,
+    PolicyLossSettings,
     masked_mean,
 )
 from proxrl.rollout.experience import Experience
-
-if TYPE_CHECKING:
-    from proxrl.algos.online.config import OnlineConfig
-
 
 StepSelection = Callable[
     [Tensor, Experience, torch.Generator | None], tuple[Experience, dict[str, float]]
@@ -65,40 +62,40 @@ class Algorithm:
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 
 
-def surrogate(cfg: OnlineConfig) -> PolicyLoss:
-    """The policy loss ``cfg.policy_loss`` names (``core.POLICY_LOSSES``), bound to cfg's knobs
-    (its ``PolicyLossSettings`` fields) and aggregation, after the ``cfg.off_policy_mask``
-    (``core.OFF_POLICY_MASKS``) has zeroed the advantage of the tokens it drops (stat
-    ``off_policy_masked``: their share of the valid tokens). A batch-wide mask (m2po) and the
-    loss's ``selection`` (clip_cov, kl_cov) were chosen over the whole optimizer step already
-    (``step_selection``): the micro-batch's rows carry them."""
-    loss = POLICY_LOSSES[cfg.policy_loss]
-    per_micro_batch = cfg.off_policy_mask not in ("none", *BATCH_WIDE_MASKS)
-    masking = OFF_POLICY_MASKS[cfg.off_policy_mask] if per_micro_batch else None
+def surrogate(policy_loss: str, knobs: PolicyLossSettings, aggregation: Aggregation) -> PolicyLoss:
+    """The policy loss ``policy_loss`` names (``core.POLICY_LOSSES``), bound to its ``knobs``
+    (the run's ``PolicyLossSettings`` fields) and ``aggregation``, after the knobs'
+    ``off_policy_mask`` (``core.OFF_POLICY_MASKS``) has zeroed the advantage of the tokens it
+    drops (stat ``off_policy_masked``: their share of the valid tokens). A batch-wide mask
+    (m2po) and the loss's ``selection`` (clip_cov, kl_cov) were chosen over the whole optimizer
+    step already (``step_selection``): the micro-batch's rows carry them."""
+    loss = POLICY_LOSSES[policy_loss]
+    per_micro_batch = knobs.off_policy_mask not in ("none", *BATCH_WIDE_MASKS)
+    masking = OFF_POLICY_MASKS[knobs.off_policy_mask] if per_micro_batch else None
 
-    def policy_loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+    def policy_loss_of(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask, advantages, chosen = mb.loss_mask.float(), mb.advantages, mb.loss_selection
         if masking is None:
-            return loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation, chosen)  # type: ignore[arg-type]
-        keep = masking(logprobs.detach(), mb.logprobs, advantages, mask, cfg)
+            return loss(logprobs, mb.logprobs, advantages, mask, knobs, aggregation, chosen)  # type: ignore[arg-type]
+        keep = masking(logprobs.detach(), mb.logprobs, advantages, mask, knobs)
         advantages = advantages * keep  # type: ignore[operator]
-        result, stats = loss(logprobs, mb.logprobs, advantages, mask, cfg, cfg.aggregation, chosen)  # type: ignore[arg-type]
+        result, stats = loss(logprobs, mb.logprobs, advantages, mask, knobs, aggregation, chosen)  # type: ignore[arg-type]
         stats["off_policy_masked"] = masked_mean(1 - keep, mask).detach()
         return result, stats
 
-    return policy_loss
+    return policy_loss_of
 
 
-def step_selection(cfg: OnlineConfig) -> StepSelection | None:
-    """What ``cfg``'s policy loss chooses over a whole optimizer step, before its micro-batches:
-    a batch-wide off-policy mask (``core.BATCH_WIDE_MASKS``: m2po) zeroes its dropped tokens'
-    advantages, then the loss's ``core.TOKEN_SELECTIONS`` entry (clip_cov, kl_cov) chooses its
-    tokens (on the advantages the loss will see: masked and carrying the rollout correction's
-    weights). None where the loss needs neither: every choice is then made per micro-batch."""
-    masking = (
-        OFF_POLICY_MASKS[cfg.off_policy_mask] if cfg.off_policy_mask in BATCH_WIDE_MASKS else None
-    )
-    selecting = TOKEN_SELECTIONS.get(cfg.policy_loss)
+def step_selection(policy_loss: str, knobs: PolicyLossSettings) -> StepSelection | None:
+    """What the policy loss ``policy_loss`` chooses over a whole optimizer step, before its
+    micro-batches: a batch-wide off-policy mask (``core.BATCH_WIDE_MASKS``: m2po, the knobs'
+    ``off_policy_mask``) zeroes its dropped tokens' advantages, then the loss's
+    ``core.TOKEN_SELECTIONS`` entry (clip_cov, kl_cov) chooses its tokens (on the advantages
+    the loss will see: masked and carrying the rollout correction's weights). None where the
+    loss needs neither: every choice is then made per micro-batch."""
+    mask_name = knobs.off_policy_mask
+    masking = OFF_POLICY_MASKS[mask_name] if mask_name in BATCH_WIDE_MASKS else None
+    selecting = TOKEN_SELECTIONS.get(policy_loss)
     if masking is None and selecting is None:
         return None
 
@@ -107,12 +104,12 @@ def step_selection(cfg: OnlineConfig) -> StepSelection | None:
     ) -> tuple[Experience, dict[str, float]]:
         mask, stats = rows.loss_mask.float(), {}
         if masking is not None:
-            keep = masking(logprobs, rows.logprobs, rows.advantages, mask, cfg)  # type: ignore[arg-type]
+            keep = masking(logprobs, rows.logprobs, rows.advantages, mask, knobs)  # type: ignore[arg-type]
             rows = replace(rows, advantages=rows.advantages * keep)  # type: ignore[operator]
             stats["off_policy_masked"] = float(masked_mean(1 - keep, mask))
         if selecting is not None:
             advantages = corrected(rows).advantages
-            chosen = selecting(logprobs, rows.logprobs, advantages, mask, cfg, generator)  # type: ignore[arg-type]
+            chosen = selecting(logprobs, rows.logprobs, advantages, mask, knobs, generator)  # type: ignore[arg-type]
             rows = replace(rows, loss_selection=chosen)
         return rows, stats
 

@@ -50,22 +50,27 @@ from proxrl.algos.online.loop import save_policy
 from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.prompts import prompt_order
 from proxrl.algos.online.roles import load_models, place_roles
-from proxrl.algos.online.rollout_settings import PassSettings, SampleSettings
 from proxrl.algos.online.rollouts_file import limits_of, read_rollouts, recorded_stage
 from proxrl.algos.online.run import make_optimizers
+from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import (
     POLICY_STEPPED,
     Losses,
     Optimization,
-    UpdateSettings,
     UpdateStep,
     accumulate,
     clipped_step,
     loss_generator,
     minibatches,
 )
-from proxrl.core import KL_ESTIMATORS, POLICY_LOSSES, policy_gradient_loss
+from proxrl.core import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    Aggregation,
+    PolicyLossSettings,
+    policy_gradient_loss,
+)
 from proxrl.data.encoding import EncodedPair, encode_preferences, encode_prompt_text
 from proxrl.data.formats import PreferenceExample, PromptExample, preference_examples
 from proxrl.data.readers import Row
@@ -75,7 +80,7 @@ from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import objects
 from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
-from proxrl.runtime.config import config_to_dict
+from proxrl.runtime.config import config_to_dict, narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.run_dir import check_creatable
@@ -86,31 +91,35 @@ PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 UserLoss = Callable[[Tensor, Experience], Tensor]
 
 
-def _sft_loss(cfg: OnlineConfig) -> PolicyLoss:
+BoundLoss = Callable[[PolicyLossSettings, Aggregation], PolicyLoss]
+"""(the policy losses' knobs, the aggregation) → the policy loss bound to them."""
+
+
+def _sft_loss(knobs: PolicyLossSettings, aggregation: Aggregation) -> PolicyLoss:
     """The negative log-likelihood of the batch's tokens (advantage 1 everywhere: REINFORCE's
-    loss is the NLL then), reduced by the config's aggregation."""
+    loss is the NLL then), reduced by the config's ``aggregation`` (no knob applies)."""
 
     def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb.loss_mask.float()
-        return policy_gradient_loss(logprobs, torch.ones_like(logprobs), mask, cfg.aggregation)
+        return policy_gradient_loss(logprobs, torch.ones_like(logprobs), mask, aggregation)
 
     return loss
 
 
-def _named_surrogate(name: str) -> Callable[[OnlineConfig], PolicyLoss]:
-    """``core.POLICY_LOSSES[name]`` bound to a config's knobs, as ``surrogate`` binds it."""
-    return lambda cfg: surrogate(replace(cfg, policy_loss=name))
+def _named_surrogate(name: str) -> BoundLoss:
+    """``core.POLICY_LOSSES[name]`` bound to the run's knobs, as ``surrogate`` binds it."""
+    return lambda knobs, aggregation: surrogate(name, knobs, aggregation)
 
 
-LOSSES: Mapping[str, Callable[[OnlineConfig], PolicyLoss]] = MappingProxyType(
+LOSSES: Mapping[str, BoundLoss] = MappingProxyType(
     {
         **{name: _named_surrogate(name) for name in POLICY_LOSSES},
         "sft": _sft_loss,
     }
 )
-"""``forward_backward``'s ``loss`` → (config) → the policy loss: every ``core.POLICY_LOSSES``
-surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo`` bind it), and
-``sft``, the negative log-likelihood."""
+"""``forward_backward``'s ``loss`` → (knobs, aggregation) → the policy loss: every
+``core.POLICY_LOSSES`` surrogate bound to the config's knobs (``surrogate``, as ``grpo``/``ppo``
+bind it), and ``sft``, the negative log-likelihood."""
 
 VALUE_LOSS = "value"
 """``forward_backward``'s loss that trains the critic alone (a ``ppo`` client; the update of
@@ -269,11 +278,18 @@ class TrainingClient:
             config = given_config(config, model, tokenizer, options, command)
         self.cfg = config
         seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
-        roles = replace(_algorithm(self.cfg, LOSSES["ppo"](self.cfg)), critic=_critic(self.cfg))
+        # the critic-free family's KL in the loss, when the config has one (grpo's)
+        self.kl_loss_type: str | None = getattr(config, "kl_loss_type", None)
+        policy_loss = LOSSES["ppo"](narrowed(PolicyLossSettings, config), config.aggregation)
+        # a ppo config's critic (``ppo.build``), none for grpo
+        critic = ppo.build(config).critic if isinstance(config, ppo.Config) else NoCritic.load
+        self.roles = replace(_algorithm(self.kl_loss_type, policy_loss), critic=critic)
         with objects.registered(objects.attached(self.cfg)):
-            self.models = load_models(self.cfg, roles)
+            self.models = load_models(self.cfg, self.roles)
         place_roles(self.models, WeightedRewards([], []), self.cfg.offload_frozen_roles)
-        self.optimizers = make_optimizers(self.cfg, self.models)
+        # what the stages the client calls read of its options, as the loop's run opens them
+        self.settings = run_settings(config, self.roles, self.models.critic)
+        self.optimizers = make_optimizers(self.settings.optimizing.learning_rate, self.models)
         self.optimization = Optimization.of(self.models, self.optimizers)
         self.generator = torch.Generator().manual_seed(self.cfg.seed)  # the minibatch order
         self.guard = NonFiniteGuard(self.cfg.max_consecutive_skips)
@@ -323,6 +339,8 @@ class TrainingClient:
         n = self.cfg.group_size if n is None else count(n, "n", where)
         logprobs = flag(logprobs, "logprobs", where)
         cfg = checked_config(type(self.cfg), {**sampling, "group_size": n}, where, self.cfg)
+        # the sample stage's record of this call's options
+        settings = run_settings(cfg, self.roles, self.models.critic).collecting.sampling
         tools = environment_tools(cfg.environment, cfg.tool_call_format)
         ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
         empty = next((i for i, row in enumerate(ids) if not row), None)
@@ -333,9 +351,7 @@ class TrainingClient:
             self.engine_behind = False
         self.models.actor.eval()
         with torch.no_grad(), cfg.autocast():
-            stage = sample(
-                SampleSettings.of(cfg), self.models, self.engine, examples, ids, logprobs
-            )
+            stage = sample(settings, self.models, self.engine, examples, ids, logprobs)
         return Rollout(stage)
 
     def read_rollouts(self, path: str | Path) -> Rollout:
@@ -343,7 +359,8 @@ class TrainingClient:
         checked against this tokenizer, ``group_size`` and the length limits), with their
         recorded log-probs as the sampler's, their recorded ``scores`` and (where rows give
         them) ``token_rewards``."""
-        rows = read_rollouts(path, self.tokenizer, limits_of(self.cfg, self.tokenizer))
+        limits = limits_of(self.settings.loop.recorded, self.tokenizer)
+        rows = read_rollouts(path, self.tokenizer, limits)
         device = next(self.models.actor.parameters()).device
         stage, scores, token_rewards = recorded_stage(rows, self.tokenizer, device)
         return Rollout(stage, scores, token_rewards)
@@ -386,7 +403,7 @@ class TrainingClient:
         scored = Scored(values, values, ended.cpu(), {}, None, token_rewards=token_rewards)
         correct = self.cfg.rollout_correction != "none"
         source = OldPolicySource.of_recorded(correct) if recorded else TRAINER_PASS
-        settings = PassSettings.of(self.cfg)
+        settings = self.settings.collecting.passes
         self.models.actor.eval()
         with torch.no_grad(), self.cfg.autocast():
             passes = forward_passes(settings, self.models, rollout.stage, scored, source)
@@ -466,7 +483,12 @@ class TrainingClient:
             )
         batch = self._checked_batch(batch, loss)
         train_policy = loss != VALUE_LOSS
-        policy_loss = _policy_loss(self.cfg, loss) if train_policy else LOSSES["ppo"](self.cfg)
+        knobs, aggregation = self.settings.policy_loss, self.settings.updating.aggregation
+        policy_loss = (
+            _policy_loss(loss, knobs, aggregation)
+            if train_policy
+            else LOSSES["ppo"](knobs, aggregation)
+        )
         # a named surrogate's choices over the whole batch (clip_cov's draw: from a generator
         # seeded by the client's, as the loop's update seeds it from the run's)
         named = (
@@ -474,9 +496,10 @@ class TrainingClient:
             if isinstance(loss, str) and loss in POLICY_LOSSES
             else None
         )
-        algo = _algorithm(self.cfg, policy_loss, None if named is None else step_selection(named))
+        selection = None if named is None else step_selection(named.policy_loss, knobs)
+        algo = _algorithm(self.kl_loss_type, policy_loss, selection)
         losses = Losses(
-            UpdateSettings.of(self.cfg, algo, self.models.critic),
+            self.settings.updating,
             algo,
             self.models,
             batch.prompt_ids.shape[1],
@@ -556,9 +579,11 @@ class TrainingClient:
             )
             for i in range(0, len(batch), size)
         ]
-        algo = _algorithm(self.cfg, LOSSES["ppo"](self.cfg))  # optim_step reads its settings only
+        # optim_step reads its settings only
+        ppo_loss = LOSSES["ppo"](self.settings.policy_loss, self.settings.updating.aggregation)
+        algo = _algorithm(self.kl_loss_type, ppo_loss)
         self._losses = Losses(
-            UpdateSettings.of(self.cfg, algo, self.models.critic),
+            self.settings.updating,
             algo,
             self.models,
             0,
@@ -689,8 +714,11 @@ def _preference_examples(rows: Sequence[dict[str, Any] | PreferenceExample]) -> 
     return preference_examples([Row(row, f"rows[{i}]") for i, row in enumerate(rows)], "pairs")
 
 
-def _policy_loss(cfg: OnlineConfig, loss: str | UserLoss) -> PolicyLoss:
-    """The policy loss ``loss`` names, or a user's callable returning a scalar."""
+def _policy_loss(
+    loss: str | UserLoss, knobs: PolicyLossSettings, aggregation: Aggregation
+) -> PolicyLoss:
+    """The policy loss ``loss`` names (bound to ``knobs`` and ``aggregation``), or a user's
+    callable returning a scalar."""
     if callable(loss):
         user = loss
 
@@ -704,21 +732,15 @@ def _policy_loss(cfg: OnlineConfig, loss: str | UserLoss) -> PolicyLoss:
             f"TrainingClient.forward_backward: loss: expected one of {', '.join(LOSSES)} or a "
             f"callable, got {loss!r}"
         )
-    return LOSSES[loss](cfg)
-
-
-def _critic(cfg: OnlineConfig) -> Any:
-    """The critic ``cfg`` trains: a ``ppo`` config's (``ppo.build``), none for ``grpo``."""
-    return ppo.build(cfg).critic if isinstance(cfg, ppo.Config) else NoCritic.load
+    return LOSSES[loss](knobs, aggregation)
 
 
 def _algorithm(
-    cfg: OnlineConfig, policy_loss: PolicyLoss, selection: StepSelection | None = None
+    kl_type: str | None, policy_loss: PolicyLoss, selection: StepSelection | None = None
 ) -> Algorithm:
     """The critic-free family's choices around ``policy_loss`` (and its ``selection`` over the
-    whole batch): the KL to the reference in the loss (``kl_loss_type``, as grpo's estimators
-    pay it) when the config has one."""
-    kl_type = getattr(cfg, "kl_loss_type", None)
+    whole batch): the KL to the reference in the loss (``kl_type``: the config's
+    ``kl_loss_type``, as grpo's estimators pay it) when the config has one."""
 
     def no_estimate(exp: Experience, kl_coef: float) -> tuple[Tensor, Tensor, Tensor]:
         raise ProxrlError("TrainingClient: advantages are the caller's to compute")

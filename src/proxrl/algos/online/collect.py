@@ -443,7 +443,7 @@ def micro_batch_passes(
             with_hidden=critic.needs_hidden,
             **truncation,
             packed=packed,
-            shared_prefix=settings.shared_prefix,
+            shared_prefix=settings.shares_prefix,
         )
         if not source.from_sampler:
             out["logprobs"] = at_least_float32(policy.logprobs)
@@ -460,12 +460,12 @@ def micro_batch_passes(
         ):
             out["ref_logprobs"], _ = frozen_pass(
                 ref, input_ids, attention_mask, P, temperature, truncation, packed,
-                shared_prefix=settings.shared_prefix,
+                shared_prefix=settings.shares_prefix,
             )  # fmt: skip
     if models.teacher is not None:  # on-policy distillation: the teacher scores the samples
         out["teacher_logprobs"], argmax = frozen_pass(
             models.teacher, input_ids, attention_mask, P, temperature, truncation, packed, True,
-            shared_prefix=settings.shared_prefix,
+            shared_prefix=settings.shares_prefix,
         )  # fmt: skip
         assert argmax is not None
         out["teacher_argmax"] = argmax

@@ -16,11 +16,26 @@ from typing import Any
 import torch
 
 from proxrl.algos.online.collect import RolloutBatch
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.prompts import PromptDraw, draw_prompts
 from proxrl.core import informative_groups
 from proxrl.data.batching import pad_to
 from proxrl.rollout.experience import Experience
+
+
+@dataclass(frozen=True)
+class DrawSettings:
+    """Which prompts an iteration samples (``prompts.draw_prompts``), and dynamic sampling's
+    rounds: the options of the same names, built when the run opens."""
+
+    rollout_batch_size: int  # prompts per draw (global)
+    group_size: int  # G responses per prompt
+    seed: int  # the schedule's permutations
+    dynamic_sampling: bool
+    max_sampling_rounds: int  # dynamic sampling's most rounds per iteration
+
+    def draw(self, n_prompts: int, index: int) -> PromptDraw:
+        """Batch ``index`` of the run's prompt schedule over ``n_prompts`` prompts."""
+        return draw_prompts(n_prompts, self.rollout_batch_size, index, self.seed, self.group_size)
 
 
 def concat_rollouts(parts: list[Experience], pad_id: int) -> Experience:
@@ -124,7 +139,7 @@ def without_truncated(experience: Experience) -> Experience:
 
 
 def dynamic_rollout(
-    cfg: OnlineConfig,
+    settings: DrawSettings,
     sample_round: Callable[[PromptDraw, dict[str, float]], tuple[Experience, list[str], dict]],
     n_prompts: int,
     pad_id: int,
@@ -139,14 +154,12 @@ def dynamic_rollout(
 
     Several processes: each round is gathered before the filter, so every rank drops the same
     groups (a group is whole on the rank that sampled it) and runs the same number of rounds."""
-    found = DynamicBatch(cfg.group_size, cfg.rollout_batch_size)
+    found = DynamicBatch(settings.group_size, settings.rollout_batch_size)
     completions: list[str] = []
     labels: list[int] = []  # the prompt index of every row sampled this iteration
     round_rows: list[dict[str, float]] = []
-    while not found.full and found.rounds < cfg.max_sampling_rounds:
-        prompts = draw_prompts(
-            n_prompts, cfg.rollout_batch_size, draw + found.rounds, cfg.seed, cfg.group_size
-        )
+    while not found.full and found.rounds < settings.max_sampling_rounds:
+        prompts = settings.draw(n_prompts, draw + found.rounds)
         round_timings: dict[str, float] = {}
         experience, texts, metrics = sample_round(prompts, round_timings)
         for key, value in round_timings.items():

@@ -15,7 +15,6 @@ from typing import Any
 
 from torch import Tensor
 
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.data.formats import PromptExample
 from proxrl.rollout.environment import (
     EnvironmentFactory,
@@ -45,19 +44,13 @@ def environment_tools(
 
 @dataclass(frozen=True)
 class EpisodeSettings:
-    """What a rollout's multi-turn episodes read of the run's options (``environment`` set)."""
+    """What a rollout's multi-turn episodes read of the run's options (``environment`` set;
+    built when the run opens, ``run_settings``: None without an environment, one sampled
+    response per row)."""
 
     environment: str  # module:factory of each episode's Environment
     tool_call_format: str  # how a model turn's tool calls are parsed
     limits: EpisodeLimits  # most model turns, most tokens after the prompt
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig) -> EpisodeSettings | None:
-        """None without an environment: one sampled response per row."""
-        if cfg.environment is None:
-            return None
-        limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
-        return cls(cfg.environment, cfg.tool_call_format, limits)
 
 
 def episode_row(prompt: PromptExample) -> dict[str, Any]:

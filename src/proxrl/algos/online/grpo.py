@@ -40,6 +40,7 @@ from proxrl.algos.online.launch import launch
 from proxrl.core import (
     KL_ESTIMATORS,
     REWARD_SCALES,
+    PolicyLossSettings,
     Registry,
     asymre_advantages,
     batch_whitened,
@@ -59,6 +60,7 @@ from proxrl.core import (
 )
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.vllm_sampler import EngineCache
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range, alias
 
@@ -350,6 +352,7 @@ KLLossChoice = KL_ESTIMATORS.choice()
 
 def build(cfg: Config) -> Algorithm:
     estimate = functools.partial(ESTIMATORS[cfg.estimator], EstimatorOptions.of(cfg))
+    knobs = narrowed(PolicyLossSettings, cfg)
 
     trait = functools.partial(ESTIMATORS.trait, cfg.estimator)
     if trait("policy_gradient"):  # on-policy: no ratio to clip
@@ -358,14 +361,14 @@ def build(cfg: Config) -> Algorithm:
             mask = mb.loss_mask.float()
             return policy_gradient_loss(logprobs, mb.advantages, mask, cfg.aggregation)
     else:
-        policy_loss = surrogate(cfg)
+        policy_loss = surrogate(cfg.policy_loss, knobs, cfg.aggregation)
     reinforce = trait("policy_gradient")
 
     return Algorithm(
         name=cfg.estimator,
         estimate=estimate,
         policy_loss=policy_loss,
-        step_selection=None if reinforce else step_selection(cfg),
+        step_selection=None if reinforce else step_selection(cfg.policy_loss, knobs),
         kl_loss=KL_ESTIMATORS[cfg.kl_loss_type] if trait("kl_in_loss") else None,
         needs_greedy=trait("needs_greedy"),
         combine_sources=_gdpo_combination(cfg.group_size) if trait("combines_sources") else None,

@@ -23,19 +23,20 @@ import json
 import logging
 import math
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from proxrl.algos.online.episodes import EpisodeSettings, sample_responses
+from proxrl.algos.online.episodes import EpisodeSettings, environment_tools, sample_responses
 from proxrl.algos.online.heldout_fields import FINAL_MODELS
-from proxrl.algos.online.samplers import sampling_settings
 from proxrl.data.batching import pad_left
 from proxrl.data.encoding import encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
+from proxrl.models.options import autocast
 from proxrl.rollout.engines import PolicySampling
+from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.rewards import (
     FunctionReward,
     RewardRole,
@@ -108,28 +109,52 @@ def load_eval_prompts(
     return [e for e, _ in kept], [ids for _, ids in kept]
 
 
+@dataclass(frozen=True)
+class HeldOutSettings:
+    """What the held-out evaluation reads of the run's options (the config's of the same
+    names), built when the run opens (``run_settings``; None without ``eval_data``)."""
+
+    eval_data: str  # the held-out prompts
+    eval_every: int  # evaluate every N iterations (0: only at the end)
+    eval_reward_fn: str | None  # the held-out metric (None: the training reward)
+    eval_batch_size: int  # held-out prompts per generation batch
+    early_stopping_patience: int | None
+    stop_on_reward_hacking: bool
+    final_model: str  # FINAL_MODELS' name
+    iterations: int  # the run's: the last one is always evaluated
+    max_prompt_length: int  # longer held-out prompts are dropped
+    seed: int  # a sampled evaluation's stream is seed-derived
+    mixed_precision: str  # the evaluation's autocast (models.options.autocast)
+    shares_prefix: bool  # a duplicated prompt is prefilled once
+    stop_strings: tuple[str, ...]  # (the sampler that honours them)
+    distribution: SamplingSettings  # the training's, greedy as eval_greedy says
+    episodes: EpisodeSettings | None  # multi-turn episodes (None: one response per prompt)
+
+
 class HeldOut:
     """The held-out evaluation of one run; ``step`` after every iteration, ``finish`` at the end."""
 
-    def __init__(self, cfg: Any, tokenizer: Any, rewards: RewardRole, output_dir: Path):
-        self.cfg = cfg
+    def __init__(
+        self, settings: HeldOutSettings, tokenizer: Any, rewards: RewardRole, output_dir: Path
+    ):
+        self.settings = settings
         self.rewards = rewards
+        metric = settings.eval_reward_fn
         try:
             self.metric = (
-                None
-                if cfg.eval_reward_fn is None
-                else FunctionReward(cfg.eval_reward_fn, load_reward_function(cfg.eval_reward_fn))
+                None if metric is None else FunctionReward(metric, load_reward_function(metric))
             )
         except ProxrlError as exc:
             raise ProxrlError(f"eval_reward_fn: {str(exc).removeprefix('reward_fn: ')}") from exc
-        from proxrl.algos.online.episodes import environment_tools  # (imports the config)
-
+        episodes = settings.episodes
         try:
             self.prompts, self.prompt_ids = load_eval_prompts(
-                cfg.eval_data,
+                settings.eval_data,
                 tokenizer,
-                cfg.max_prompt_length,
-                environment_tools(cfg.environment, cfg.tool_call_format),
+                settings.max_prompt_length,
+                None
+                if episodes is None
+                else environment_tools(episodes.environment, episodes.tool_call_format),
             )
         except ProxrlError as exc:
             raise ProxrlError(f"eval_data: {str(exc).removeprefix('eval_data: ')}") from exc
@@ -138,9 +163,10 @@ class HeldOut:
 
     @classmethod
     def create(
-        cls, cfg: Any, tokenizer: Any, rewards: RewardRole, output_dir: Path
+        cls, settings: HeldOutSettings | None, tokenizer: Any, rewards: RewardRole, output_dir: Path
     ) -> HeldOut | None:
-        return None if cfg.eval_data is None else cls(cfg, tokenizer, rewards, output_dir)
+        """None without ``eval_data`` (``settings`` None)."""
+        return None if settings is None else cls(settings, tokenizer, rewards, output_dir)
 
     # the checkpoint holds the decisions' history
     def state_dict(self) -> dict[str, Any]:
@@ -154,18 +180,17 @@ class HeldOut:
         return self.state.stopped_at > 0
 
     def due(self, done: int) -> bool:
-        every = self.cfg.eval_every
-        return done == self.cfg.iterations or bool(every and done % every == 0)
+        every = self.settings.eval_every
+        return done == self.settings.iterations or bool(every and done % every == 0)
 
     @torch.no_grad()
     def evaluate(self, models: Any, done: int) -> dict[str, float]:
         """Answer every held-out prompt once (a whole episode, with an environment) and score
         the answers."""
-        cfg, tokenizer, actor = self.cfg, models.tokenizer, models.actor
-        settings = replace(sampling_settings(cfg), greedy=cfg.eval_greedy)
+        held, tokenizer, actor = self.settings, models.tokenizer, models.actor
         # the built-in samplers of the policy itself, whichever engine the rollouts use
         engine = PolicySampling(
-            tokenizer, generate=bool(cfg.stop_strings), shared_prefill=cfg.shares_prefix
+            tokenizer, generate=bool(held.stop_strings), shared_prefill=held.shares_prefix
         )
         device = next(actor.parameters()).device
         was_training = actor.training
@@ -176,20 +201,20 @@ class HeldOut:
         # its own random stream: sampled evaluations leave the training's untouched (resume)
         with (
             torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-            cfg.autocast(),
+            autocast(held.mixed_precision),
         ):
-            torch.manual_seed(cfg.seed * 100_003 + done)
-            for start in range(0, len(self.prompt_ids), cfg.eval_batch_size):
-                ids = self.prompt_ids[start : start + cfg.eval_batch_size]
+            torch.manual_seed(held.seed * 100_003 + done)
+            for start in range(0, len(self.prompt_ids), held.eval_batch_size):
+                ids = self.prompt_ids[start : start + held.eval_batch_size]
                 with dist.gathered_for_generation(actor) as whole:
                     out = sample_responses(
-                        EpisodeSettings.of(cfg),
+                        held.episodes,
                         engine.sampler(whole),
                         tokenizer,
-                        self.prompts[start : start + cfg.eval_batch_size],
+                        self.prompts[start : start + held.eval_batch_size],
                         pad_left(ids, tokenizer.pad_token_id).to(device),
                         pad_left([[1] * len(r) for r in ids], 0).to(device),
-                        settings,
+                        held.distribution,
                         with_logprobs=False,
                     )
                     outputs.append(out)
@@ -212,7 +237,7 @@ class HeldOut:
         messages = [m for o in outputs for m in getattr(o, "messages", ())]  # episodes' turns
         columns = with_extras(columns, ids, self.rewards.trainer_state, messages or None)
         reward = self.rewards(self.prompts, completions, columns).total
-        if cfg.environment is not None:  # and each episode's reward from its environment
+        if held.episodes is not None:  # and each episode's reward from its environment
             reward = reward + torch.cat([out.scores for out in outputs])  # type: ignore[attr-defined]
         score = reward if self.metric is None else self.metric(self.prompts, completions, columns)
         return {
@@ -238,9 +263,9 @@ class HeldOut:
             if dist.is_main():
                 self.save_best(models, done, metrics["eval/score"], gathered)
         reason = stop_reason(
-            state, self.cfg.early_stopping_patience, self.cfg.stop_on_reward_hacking
+            state, self.settings.early_stopping_patience, self.settings.stop_on_reward_hacking
         )
-        if reason and done < self.cfg.iterations:
+        if reason and done < self.settings.iterations:
             state.stopped_at, state.reason = done, reason
             log.warning("early stop after iteration %d: %s", done, reason)
         return bool(state.stopped_at)
@@ -266,7 +291,7 @@ class HeldOut:
 
     def finish(self, output_dir: Path) -> None:
         """``final_model: best``: the output directory's policy becomes best/'s."""
-        best = FINAL_MODELS.trait(self.cfg.final_model, "best")
+        best = FINAL_MODELS.trait(self.settings.final_model, "best")
         if not best or not dist.is_main() or not self.best_dir.is_dir():
             return
         for path in self.best_dir.iterdir():

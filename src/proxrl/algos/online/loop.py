@@ -27,14 +27,16 @@ from proxrl.algos.online.collect import RolloutBatch, collect_rollout
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.dapo import dynamic_rollout, without_truncated
 from proxrl.algos.online.placement.base import Placement
-from proxrl.algos.online.prompts import PromptDraw, draw_prompts
+from proxrl.algos.online.prompts import PromptDraw
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollouts_file import recorded_rollout
 from proxrl.algos.online.run import OnlineRun, health_monitor, open_run
+from proxrl.algos.online.run_settings import LoopSettings
 from proxrl.algos.online.update import NAMESPACES, UpdateStep, update
 from proxrl.core import informative_groups
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import save_model
+from proxrl.models.options import autocast
 from proxrl.models.tokenizer import save_tokenizer
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.rewards import TrainerState
@@ -53,21 +55,23 @@ def train_online(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> di
     directory and chosen the placement (Ray's trainer actors call this too)."""
     # 1. Roles, prompts, output directory, optimizers, checkpoint, resume, engine.
     run = open_run(cfg, algo, placement)
+    settings = run.settings.loop
     health = health_monitor(run)
     done = run.start
-    end = run.start if run.held_out is not None and run.held_out.stopped else cfg.iterations
+    end = run.start if run.held_out is not None and run.held_out.stopped else settings.iterations
     # 2. Iterate; a stop signal ends an iteration with a checkpoint.
     stop = placement.stop()
     # An exception mid-run saves the last finished iteration (runtime.run: save_on_error).
     with run.context.running(
-        cfg.iterations, algo.name, run.start, stop, save_on_error=run.context.save_finished
+        settings.iterations, algo.name, run.start, stop, save_on_error=run.context.save_finished
     ) as context:
         for iteration in range(run.start, end):
             row, stop_early = run_iteration(run, iteration, health)
-            context.bar.update(1, **progress_figures(cfg, row))  # type: ignore[union-attr]
-            if context.stop_requested and iteration + 1 < cfg.iterations:
+            figures = progress_figures(settings.task_reward, row)
+            context.bar.update(1, **figures)  # type: ignore[union-attr]
+            if context.stop_requested and iteration + 1 < settings.iterations:
                 raise context.interrupted(run.save(iteration + 1))
-            if save_due(cfg, iteration + 1) and not stop_early:
+            if save_due(settings.save_every, settings.iterations, iteration + 1) and not stop_early:
                 run.save(iteration + 1)
             done = iteration + 1
             # the state is consistent: what a save on an exception writes (the data position)
@@ -83,17 +87,17 @@ def run_iteration(
 ) -> tuple[dict[str, float], bool]:
     """One iteration (0-based) in its stages; returns its metrics row and whether the run
     stops early (held-out patience)."""
-    cfg, algo, models = run.cfg, run.algo, run.models
+    settings, algo, models = run.settings.loop, run.algo, run.models
     started = time.perf_counter()
     learning_rate = run.context.learning_rate(iteration + 1)  # (sets this iteration's rates)
     timings: dict[str, float] = {}
     # 1. Rollout: sample → score → forward passes → gather (dynamic sampling: rounds, filter).
     models.actor.eval()
-    run.rewards.trainer_state = TrainerState(iteration, iteration + 1, cfg.iterations)
+    run.rewards.trainer_state = TrainerState(iteration, iteration + 1, settings.iterations)
     batch = rollout(run, iteration, timings)
     # 2. Advantages, once, over the rows that are trained on.
-    experience = estimate(algo, batch.experience, run.kl.value, cfg)
-    trained = without_truncated(experience) if cfg.mask_truncated else experience
+    experience = estimate(algo, batch.experience, run.kl.value, settings.distill)
+    trained = without_truncated(experience) if settings.mask_truncated else experience
     rollout_ok = inspect_rollout(run, experience, iteration)
     # 3. Update: the critic alone during warm-up, then both; the engine gets the new weights.
     train_policy = iteration >= models.critic.warmup_iterations
@@ -141,7 +145,7 @@ def iteration_metrics(
     groups whose scores were all equal, the update's stats in their namespaces (without a π_old
     pass objective/kl comes from the update) and the critic's view of the rollout."""
     row = batch.metrics | {"train/lr": learning_rate}  # the policy's (sft's name)
-    group_size = run.cfg.group_size
+    group_size = run.settings.loop.drawing.group_size
     if group_size > 1:
         constant = ~informative_groups(experience.scores, group_size)
         row["sampling/constant_groups"] = float(constant.sum())
@@ -156,11 +160,12 @@ def namespaced(stats: dict[str, float]) -> dict[str, float]:
     return {NAMESPACES.get(k, k if "/" in k else f"policy/{k}"): v for k, v in stats.items()}
 
 
-def progress_figures(cfg: OnlineConfig, row: dict[str, float]) -> dict[str, float]:
-    """What the progress bar (or line) shows of an iteration: the score (none without a task
-    reward: it is 0 throughout), the KL to the reference where it is tracked, with a teacher
-    the reverse KL to it and its loss (what distillation optimises), and the learning rate."""
-    figures = {"score": row["objective/scores"]} if cfg.task_reward else {}
+def progress_figures(task_reward: bool, row: dict[str, float]) -> dict[str, float]:
+    """What the progress bar (or line) shows of an iteration: the score (none without a
+    ``task_reward``: it is 0 throughout), the KL to the reference where it is tracked, with a
+    teacher the reverse KL to it and its loss (what distillation optimises), and the learning
+    rate."""
+    figures = {"score": row["objective/scores"]} if task_reward else {}
     for key, shown in PROGRESS_FIGURES.items():
         if key in row:
             figures[shown] = row[key]
@@ -179,17 +184,20 @@ PROGRESS_FIGURES = MappingProxyType(
 def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> RolloutBatch:
     """The rollout of ``iteration``: one batch of the prompt schedule, or dynamic sampling's
     rounds until enough informative groups are kept."""
-    cfg = run.cfg
-    if cfg.rollouts_file is not None:  # trajectories produced elsewhere
-        with cfg.autocast():
-            return recorded_rollout(cfg, run.collecting, run.models, run.kl.value, timings)
+    settings, collecting = run.settings.loop, run.settings.collecting
+    drawing = settings.drawing
+    if settings.recorded.rollouts_file is not None:  # trajectories produced elsewhere
+        with autocast(settings.mixed_precision):
+            return recorded_rollout(
+                settings.recorded, collecting, run.models, run.kl.value, timings
+            )
 
     def sample_round(
         draw: PromptDraw, round_timings: dict[str, float]
     ) -> tuple[Experience, list[str], dict[str, float]]:
-        with cfg.autocast():
+        with autocast(settings.mixed_precision):
             return collect_rollout(
-                run.collecting,
+                collecting,
                 run.algo,
                 run.models,
                 run.rewards,
@@ -201,12 +209,13 @@ def rollout(run: OnlineRun, iteration: int, timings: dict[str, float]) -> Rollou
             )
 
     n = len(run.prompts)
-    if cfg.dynamic_sampling:
+    if drawing.dynamic_sampling:
         pad_id = run.models.tokenizer.pad_token_id
-        batch = dynamic_rollout(cfg, sample_round, n, pad_id, timings, iteration + run.extra_rounds)
+        draw_index = iteration + run.extra_rounds
+        batch = dynamic_rollout(drawing, sample_round, n, pad_id, timings, draw_index)
         run.extra_rounds += batch.extra_rounds
         return batch
-    draw = draw_prompts(n, cfg.rollout_batch_size, iteration, cfg.seed, cfg.group_size)
+    draw = drawing.draw(n, iteration)
     experience, completions, metrics = sample_round(draw, timings)
     return RolloutBatch(experience, completions, draw.rows, metrics)
 
@@ -236,7 +245,7 @@ def train(
     stats: dict[str, float] = {}
     if rollout_ok:
         stats = update(
-            run.updating,
+            run.settings.updating,
             run.algo,
             run.train_models,
             trained,
@@ -260,7 +269,7 @@ def update_controllers(
     """β of the KL in the reward (proportional controller), PPO-Penalty's β, and the reference
     copied from the policy every ref_reset_every iterations; returns PPO-Penalty's new β as a
     metric (none without it)."""
-    settings, algo, models = run.controlling, run.algo, run.models
+    settings, algo, models = run.settings.controlling, run.algo, run.models
     metrics: dict[str, float] = {}
     if rollout_ok:  # the rollout's KL, or the update's where the rollout ran no π_old pass
         observed = (batch.metrics | stats).get("objective/kl", 0.0)
@@ -315,17 +324,18 @@ def warn_if_mostly_empty(run: OnlineRun, iteration: int, stats: dict[str, float]
         )
 
 
-def save_due(cfg: OnlineConfig, done: int) -> bool:
-    """A periodic checkpoint after ``done`` iterations (the last one is saved by ``finish``)."""
-    return bool(cfg.save_every) and done % cfg.save_every == 0 and done < cfg.iterations
+def save_due(save_every: int, iterations: int, done: int) -> bool:
+    """A periodic checkpoint after ``done`` of the run's ``iterations`` (every ``save_every``;
+    the last one is saved by ``finish``)."""
+    return bool(save_every) and done % save_every == 0 and done < iterations
 
 
 def write_samples_if_due(
     run: OnlineRun, iteration: int, batch: RolloutBatch, experience: Experience
 ) -> None:
-    cfg = run.cfg
-    due = cfg.sample_every and (
-        iteration % cfg.sample_every == 0 or iteration + 1 == cfg.iterations
+    settings: LoopSettings = run.settings.loop
+    due = settings.sample_every and (
+        iteration % settings.sample_every == 0 or iteration + 1 == settings.iterations
     )
     if due:
         prompts = batch.prompts or [run.prompts[i] for i in batch.rows]
@@ -335,7 +345,7 @@ def write_samples_if_due(
             prompts,
             batch.completions,
             experience.scores,
-            show=cfg.progress,
+            show=settings.progress,
         )
 
 

@@ -1,15 +1,34 @@
-"""Where a rollout's log π_old comes from, decided once when the run opens (``OldPolicySource``)
-and read by the rollout (which pass runs, what the sampler is asked for) and by the update
-(whether π_old is π at its start, whether it measures the sampler's mismatch)."""
+"""Where a rollout's log π_old comes from, decided once when the run opens
+(``OldPolicySource.decided``) and read by the rollout (which pass runs, what the sampler is
+asked for) and by the update (whether π_old is π at its start, whether it measures the
+sampler's mismatch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from proxrl.algos.online.algorithm import Algorithm
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.samplers import ENGINES
+
+
+@dataclass(frozen=True)
+class OldPolicyOptions:
+    """The options π_old's source is decided from (``OldPolicySource.decided``), the config's
+    of the same names, built when the run opens."""
+
+    sampler_logprobs: bool  # the sampler's log-probs are asked for
+    rollout_correction: str  # core.ROLLOUT_CORRECTIONS' name ("none": off)
+    rollouts_file: str | None  # trajectories produced elsewhere
+    async_rollout: bool  # the samples may lag the policy they train
+    sampler: str  # the engine (``samplers.ENGINES``)
+    skip_old_logprobs_pass: bool
+    ppo_epochs: int
+    mini_batch_size: int | None
+    responses_per_iteration: int
+    teacher_model: str | None
+    dynamic_sampling: bool
+    mask_truncated: bool
 
 
 @dataclass(frozen=True)
@@ -23,11 +42,11 @@ class OldPolicySource:
     # only to measure them against it (``Experience.sampler_logprobs``)
     recorded: bool = False  # the sampler's log-probs are a rollouts file's recorded numbers
     reused_by_update: bool = True  # the update's first step takes log π_old as π at its start
-    # (``update.UpdateSettings.old_is_trainers_pass``): see ``of`` for where this is narrower
-    # than ``not from_sampler``
+    # (``update.UpdateSettings.old_is_trainers_pass``): see ``decided`` for where this is
+    # narrower than ``not from_sampler``
 
     @classmethod
-    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> OldPolicySource:
+    def decided(cls, options: OldPolicyOptions, algo: Algorithm, critic: Critic) -> OldPolicySource:
         """A value head reads the pass's hidden state, so the pass runs anyway, and with
         sampler_logprobs alone its log-probs are π_old: the same weights sampled. Not under
         async_rollout: the batch was sampled by the policy one or more versions back, and the
@@ -49,21 +68,18 @@ class OldPolicySource:
         forward of its own for log π instead of reading log π_old; both are π at the update's
         start, their numbers equal to the forwards' round-off. Kept as it was: making it
         ``not from_sampler`` could move a selection's numbers in those two cases."""
-        correct = cfg.sampler_logprobs and cfg.rollout_correction != "none"
-        reused = not (cfg.sampler_logprobs and not correct) and cfg.rollouts_file is None
-        if cfg.rollouts_file is not None:
-            return replace(
-                cls.of_recorded(cfg.rollout_correction != "none"), reused_by_update=reused
-            )
-        behind = cfg.async_rollout  # the samples may lag the policy they train
-        own_kernels = ENGINES.trait(cfg.sampler, "own_kernels")
+        o = options
+        correct = o.sampler_logprobs and o.rollout_correction != "none"
+        reused = not (o.sampler_logprobs and not correct) and o.rollouts_file is None
+        if o.rollouts_file is not None:
+            return replace(cls.of_recorded(o.rollout_correction != "none"), reused_by_update=reused)
+        behind = o.async_rollout  # the samples may lag the policy they train
+        own_kernels = ENGINES.trait(o.sampler, "own_kernels")
         return cls(
-            from_sampler=cfg.sampler_logprobs
-            and (behind or not critic.needs_hidden)
-            and not correct,
+            from_sampler=o.sampler_logprobs and (behind or not critic.needs_hidden) and not correct,
             correct=correct,
-            forward_pass=old_logprobs_pass(cfg, algo, critic),
-            measured=own_kernels and not cfg.sampler_logprobs,
+            forward_pass=old_logprobs_pass(o, algo, critic),
+            measured=own_kernels and not o.sampler_logprobs,
             reused_by_update=reused,
         )
 
@@ -89,7 +105,7 @@ class OldPolicySource:
         return self.from_sampler and not self.recorded
 
 
-def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> bool:
+def old_logprobs_pass(options: OldPolicyOptions, algo: Algorithm, critic: Critic) -> bool:
     """Whether the rollout runs a forward pass of its own for log π_old. Without it the update
     takes π_old = π from its forward (detached: the ratio is exactly 1, approx-KL and clip
     fractions 0), which is the same update and the same logged numbers to round-off only where:
@@ -109,16 +125,17 @@ def old_logprobs_pass(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> boo
 
     The two forwards compute the same function of the weights: dropout is off in every model
     the loop loads (``models.causal_lm.disable_dropout``, LoRA dropout 0), so train() and eval()
-    agree, and both run under the same ``cfg.autocast()`` (under bf16 they agree to its
+    agree, and both run under the same autocast (``mixed_precision``) (under bf16 they agree to its
     rounding, as the pass itself would)."""
-    one_step = cfg.ppo_epochs == 1 and cfg.mini_batch_size == cfg.responses_per_iteration
+    o = options
+    one_step = o.ppo_epochs == 1 and o.mini_batch_size == o.responses_per_iteration
     return not (
-        cfg.skip_old_logprobs_pass
+        o.skip_old_logprobs_pass
         and one_step
-        and not cfg.sampler_logprobs
+        and not o.sampler_logprobs
         and algo.kl_loss is not None
-        and cfg.teacher_model is None
+        and o.teacher_model is None
         and not critic.needs_hidden
-        and not cfg.dynamic_sampling
-        and not cfg.mask_truncated
+        and not o.dynamic_sampling
+        and not o.mask_truncated
     )

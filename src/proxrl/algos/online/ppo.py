@@ -28,10 +28,11 @@ from proxrl.algos.online.algorithm import Algorithm, step_selection, surrogate
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import CRITICS, CriticSettings
 from proxrl.algos.online.launch import launch
-from proxrl.algos.online.micro_batches import packs
+from proxrl.algos.online.micro_batches import PassLayout, packs
 from proxrl.core import (
     AdaptiveKL,
     Aggregation,
+    PolicyLossSettings,
     aggregate_loss,
     gae,
     kl_k3,
@@ -46,6 +47,7 @@ from proxrl.core import (
 from proxrl.registry import AppliesWith, Registry
 from proxrl.rollout.experience import Experience
 from proxrl.rollout.vllm_sampler import EngineCache
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fields import Range
 
@@ -290,7 +292,9 @@ def build(cfg: Config) -> Algorithm:
     penalty = (
         AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
     )
-    policy_loss = PPO_SURROGATES[cfg.surrogate](cfg, surrogate(cfg), penalty)
+    knobs = narrowed(PolicyLossSettings, cfg)
+    clipped = surrogate(cfg.policy_loss, knobs, cfg.aggregation)
+    policy_loss = PPO_SURROGATES[cfg.surrogate](cfg, clipped, penalty)
     if positives is not None:
         policy_loss = positives.wrap(policy_loss)
     settings = CriticSettings(
@@ -300,7 +304,7 @@ def build(cfg: Config) -> Algorithm:
         warmup_iterations=cfg.critic_warmup_iterations,
         warmup_patience=cfg.critic_warmup_patience,
         source=cfg.critic_model,
-        packed=packs(cfg),
+        packed=packs(narrowed(PassLayout, cfg, prefix_off=cfg.prefix_off())),
         shared_prefix=cfg.shares_prefix,
         lora_r=cfg.lora_r if cfg.critic_lora_r is None else cfg.critic_lora_r,
         lora_alpha=cfg.lora_alpha or None,
@@ -311,7 +315,7 @@ def build(cfg: Config) -> Algorithm:
         policy_loss=policy_loss,
         critic=partial(CRITICS[cfg.critic], settings),
         penalty=penalty,
-        step_selection=step_selection(cfg),
+        step_selection=step_selection(cfg.policy_loss, knobs),
     )
 
 

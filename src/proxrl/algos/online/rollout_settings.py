@@ -1,18 +1,13 @@
-"""What the rollout's stages read of the run's options, built once when the run opens
-(``RolloutSettings.of``, in ``run.open_run``): each stage of ``collect`` takes its own record,
-not the config."""
+"""What the rollout's stages read of the run's options, built once when the run opens (by
+``run_settings.run_settings``, in ``run.open_run``): each stage of ``collect`` takes its own
+record, not the config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from proxrl.algos.online.algorithm import Algorithm
-from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import Critic
 from proxrl.algos.online.episodes import EpisodeSettings
-from proxrl.algos.online.micro_batches import token_budget
 from proxrl.algos.online.old_policy import OldPolicySource
-from proxrl.algos.online.samplers import sampling_settings
 from proxrl.rollout.generation import SamplingSettings
 
 
@@ -23,10 +18,6 @@ class SampleSettings:
     group_size: int  # G responses per prompt, consecutive
     distribution: SamplingSettings  # what is sampled, as the trainer's log-probs replay it
     episodes: EpisodeSettings | None  # multi-turn episodes (None: one response per row)
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig) -> SampleSettings:
-        return cls(cfg.group_size, sampling_settings(cfg), EpisodeSettings.of(cfg))
 
 
 @dataclass(frozen=True)
@@ -40,17 +31,6 @@ class ScoreShaping:
     max_new_tokens: int
     reward_clip: float  # clip to ±reward_clip (0: off)
 
-    @classmethod
-    def of(cls, cfg: OnlineConfig) -> ScoreShaping:
-        return cls(
-            cfg.no_stop_penalty,
-            cfg.no_stop_mode,
-            cfg.overlong_buffer,
-            cfg.overlong_penalty,
-            cfg.max_new_tokens,
-            cfg.reward_clip,
-        )
-
 
 @dataclass(frozen=True)
 class ScoreSettings:
@@ -61,16 +41,6 @@ class ScoreSettings:
     greedy: SampleSettings | None  # ReMax's baseline: each prompt's greedy decode, once per
     # group (None: the algorithm needs no baseline)
 
-    @classmethod
-    def of(cls, cfg: OnlineConfig, algo: Algorithm) -> ScoreSettings:
-        greedy = None
-        if algo.needs_greedy:
-            decode = SamplingSettings(
-                cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings
-            )
-            greedy = replace(SampleSettings.of(cfg), distribution=decode)
-        return cls(cfg.max_new_tokens, ScoreShaping.of(cfg), greedy)
-
 
 @dataclass(frozen=True)
 class PassSettings:
@@ -79,24 +49,12 @@ class PassSettings:
 
     micro_batch_size: int
     token_budget: int | None  # the micro-batch plan's max_tokens (micro_batches.token_budget)
-    shared_prefix: bool
+    shares_prefix: bool  # a group's prompt forwarded once where the plan allows it
     distribution: SamplingSettings  # the distribution sampled from, as the passes replay it
     rollout_correction: str  # core.ROLLOUT_CORRECTIONS' name (applied where π_old's source
     # says ``correct``)
     rollout_correction_low: float
     rollout_correction_cap: float
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig) -> PassSettings:
-        return cls(
-            cfg.micro_batch_size,
-            token_budget(cfg),
-            cfg.shares_prefix,
-            sampling_settings(cfg),
-            cfg.rollout_correction,
-            cfg.rollout_correction_low,
-            cfg.rollout_correction_cap,
-        )
 
     @property
     def packed(self) -> bool:
@@ -112,12 +70,3 @@ class RolloutSettings:
     scoring: ScoreSettings
     passes: PassSettings
     old_policy: OldPolicySource
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> RolloutSettings:
-        return cls(
-            SampleSettings.of(cfg),
-            ScoreSettings.of(cfg, algo),
-            PassSettings.of(cfg),
-            OldPolicySource.of(cfg, algo, critic),
-        )

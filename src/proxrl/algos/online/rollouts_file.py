@@ -44,7 +44,6 @@ import torch
 from torch import Tensor
 
 from proxrl.algos.online.collect import RolloutBatch, Sampled, Scored, evaluate, shaped_scores
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.episodes import responses_stopped
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollout_settings import RolloutSettings
@@ -71,6 +70,20 @@ class Limits:
     max_prompt_length: int
     max_new_tokens: int  # the response budget (Dr. GRPO's horizon is this)
     context: int | None = None  # the model's positions: prompt + response fit in them
+
+
+@dataclass(frozen=True)
+class RolloutsFile:
+    """What reading the run's rollouts file takes of its options (the config's of the same
+    names), built when the run opens."""
+
+    rollouts_file: str | None  # the file (None: the run samples its own)
+    model: str  # whose config gives the context every trajectory fits
+    trust_remote_code: bool
+    group_size: int  # rows per group
+    max_prompt_length: int
+    max_new_tokens: int
+    responses_per_iteration: int  # rollout_batch_size × group_size: the file's rows
 
 
 @dataclass
@@ -443,11 +456,11 @@ def this_ranks_rows(rows: list[Trajectory], group_size: int) -> list[Trajectory]
     return rows[dist.rank() * per_rank : (dist.rank() + 1) * per_rank]
 
 
-def limits_of(cfg: OnlineConfig, tokenizer: Any) -> Limits:
+def limits_of(file: RolloutsFile, tokenizer: Any) -> Limits:
     """The run's limits on a trajectory, the model's context read from its config."""
-    context = _context(cfg.model, cfg.trust_remote_code)
+    context = _context(file.model, file.trust_remote_code)
     return Limits(
-        len(tokenizer), cfg.group_size, cfg.max_prompt_length, cfg.max_new_tokens, context
+        len(tokenizer), file.group_size, file.max_prompt_length, file.max_new_tokens, context
     )
 
 
@@ -458,49 +471,49 @@ def _context(model: str, trust_remote_code: bool) -> int | None:
     return model_context(model, trust_remote_code)
 
 
-def validate_rollouts_file(cfg: OnlineConfig, tokenizer: Any = None) -> list[Trajectory]:
-    """The whole of ``cfg.rollouts_file`` through the schema (``iteration_rows``), against
-    ``cfg.model``'s tokenizer (loaded when not given) and context: for a check before any
+def validate_rollouts_file(file: RolloutsFile, tokenizer: Any = None) -> list[Trajectory]:
+    """The whole of ``file.rollouts_file`` through the schema (``iteration_rows``), against
+    ``file.model``'s tokenizer (loaded when not given) and context: for a check before any
     model loads; the run already reads the file so before its output directory is touched."""
     if tokenizer is None:
         from proxrl.models.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    return iteration_rows(cfg, tokenizer)
+        tokenizer = load_tokenizer(file.model, trust_remote_code=file.trust_remote_code)
+    return iteration_rows(file, tokenizer)
 
 
-def iteration_rows(cfg: OnlineConfig, tokenizer: Any) -> list[Trajectory]:
-    """``cfg.rollouts_file``'s trajectories, checked, ``rollout_batch_size × group_size`` of
+def iteration_rows(file: RolloutsFile, tokenizer: Any) -> list[Trajectory]:
+    """``file.rollouts_file``'s trajectories, checked, ``rollout_batch_size × group_size`` of
     them (the run's batch); the run reads them once before its output directory is touched,
     then each iteration."""
-    assert cfg.rollouts_file is not None
-    rows = read_rollouts(cfg.rollouts_file, tokenizer, limits_of(cfg, tokenizer))
-    if len(rows) != cfg.responses_per_iteration:
+    assert file.rollouts_file is not None
+    rows = read_rollouts(file.rollouts_file, tokenizer, limits_of(file, tokenizer))
+    if len(rows) != file.responses_per_iteration:
         raise ProxrlError(
-            f"rollouts_file: {cfg.rollouts_file} holds {len(rows)} trajectories; expected "
-            f"rollout_batch_size × group_size = {cfg.responses_per_iteration}"
+            f"rollouts_file: {file.rollouts_file} holds {len(rows)} trajectories; expected "
+            f"rollout_batch_size × group_size = {file.responses_per_iteration}"
         )
     return rows
 
 
 def recorded_rollout(
-    cfg: OnlineConfig,
+    file: RolloutsFile,
     settings: RolloutSettings,
     models: Models,
     kl_coef: float,
     timings: dict[str, float],
 ) -> RolloutBatch:
-    """The iteration's rollout from ``cfg.rollouts_file``, read afresh (a harness rewrites it
+    """The iteration's rollout from ``file.rollouts_file``, read afresh (a harness rewrites it
     between iterations), scored by its recorded rewards (then the shaping rules), evaluated
     by the loop's own forward passes; ``rollout_batch_size`` groups of ``group_size``. Several
     processes each evaluate their share of the groups, and the rollout is gathered."""
     tokenizer = models.tokenizer
-    rows = iteration_rows(cfg, tokenizer)
+    rows = iteration_rows(file, tokenizer)
     device = next(models.actor.parameters()).device
-    mine = this_ranks_rows(rows, cfg.group_size)
+    mine = this_ranks_rows(rows, file.group_size)
     sampled, raw, token_rewards = recorded_stage(mine, tokenizer, device)
     samples = sampled.samples
-    ended = responses_stopped(samples, tokenizer.eos_token_id, cfg.max_new_tokens).cpu()
+    ended = responses_stopped(samples, tokenizer.eos_token_id, file.max_new_tokens).cpu()
     lengths = samples.response_mask.sum(-1).cpu()
     scores = shaped_scores(settings.scoring.shaping, raw.clone(), ended, lengths)
     if token_rewards is not None:  # the shaping rules' change to the sum: at the last token

@@ -19,9 +19,8 @@ from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.micro_batches import prefix_note
 from proxrl.algos.online.placement.base import Placement
 from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
-from proxrl.algos.online.rollout_settings import RolloutSettings
 from proxrl.algos.online.rollouts_file import iteration_rows
-from proxrl.algos.online.update import UpdateSettings
+from proxrl.algos.online.run_settings import RunSettings, run_settings
 from proxrl.core import KL_CONTROLLERS, FixedKL
 from proxrl.data.formats import PromptExample, load_prompt_examples
 from proxrl.models.context import context_of
@@ -57,24 +56,11 @@ def check_run(cfg: OnlineConfig) -> None:
     run_context(cfg).check(cfg.iterations, "iteration", "--iterations")
 
 
-@dataclass(frozen=True)
-class ControllerSettings:
-    """What the controllers between iterations read of the run's options (``loop.
-    update_controllers``; β's controller itself is built from them once, ``OnlineRun.kl``)."""
-
-    samples_per_measure: int  # the responses behind each KL measurement (an iteration's)
-    ref_reset_every: int  # copy the policy into the reference every N iterations (0: never)
-
-    @classmethod
-    def of(cls, cfg: OnlineConfig) -> ControllerSettings:
-        return cls(cfg.responses_per_iteration, cfg.ref_reset_every)
-
-
 @dataclass
 class OnlineRun:
     """The state of one online run; every stage of an iteration reads it."""
 
-    cfg: OnlineConfig
+    settings: RunSettings  # each stage's record of the run's options, built when it opens
     algo: Algorithm
     models: Models  # as loaded: the rollout and the controllers read these
     train_models: Models  # the trained roles as the update runs them (FSDP-wrapped)
@@ -87,9 +73,6 @@ class OnlineRun:
     optimizers: list[torch.optim.Optimizer]  # the policy's, then the critic's
     kl: FixedKL  # β of the KL to the reference (fixed or proportional)
     generator: torch.Generator  # the minibatch order
-    collecting: RolloutSettings  # what the rollout stages read of the options, π_old's source
-    updating: UpdateSettings  # what the update stage reads of the options (the same source)
-    controlling: ControllerSettings  # what the controllers read of the options
     engine: RolloutEngine = field(init=False)
     start: int = 0  # the first iteration this process runs (a resumed run's restored count)
     extra_rounds: int = 0  # dynamic sampling's rounds past the first so far: the data position
@@ -108,9 +91,9 @@ class OnlineRun:
 
 
 def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> OnlineRun:
-    """1. seeds, roles, prompts (a bad input fails before the output directory is touched);
-    2. the output directory; 3. optimizers and what a checkpoint holds; 4. a resumed run
-    restored; 5. the engine started with the policy's weights."""
+    """1. seeds, roles, each stage's settings, prompts (a bad input fails before the output
+    directory is touched); 2. the output directory; 3. optimizers and what a checkpoint holds;
+    4. a resumed run restored; 5. the engine started with the policy's weights."""
     seed_everything(cfg.seed)
     # first, before any model loads: a reward function that does not import, or that needs a
     # column the prompt data lacks, is one line
@@ -121,17 +104,29 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     share_reward_model(cfg, models, rewards)  # the LoRA critic's base, when it is the same
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
-    prompts, prompt_ids = run_prompts(cfg, models)
-    held_out = HeldOut.create(cfg, models.tokenizer, rewards, Path(cfg.output_dir))
+    # π_old's source and the passes' layout decided once, read by the rollout and the update
+    settings = run_settings(cfg, algo, models.critic)
+    # the run's prompts, encoded and checked against the policy's context; none with a
+    # rollouts file (its rows bring their own: checked now, before the output directory)
+    prompts: list[PromptExample] = []
+    prompt_ids: list[list[int]] = []
+    if settings.loop.recorded.rollouts_file is not None:
+        iteration_rows(settings.loop.recorded, models.tokenizer)
+    else:
+        prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+        check_context(settings.collecting.scoring.max_new_tokens, models.actor, prompt_ids)
+    held_out = HeldOut.create(settings.held_out, models.tokenizer, rewards, Path(cfg.output_dir))
     if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
         dist.split_global(cfg.rollout_batch_size, "rollout_batch_size")
     context = run_context(cfg)
     context.prepare()
     context.write_config(cfg.iterations)
-    note = prefix_note(cfg)  # unset (on where it applies): said once where it cannot apply
+    # shared_prefix unset (on where it applies): said once where it cannot apply
+    note = prefix_note(settings.layout)
     if note is not None and dist.is_main():
         log.info("%s", note)
-    run = _with_optimizers(cfg, algo, models, rewards, prompts, prompt_ids, held_out, context)
+    place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
+    run = _with_optimizers(settings, algo, models, rewards, prompts, prompt_ids, held_out, context)
     _register_state(run)
     restored = context.start()
     if restored is not None:
@@ -141,35 +136,24 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     return run
 
 
-def run_prompts(cfg: OnlineConfig, models: Models) -> tuple[list[PromptExample], list[list[int]]]:
-    """The run's prompts, encoded, checked against the policy's context; none with a rollouts
-    file (its rows bring their own: checked now, before the output directory is touched)."""
-    if cfg.rollouts_file is not None:
-        iteration_rows(cfg, models.tokenizer)
-        return [], []
-    prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
-    check_context(cfg, models.actor, prompt_ids)
-    return prompts, prompt_ids
-
-
-def check_context(cfg: OnlineConfig, actor: nn.Module, prompt_ids: list[list[int]]) -> None:
+def check_context(max_new_tokens: int, actor: nn.Module, prompt_ids: list[list[int]]) -> None:
     """The longest prompt plus ``max_new_tokens`` must fit the policy's context: refused in
     one line before training (a longer sequence failed mid-run in a learned-position model,
     and ran past the trained positions of a rotary one)."""
     config = getattr(actor, "config", None)
     context = None if config is None else context_of(config)
     longest = max(len(ids) for ids in prompt_ids)
-    if context is not None and longest + cfg.max_new_tokens > context:
+    if context is not None and longest + max_new_tokens > context:
         raise ProxrlError(
             f"max_new_tokens: the longest prompt ({longest} tokens) + max_new_tokens "
-            f"({cfg.max_new_tokens}) = {longest + cfg.max_new_tokens} tokens is longer than the "
+            f"({max_new_tokens}) = {longest + max_new_tokens} tokens is longer than the "
             f"model's context ({context} positions): lower max_new_tokens, or max_prompt_length "
             "(longer prompts are dropped)"
         )
 
 
 def _with_optimizers(
-    cfg: OnlineConfig,
+    settings: RunSettings,
     algo: Algorithm,
     models: Models,
     rewards: RewardRole,
@@ -178,14 +162,13 @@ def _with_optimizers(
     held_out: HeldOut | None,
     context: Run,
 ) -> OnlineRun:
-    """The roles placed, the optimizers (their rates on the run's schedule) and controllers.
+    """The optimizers (their rates on the run's schedule) and controllers, the roles placed.
 
     Several processes: data parallel (DDP) keeps the plain modules, the update summing
     gradients over ranks itself once per optimizer step (critic_forward calls the backbone and
     head directly, past any wrapper's forward); FSDP shards the trained roles in place (launch
     config), the rollout gathering full weights to generate. Each rank samples with seed +
     rank."""
-    place_roles(models, rewards, offload_frozen=cfg.offload_frozen_roles)
     train_models = models
     if dist.world_size() > 1 and dist.is_sharded():
         train_models = replace(
@@ -193,28 +176,27 @@ def _with_optimizers(
             actor=dist.wrap_model(models.actor),
             critic=models.critic.wrapped(dist.wrap_model),
         )
-    optimizers = make_optimizers(cfg, models)
+    optimizing = settings.optimizing
+    optimizers = make_optimizers(optimizing.learning_rate, models)
     # lr_schedule linear: each rate decays to 0 over the iterations (1 − iteration / iterations)
-    context.schedule(optimizers, warmup_then_decay(cfg.iterations, 0, cfg.lr_schedule))
-    kl = KL_CONTROLLERS[cfg.kl_controller](cfg)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    schedule = warmup_then_decay(optimizing.iterations, 0, optimizing.lr_schedule)
+    context.schedule(optimizers, schedule)
+    kl = KL_CONTROLLERS[settings.controlling.kl_controller](settings.controlling)
+    generator = torch.Generator().manual_seed(optimizing.seed)
     if dist.world_size() > 1:
-        seed_everything(dist.sampler_seed(cfg.seed))
-    # π_old's source and the passes' layout decided once, read by the rollout and the update
-    collecting = RolloutSettings.of(cfg, algo, models.critic)
+        seed_everything(dist.sampler_seed(optimizing.seed))
     return OnlineRun(
-        cfg, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
-        context.output_dir, context, optimizers, kl, generator, collecting,
-        UpdateSettings.of(cfg, algo, models.critic, collecting), ControllerSettings.of(cfg),
+        settings, algo, models, train_models, rewards, prompts, prompt_ids, held_out,
+        context.output_dir, context, optimizers, kl, generator,
     )  # fmt: skip
 
 
-def make_optimizers(cfg: OnlineConfig, models: Models) -> list[torch.optim.Optimizer]:
-    """The policy's AdamW over its trainable weights, then the critic's optimizers (the
-    training client makes its own with it)."""
+def make_optimizers(learning_rate: float, models: Models) -> list[torch.optim.Optimizer]:
+    """The policy's AdamW over its trainable weights at ``learning_rate``, then the critic's
+    optimizers (the training client makes its own with it)."""
     actor_params = [p for p in models.actor.parameters() if p.requires_grad]
     return [
-        torch.optim.AdamW(actor_params, lr=cfg.learning_rate, weight_decay=0.0),
+        torch.optim.AdamW(actor_params, lr=learning_rate, weight_decay=0.0),
         *models.critic.optimizers(),
     ]
 
@@ -227,7 +209,9 @@ def _register_state(run: OnlineRun) -> None:
     context, models = run.context, run.models
     context.track(actor=TrainableWeights(models.actor))
     context.track(critic=models.critic.checkpoint_weights())  # None for the critic-free family
-    if run.controlling.ref_reset_every:  # a moving reference is state; a frozen one reloads
+    if (
+        run.settings.controlling.ref_reset_every
+    ):  # a moving reference is state; a frozen one reloads
         context.track(reference=models.reference)
     context.track(optimizers=run.optimizers, kl=run.kl, penalty=run.algo.penalty)
     context.track(generator=run.generator)

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
 from typing import Protocol
@@ -19,12 +19,11 @@ from torch import Tensor
 
 from proxrl.algos.online.algorithm import Algorithm, corrected
 from proxrl.algos.online.collect import mismatch_metrics, old_policy_metrics
-from proxrl.algos.online.config import OnlineConfig
-from proxrl.algos.online.critic import Critic, CriticGradient
+from proxrl.algos.online.critic import CriticGradient
 from proxrl.algos.online.distill_fields import DistillFields
 from proxrl.algos.online.mismatch import MismatchRecord
 from proxrl.algos.online.roles import Models
-from proxrl.algos.online.rollout_settings import PassSettings, RolloutSettings
+from proxrl.algos.online.rollout_settings import PassSettings
 from proxrl.core import DISTILL_LOSSES, DRAWING_LOSSES, Aggregation, entropy_bonus
 from proxrl.models.options import autocast
 from proxrl.rollout.experience import Experience
@@ -51,7 +50,8 @@ class UpdateStep:
 @dataclass(frozen=True)
 class UpdateSettings:
     """What the update stage reads of the run's options, built once when the run opens
-    (``of``): where π_old comes from is decided there, not at each step."""
+    (``run_settings.run_settings``): where π_old comes from is decided there, not at each
+    step."""
 
     ppo_epochs: int  # passes over the rollout batch
     responses_per_step: int  # rows of one optimizer step (a minibatch)
@@ -70,38 +70,6 @@ class UpdateSettings:
     old_is_trainers_pass: bool  # π_old is π at the update's start (the run's OldPolicySource:
     # ``reused_by_update``)
     measures_mismatch: bool  # π_old is the sampler's: measure it (``OldPolicySource``)
-
-    @classmethod
-    def of(
-        cls,
-        cfg: OnlineConfig,
-        algo: Algorithm,
-        critic: Critic,
-        rollout: RolloutSettings | None = None,
-    ) -> UpdateSettings:
-        """``rollout``: the run's rollout settings, whose π_old source and pass layout the
-        update reads (None: built here from the same options)."""
-        rollout = rollout or RolloutSettings.of(cfg, algo, critic)
-        source = rollout.old_policy
-        return cls(
-            ppo_epochs=cfg.ppo_epochs,
-            responses_per_step=cfg.responses_per_step,
-            mini_batch_size=cfg.mini_batch_size,
-            early_stop_kl=cfg.early_stop_kl,
-            aggregation=cfg.aggregation,
-            entropy_coef=cfg.entropy_coef,
-            max_grad_norm=cfg.max_grad_norm,
-            grad_accum=cfg.grad_accum,
-            max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-            passes=rollout.passes,
-            mixed_precision=cfg.mixed_precision,
-            policy_loss=cfg.policy_loss,
-            distill=DistillFields(**{f.name: getattr(cfg, f.name) for f in fields(DistillFields)})
-            if cfg.distills
-            else None,
-            old_is_trainers_pass=source.reused_by_update,
-            measures_mismatch=source.measures_mismatch,
-        )
 
 
 @dataclass(frozen=True)
@@ -647,7 +615,7 @@ def policy_output(
         **settings.passes.distribution.truncation,
         packed=settings.passes.packed,
         with_logits=with_logits,
-        shared_prefix=settings.passes.shared_prefix,
+        shared_prefix=settings.passes.shares_prefix,
     )
 
 
