@@ -93,26 +93,27 @@ class RunSettings:
 def run_settings(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> RunSettings:
     """The run's records from its config ``cfg``, ``algo`` and the
     loaded ``critic`` (whether it reads the pass's hidden state decides π_old's source)."""
-    n = narrowed
-    layout = n(PassLayout, cfg, prefix_off=cfg.prefix_off())
+    layout = narrowed(PassLayout, cfg, prefix_off=cfg.prefix_off())
     distribution = sampling_settings(cfg)
     episodes = None
     if cfg.environment is not None:
         limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)
-        episodes = n(EpisodeSettings, cfg, limits=limits)
-    sampling = n(SampleSettings, cfg, distribution=distribution, episodes=episodes)
+        episodes = narrowed(EpisodeSettings, cfg, limits=limits)
+    sampling = narrowed(SampleSettings, cfg, distribution=distribution, episodes=episodes)
     greedy = None
     if algo.needs_greedy:  # ReMax's baseline: the same sample stage, decoding greedily
         decode = SamplingSettings(cfg.max_new_tokens, greedy=True, stop_strings=cfg.stop_strings)
         greedy = replace(sampling, distribution=decode)
-    shaping = n(ScoreShaping, cfg)
-    passes = n(PassSettings, cfg, token_budget=token_budget(layout), distribution=distribution)
-    source = OldPolicySource.decided(n(OldPolicyOptions, cfg), algo, critic)
-    collecting = RolloutSettings(
-        sampling, n(ScoreSettings, cfg, shaping=shaping, greedy=greedy), passes, source
+    shaping = narrowed(ScoreShaping, cfg)
+    passes = narrowed(
+        PassSettings, cfg, token_budget=token_budget(layout), distribution=distribution
     )
-    distill = n(DistillFields, cfg) if cfg.distills else None
-    updating = n(
+    source = OldPolicySource.decided(narrowed(OldPolicyOptions, cfg), algo, critic)
+    collecting = RolloutSettings(
+        sampling, narrowed(ScoreSettings, cfg, shaping=shaping, greedy=greedy), passes, source
+    )
+    distill = narrowed(DistillFields, cfg) if cfg.distills else None
+    updating = narrowed(
         UpdateSettings,
         cfg,
         passes=passes,
@@ -120,25 +121,25 @@ def run_settings(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> RunSetti
         old_is_trainers_pass=source.reused_by_update,
         measures_mismatch=source.measures_mismatch,
     )
-    loop = n(
+    loop = narrowed(
         LoopSettings,
         cfg,
-        drawing=n(DrawSettings, cfg),
-        recorded=n(RolloutsFile, cfg),
+        drawing=narrowed(DrawSettings, cfg),
+        recorded=narrowed(RolloutsFile, cfg),
         distill=distill,
     )
-    controlling = n(ControllerSettings, cfg, samples_per_measure=cfg.responses_per_iteration)
+    controlling = narrowed(ControllerSettings, cfg, samples_per_measure=cfg.responses_per_iteration)
     held_out = None
     if cfg.eval_data is not None:  # the training's distribution, greedy as eval_greedy says
         evaluated = replace(distribution, greedy=cfg.eval_greedy)
-        held_out = n(HeldOutSettings, cfg, distribution=evaluated, episodes=episodes)
+        held_out = narrowed(HeldOutSettings, cfg, distribution=evaluated, episodes=episodes)
     return RunSettings(
         loop,
-        n(OptimizerSettings, cfg),
+        narrowed(OptimizerSettings, cfg),
         collecting,
         updating,
         controlling,
         layout,
-        n(PolicyLossSettings, cfg),
+        narrowed(PolicyLossSettings, cfg),
         held_out,
     )
