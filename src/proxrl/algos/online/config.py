@@ -363,7 +363,7 @@ class OnlineConfig(PolicyLossFields, OnlineRunFields):
     @property
     def shares_prefix(self) -> bool:
         """Whether the passes forward a group's prompt once wherever they can (shared_prefix
-        unset or true; ``micro_batches.prefix_off`` says where they cannot)."""
+        unset or true; ``prefix_off`` says where they cannot)."""
         return self.shared_prefix is not False
 
     def prefix_off(self) -> str | None:

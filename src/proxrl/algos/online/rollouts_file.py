@@ -22,7 +22,7 @@ null is an absent field), read through one schema, ``RolloutRow``; no other colu
 - optional ``response``: the response's text, checked against the tokenizer's decoding of
   ``response_ids`` (another tokenizer's ids are refused).
 
-The whole file is checked before a run's output directory is touched (``run.run_prompts``
+The whole file is checked before a run's output directory is touched (``run.open_run``
 reads it through ``iteration_rows``), and again each iteration it is read afresh. A bad line
 is refused with one line, ``file:line: field: expected …`` (a Parquet row: ``file:row N``, N
 counted from 0 as ``readers`` counts a data file's Parquet rows).
