@@ -279,16 +279,16 @@ class TrainingClient:
         self.cfg = config
         seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
         # the critic-free family's KL in the loss, when the config has one (grpo's)
-        self.kl_loss_type: str | None = getattr(config, "kl_loss_type", None)
+        self._kl_loss_type: str | None = getattr(config, "kl_loss_type", None)
         policy_loss = LOSSES["ppo"](narrowed(PolicyLossSettings, config), config.aggregation)
         # a ppo config's critic (``ppo.build``), none for grpo
         critic = ppo.build(config).critic if isinstance(config, ppo.Config) else NoCritic.load
-        self.roles = replace(_algorithm(self.kl_loss_type, policy_loss), critic=critic)
+        self._roles = replace(_algorithm(self._kl_loss_type, policy_loss), critic=critic)
         with objects.registered(objects.attached(self.cfg)):
-            self.models = load_models(self.cfg, self.roles)
+            self.models = load_models(self.cfg, self._roles)
         place_roles(self.models, WeightedRewards([], []), self.cfg.offload_frozen_roles)
         # what the stages the client calls read of its options, as the loop's run opens them
-        self.settings = run_settings(config, self.roles, self.models.critic)
+        self.settings = run_settings(config, self._roles, self.models.critic)
         self.optimizers = make_optimizers(self.settings.optimizing.learning_rate, self.models)
         self.optimization = Optimization.of(self.models, self.optimizers)
         self.generator = torch.Generator().manual_seed(self.cfg.seed)  # the minibatch order
@@ -340,7 +340,7 @@ class TrainingClient:
         logprobs = flag(logprobs, "logprobs", where)
         cfg = checked_config(type(self.cfg), {**sampling, "group_size": n}, where, self.cfg)
         # the sample stage's record of this call's options
-        settings = run_settings(cfg, self.roles, self.models.critic).collecting.sampling
+        settings = run_settings(cfg, self._roles, self.models.critic).collecting.sampling
         tools = environment_tools(cfg.environment, cfg.tool_call_format)
         ids = [encode_prompt_text(self.tokenizer, e.prompt, e.messages, tools) for e in examples]
         empty = next((i for i, row in enumerate(ids) if not row), None)
@@ -497,7 +497,7 @@ class TrainingClient:
             else None
         )
         selection = None if named is None else step_selection(named.policy_loss, knobs)
-        algo = _algorithm(self.kl_loss_type, policy_loss, selection)
+        algo = _algorithm(self._kl_loss_type, policy_loss, selection)
         losses = Losses(
             self.settings.updating,
             algo,
@@ -581,7 +581,7 @@ class TrainingClient:
         ]
         # optim_step reads its settings only
         ppo_loss = LOSSES["ppo"](self.settings.policy_loss, self.settings.updating.aggregation)
-        algo = _algorithm(self.kl_loss_type, ppo_loss)
+        algo = _algorithm(self._kl_loss_type, ppo_loss)
         self._losses = Losses(
             self.settings.updating,
             algo,
