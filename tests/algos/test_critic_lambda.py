@@ -13,6 +13,7 @@ import torch
 from proxrl.algos.online import ppo
 from proxrl.core import discounted_returns, gae, length_adaptive_lam, masked_whiten, shaped_rewards
 from proxrl.models.scalar_head import load_score_model
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.test_critic import experience
@@ -38,7 +39,7 @@ def rewards_of(cfg: ppo.Config, exp) -> torch.Tensor:
 def test_defaults_are_todays_estimator_exactly():
     """critic_lam None, no length-adaptive λ: one GAE at lam for both, bit for bit."""
     cfg, exp = config(), experience(8)
-    rewards, advantages, returns = ppo.gae_estimate(ppo.GAEOptions.of(cfg), exp, cfg.kl_coef)
+    rewards, advantages, returns = ppo.gae_estimate(narrowed(ppo.GAEOptions, cfg), exp, cfg.kl_coef)
     mask = exp.loss_mask.float()
     expected_a, expected_r = gae(rewards_of(cfg, exp), exp.values, mask, 1.0, 0.95)
     assert torch.equal(advantages, masked_whiten(expected_a, mask))
@@ -49,9 +50,9 @@ def test_critic_lam_one_gives_monte_carlo_value_targets_and_leaves_the_advantage
     """critic_lam 1: the returns are the reward-to-go (λ = 1 telescopes), the advantages those
     of lam 0.95, as the defaults give them."""
     exp = experience(8)
-    _, today, _ = ppo.gae_estimate(ppo.GAEOptions.of(config()), exp, 0.05)
+    _, today, _ = ppo.gae_estimate(narrowed(ppo.GAEOptions, config()), exp, 0.05)
     cfg = config(critic_lam=1.0)
-    rewards, advantages, returns = ppo.gae_estimate(ppo.GAEOptions.of(cfg), exp, 0.05)
+    rewards, advantages, returns = ppo.gae_estimate(narrowed(ppo.GAEOptions, cfg), exp, 0.05)
     mask = exp.loss_mask.float()
     assert torch.equal(advantages, today)
     torch.testing.assert_close(returns, discounted_returns(rewards, mask, 1.0))
@@ -66,12 +67,12 @@ def test_length_adaptive_lam_sets_each_responses_policy_lambda():
     lam = length_adaptive_lam(mask, 0.5)
     torch.testing.assert_close(lam, torch.tensor([0.6, 0.0, 0.5, 0.0]))
     cfg = config(length_adaptive_alpha=0.5, whiten_advantages=False)
-    rewards, advantages, returns = ppo.gae_estimate(ppo.GAEOptions.of(cfg), exp, 0.05)
+    rewards, advantages, returns = ppo.gae_estimate(narrowed(ppo.GAEOptions, cfg), exp, 0.05)
     expected_a, _ = gae(rewards, exp.values, mask, 1.0, lam)
     _, expected_r = gae(rewards, exp.values, mask, 1.0, 0.95)
     assert torch.equal(advantages, expected_a)
     assert torch.equal(returns, expected_r)
-    vapo = ppo.GAEOptions.of(config(length_adaptive_alpha=0.5, critic_lam=1.0))
+    vapo = narrowed(ppo.GAEOptions, config(length_adaptive_alpha=0.5, critic_lam=1.0))
     _, _, vapo_returns = ppo.gae_estimate(vapo, exp, 0.05)
     torch.testing.assert_close(vapo_returns, discounted_returns(rewards, mask, 1.0))
 

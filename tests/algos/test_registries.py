@@ -339,7 +339,7 @@ def test_estimators_by_hand(name):
     cfg = grpo.Config(**BASE, estimator=name, group_size=2)
     exp = _experience([1.0, 3.0, 0.0, 2.0], greedy=[0.5, 1.0])
     exp.combined_scores = exp.scores.clone()
-    _, advantages, _ = grpo.ESTIMATORS[name](grpo.EstimatorOptions.of(cfg), exp, 0.0)
+    _, advantages, _ = grpo.ESTIMATORS[name](narrowed(grpo.EstimatorOptions, cfg), exp, 0.0)
     expected = torch.tensor(ESTIMATOR_CASES[name])
     torch.testing.assert_close(advantages, expected[:, None].expand(4, 2), rtol=1e-6, atol=1e-7)
 
@@ -352,7 +352,9 @@ def test_group_estimators_on_ragged_rows(name):
     cfg = grpo.Config(**BASE, estimator=name, group_size=2, baseline_shift=0.5)
     exp = _experience([1.0, 0.0, 0.0, 0.0])
     exp.response_mask = torch.tensor([[1, 1], [1, 0], [1, 0], [1, 1]])
-    rewards, advantages, returns = grpo.ESTIMATORS[name](grpo.EstimatorOptions.of(cfg), exp, 0.0)
+    rewards, advantages, returns = grpo.ESTIMATORS[name](
+        narrowed(grpo.EstimatorOptions, cfg), exp, 0.0
+    )
     # maxrl: mean 1/2, (±1/2)/(1/2 + 1e-6); asymre: ±1/2 − 0.5; the constant group 0 | −0.5
     a = 0.5 / (0.5 + 1e-6)
     sequence = {"maxrl": [a, -a, 0.0, 0.0], "asymre": [0.0, -1.0, -0.5, -0.5]}[name]
@@ -383,7 +385,7 @@ def test_gdpo_combines_the_sources_when_scored_and_whitens_at_estimation():
     exp = _experience([1.0, 0.0, 1.0, 1.0])
     exp.response_mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]])
     exp.combined_scores = combined.float()
-    _, advantages, _ = grpo.ESTIMATORS["gdpo"](grpo.EstimatorOptions.of(cfg), exp, 0.0)
+    _, advantages, _ = grpo.ESTIMATORS["gdpo"](narrowed(grpo.EstimatorOptions, cfg), exp, 0.0)
     std = math.sqrt((2 * a * a + 2 * b * b) / 3)
     expected = torch.tensor([a, -a, b, -b]) / (std + 1e-6)
     torch.testing.assert_close(
@@ -395,7 +397,7 @@ def test_gdpo_needs_the_combined_scores():
     cfg = grpo.Config(**BASE, estimator="gdpo", group_size=2)
     with pytest.raises(ValueError, match="^gdpo: the rollout carries no combined_scores"):
         grpo.ESTIMATORS["gdpo"](
-            grpo.EstimatorOptions.of(cfg), _experience([1.0, 0.0, 1.0, 1.0]), 0.0
+            narrowed(grpo.EstimatorOptions, cfg), _experience([1.0, 0.0, 1.0, 1.0]), 0.0
         )
 
 
@@ -403,12 +405,12 @@ def test_maxrl_refuses_negative_rewards_naming_the_field():
     cfg = grpo.Config(**BASE, estimator="maxrl", group_size=2)
     with pytest.raises(ProxrlError, match=r"^reward_fn: maxrl takes rewards in \[0, 1\]; got -1 "):
         grpo.ESTIMATORS["maxrl"](
-            grpo.EstimatorOptions.of(cfg), _experience([1.0, -1.0, 0.0, 0.0]), 0.0
+            narrowed(grpo.EstimatorOptions, cfg), _experience([1.0, -1.0, 0.0, 0.0]), 0.0
         )
 
 
 def _options(**fields):
-    return grpo.EstimatorOptions.of(grpo.Config(**BASE, **fields))
+    return narrowed(grpo.EstimatorOptions, grpo.Config(**BASE, **fields))
 
 
 def test_the_old_scale_spelling_is_group():
@@ -424,7 +426,7 @@ def test_ppo_gae_estimate_by_hand():
     and δ + γλ·A = 0 + 0.5·s one token earlier; returns = A + V = A."""
     cfg = ppo.Config(**BASE, whiten_advantages=False, lam=0.5)
     rewards, advantages, returns = ppo.gae_estimate(
-        ppo.GAEOptions.of(cfg), _experience([1.0, 3.0]), 0.0
+        narrowed(ppo.GAEOptions, cfg), _experience([1.0, 3.0]), 0.0
     )
     torch.testing.assert_close(rewards, torch.tensor([[0.0, 1.0], [0.0, 3.0]]))
     torch.testing.assert_close(advantages, torch.tensor([[0.5, 1.0], [1.5, 3.0]]))

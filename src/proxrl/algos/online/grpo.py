@@ -133,7 +133,7 @@ class Config(OnlineConfig):
 @dataclass(frozen=True)
 class EstimatorOptions:
     """What the estimators read of the run's options, built once with the algorithm
-    (``build``); each estimator reads its own knobs of it."""
+    (``build``, ``narrowed`` from the config); each estimator reads its own knobs of it."""
 
     group_size: int  # G: a prompt's responses, consecutive rows
     kl_estimator: str  # the KL paid in the reward (core.KL_ESTIMATORS)
@@ -142,15 +142,9 @@ class EstimatorOptions:
     gamma: float  # reinforce_pp, reinforce_pp_baseline
     baseline_shift: float  # asymre
 
-    @classmethod
-    def of(cls, cfg: Config) -> EstimatorOptions:
-        return cls(
-            cfg.group_size,
-            cfg.kl_estimator,
-            canonical(cfg.scale_rewards, SCALE_REWARDS_ALIASES),
-            cfg.rank_weight,
-            cfg.gamma,
-            cfg.baseline_shift,
+    def __post_init__(self) -> None:  # the config keeps the spelling it was given ("std")
+        object.__setattr__(
+            self, "scale_rewards", canonical(self.scale_rewards, SCALE_REWARDS_ALIASES)
         )
 
 
@@ -351,7 +345,7 @@ KLLossChoice = KL_ESTIMATORS.choice()
 
 
 def build(cfg: Config) -> Algorithm:
-    estimate = functools.partial(ESTIMATORS[cfg.estimator], EstimatorOptions.of(cfg))
+    estimate = functools.partial(ESTIMATORS[cfg.estimator], narrowed(EstimatorOptions, cfg))
     knobs = narrowed(PolicyLossSettings, cfg)
 
     trait = functools.partial(ESTIMATORS.trait, cfg.estimator)

@@ -54,38 +54,41 @@ from proxrl.runtime.fields import Range
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
 
 
-def _clip(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+def _clip(aggregation: str, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
     return clipped
 
 
-def _penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+def _penalty(aggregation: str, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
     assert penalty is not None
 
     def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         mask = mb.loss_mask.float()
         return ppo_penalty_loss(
-            logprobs, mb.logprobs, mb.advantages, mask, penalty.value, cfg.aggregation
+            logprobs, mb.logprobs, mb.advantages, mask, penalty.value, aggregation
         )
 
     return loss
 
 
-def _clip_plus_penalty(cfg: Config, clipped: PolicyLoss, penalty: AdaptiveKL | None) -> PolicyLoss:
+def _clip_plus_penalty(
+    aggregation: str, clipped: PolicyLoss, penalty: AdaptiveKL | None
+) -> PolicyLoss:
     assert penalty is not None
 
     def loss(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
         total, stats = clipped(logprobs, mb)
         # β·KL(π_old‖π), k3 of r = π/π_old
-        kl = aggregate_loss(kl_k3(mb.logprobs, logprobs), mb.loss_mask.float(), cfg.aggregation)
+        kl = aggregate_loss(kl_k3(mb.logprobs, logprobs), mb.loss_mask.float(), aggregation)
         return total + penalty.value * kl, stats
 
     return loss
 
 
-PPO_SURROGATES: Registry[Callable[[Config, PolicyLoss, AdaptiveKL | None], PolicyLoss]] = Registry(
+PPO_SURROGATES: Registry[Callable[[str, PolicyLoss, AdaptiveKL | None], PolicyLoss]] = Registry(
     "surrogate"
 )
-"""``surrogate`` → (config, the clipped policy loss, PPO-Penalty's β or None) → the loss.
+"""``surrogate`` → (the loss aggregation, the clipped policy loss, PPO-Penalty's β or None) → the
+loss.
 Knobs: ``policy_loss`` (the clipped loss a surrogate builds on) and PPO-Penalty's."""
 PENALTY = ("penalty_beta", "penalty_target")
 PPO_SURROGATES.add("clip", _clip, "PPO-Clip (or the policy_loss chosen)", knobs=("policy_loss",))
@@ -195,7 +198,7 @@ SurrogateChoice = PPO_SURROGATES.choice()
 @dataclass(frozen=True)
 class GAEOptions:
     """What PPO's estimator reads of the run's options, built once with the algorithm
-    (``build``)."""
+    (``build``, ``narrowed`` from the config)."""
 
     kl_estimator: str  # the KL paid in the reward (core.KL_ESTIMATORS)
     whiten_rewards: bool
@@ -204,18 +207,6 @@ class GAEOptions:
     value_lam: float  # the value targets' λ (critic_lam, else lam)
     length_adaptive_alpha: float | None  # VAPO's length-adaptive λ (None: lam)
     whiten_advantages: bool
-
-    @classmethod
-    def of(cls, cfg: Config) -> GAEOptions:
-        return cls(
-            cfg.kl_estimator,
-            cfg.whiten_rewards,
-            cfg.gamma,
-            cfg.lam,
-            cfg.value_lam,
-            cfg.length_adaptive_alpha,
-            cfg.whiten_advantages,
-        )
 
 
 def gae_estimate(
@@ -288,13 +279,12 @@ def build(cfg: Config) -> Algorithm:
     positives = None
     if cfg.positive_nll_coef:
         positives = PositiveExamples(cfg.positive_nll_coef, cfg.positive_threshold, cfg.aggregation)
-    estimate = partial(gae_estimate, GAEOptions.of(cfg), positives=positives)
-    penalty = (
-        AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if "penalty" in cfg.surrogate else None
-    )
+    estimate = partial(gae_estimate, narrowed(GAEOptions, cfg), positives=positives)
+    penalised = "penalty_beta" in PPO_SURROGATES.knobs(cfg.surrogate)
+    penalty = AdaptiveKL(cfg.penalty_beta, cfg.penalty_target) if penalised else None
     knobs = narrowed(PolicyLossSettings, cfg)
     clipped = surrogate(cfg.policy_loss, knobs, cfg.aggregation)
-    policy_loss = PPO_SURROGATES[cfg.surrogate](cfg, clipped, penalty)
+    policy_loss = PPO_SURROGATES[cfg.surrogate](cfg.aggregation, clipped, penalty)
     if positives is not None:
         policy_loss = positives.wrap(policy_loss)
     settings = CriticSettings(
