@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from proxrl.algos.online import grpo  # noqa: E402
-from proxrl.algos.online.roles import load_models  # noqa: E402
+from proxrl.algos.online.roles import load_models, role_settings  # noqa: E402
 from proxrl.algos.online.update import UpdateStep, update  # noqa: E402
 from proxrl.models.tiny import build_tiny_lm  # noqa: E402
 from proxrl.rollout.experience import Experience  # noqa: E402
@@ -97,7 +97,7 @@ def timed_update(model: str, prompts: str, out: str, args: argparse.Namespace, o
     )
     algo = grpo.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     experience = rollout(models.actor, args.rows, args.tokens)
     params = [p for p in models.actor.parameters() if p.requires_grad]
 

@@ -45,7 +45,7 @@ from vs_trl import PROMPTS, SPREAD_LENGTHS, build_models  # noqa: E402
 from proxrl.algos.offline import dpo, sft  # noqa: E402
 from proxrl.algos.offline.loop import accumulate_gradients  # noqa: E402
 from proxrl.algos.online import grpo, ppo  # noqa: E402
-from proxrl.algos.online.roles import load_models  # noqa: E402
+from proxrl.algos.online.roles import load_models, role_settings  # noqa: E402
 from proxrl.algos.online.update import UpdateStep, update  # noqa: E402
 from proxrl.data.batching import (  # noqa: E402
     bucket_batches,
@@ -152,7 +152,7 @@ def online_cases(paths: dict[str, str], precision: str, work: Path) -> dict[str,
     cases: dict[str, Callable] = {}
     for name, (module, cfg) in configs.items():
         algo = module.build(cfg)
-        models = load_models(cfg, algo)
+        models = load_models(role_settings(cfg).models, algo)
         params = [p for p in models.actor.parameters() if p.requires_grad]
         optimizers = [torch.optim.AdamW(params, lr=1e-5)] + models.critic.optimizers()
         batch = experience(len(models.tokenizer))

@@ -158,10 +158,12 @@ def start(shape: Shape, path: str, root: Path) -> Any:
     for), started and warmed up here, both printed apart from every figure."""
     from vllm import SamplingParams
 
+    from proxrl.algos.online.roles import role_settings
     from proxrl.algos.online.samplers import engine_options
     from proxrl.rollout.vllm_sampler import start_engine
 
-    options = engine_options(iteration_config(shape, path, root, "grpo", "vllm"))
+    cfg = iteration_config(shape, path, root, "grpo", "vllm")
+    options = engine_options(role_settings(cfg).engine)
     started = time.perf_counter()
     engine = start_engine(options)
     print(f"[{shape.name}] vLLM engine start-up: {time.perf_counter() - started:.1f} s (once)")

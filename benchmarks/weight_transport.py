@@ -55,6 +55,7 @@ def main() -> None:
     from proxrl.algos.online import ppo
     from proxrl.algos.online.placement.ray_roles import EngineActor, EnginePool
     from proxrl.algos.online.placement.ray_weights import TRANSPORTS
+    from proxrl.algos.online.roles import role_settings
     from proxrl.models.causal_lm import load_causal_lm
 
     torch.set_num_threads(1)
@@ -64,8 +65,11 @@ def main() -> None:
         shape = SHAPES[name]
         path, params = build(shape, root)
         cfg = ppo.Config(model=path, prompts="unused.jsonl", dtype="float32", placement="ray")
+        roles = role_settings(cfg)
         engines = [
-            ray.remote(EngineActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+            ray.remote(EngineActor)
+            .options(num_cpus=0.25)
+            .remote(list(sys.path), roles.models, roles.engine)
             for _ in range(args.engines)
         ]
         assert all(error is None for error in ray.get([e.ready.remote() for e in engines]))

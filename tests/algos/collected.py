@@ -7,6 +7,7 @@ from typing import Any
 
 from proxrl.algos.online import samplers
 from proxrl.algos.online.collect import collect_rollout
+from proxrl.algos.online.roles import role_settings
 from proxrl.algos.online.run_settings import run_settings
 
 
@@ -23,7 +24,7 @@ def rollout_of(
 ) -> tuple[Any, list[str], dict[str, float]]:
     """``collect.collect_rollout`` with ``cfg``'s settings and, unless given, its engine
     (``samplers.make_engine``, looked up when called: a test may replace it)."""
-    engine = engine or samplers.make_engine(cfg, models.tokenizer)
+    engine = engine or samplers.make_engine(role_settings(cfg).engine, models.tokenizer)
     settings = run_settings(cfg, algo, models.critic).collecting
     return collect_rollout(
         settings, algo, models, rewards, prompts, prompt_ids, kl_coef, timings, engine

@@ -16,6 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from proxrl.algos.offline import sft
 from proxrl.algos.online import grpo
+from proxrl.algos.online.roles import role_settings
 from proxrl.models.context import model_context
 from proxrl.models.tiny import build_tiny_tokenizer
 from proxrl.runtime.errors import ProxrlError
@@ -106,7 +107,7 @@ def test_grpo_refuses_a_prompt_and_response_longer_than_the_context(
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     cfg = small(grpo.Config, gpt2_lm, str(prompts), tmp_path / "out", iterations=1,
                 rollout_batch_size=3, mini_batch_size=3)  # fmt: skip
-    _, ids = load_prompts(cfg, load_tokenizer(gpt2_lm))
+    _, ids = load_prompts(role_settings(cfg).prompts, load_tokenizer(gpt2_lm))
     longest = max(len(i) for i in ids)
     assert min(len(i) for i in ids) < longest < CONTEXT
     over = replace(cfg, max_new_tokens=CONTEXT - longest + 1)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import ppo
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import AGGREGATIONS
@@ -33,7 +33,7 @@ def _step(tiny_lm: str, prompts: str, out: Path, grad_accum: int, **overrides) -
     cfg = _config(ppo, tiny_lm, prompts, out, grad_accum, **overrides)
     algo = ppo.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     params = [p for p in models.actor.parameters() if p.requires_grad]
     params += list(models.critic.parameters())
     before = [p.detach().clone() for p in params]

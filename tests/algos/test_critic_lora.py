@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.critic import CriticSettings, SeparateCritic
+from proxrl.algos.online.roles import role_settings
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.forward import critic_forward
@@ -51,7 +52,8 @@ def config(tiny_lm: str, prompts: str, out: Path, **overrides: object) -> ppo.Co
 def load_critic(tiny_lm: str, lora_r: int) -> SeparateCritic:
     settings = CriticSettings(learning_rate=1e-2, vf_coef=1.0, value_clip=None, lora_r=lora_r)
     cfg = ppo.Config(model=tiny_lm, prompts="unused.jsonl", reward_fn=("m:f",))
-    return SeparateCritic.load(settings, cfg, torch.nn.Identity(), load_tokenizer(tiny_lm))
+    models = role_settings(cfg).models
+    return SeparateCritic.load(settings, models, torch.nn.Identity(), load_tokenizer(tiny_lm))
 
 
 def test_a_lora_critic_trains_only_its_adapters_and_head(tiny_lm):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.models.scalar_head import load_score_model, score_head
 from proxrl.runtime.errors import ProxrlError
 
@@ -46,7 +46,7 @@ def config(module, tiny_lm, prompts, out: Path, **overrides):
 
 
 def critic_weights(cfg) -> dict[str, torch.Tensor]:
-    models = load_models(cfg, ppo.build(cfg))
+    models = load_models(role_settings(cfg).models, ppo.build(cfg))
     return {k: v.detach().clone() for k, v in models.critic.module.state_dict().items()}
 
 
@@ -127,7 +127,7 @@ def test_an_adapter_directory_as_critic_start_is_its_base_with_the_adapter_merge
                 param.add_(0.1)
     adapted.save_pretrained(tmp_path / "adapter")
     cfg = config(ppo, tiny_lm, prompts, tmp_path / "r", critic_model=str(tmp_path / "adapter"))
-    critic = load_models(cfg, ppo.build(cfg)).critic.module
+    critic = load_models(role_settings(cfg).models, ppo.build(cfg)).critic.module
     ids = torch.tensor([[3, 4, 5, 6, 7]])
     with torch.no_grad():
         expected = adapted.get_base_model().model(input_ids=ids).last_hidden_state

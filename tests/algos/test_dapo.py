@@ -16,7 +16,7 @@ from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.dapo import without_truncated
 from proxrl.algos.online.prompts import prompt_order
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import overlong_penalty
@@ -134,10 +134,10 @@ def test_dynamic_sampling_needs_groups(tiny_lm, prompts, tmp_path):
 
 def _rollout(cfg):
     algo = (ppo if isinstance(cfg, ppo.Config) else grpo).build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     experience, _, row = rollout_of(
-        cfg, algo, models, load_rewards(cfg), examples, ids, cfg.kl_coef, {}
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples, ids, cfg.kl_coef, {}
     )
     return cfg, algo, models, estimate(algo, experience, cfg.kl_coef), row
 

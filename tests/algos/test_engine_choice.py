@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import make_engine
 from proxrl.rollout.engines import PolicySampling
@@ -61,7 +61,7 @@ def test_vllm_with_stop_strings_is_refused_not_replaced(tiny_lm, prompts, tmp_pa
     out = tmp_path / "run"
     cfg = _config(grpo, tiny_lm, prompts, out, sampler="vllm", stop_strings=("\n",))
     with pytest.raises(ProxrlError, match="stop_strings: sampler vllm") as refused:
-        make_engine(cfg, tokenizer=None)
+        make_engine(role_settings(cfg).engine, tokenizer=None)
     assert "\n" not in str(refused.value)
     with pytest.raises(ProxrlError, match="vllm"):
         grpo.train(cfg)
@@ -98,20 +98,20 @@ def test_async_value_head_takes_pi_old_from_the_engine(tiny_lm, prompts, tmp_pat
         ppo, tiny_lm, prompts, tmp_path, critic="head", sampler_logprobs=True, async_rollout=True
     )
     algo = ppo.build(cfg)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     source = run_settings(cfg, algo, models.critic).collecting.old_policy
     assert source.from_sampler and not source.correct
     stale = copy.deepcopy(models.actor)
     with torch.no_grad():  # the policy moves on after the batch was launched
         for p in models.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     n = cfg.rollout_batch_size
     experience, _, _ = rollout_of(
         cfg,
         algo,
         models,
-        load_rewards(cfg),
+        load_rewards(role_settings(cfg).rewards),
         examples[:n],
         ids[:n],
         0.05,

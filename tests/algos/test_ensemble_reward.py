@@ -13,7 +13,7 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.critic import critic_start
-from proxrl.algos.online.roles import load_rewards
+from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import load_score_model, store_score_normalization
 from proxrl.models.tokenizer import load_tokenizer
@@ -63,7 +63,7 @@ def test_the_ensemble_is_one_source_scoring_standardised_members(members, combin
         reward_ensemble=combination,
         reward_ensemble_std_coef=0.5,
     )
-    rewards = load_rewards(cfg)
+    rewards = load_rewards(role_settings(cfg).rewards)
     (source,) = rewards.sources
     assert isinstance(source, EnsembleReward)
     scored = rewards(PROMPTS, COMPLETIONS, {})
@@ -79,7 +79,8 @@ def test_the_ensemble_is_one_source_scoring_standardised_members(members, combin
 
 
 def test_one_reward_model_keeps_its_own_units(members):
-    (source,) = load_rewards(grpo.Config(model="m", prompts="p", reward_model=members[1])).sources
+    cfg = grpo.Config(model="m", prompts="p", reward_model=members[1])
+    (source,) = load_rewards(role_settings(cfg).rewards).sources
     assert isinstance(source, RewardModelReward)  # no standardisation: the demo's numbers
 
 
@@ -92,7 +93,7 @@ def test_reward_weights_count_the_ensemble_once(members):
 
 def test_a_critic_starts_from_the_first_member(members):
     cfg = ppo.Config(model="policy", prompts="p", reward_model=tuple(members[::-1]))
-    assert critic_start(None, cfg) == members[2]
+    assert critic_start(None, cfg.model, cfg.reward_model) == members[2]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_a_member_trained_elsewhere_is_calibrated_on_its_first_batch(members, ba
     0, std 1 once standardised), logged; later batches use the same ones, and a fresh ensemble
     given the saved state scores them as the first one does (not calibrated anew)."""
     cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], bare))
-    rewards = load_rewards(cfg)
+    rewards = load_rewards(role_settings(cfg).rewards)
     (ensemble,) = rewards.sources
     raw = RewardModelReward(load_score_model(bare).eval(), load_tokenizer(bare))
     first = raw(PROMPTS, COMPLETIONS, {}).double()
@@ -131,11 +132,13 @@ def test_a_member_trained_elsewhere_is_calibrated_on_its_first_batch(members, ba
     assert parts["reward/reward_model_1"] == pytest.approx(second.mean().item(), abs=1e-6)
     assert parts["reward/reward_model_1_calibrated_std"] == pytest.approx(std, rel=1e-6)
 
-    resumed = load_rewards(cfg)
+    resumed = load_rewards(role_settings(cfg).rewards)
     resumed.sources[0].load_state_dict(ensemble.state_dict())
     again = resumed(PROMPTS_2, BATCH_2, {}).total
     torch.testing.assert_close(again, total, rtol=0, atol=0)
-    fresh = load_rewards(cfg)(PROMPTS_2, BATCH_2, {}).total  # calibrated on this batch instead
+    fresh = load_rewards(role_settings(cfg).rewards)(
+        PROMPTS_2, BATCH_2, {}
+    ).total  # calibrated on this batch instead
     assert not torch.allclose(fresh, total, atol=1e-3)
 
 
@@ -149,7 +152,7 @@ def test_a_member_whose_reward_std_is_not_a_positive_number_is_refused(members, 
     config.save_pretrained(odd)
     cfg = grpo.Config(model="m", prompts="p", reward_model=(members[0], str(odd)))
     with pytest.raises(ProxrlError, match=f"reward_model: {odd} has reward_std -2.0 in its"):
-        load_rewards(cfg)
+        load_rewards(role_settings(cfg).rewards)
 
 
 def test_a_run_resumed_after_calibration_scores_as_the_uninterrupted_one(

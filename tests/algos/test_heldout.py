@@ -18,7 +18,7 @@ from proxrl.algos.online.heldout import (
     evaluations_without_improvement,
     stop_reason,
 )
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.killed_runs import comparable, sigkill_after_first_checkpoint
@@ -105,7 +105,7 @@ def test_evaluation_samples_as_shared_prefix_says(tiny_lm, prompts, tmp_path, mo
     for flag in (False, True):
         _, cfg = heldout_run(tiny_lm, prompts, tmp_path / str(flag), shared_prefix=flag)
         algo = ppo.build(cfg)
-        models = load_models(cfg, algo)
+        models = load_models(role_settings(cfg).models, algo)
         settings = run_settings(cfg, algo, models.critic).held_out
         held_out = heldout.HeldOut.create(settings, models.tokenizer, None, tmp_path)
         with pytest.raises(StopIteration):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo, ppo
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import AGGREGATIONS, POLICY_LOSSES
@@ -102,7 +102,7 @@ def _step(module, tiny_lm, prompts, tmp_path, grad_accum, with_stats=False, **ov
     cfg = _config(module, tiny_lm, prompts, tmp_path, grad_accum, **overrides)
     algo = module.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     params = [p for p in models.actor.parameters() if p.requires_grad]
     params += list(models.critic.parameters())
     before = [p.detach().clone() for p in params]

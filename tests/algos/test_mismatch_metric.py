@@ -22,7 +22,7 @@ import torch
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.placement import base
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.algos.online.update import (
@@ -55,8 +55,8 @@ def noisy_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
     sampler's own numbers) to its log-probs at the valid tokens."""
     make_engine = base.make_engine
 
-    def noisy(cfg, tokenizer, engines=None):
-        engine = make_engine(cfg, tokenizer, engines)
+    def noisy(settings, tokenizer, engines=None):
+        engine = make_engine(settings, tokenizer, engines)
         plain = engine.sampler
 
         class Noisy:
@@ -183,9 +183,9 @@ def test_only_the_first_optimizer_step_is_measured(tiny_lm, prompts, tmp_path):
     )
     algo = grpo.build(cfg)
     torch.manual_seed(0)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
-    rewards = load_rewards(cfg)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
+    rewards = load_rewards(role_settings(cfg).rewards)
     experience, _, _ = rollout_of(cfg, algo, models, rewards, examples[:2], ids[:2], 0.0, {})
     mask = experience.loss_mask
     noise = 0.2 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
@@ -232,7 +232,7 @@ class NoisyRecording:
     valid tokens, as ``noisy_sampler``, and keeps what it returned."""
 
     def __init__(self, cfg, tokenizer):
-        self.engine, self.samples = make_engine(cfg, tokenizer), []
+        self.engine, self.samples = make_engine(role_settings(cfg).engine, tokenizer), []
 
     def sampler(self, model):
         plain, samples = self.engine.sampler(model), self.samples
@@ -273,11 +273,19 @@ def test_an_engine_of_its_own_is_measured_against_the_trainers_pass(
     )
     algo = grpo.build(cfg)
     torch.manual_seed(0)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     engine = NoisyRecording(cfg, models.tokenizer)
     experience, _, metrics = rollout_of(
-        cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.0, {}, engine
+        cfg,
+        algo,
+        models,
+        load_rewards(role_settings(cfg).rewards),
+        examples[:2],
+        ids[:2],
+        0.0,
+        {},
+        engine,
     )
     (sampled,) = engine.samples
     assert sampled.logprobs is not None  # asked for, though sampler_logprobs is off

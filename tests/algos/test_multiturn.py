@@ -13,7 +13,7 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import Losses, UpdateStep, terms, update
 from proxrl.core import masked_mean
@@ -240,10 +240,12 @@ def test_budget_and_max_turns_end_episodes_and_are_counted(tiny_lm):
 
 def _rollout(cfg, config_module):
     algo = config_module.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     torch.manual_seed(0)
-    experience, _, row = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.1, {})
+    experience, _, row = rollout_of(
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples, ids, 0.1, {}
+    )
     return algo, models, estimate(algo, experience, 0.1), row
 
 

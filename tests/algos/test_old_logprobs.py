@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.old_policy import OldPolicyOptions, old_logprobs_pass
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.rollout.experience import Experience
@@ -109,7 +109,7 @@ def _step(module, cfg, optimizer: str, without_old: bool):
     """(weights after one step − before, flattened; the update's stats)."""
     algo = module.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     params = [p for p in models.actor.parameters() if p.requires_grad]
     params += list(models.critic.parameters())
     before = [p.detach().clone() for p in params]
@@ -207,7 +207,7 @@ def test_which_configurations_skip_the_pass(module, overrides, skipped, tiny_lm,
     cfg = _config(module, tiny_lm, prompts, tmp_path, **overrides)
     cfg.validate()
     algo = module.build(cfg)
-    critic = load_models(cfg, algo).critic
+    critic = load_models(role_settings(cfg).models, algo).critic
     assert old_logprobs_pass(narrowed(OldPolicyOptions, cfg), algo, critic) is not skipped
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.core import value_loss
@@ -139,9 +139,9 @@ def test_reference_and_reward_model_stay_bit_identical(tiny_lm, prompts, reward_
         critic_learning_rate=1e-3,
     )
     algo = ppo.build(cfg)
-    models = load_models(cfg, algo)
-    rewards = load_rewards(cfg)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    rewards = load_rewards(role_settings(cfg).rewards)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     before = {
         name: _state(m)
         for name, m in (
@@ -214,9 +214,11 @@ def test_tokens_after_the_stop_change_no_loss(tiny_lm, prompts, tmp_path):
         critic_learning_rate=1e-3,
     )
     algo = ppo.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
+    experience, _, _ = rollout_of(
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples, ids, 0.05, {}
+    )
     experience = estimate(algo, experience, 0.05)
     experience.response_mask[::2, 5:] = 0  # force stops so every other row has masked tokens
     noise = torch.randint(3, len(models.tokenizer), experience.response_ids.shape)
@@ -465,9 +467,11 @@ def test_sampler_logprobs_match_the_forward_pass(tiny_lm, prompts, tmp_path):
         ppo.Config, tiny_lm, prompts, tmp_path, temperature=0.7, sampler_logprobs=True, group_size=2
     )
     algo = ppo.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
-    experience, _, _ = rollout_of(cfg, algo, models, load_rewards(cfg), examples, ids, 0.05, {})
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
+    experience, _, _ = rollout_of(
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples, ids, 0.05, {}
+    )
     with torch.no_grad():
         fresh = policy_forward(
             models.actor,
@@ -613,7 +617,7 @@ def test_grpo_without_kl_tracking_loads_no_reference(tiny_lm, prompts, tmp_path)
         track_kl=False,
         sampler_logprobs=True,
     )
-    assert load_models(cfg, grpo.build(cfg)).reference is None
+    assert load_models(role_settings(cfg).models, grpo.build(cfg)).reference is None
     grpo.train(cfg)
     rows = read_metrics(tmp_path)
     assert len(rows) == 2 and all("objective/kl" not in r for r in rows)
@@ -797,8 +801,8 @@ def test_always_nan_gradients_stop_a_run_with_one_step_per_iteration(
 
     real_load, model_params = online_module.load_models, []
 
-    def load_and_remember(cfg, algo):
-        models = real_load(cfg, algo)
+    def load_and_remember(settings, algo):
+        models = real_load(settings, algo)
         model_params.extend(models.actor.parameters())
         return models
 

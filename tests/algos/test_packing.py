@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 from proxrl.algos.online import grpo, ppo, samplers
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.micro_batches import PassLayout, packs, token_budget
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.data.batching import pack_lengths
@@ -206,7 +206,7 @@ def _step(module, cfg, without_old: bool = False, observations: bool = False):
     """(weights after one SGD step of learning rate 1 − before, flattened; the stats)."""
     algo = module.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     params = [p for p in models.actor.parameters() if p.requires_grad]
     params += list(models.critic.parameters())
     before = [p.detach().clone() for p in params]
@@ -338,8 +338,8 @@ def test_packed_rollout_equals_the_padded_one(
     on responses cut to very different lengths."""
     make_engine = samplers.make_engine
 
-    def cut(cfg, tokenizer):
-        engine = make_engine(cfg, tokenizer)
+    def cut(settings, tokenizer):
+        engine = make_engine(settings, tokenizer)
         plain = engine.sampler
 
         class Cut:
@@ -374,10 +374,17 @@ def test_packed_rollout_equals_the_padded_one(
         )
         algo = ppo.build(cfg)
         torch.manual_seed(cfg.seed)
-        models = load_models(cfg, algo)
-        examples, ids = load_prompts(cfg, models.tokenizer)
+        models = load_models(role_settings(cfg).models, algo)
+        examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
         experience, _, metrics = rollout_of(
-            cfg, algo, models, load_rewards(cfg), examples[:2], ids[:2], 0.1, {}
+            cfg,
+            algo,
+            models,
+            load_rewards(role_settings(cfg).rewards),
+            examples[:2],
+            ids[:2],
+            0.1,
+            {},
         )
         experiences.append((estimate(algo, experience, 0.1), metrics))
     (padded, padded_metrics), *packed_runs = experiences

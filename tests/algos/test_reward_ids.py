@@ -14,7 +14,7 @@ import torch
 
 from proxrl.algos.online import grpo
 from proxrl.algos.online.placement.base import LocalPlacement
-from proxrl.algos.online.roles import load_rewards
+from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import load_score_model, sequence_scores
 from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
@@ -53,7 +53,7 @@ def rms(tiny_lm: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str
 def _rewards(tiny_lm: str, *paths: str):
     """The run's reward sources as the local placement loads them (with the policy's tokenizer)."""
     cfg = grpo.Config(model=tiny_lm, prompts="p", reward_model=list(paths))
-    return LocalPlacement().rewards(cfg)
+    return LocalPlacement().rewards(role_settings(cfg))
 
 
 def _call(rewards, ids: list[list[int]], tokenizer):
@@ -104,7 +104,9 @@ def test_responses_that_round_trip_score_the_same_either_way(tiny_lm, rms):
     tokenizer = load_tokenizer(tiny_lm)
     reading = _rewards(tiny_lm, rms["same"])
     cfg = grpo.Config(model=tiny_lm, prompts="p", reward_model=[rms["same"]])
-    text_rewards = load_rewards(cfg)  # no policy tokenizer: the text bridge, as before
+    text_rewards = load_rewards(
+        role_settings(cfg).rewards
+    )  # no policy tokenizer: the text bridge, as before
     assert reading.sources[0].reads_ids and not text_rewards.sources[0].reads_ids
     ids = [STOPPED, SPLIT]
     torch.testing.assert_close(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
-from proxrl.algos.online.roles import load_rewards
+from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.models.scalar_head import load_score_model, score_head
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.runtime.errors import ProxrlError
@@ -40,7 +40,7 @@ def _claim(directory: Path, architecture: str) -> None:
 
 def test_a_causal_lm_as_reward_model_is_refused(tiny_lm):
     with pytest.raises(ProxrlError) as e:
-        load_rewards(_config(tiny_lm))
+        load_rewards(role_settings(_config(tiny_lm)).rewards)
     assert str(e.value) == (
         f"reward_model: {tiny_lm} holds a causal LM (LlamaForCausalLM) without a score head; "
         "train one with `proxrl rm`"
@@ -48,7 +48,7 @@ def test_a_causal_lm_as_reward_model_is_refused(tiny_lm):
 
 
 def test_a_saved_reward_model_scores_with_its_own_head(saved_rm):
-    rewards = load_rewards(_config(saved_rm))
+    rewards = load_rewards(role_settings(_config(saved_rm)).rewards)
     (source,) = rewards.sources
     saved = load_score_model(saved_rm)
     torch.testing.assert_close(

@@ -12,7 +12,7 @@ import torch
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import Losses, UpdateStep, terms
 from proxrl.core import ROLLOUT_CORRECTIONS, tis_weights
@@ -67,11 +67,11 @@ def config(module, tiny_lm, prompts, out, **overrides):
 
 def rollout(cfg, module):
     algo = module.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     torch.manual_seed(0)
     experience, _, metrics = rollout_of(
-        cfg, algo, models, load_rewards(cfg), examples[:4], ids[:4], 0.0, {}
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples[:4], ids[:4], 0.0, {}
     )
     return algo, models, estimate(algo, experience, 0.0), metrics
 

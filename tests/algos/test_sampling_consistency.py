@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.rollout.forward import policy_forward, position_ids
 from proxrl.rollout.generation import CachedSampler, HFSampler, SamplingSettings
 from proxrl.runtime.metrics import read_metrics
@@ -189,11 +189,11 @@ def test_rollout_pi_old_and_reference_score_the_truncated_distribution(tiny_lm, 
     skipped the update scores π_old itself (covered by the next test's first-iteration KL)."""
     cfg = grpo_config(tiny_lm, prompts, tmp_path, kl_coef=0.05, skip_old_logprobs_pass=False)
     algo = grpo.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     torch.manual_seed(0)
     experience, _, metrics = rollout_of(
-        cfg, algo, models, load_rewards(cfg), examples[:4], ids[:4], 0.05, {}
+        cfg, algo, models, load_rewards(role_settings(cfg).rewards), examples[:4], ids[:4], 0.05, {}
     )
     settings = SamplingSettings(12, 0.7, 5, 0.9, min_p=0.05)
     expected, inside = hand_values(

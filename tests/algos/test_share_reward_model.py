@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import ppo, roles, run
+from proxrl.algos.online.roles import role_settings
 from proxrl.models.lora import apply_lora
 from proxrl.models.scalar_head import load_score_model
 from proxrl.rollout.rewards import RewardModelReward
@@ -74,8 +75,8 @@ def test_a_shared_reward_model_gives_the_run_of_its_own_copy(
     seen: list[object] = []
     share = roles.share_reward_model
 
-    def recording(cfg, models, rewards):  # type: ignore[no-untyped-def]
-        shared = share(cfg, models, rewards)
+    def recording(models, rewards, *run_options):  # type: ignore[no-untyped-def]
+        shared = share(models, rewards, *run_options)
         seen.append((shared, rewards.sources[0], models.critic.module))
         return shared
 
@@ -85,7 +86,7 @@ def test_a_shared_reward_model_gives_the_run_of_its_own_copy(
     assert shared and isinstance(source, RewardModelReward)
     assert source.model is critic_module and source.adapter_disabled
 
-    monkeypatch.setattr(run, "share_reward_model", lambda cfg, models, rewards: False)
+    monkeypatch.setattr(run, "share_reward_model", lambda models, rewards, *run_options: False)
     ppo.train(config(tiny_lm, prompts, reward_model, tmp_path / "own"))
     rows = [read_metrics(str(tmp_path / side)) for side in ("shared", "own")]
     keys = [k for k in rows[1][0] if not k.startswith(("time/", "perf/tokens_per_s"))]
@@ -110,7 +111,8 @@ def test_not_shared_where_the_critic_is_not_the_reward_model(tiny_lm, prompts, r
         dict(offload_frozen_roles=True),
     ):
         cfg = config(tiny_lm, prompts, reward_model, Path("unused"), **overrides)
-        rewards = roles.load_rewards(cfg)
-        models = roles.load_models(cfg, ppo.build(cfg))
-        assert not roles.share_reward_model(cfg, models, rewards), overrides
+        rewards = roles.load_rewards(role_settings(cfg).rewards)
+        models = roles.load_models(role_settings(cfg).models, ppo.build(cfg))
+        run_options = (cfg.offload_frozen_roles, cfg.async_rollout)
+        assert not roles.share_reward_model(models, rewards, *run_options), overrides
         assert rewards.sources[0].model is not models.critic.module

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from proxrl.algos.online import grpo
+from proxrl.algos.online.roles import role_settings
 from proxrl.algos.online.samplers import ENGINES
 from proxrl.data.batching import pad_left
 from proxrl.models.causal_lm import load_causal_lm
@@ -125,5 +127,5 @@ def test_same_ids_with_another_mask_are_another_prompt(model_and_prompts):
 def test_the_config_option_reaches_the_cached_sampler(model_and_prompts):
     model, tokenizer, _ = model_and_prompts
     for flag in (False, True):
-        cfg = SimpleNamespace(compile_sampler=False, shares_prefix=flag)
-        assert ENGINES["cached"](cfg, tokenizer, None).sampler(model).shared_prefill is flag
+        settings = role_settings(grpo.Config(model="m", prompts="p", shared_prefix=flag)).engine
+        assert ENGINES["cached"](settings, tokenizer, None).sampler(model).shared_prefill is flag

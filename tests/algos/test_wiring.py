@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import GPT2Config
 
 from proxrl.algos.online import grpo, loop, ppo
-from proxrl.algos.online.roles import load_models
+from proxrl.algos.online.roles import load_models, role_settings
 from proxrl.algos.online.run import check_context
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
@@ -96,7 +96,7 @@ def _sgd_step(cfg, generator_seed: int = 1, global_seed: int | None = None):
     ragged rollout, the models loaded as the loop loads them; and the step's stats."""
     algo = grpo.build(cfg)
     torch.manual_seed(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     params = [p for p in models.actor.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     experience = _experience(models.actor, critic_values=False)
@@ -134,7 +134,7 @@ def test_the_gjsd_term_is_distill_coef_times_the_divergence_at_the_sampling_temp
     with_teacher, stats, models, experience = _sgd_step(taught)
     # the divergence by hand, on the student as it was before the step (loaded again)
     torch.manual_seed(taught.seed)
-    student = load_models(taught, grpo.build(taught))
+    student = load_models(role_settings(taught).models, grpo.build(taught))
     params = [p for p in student.actor.parameters() if p.requires_grad]
     P = experience.prompt_ids.shape[1]
     out = policy_forward(student.actor, experience.input_ids, experience.attention_mask, P, 0.7,

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
@@ -84,7 +84,7 @@ def _identical(a, b) -> bool:
 
 
 def _rollout(cfg, algo, models, examples, ids, reward_fn: str):
-    rewards = load_rewards(replace(cfg, reward_fn=(reward_fn,)))
+    rewards = load_rewards(role_settings(replace(cfg, reward_fn=(reward_fn,))).rewards)
     n = cfg.rollout_batch_size  # the first prompts: one batch
     experience, _, _ = rollout_of(cfg, algo, models, rewards, examples[:n], ids[:n], 0.0, {})
     return estimate(algo, experience, 0.0)
@@ -109,8 +109,8 @@ def test_a_constant_rollout_leaves_weights_and_adam_state_bit_identical(tiny_lm,
     state (moments, step count) are bit-identical."""
     cfg = _config(grpo, tiny_lm, prompts, tmp_path)
     algo = grpo.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     optimizer = torch.optim.AdamW(models.actor.parameters(), lr=1e-2, weight_decay=0.0)
 
     before = _snapshot(models.actor, optimizer)
@@ -138,8 +138,8 @@ def test_a_zero_policy_gradient_still_steps_the_critic(tiny_lm, prompts, tmp_pat
     bit-identical. The decision is per optimizer."""
     cfg = _config(ppo, tiny_lm, prompts, tmp_path, critic="separate", critic_learning_rate=1e-2)
     algo = ppo.build(cfg)
-    models = load_models(cfg, algo)
-    examples, ids = load_prompts(cfg, models.tokenizer)
+    models = load_models(role_settings(cfg).models, algo)
+    examples, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
     actor_opt = torch.optim.AdamW(models.actor.parameters(), lr=1e-2, weight_decay=0.0)
     critic_opt = torch.optim.AdamW(models.critic.parameters(), lr=1e-2, weight_decay=0.0)
     experience = _rollout(cfg, algo, models, examples, ids, LEARNABLE)

@@ -14,7 +14,7 @@ import torch
 from proxrl.algos.offline import reward, sft
 from proxrl.algos.online import ppo
 from proxrl.algos.online.heldout import HeldOut
-from proxrl.algos.online.roles import load_rewards
+from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.demo import pipeline, task
 from proxrl.models.causal_lm import load_causal_lm
@@ -114,6 +114,8 @@ def test_ppo_no_kl_stops_when_gold_falls_and_keeps_its_best(demo_sft_and_rm: Pat
     no_hidden = SimpleNamespace(needs_hidden=False)
     settings = run_settings(cfg, ppo.build(cfg), no_hidden).held_out  # type: ignore[arg-type]
     assert settings is not None
-    held_out = HeldOut(settings, tokenizer, load_rewards(cfg), out / "ppo_no_kl")
+    held_out = HeldOut(
+        settings, tokenizer, load_rewards(role_settings(cfg).rewards), out / "ppo_no_kl"
+    )
     again = held_out.evaluate(SimpleNamespace(actor=policy, tokenizer=tokenizer), best["step"])
     assert again["eval/score"] == best["eval/score"]

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.collect import collect_rollout
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.samplers import make_engine
 from proxrl.algos.online.update import UpdateStep, update
@@ -98,19 +98,19 @@ def main(mode: str, name: str, model: str, prompts_path: str, out: str, *extra: 
     module, cfg = config(name, model, prompts_path, out, overrides)
     algo = module.build(cfg)
     seed_everything(cfg.seed)
-    models = load_models(cfg, algo)
+    models = load_models(role_settings(cfg).models, algo)
     if mode == "make":
-        prompts, ids = load_prompts(cfg, models.tokenizer)
+        prompts, ids = load_prompts(role_settings(cfg).prompts, models.tokenizer)
         experience, _, _ = collect_rollout(
             run_settings(cfg, algo, models.critic).collecting,
             algo,
             models,
-            load_rewards(cfg),
+            load_rewards(role_settings(cfg).rewards),
             prompts[: cfg.rollout_batch_size],
             ids[: cfg.rollout_batch_size],
             0.05,
             {},
-            make_engine(cfg, models.tokenizer),
+            make_engine(role_settings(cfg).engine, models.tokenizer),
         )
         experience = estimate(algo, experience, 0.05, cfg)  # (with a teacher: its term)
         if ragged:

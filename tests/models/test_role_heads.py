@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from proxrl.algos.online import grpo
-from proxrl.algos.online.roles import load_reward_model
+from proxrl.algos.online.roles import load_reward_model, role_settings
 from proxrl.cli import main
 from proxrl.models.causal_lm import check_causal_lm, check_lm_head, load_causal_lm
 from proxrl.models.lora import apply_lora
@@ -160,12 +160,12 @@ def test_a_causal_lm_given_as_reward_model_is_still_refused(checkpoints):
     lm = checkpoints["lm"]
     cfg = grpo.Config(model=lm, prompts="p", reward_model=[lm])
     with pytest.raises(ProxrlError) as refused:
-        load_reward_model(cfg, lm)
+        load_reward_model(role_settings(cfg).rewards, lm)
     assert str(refused.value) == (
         f"reward_model: {lm} holds a causal LM (LlamaForCausalLM) without a score head; "
         "train one with `proxrl rm`"
     )
-    assert load_reward_model(cfg, checkpoints["rm"]).model is not None
+    assert load_reward_model(role_settings(cfg).rewards, checkpoints["rm"]).model is not None
 
 
 # -- through the command line: exit 2, one line, no output directory ---------------------------

@@ -19,7 +19,8 @@ from proxrl.algos.online import ppo
 from proxrl.algos.online.advantages import estimate
 from proxrl.algos.online.placement import ray_critic
 from proxrl.algos.online.placement.ray_critic import CriticActor, remote_loader
-from proxrl.algos.online.roles import load_models, load_prompts, load_rewards
+from proxrl.algos.online.role_settings import ModelSettings
+from proxrl.algos.online.roles import load_models, load_prompts, load_rewards, role_settings
 from proxrl.algos.online.run_settings import run_settings
 from proxrl.algos.online.update import UpdateStep, update
 from proxrl.runtime.guard import NonFiniteGuard
@@ -40,13 +41,13 @@ class Direct:
         return SimpleNamespace(remote=getattr(self.actor, name))
 
 
-def starter(cfg: ppo.Config, actors: list[CriticActor]) -> Any:
+def starter(actors: list[CriticActor]) -> Any:
     """Start a critic actor in this process, as if in another: its load leaves this process's
     random state where it was (the hand-back has to move it)."""
 
-    def start(loader: Any, rng: dict[str, Any]) -> Direct:
+    def start(model_settings: ModelSettings, loader: Any, rng: dict[str, Any]) -> Direct:
         untouched = capture_rng_state()
-        actors.append(CriticActor(cfg, [], loader, rng))
+        actors.append(CriticActor([], model_settings, loader, rng))
         restore_rng_state(untouched)
         return Direct(actors[-1])
 
@@ -81,14 +82,14 @@ def setup(tiny_lm, tmp_path, monkeypatch):
     )
     algo = ppo.build(cfg)
     torch.manual_seed(0)
-    here = load_models(cfg, algo)
+    roles = role_settings(cfg)
+    here = load_models(roles.models, algo)
     actors: list[CriticActor] = []
     torch.manual_seed(0)
-    elsewhere = load_models(
-        cfg, replace(algo, critic=remote_loader(starter(cfg, actors), algo.critic))
-    )
-    rewards = load_rewards(cfg)
-    examples, ids = load_prompts(cfg, here.tokenizer)
+    remote = remote_loader(starter(actors), algo.critic, cfg.output_dir)
+    elsewhere = load_models(roles.models, replace(algo, critic=remote))
+    rewards = load_rewards(roles.rewards)
+    examples, ids = load_prompts(roles.prompts, here.tokenizer)
     experience, _, _ = rollout_of(cfg, algo, here, rewards, examples[:4], ids[:4], 0.05, {})
     experience = estimate(algo, experience, 0.05)
     return SimpleNamespace(
@@ -167,10 +168,12 @@ def test_the_critic_actor_keeps_the_random_stream_and_saves_the_critic(setup, tm
     leaves it; ``save_pretrained`` writes its files under critic/ as the critic here does."""
     s = setup
     torch.manual_seed(1)
-    s.algo.critic(s.cfg, s.here.actor, s.here.tokenizer)
+    models = role_settings(s.cfg).models
+    s.algo.critic(models, s.here.actor, s.here.tokenizer)
     want = torch.rand(3)
     torch.manual_seed(1)
-    remote_loader(starter(s.cfg, []), s.algo.critic)(s.cfg, s.here.actor, s.here.tokenizer)
+    remote = remote_loader(starter([]), s.algo.critic, s.cfg.output_dir)
+    remote(models, s.here.actor, s.here.tokenizer)
     assert torch.equal(torch.rand(3), want)
     s.here.critic.save_pretrained(tmp_path / "here")
     s.elsewhere.critic.save_pretrained(tmp_path / "elsewhere")

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
-from proxrl.algos.online.placement.ray_run import sampling_settings
+from proxrl.algos.online.roles import role_settings
+from proxrl.algos.online.samplers import sampling_settings
 from proxrl.cli import main
 from proxrl.runtime.checkpoint import CheckpointManager
 from proxrl.runtime.errors import Interrupted, ProxrlError
@@ -154,10 +155,11 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     from proxrl.models.causal_lm import load_causal_lm
 
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+    roles = role_settings(cfg)
     engine = (
         local_ray.remote(EngineActor)
         .options(num_cpus=0.25, max_restarts=1, max_task_retries=1)
-        .remote(cfg, list(sys.path))
+        .remote(list(sys.path), roles.models, roles.engine)
     )
     pool = EnginePool([engine], pad_id=0)
     policy = load_causal_lm(tiny_lm, dtype="float64")
@@ -192,8 +194,9 @@ def test_the_reference_actor_sends_back_response_log_probs_not_logits(
     from proxrl.models.causal_lm import load_causal_lm
     from proxrl.rollout.forward import policy_forward
 
-    cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
-    handle = local_ray.remote(FrozenActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    roles = role_settings(config(tiny_lm, prompts, tmp_path, placement="ray"))
+    actor = local_ray.remote(FrozenActor).options(num_cpus=0.25)
+    handle = actor.remote(list(sys.path), roles.models, roles.engine.shares_prefix)
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
     reference = RemoteFrozen(handle, str(tmp_path), "reference")
     local = load_causal_lm(tiny_lm, dtype="float64").eval()
@@ -239,7 +242,8 @@ def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
     cfg = config(
         tiny_lm, prompts, tmp_path, placement="ray", reward_fn=sources, reward_weights=(1.0, 0.5)
     )
-    handle = local_ray.remote(RewardActor).options(num_cpus=0.25).remote(cfg, list(sys.path))
+    settings = role_settings(cfg).rewards
+    handle = local_ray.remote(RewardActor).options(num_cpus=0.25).remote(list(sys.path), settings)
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
     rewards = RemoteRewards(handle, str(tmp_path))
     prompt = [PromptExample("say: abc ->", None, "p:1", {"word": "abc"})] * 2
@@ -247,7 +251,7 @@ def test_a_dead_reward_actor_is_named_and_a_dead_callee_is_not_the_trainer(
     # the remote role gives the record the local one gives, every source's scores included
     # (an estimator that combines them itself, GDPO, reads them there)
     remote = rewards(prompt, [" abc", " xyz"], columns)
-    local = load_rewards(cfg)(prompt, [" abc", " xyz"], columns)
+    local = load_rewards(settings)(prompt, [" abc", " xyz"], columns)
     assert remote.per_source.tolist() == local.per_source.tolist() == [[0.75, 1.0], [0.0, 0.0]]
     assert remote.weights == local.weights == (1.0, 0.5)
     assert remote.total.tolist() == local.total.tolist() and remote.parts == local.parts
@@ -374,16 +378,20 @@ def test_a_role_no_node_can_hold_is_named_even_when_the_totals_fit(tiny_lm, prom
     nodes = [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
     where = ("the Ray cluster", "any node of the Ray cluster")
     cfg = config(tiny_lm, prompts, tmp_path, placement="ray")
+
+    def check(**overrides: float) -> None:
+        check_resources(role_settings(replace(cfg, **overrides)).ray, nodes, *where)
+
     with pytest.raises(ProxrlError) as info:
-        check_resources(replace(cfg, ray_trainer_gpus=2.0), nodes, *where)
+        check(ray_trainer_gpus=2.0)
     assert str(info.value) == (
         "placement: the trainer actor asks for 2 GPUs (ray_trainer_gpus), more than any node "
         "of the Ray cluster has; lower ray_trainer_gpus"
     )
     with pytest.raises(ProxrlError, match=r"the roles ask for 3 GPUs \(ray_trainer_gpus 0 \+ "
                        r"ray_engines 3 × ray_engine_gpus 1 \+"):  # fmt: skip
-        check_resources(replace(cfg, ray_engines=3, ray_engine_gpus=1.0), nodes, *where)
-    check_resources(replace(cfg, ray_trainer_gpus=1.0, ray_engine_gpus=1.0), nodes, *where)
+        check(ray_engines=3, ray_engine_gpus=1.0)
+    check(ray_trainer_gpus=1.0, ray_engine_gpus=1.0)
 
 
 def test_placement_ray_without_the_ray_package_is_one_line(

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from proxrl.algos.online.placement.ray_run import connect
+from proxrl.algos.online.roles import role_settings
 from tests.ray.test_placement import config
 
 RAY = Path(sys.executable).with_name("ray")
@@ -123,7 +124,7 @@ def test_a_run_joins_a_cluster_started_with_a_token_by_its_address(cluster, tmp_
     try:
         cfg = config("unused-model", "unused-prompts", tmp_path / "run", placement="ray")
         began = time.monotonic()
-        assert connect(cfg) is True
+        assert connect(role_settings(cfg).ray) is True
         try:
             joined = time.monotonic() - began
             assert ray.cluster_resources().get("CPU") == 1.0  # the cluster's, not this machine's

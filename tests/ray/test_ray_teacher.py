@@ -13,6 +13,7 @@ import torch
 
 from proxrl.algos.online import grpo
 from proxrl.algos.online.placement.ray_run import role_actors
+from proxrl.algos.online.roles import role_settings
 from proxrl.runtime.metrics import read_metrics
 from tests.algos.conftest import build_sharp_teacher
 from tests.ray.test_placement import assert_same_run
@@ -53,10 +54,11 @@ def config(tiny_lm: str, teacher: str, prompts: str, out: Path, **overrides) -> 
 
 
 def test_the_teacher_is_a_role_of_its_own_only_for_the_sampled_tokens_form(tiny_lm, teacher):
-    roles = dict(role_actors(config(tiny_lm, teacher, "p", Path("o"), placement="ray")))
-    assert roles.get("ray_teacher") == 1
+    sampled = config(tiny_lm, teacher, "p", Path("o"), placement="ray")
+    assert dict(role_actors(role_settings(sampled).ray)).get("ray_teacher") == 1
     gjsd = config(tiny_lm, teacher, "p", Path("o"), placement="ray", distill_loss="gjsd")
-    assert "ray_teacher" not in dict(role_actors(gjsd))  # its whole distribution: the trainer's
+    # its whole distribution: the trainer's
+    assert "ray_teacher" not in dict(role_actors(role_settings(gjsd).ray))
 
 
 def test_a_distillation_run_on_ray_equals_the_in_process_run(
@@ -82,7 +84,10 @@ def test_the_teacher_actor_sends_back_log_probs_and_argmax(
 
     cfg = config(tiny_lm, teacher, prompts, tmp_path, placement="ray")
     actor = local_ray.remote(FrozenActor).options(num_cpus=0.25)
-    handle = actor.remote(cfg, list(sys.path), cfg.teacher_model)
+    roles = role_settings(cfg)
+    handle = actor.remote(
+        list(sys.path), roles.models, roles.engine.shares_prefix, roles.models.teacher_model
+    )
     assert local_ray.get(handle.ready.remote(), timeout=120) is None
     remote = RemoteFrozen(handle, str(tmp_path), "teacher")
     local = load_causal_lm(teacher, dtype="float64").eval()

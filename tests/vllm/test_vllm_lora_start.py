@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
+from proxrl.algos.online.roles import role_settings
 from proxrl.algos.online.samplers import engine_options
 from proxrl.models.causal_lm import load_causal_lm
 from proxrl.models.lora import apply_lora
@@ -47,4 +48,4 @@ def test_a_lora_run_from_an_adapter_directory_samples_the_adapted_policy(
     train(grpo, cfg)
 
     assert _engine_matches_saved_policy(cfg, tmp_path / "run", engines, kept[0]) < 1e-4
-    kept[0].close(engines.get(engine_options(cfg)).llm)
+    kept[0].close(engines.get(engine_options(role_settings(cfg).engine)).llm)

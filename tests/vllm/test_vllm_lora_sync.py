@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from proxrl.algos.online import grpo
+from proxrl.algos.online.roles import role_settings
 from proxrl.algos.online.samplers import engine_options, lora_sync
 from proxrl.models.lora import apply_lora
 from proxrl.models.tokenizer import load_tokenizer
@@ -79,7 +80,8 @@ def _update(policy, seed: int) -> None:
 
 def test_adapter_syncs_score_as_the_trainer_and_keep_only_the_newest(setup):
     cfg, tokenizer, model, engines = setup
-    engine = VLLMEngine(engine_options(cfg), tokenizer, lora_sync(cfg), engines)
+    settings = role_settings(cfg).engine
+    engine = VLLMEngine(engine_options(settings), tokenizer, lora_sync(settings.lora_sync), engines)
     policy = apply_lora(copy.deepcopy(model), r=4)
     _update(policy, seed=2)
     engine.start(policy, 0)
@@ -118,7 +120,8 @@ def test_the_base_weights_are_sent_once_per_run(setup, monkeypatch):
         "sync_weights",
         lambda e, m, deltas=True: sent.append(deltas) or reload(e, m, deltas),
     )
-    engine = VLLMEngine(engine_options(cfg), tokenizer, LORA_SYNCS["adapter"], engines)
+    settings = role_settings(cfg).engine
+    engine = VLLMEngine(engine_options(settings), tokenizer, LORA_SYNCS["adapter"], engines)
     policy = apply_lora(copy.deepcopy(model), r=4)
     _update(policy, seed=5)
     engine.start(policy, 0)
@@ -168,13 +171,9 @@ def test_adapter_sync_is_refused_with_placement_ray_and_beyond_vllms_ranks(tiny_
     small(grpo.Config, tiny_lm, prompts, "unused", **(fields | {"lora_r": 0})).validate()
     wide = small(grpo.Config, tiny_lm, prompts, "unused", lora_r=1024, vllm_lora_sync="adapter")
     with pytest.raises(ProxrlError, match="^vllm_lora_sync: adapter: vLLM serves LoRA ranks up"):
-        engine_options(wide)
-    assert (
-        engine_options(
-            small(grpo.Config, tiny_lm, prompts, "unused", lora_r=9, vllm_lora_sync="adapter")
-        ).max_lora_rank
-        == 16
-    )
+        engine_options(role_settings(wide).engine)
+    narrow = small(grpo.Config, tiny_lm, prompts, "unused", lora_r=9, vllm_lora_sync="adapter")
+    assert engine_options(role_settings(narrow).engine).max_lora_rank == 16
 
 
 def test_a_run_that_fails_before_its_close_leaves_no_adapter_files(tmp_path):

@@ -64,13 +64,14 @@ def _engine_matches_saved_policy(cfg, run: Path, engines, adapters=None) -> floa
     its close)."""
     from transformers import AutoModelForCausalLM
 
+    from proxrl.algos.online.roles import role_settings
     from proxrl.algos.online.samplers import engine_options
     from proxrl.models.tokenizer import load_tokenizer
     from proxrl.rollout.forward import policy_forward
     from proxrl.rollout.generation import SamplingSettings
     from proxrl.rollout.vllm_sampler import VLLMSampler
 
-    engine = engines.get(engine_options(cfg)).llm  # the run's own
+    engine = engines.get(engine_options(role_settings(cfg).engine)).llm  # the run's own
     tokenizer = load_tokenizer(str(run))
     model = AutoModelForCausalLM.from_pretrained(str(run), dtype=torch.float32)
     ids = [tokenizer(p)["input_ids"] for p in ["say: abc ->", "say: mno ->"]]

@@ -49,7 +49,7 @@ from proxrl.algos.online.episodes import environment_tools, responses_stopped
 from proxrl.algos.online.loop import save_policy
 from proxrl.algos.online.old_policy import OldPolicySource
 from proxrl.algos.online.prompts import prompt_order
-from proxrl.algos.online.roles import load_models, place_roles
+from proxrl.algos.online.roles import load_models, place_roles, role_settings
 from proxrl.algos.online.rollouts_file import limits_of, read_rollouts, recorded_stage
 from proxrl.algos.online.run import make_optimizers
 from proxrl.algos.online.run_settings import run_settings
@@ -284,8 +284,9 @@ class TrainingClient:
         # a ppo config's critic (``ppo.build``), none for grpo
         critic = ppo.build(config).critic if isinstance(config, ppo.Config) else NoCritic.load
         self._roles = replace(_algorithm(self._kl_loss_type, policy_loss), critic=critic)
+        role_records = role_settings(config)  # what loading the roles and the engine reads
         with objects.registered(objects.attached(self.cfg)):
-            self.models = load_models(self.cfg, self._roles)
+            self.models = load_models(role_records.models, self._roles)
         place_roles(self.models, WeightedRewards([], []), self.cfg.offload_frozen_roles)
         # what the stages the client calls read of its options, as the loop's run opens them
         self.settings = run_settings(config, self._roles, self.models.critic)
@@ -293,7 +294,7 @@ class TrainingClient:
         self.optimization = Optimization.of(self.models, self.optimizers)
         self.generator = torch.Generator().manual_seed(self.cfg.seed)  # the minibatch order
         self.guard = NonFiniteGuard(self.cfg.max_consecutive_skips)
-        self.engine = make_engine(self.cfg, self.models.tokenizer)
+        self.engine = make_engine(role_records.engine, self.models.tokenizer)
         self.engine.start(self.models.actor, 0)
         # the token ids the policy embeds (a batch's are checked against them)
         self.vocabulary = int(self.models.actor.get_input_embeddings().num_embeddings)

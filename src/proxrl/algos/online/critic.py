@@ -33,7 +33,7 @@ from proxrl.runtime.errors import ProxrlError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from proxrl.algos.online.config import OnlineConfig
+    from proxrl.algos.online.role_settings import ModelSettings
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class NoCritic(Critic):
     """The critic-free family: V ≡ 0, nothing trained, saved or logged."""
 
     @classmethod
-    def load(cls, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> NoCritic:
+    def load(cls, models: ModelSettings, actor: nn.Module, tokenizer: Any) -> NoCritic:
         return cls()
 
     def values(
@@ -316,7 +316,7 @@ POLICY = "policy"
 """``critic_model: policy``: the critic starts from the policy's weights (a zero head)."""
 
 
-def critic_start(source: str | None, cfg: OnlineConfig) -> str:
+def critic_start(source: str | None, model: str, reward_model: tuple[str, ...]) -> str:
     """Where a separate critic starts, as veRL / OpenRLHF / NeMo RL allow:
 
     - None: the reward model (InstructGPT; its head is kept; an ensemble's first), else the
@@ -327,11 +327,12 @@ def critic_start(source: str | None, cfg: OnlineConfig) -> str:
       model (its head kept if it has one, else zero).
 
     A ppo/grpo run directory without ``critic/`` (critic-free, or ``critic: head``) and a
-    directory with no model in it are one-line errors."""
+    directory with no model in it are one-line errors. ``model``: the policy; ``reward_model``:
+    the run's reward models."""
     if source is None:
-        return cfg.reward_model[0] if cfg.reward_model else cfg.model
+        return reward_model[0] if reward_model else model
     if source == POLICY:
-        return cfg.model
+        return model
     path = Path(source)
     if not path.is_dir():
         return source  # a hub id (the loader reports one that does not exist)
@@ -369,14 +370,14 @@ class SeparateCritic(_TrainedCritic):
 
     @classmethod
     def load(
-        cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any
+        cls, settings: CriticSettings, models: ModelSettings, actor: nn.Module, tokenizer: Any
     ) -> SeparateCritic:
-        source = critic_start(settings.source, cfg)
+        source = critic_start(settings.source, models.model, models.reward_model)
         model = load_score_model(
             source,
             new_head="zero",
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            **cfg.loader_kwargs(),
+            gradient_checkpointing=models.gradient_checkpointing,
+            **models.loading.loader_kwargs(),
         )
         resize_for_tokenizer(model, tokenizer)
         if settings.lora_r:
@@ -415,7 +416,7 @@ class ValueHeadCritic(_TrainedCritic):
 
     @classmethod
     def load(
-        cls, settings: CriticSettings, cfg: OnlineConfig, actor: nn.Module, tokenizer: Any
+        cls, settings: CriticSettings, models: ModelSettings, actor: nn.Module, tokenizer: Any
     ) -> ValueHeadCritic:
         config: Any = actor.config  # a transformers config (through peft's wrapper under LoRA)
         return cls(ValueHead(config.hidden_size), settings)
@@ -443,11 +444,12 @@ class ValueHeadCritic(_TrainedCritic):
         )
 
 
-CriticLoader = Callable[["OnlineConfig", nn.Module, Any], Critic]
-"""(config, actor, tokenizer) → the critic, its model loaded (``roles.load_models`` calls it
-after the actor and reference, so the random stream is consumed in the same order)."""
+CriticLoader = Callable[["ModelSettings", nn.Module, Any], Critic]
+"""(what loading the run's models reads, actor, tokenizer) → the critic, its model loaded
+(``roles.load_models`` calls it after the actor and reference, so the random stream is consumed
+in the same order)."""
 
-CRITICS: Registry[Callable[[CriticSettings, OnlineConfig, nn.Module, Any], Critic]] = Registry(
+CRITICS: Registry[Callable[[CriticSettings, ModelSettings, nn.Module, Any], Critic]] = Registry(
     "critic"
 )
 """PPO's ``critic`` option → the load function of that critic (bind its settings first)."""

@@ -15,6 +15,17 @@ from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, SeparateCritic
 from proxrl.algos.online.episodes import environment_tools
+from proxrl.algos.online.role_settings import (
+    EngineSettings,
+    LaunchAhead,
+    Loading,
+    ModelSettings,
+    PromptSettings,
+    RaySettings,
+    RewardSettings,
+    RoleSettings,
+)
+from proxrl.algos.online.samplers import sampling_settings
 from proxrl.core import DISTILL_LOSSES, KL_CONTROLLERS
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
@@ -31,6 +42,7 @@ from proxrl.rollout.rewards import (
     load_reward_function,
 )
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 
 log = logging.getLogger(__name__)
@@ -50,46 +62,74 @@ class Models:
     teacher: Any = None
 
 
-def measures_kl(cfg: OnlineConfig) -> bool:
-    """Whether the run measures the KL to a reference (False: β is fixed at 0)."""
-    return (
+def role_settings(cfg: OnlineConfig) -> RoleSettings:
+    """What loading and placing the roles reads of ``cfg``, built once when the run opens: the
+    one place the config is read for them (``role_settings``)."""
+    loading = narrowed(Loading, cfg)
+    # the run measures the KL to a reference (False: β is fixed at 0 and none is loaded)
+    tracks_kl = (
         cfg.track_kl
         or cfg.kl_coef > 0
         or KL_CONTROLLERS.trait(cfg.kl_controller, "adapts")
         or cfg.ref_reset_every > 0
     )
+    ahead = None
+    if cfg.async_rollout:
+        ahead = narrowed(LaunchAhead, cfg, sampling=sampling_settings(cfg))
+    ray = narrowed(
+        RaySettings,
+        cfg,
+        reference_actor=tracks_kl and not cfg.lora_r,  # under LoRA: the adapters off
+        # a teacher whose signal is its log-probs of the sampled tokens (reverse_kl_reward):
+        # gjsd reads its whole distribution in the update, so it stays beside the policy
+        teacher_actor=(
+            cfg.teacher_model is not None and DISTILL_LOSSES[cfg.distill_loss].advantage is not None
+        ),
+        critic_actor=getattr(cfg, "critic", None) == "separate",  # a value head is the policy's
+        ahead=ahead,
+    )
+    return RoleSettings(
+        narrowed(ModelSettings, cfg, loading=loading, tracks_kl=tracks_kl),
+        narrowed(RewardSettings, cfg, loading=loading),
+        narrowed(EngineSettings, cfg),
+        narrowed(PromptSettings, cfg),
+        ray,
+    )
 
 
 def load_models(
-    cfg: OnlineConfig, algo: Algorithm, with_reference: bool = True, with_teacher: bool = True
+    settings: ModelSettings, algo: Algorithm, with_reference: bool = True, with_teacher: bool = True
 ) -> Models:
-    """The roles of ``cfg`` in this process; ``with_reference`` / ``with_teacher`` False leave
-    the reference / teacher unloaded (None) for a caller that places it elsewhere. A policy
+    """The roles ``settings`` names, in this process; ``with_reference`` / ``with_teacher`` False
+    leave the reference / teacher unloaded (None) for a caller that places it elsewhere. A policy
     or teacher that is not a causal LM (a reward model's checkpoint: its LM head would be
     random), and a teacher with another tokenizer, are refused first, before any model loads."""
-    kwargs = cfg.loader_kwargs()
-    check_causal_lm(cfg.model, "model", cfg.trust_remote_code)
-    if cfg.teacher_model is not None:
-        check_causal_lm(cfg.teacher_model, "teacher_model", cfg.trust_remote_code)
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
-    if cfg.teacher_model is not None:
-        check_teacher_tokenizer(cfg.teacher_model, tokenizer, cfg.trust_remote_code)
-    actor = load_causal_lm(cfg.model, gradient_checkpointing=cfg.gradient_checkpointing, **kwargs)
+    kwargs = settings.loading.loader_kwargs()
+    trust_remote_code = settings.loading.trust_remote_code
+    check_causal_lm(settings.model, "model", trust_remote_code)
+    if settings.teacher_model is not None:
+        check_causal_lm(settings.teacher_model, "teacher_model", trust_remote_code)
+    tokenizer = load_tokenizer(settings.model, trust_remote_code=trust_remote_code)
+    if settings.teacher_model is not None:
+        check_teacher_tokenizer(settings.teacher_model, tokenizer, trust_remote_code)
+    actor = load_causal_lm(
+        settings.model, gradient_checkpointing=settings.gradient_checkpointing, **kwargs
+    )
     resize_for_tokenizer(actor, tokenizer)
     reference = None
-    if cfg.lora_r:
-        actor = apply_lora(actor, cfg.lora_r, cfg.lora_alpha or None)
-    elif measures_kl(cfg) and with_reference:
-        reference = load_causal_lm(cfg.model, **kwargs)
+    if settings.lora_r:
+        actor = apply_lora(actor, settings.lora_r, settings.lora_alpha or None)
+    elif settings.tracks_kl and with_reference:
+        reference = load_causal_lm(settings.model, **kwargs)
         resize_for_tokenizer(reference, tokenizer)
         reference.requires_grad_(False).eval()
     critic = algo.critic(
-        cfg, actor, tokenizer
+        settings, actor, tokenizer
     )  # after the reference: the same random stream as before
     teacher = None
-    if cfg.teacher_model is not None and with_teacher:  # after the critic: its random stream kept
-        teacher = load_teacher(cfg, tokenizer, actor)
-    return Models(actor, reference, critic, tokenizer, measures_kl(cfg), teacher)
+    if settings.teacher_model is not None and with_teacher:  # after the critic: its stream kept
+        teacher = load_teacher(settings, tokenizer, actor)
+    return Models(actor, reference, critic, tokenizer, settings.tracks_kl, teacher)
 
 
 def check_teacher_tokenizer(path: str, tokenizer: Any, trust_remote_code: bool) -> None:
@@ -109,14 +149,15 @@ def check_teacher_tokenizer(path: str, tokenizer: Any, trust_remote_code: bool) 
         )
 
 
-def load_teacher(cfg: OnlineConfig, tokenizer: Any, actor: nn.Module) -> nn.Module:
+def load_teacher(settings: ModelSettings, tokenizer: Any, actor: nn.Module) -> nn.Module:
     """The frozen teacher, loaded as the reference is; with distill_loss gjsd its output width
     must be the policy's (the divergence runs over every entry of both distributions)."""
-    assert cfg.teacher_model is not None
-    teacher = load_causal_lm(cfg.teacher_model, role="teacher_model", **cfg.loader_kwargs())
+    path = settings.teacher_model
+    assert path is not None
+    teacher = load_causal_lm(path, role="teacher_model", **settings.loading.loader_kwargs())
     resize_for_tokenizer(teacher, tokenizer)
-    if DISTILL_LOSSES.trait(cfg.distill_loss, "logits"):
-        check_output_widths(teacher, actor, cfg.teacher_model)
+    if DISTILL_LOSSES.trait(settings.distill_loss, "logits"):
+        check_output_widths(teacher, actor, path)
     return teacher.requires_grad_(False).eval()
 
 
@@ -131,41 +172,42 @@ def check_output_widths(teacher: nn.Module, actor: nn.Module, path: str) -> None
         )
 
 
-def load_rewards(cfg: OnlineConfig, policy_tokenizer: Any = None) -> WeightedRewards:
+def load_rewards(settings: RewardSettings, policy_tokenizer: Any = None) -> WeightedRewards:
     """The run's reward sources. ``policy_tokenizer``: the policy's, against which each reward
     model's tokenizer is judged once here (``load_reward_model``); None scores text, as ever."""
     sources: list[Any] = []
-    members = [load_reward_model(cfg, path, policy_tokenizer) for path in cfg.reward_model]
+    paths = settings.reward_model
+    members = [load_reward_model(settings, path, policy_tokenizer) for path in paths]
     if len(members) == 1:
         sources += members
     elif members:  # an ensemble: one source (rollout.ensemble)
-        scales = [training_score_std(m, p) for m, p in zip(members, cfg.reward_model, strict=True)]
-        combination, k = cfg.reward_ensemble, cfg.reward_ensemble_std_coef
-        sources.append(EnsembleReward(members, scales, combination, k, list(cfg.reward_model)))
-    sources += [FunctionReward(spec, load_reward_function(spec)) for spec in cfg.reward_fn]
-    return WeightedRewards(sources, list(cfg.reward_weights) or [1.0] * len(sources))
+        scales = [training_score_std(m, p) for m, p in zip(members, paths, strict=True)]
+        combination, k = settings.reward_ensemble, settings.reward_ensemble_std_coef
+        sources.append(EnsembleReward(members, scales, combination, k, list(paths)))
+    sources += [FunctionReward(spec, load_reward_function(spec)) for spec in settings.reward_fn]
+    return WeightedRewards(sources, list(settings.reward_weights) or [1.0] * len(sources))
 
 
-def reward_policy_tokenizer(cfg: OnlineConfig) -> Any:
+def reward_policy_tokenizer(settings: RewardSettings) -> Any:
     """The policy's tokenizer for ``load_rewards`` (None without a reward model: only a reward
     model reads the responses' tokens)."""
-    if not cfg.reward_model:
+    if not settings.reward_model:
         return None
-    return load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    return load_tokenizer(settings.model, trust_remote_code=settings.loading.trust_remote_code)
 
 
 def load_reward_model(
-    cfg: OnlineConfig, path: str, policy_tokenizer: Any = None
+    settings: RewardSettings, path: str, policy_tokenizer: Any = None
 ) -> RewardModelReward:
     """The reward model at ``path``. With its tokenizer the policy's (``tokenizer_difference``),
     it scores the sampled ids; otherwise their text re-encoded, which it says in one line."""
     try:
         # A checkpoint without a score head would get a random one: PPO would chase noise.
-        model = load_score_model(path, new_head=None, **cfg.loader_kwargs())
+        model = load_score_model(path, new_head=None, **settings.loading.loader_kwargs())
     except ProxrlError as exc:
         raise ProxrlError(f"reward_model: {exc}") from exc
     model.requires_grad_(False).eval()
-    tokenizer = load_tokenizer(path, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(path, trust_remote_code=settings.loading.trust_remote_code)
     reads_ids = False
     if policy_tokenizer is not None:
         difference = tokenizer_difference(policy_tokenizer, tokenizer)
@@ -183,22 +225,25 @@ def load_reward_model(
     return RewardModelReward(
         model,
         tokenizer,
-        max_tokens=cfg.max_tokens_per_micro_batch or 0,  # by default its padded batches
+        max_tokens=settings.max_tokens_per_micro_batch or 0,  # by default its padded batches
         policy_tokenizer=policy_tokenizer,
         reads_ids=reads_ids,
     )
 
 
-def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample], list[list[int]]]:
-    examples = load_prompt_examples(cfg.prompts)
+def load_prompts(
+    settings: PromptSettings, tokenizer: Any
+) -> tuple[list[PromptExample], list[list[int]]]:
+    examples = load_prompt_examples(settings.prompts)
     check_tokenizer_on(tokenizer, examples)
     kept, ids = [], []
     tools = environment_tools(
-        cfg.environment, cfg.tool_call_format
+        settings.environment, settings.tool_call_format
     )  # what the prompts offer an episode's environment
+    limit = settings.max_prompt_length
     for example in examples:
         encoded = encode_prompt_text(tokenizer, example.prompt, example.messages, tools)
-        if len(encoded) <= cfg.max_prompt_length:
+        if len(encoded) <= limit:
             kept.append(example)
             ids.append(encoded)
     if len(kept) < len(examples):
@@ -206,12 +251,11 @@ def load_prompts(cfg: OnlineConfig, tokenizer: Any) -> tuple[list[PromptExample]
             "%d of %d prompts are longer than max_prompt_length=%d and were dropped",
             len(examples) - len(kept),
             len(examples),
-            cfg.max_prompt_length,
+            limit,
         )
     if not kept:
         raise ProxrlError(
-            f"prompts: every prompt in {cfg.prompts} is longer than "
-            f"max_prompt_length={cfg.max_prompt_length}"
+            f"prompts: every prompt in {settings.prompts} is longer than max_prompt_length={limit}"
         )
     return kept, ids
 
@@ -241,7 +285,9 @@ def place_rewards(rewards: WeightedRewards, device: torch.device) -> None:
             model.to(device)
 
 
-def share_reward_model(cfg: OnlineConfig, models: Models, rewards: WeightedRewards) -> bool:
+def share_reward_model(
+    models: Models, rewards: WeightedRewards, offload_frozen_roles: bool, async_rollout: bool
+) -> bool:
     """Score with the LoRA critic's frozen base where that base is the reward model, weight
     for weight (the default critic start, InstructGPT's: ``critic_model`` unset, one reward
     model, ``critic_lora_r`` > 0), and drop the reward model's own copy: one model's weights
@@ -254,8 +300,8 @@ def share_reward_model(cfg: OnlineConfig, models: Models, rewards: WeightedRewar
     critic = models.critic
     if (
         dist.world_size() > 1
-        or cfg.offload_frozen_roles
-        or cfg.async_rollout
+        or offload_frozen_roles
+        or async_rollout
         or not isinstance(critic, SeparateCritic)
         or not is_peft_model(critic.module)
     ):

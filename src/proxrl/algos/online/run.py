@@ -18,7 +18,13 @@ from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.heldout import HeldOut
 from proxrl.algos.online.micro_batches import prefix_note
 from proxrl.algos.online.placement.base import Placement
-from proxrl.algos.online.roles import Models, load_prompts, place_roles, share_reward_model
+from proxrl.algos.online.roles import (
+    Models,
+    load_prompts,
+    place_roles,
+    role_settings,
+    share_reward_model,
+)
 from proxrl.algos.online.rollouts_file import iteration_rows
 from proxrl.algos.online.run_settings import RunSettings, run_settings
 from proxrl.core import KL_CONTROLLERS, FixedKL
@@ -99,9 +105,11 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     # column the prompt data lacks, is one line
     if cfg.rollouts_file is None:  # (a rollouts file brings no columns and no reward function)
         check_reward_columns(cfg.reward_fn, load_prompt_examples(cfg.prompts))
-    rewards = placement.rewards(cfg)
-    models = placement.models(cfg, algo)
-    share_reward_model(cfg, models, rewards)  # the LoRA critic's base, when it is the same
+    roles = role_settings(cfg)  # what loading and placing the roles reads, built once
+    rewards = placement.rewards(roles)
+    models = placement.models(roles, algo)
+    # the LoRA critic's base, when it is the same
+    share_reward_model(models, rewards, cfg.offload_frozen_roles, cfg.async_rollout)
     if cfg.compile_sampler:  # a model without a static cache fails here, not mid-run
         static_cache(models.actor, CachedSampler.CACHE_BUCKET)
     # π_old's source and the passes' layout decided once, read by the rollout and the update
@@ -113,7 +121,7 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     if settings.loop.recorded.rollouts_file is not None:
         iteration_rows(settings.loop.recorded, models.tokenizer)
     else:
-        prompts, prompt_ids = load_prompts(cfg, models.tokenizer)
+        prompts, prompt_ids = load_prompts(roles.prompts, models.tokenizer)
         check_context(settings.collecting.scoring.max_new_tokens, models.actor, prompt_ids)
     held_out = HeldOut.create(settings.held_out, models.tokenizer, rewards, Path(cfg.output_dir))
     if dist.world_size() > 1:  # prompts (whole groups) are sharded: rollout_batch_size is global
@@ -131,7 +139,7 @@ def open_run(cfg: OnlineConfig, algo: Algorithm, placement: Placement) -> Online
     restored = context.start()
     if restored is not None:
         _restored(run, restored)
-    run.engine = placement.engine(cfg, models, prompt_ids)
+    run.engine = placement.engine(roles, models, prompt_ids)
     run.engine.start(models.actor, run.start)  # a resumed run's weights differ from the model's
     return run
 

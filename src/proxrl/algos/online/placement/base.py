@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from proxrl.algos.online.algorithm import Algorithm
 from proxrl.algos.online.config import OnlineConfig
+from proxrl.algos.online.role_settings import RoleSettings
 from proxrl.algos.online.roles import (
     Models,
     load_models,
@@ -23,12 +24,15 @@ from proxrl.runtime.signals import GracefulStop
 
 
 class Placement(Protocol):
-    def rewards(self, cfg: OnlineConfig) -> WeightedRewards: ...
+    """Each method reads the part of the run's ``RoleSettings`` (built once when the run opens,
+    ``roles.role_settings``) that the roles it places need."""
 
-    def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models: ...
+    def rewards(self, roles: RoleSettings) -> WeightedRewards: ...
+
+    def models(self, roles: RoleSettings, algo: Algorithm) -> Models: ...
 
     def engine(
-        self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]
+        self, roles: RoleSettings, models: Models, prompt_ids: list[list[int]]
     ) -> RolloutEngine:
         """The engine the rollouts sample from (``prompt_ids``: the run's prompts, for an
         engine that launches batches ahead)."""
@@ -53,14 +57,14 @@ class LocalPlacement:
     def __init__(self, engines: EngineCache | None = None) -> None:
         self.engines = engines
 
-    def rewards(self, cfg: OnlineConfig) -> WeightedRewards:
-        return load_rewards(cfg, reward_policy_tokenizer(cfg))
+    def rewards(self, roles: RoleSettings) -> WeightedRewards:
+        return load_rewards(roles.rewards, reward_policy_tokenizer(roles.rewards))
 
-    def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
-        return load_models(cfg, algo)
+    def models(self, roles: RoleSettings, algo: Algorithm) -> Models:
+        return load_models(roles.models, algo)
 
-    def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
-        return make_engine(cfg, models.tokenizer, self.engines)
+    def engine(self, roles: RoleSettings, models: Models, prompt_ids: list[list[int]]) -> Any:
+        return make_engine(roles.engine, models.tokenizer, self.engines)
 
     def stop(self) -> GracefulStop:
         return GracefulStop()

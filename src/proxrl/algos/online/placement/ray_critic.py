@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.critic import Critic, CriticGradient, CriticLoader, value_metrics
 from proxrl.algos.online.placement.ray_group import answer, join_paths, ready_within
 from proxrl.algos.online.placement.ray_roles import RoleActor
+from proxrl.algos.online.role_settings import ModelSettings
 from proxrl.core import Aggregation
 from proxrl.models.tokenizer import load_tokenizer
 from proxrl.rollout.experience import Experience
@@ -80,18 +80,19 @@ def value_rows(experience: Experience, rows: Tensor) -> Experience:
     return on(replace(experience.select(rows), **dict.fromkeys(UNREAD)), "cpu")
 
 
-def remote_loader(start: Callable[..., Any], loader: CriticLoader) -> CriticLoader:
+def remote_loader(start: Callable[..., Any], loader: CriticLoader, output_dir: str) -> CriticLoader:
     """A critic loader for ``roles.load_models`` that loads the critic with ``loader`` in a
-    critic actor (``start(loader, rng)``: a started one) from this process's random state, waits
-    for it and takes the state back."""
+    critic actor (``start(models, loader, rng)``: a started one) from this process's random
+    state, waits for it and takes the state back. ``output_dir``: the run's, named when the
+    actor dies."""
 
-    def load(cfg: OnlineConfig, actor: nn.Module, tokenizer: Any) -> RemoteCritic:
-        handle = start(loader, host_rng())
+    def load(models: ModelSettings, actor: nn.Module, tokenizer: Any) -> RemoteCritic:
+        handle = start(models, loader, host_rng())
         (loaded,) = ready_within([handle.loaded.remote()], "the critic actor")
         if loaded["error"] is not None:
             raise ProxrlError(loaded["error"])
         restore_rng_state(loaded["rng"])
-        return RemoteCritic(handle, loaded, cfg.output_dir)
+        return RemoteCritic(handle, loaded, output_dir)
 
     return load
 
@@ -100,17 +101,22 @@ class CriticActor(RoleActor):
     """The separate critic and its AdamW, trained where they live."""
 
     def __init__(
-        self, cfg: OnlineConfig, paths: list[str], loader: CriticLoader, rng: dict[str, Any]
+        self,
+        paths: list[str],
+        models: ModelSettings,
+        loader: CriticLoader,
+        rng: dict[str, Any],
     ) -> None:
         join_paths(paths)
-        self.cfg = cfg
+        self.models = models
         self.rng = rng
         self.device = dist.device()
         try:
             restore_rng_state(rng)
-            tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+            trust_remote_code = models.loading.trust_remote_code
+            tokenizer = load_tokenizer(models.model, trust_remote_code=trust_remote_code)
             # (a separate critic reads no policy: there is none here)
-            self.critic: Critic = loader(cfg, None, tokenizer)  # type: ignore[arg-type]
+            self.critic: Critic = loader(models, None, tokenizer)  # type: ignore[arg-type]
             self.rng = host_rng()
             for module in self.critic.modules():
                 module.to(self.device)
@@ -132,7 +138,7 @@ class CriticActor(RoleActor):
     @torch.no_grad()
     def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int) -> Tensor:
         """(B, P + T) ids and mask → (B, T) V(s_t) at every response token (CPU)."""
-        with self.cfg.autocast():
+        with self.models.autocast():
             values = self.critic.values(
                 input_ids.to(self.device), attention_mask.to(self.device), prompt_length, None
             )
@@ -146,7 +152,7 @@ class CriticActor(RoleActor):
         self.optimizer.zero_grad(set_to_none=True)
 
         def loss(model: nn.Module, batch: tuple[Experience, float]) -> Any:
-            with self.cfg.autocast():
+            with self.models.autocast():
                 return self.critic.loss(on(batch[0], self.device), None, loss_agg)
 
         module = self.critic.modules()[0]

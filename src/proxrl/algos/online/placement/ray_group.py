@@ -23,7 +23,6 @@ import sys
 import time
 from typing import Any
 
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.signals import GracefulStop
@@ -124,22 +123,21 @@ def join_group(rank: int, world: int, address: str, port: int) -> int:
     return os.getpid()
 
 
-def trainer_bundle(cfg: OnlineConfig) -> dict[str, float]:
-    bundle = {"CPU": cfg.ray_trainer_cpus, "GPU": cfg.ray_trainer_gpus}
+def trainer_bundle(cpus: float, gpus: float) -> dict[str, float]:
+    bundle = {"CPU": cpus, "GPU": gpus}
     return {key: amount for key, amount in bundle.items() if amount > 0}
 
 
-def trainer_options(cfg: OnlineConfig) -> tuple[list[dict[str, Any]], Any]:
-    """Ray options of each trainer actor, their bundles of the group's placement group, and the
-    group (to remove at the end; None for one trainer, or when a trainer asks for nothing to
-    reserve)."""
+def trainer_options(n: int, cpus: float, gpus: float) -> tuple[list[dict[str, Any]], Any]:
+    """Ray options of each of ``n`` trainer actors (``ray_trainer_processes``, each of ``cpus``
+    and ``gpus``), their bundles of the group's placement group, and the group (to remove at
+    the end; None for one trainer, or when a trainer asks for nothing to reserve)."""
     import ray
     from ray.exceptions import GetTimeoutError
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    n = cfg.ray_trainer_processes
-    bundle = trainer_bundle(cfg)
+    bundle = trainer_bundle(cpus, gpus)
     if n == 1 or not bundle:
         return [{}] * n, None
     group = placement_group([bundle] * n, strategy="PACK")

@@ -22,7 +22,6 @@ import ray
 import torch
 from torch import Tensor, nn
 
-from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.placement.ray_group import answer, answer_of, join_paths
 from proxrl.algos.online.placement.ray_weights import (
     Layout,
@@ -30,6 +29,7 @@ from proxrl.algos.online.placement.ray_weights import (
     ProcessGroupWeights,
     WeightReceiver,
 )
+from proxrl.algos.online.role_settings import EngineSettings, ModelSettings, RewardSettings
 from proxrl.algos.online.roles import load_rewards, place_rewards, reward_policy_tokenizer
 from proxrl.algos.online.samplers import ENGINES, make_engine
 from proxrl.data.batching import pad_left, pad_to
@@ -53,13 +53,14 @@ class RoleActor:
 
 
 def frozen_model(
-    cfg: OnlineConfig, on_cpu: bool = False, path: str | None = None
+    settings: ModelSettings, on_cpu: bool = False, path: str | None = None
 ) -> tuple[nn.Module, Any]:
-    """``cfg.model`` (or ``path``: the teacher) loaded as the trainer loads its reference, on
-    this actor's device, resized for the policy's tokenizer."""
-    tokenizer = load_tokenizer(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    """The policy's starting model (or ``path``: the teacher) loaded as the trainer loads its
+    reference, on this actor's device, resized for the policy's tokenizer."""
+    loading = settings.loading
+    tokenizer = load_tokenizer(settings.model, trust_remote_code=loading.trust_remote_code)
     role = "model" if path is None else "teacher_model"  # named as the trainer names it
-    model = load_causal_lm(path or cfg.model, **cfg.loader_kwargs(), role=role)
+    model = load_causal_lm(path or settings.model, **loading.loader_kwargs(), role=role)
     resize_for_tokenizer(model, tokenizer)
     device = "cpu" if on_cpu else dist.device()
     return model.requires_grad_(False).eval().to(device), tokenizer
@@ -68,10 +69,10 @@ def frozen_model(
 class RewardActor(RoleActor):
     """Every reward source of the run (reward models and functions), scoring where it lives."""
 
-    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], settings: RewardSettings) -> None:
         join_paths(paths)
         try:
-            self.rewards = load_rewards(cfg, reward_policy_tokenizer(cfg))
+            self.rewards = load_rewards(settings, reward_policy_tokenizer(settings))
             place_rewards(self.rewards, dist.device())
         except ProxrlError as error:
             self.error = str(error)
@@ -102,14 +103,21 @@ class RemoteRewards:
 
 class FrozenActor(RoleActor):
     """A frozen role's model, scoring the trainer's sampled tokens where it lives: the reference
-    (``model`` None: ``cfg.model``) or on-policy distillation's teacher (``model``:
-    ``cfg.teacher_model``)."""
+    (``model`` None: the policy's starting model) or on-policy distillation's teacher
+    (``model``: ``teacher_model``). ``shared_prefix``: its passes forward a group's prompt once
+    (``EngineSettings.shares_prefix``)."""
 
-    def __init__(self, cfg: OnlineConfig, paths: list[str], model: str | None = None) -> None:
+    def __init__(
+        self,
+        paths: list[str],
+        settings: ModelSettings,
+        shared_prefix: bool,
+        model: str | None = None,
+    ) -> None:
         join_paths(paths)
-        self.shared_prefix = cfg.shares_prefix
+        self.shared_prefix = shared_prefix
         try:
-            self.model, _ = frozen_model(cfg, path=model)
+            self.model, _ = frozen_model(settings, path=model)
         except ProxrlError as error:
             self.error = str(error)
 
@@ -197,16 +205,16 @@ class EngineActor(RoleActor):
     """A generation engine: a copy of the policy sampled by the run's sampler (the built-in
     ones; vLLM's engine inside this actor with sampler vllm)."""
 
-    def __init__(self, cfg: OnlineConfig, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], models: ModelSettings, engine: EngineSettings) -> None:
         join_paths(paths)
         self.version = -1
         self.broadcast_bytes = self.store_loads = 0
         self.receiver: WeightReceiver | None = None
         try:
             # under vLLM the module only stages the weights vLLM reloads from: on the CPU
-            on_cpu = ENGINES.trait(cfg.sampler, "needs_vllm")
-            self.model, tokenizer = frozen_model(cfg, on_cpu=on_cpu)
-            self.engine = make_engine(cfg, tokenizer)
+            on_cpu = ENGINES.trait(engine.sampler, "needs_vllm")
+            self.model, tokenizer = frozen_model(models, on_cpu=on_cpu)
+            self.engine = make_engine(engine, tokenizer)
             self.sampler = self.engine.sampler(self.model)
         except ProxrlError as error:
             self.error = str(error)

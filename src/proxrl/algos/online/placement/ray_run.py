@@ -32,33 +32,14 @@ from proxrl.algos.online.placement.base import Driver
 from proxrl.algos.online.placement.ray_group import join_paths
 from proxrl.algos.online.placement_fields import RAY_INSTALL
 from proxrl.algos.online.prompts import per_response, prompt_order
-from proxrl.algos.online.roles import Models, load_models, measures_kl
-from proxrl.algos.online.samplers import sampling_settings
-from proxrl.core import DISTILL_LOSSES
+from proxrl.algos.online.role_settings import LaunchAhead, RaySettings, RoleSettings
+from proxrl.algos.online.roles import Models, load_models, role_settings
 from proxrl.rollout.vllm_sampler import EngineCache
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import Interrupted, ProxrlError, RunFinished
 from proxrl.runtime.signals import GracefulStop
 
 log = logging.getLogger(__name__)
-
-
-def has_reference(cfg: OnlineConfig) -> bool:
-    """A reference model of its own (under LoRA the adapter-disabled policy is the reference)."""
-    return measures_kl(cfg) and not cfg.lora_r
-
-
-def has_teacher_role(cfg: OnlineConfig) -> bool:
-    """A teacher actor: a teacher whose signal is its log-probs of the sampled tokens
-    (distill_loss reverse_kl_reward); gjsd reads its whole distribution at every position in
-    the update, so that teacher is loaded in the trainer, next to the policy."""
-    return cfg.teacher_model is not None and DISTILL_LOSSES[cfg.distill_loss].advantage is not None
-
-
-def has_critic_role(cfg: OnlineConfig) -> bool:
-    """A critic actor: a separate value model (``critic: separate``; a value head is part of the
-    policy)."""
-    return getattr(cfg, "critic", None) == "separate"
 
 
 ACTORS = MappingProxyType(
@@ -76,24 +57,24 @@ ACTORS = MappingProxyType(
 COUNTS = MappingProxyType({"ray_trainer": "ray_trainer_processes", "ray_engine": "ray_engines"})
 
 
-def role_actors(cfg: OnlineConfig) -> list[tuple[str, int]]:
+def role_actors(ray: RaySettings) -> list[tuple[str, int]]:
     """The run's roles (their fields' prefix) and how many actors each has."""
     roles = [
-        ("ray_trainer", cfg.ray_trainer_processes),
-        ("ray_engine", cfg.ray_engines),
+        ("ray_trainer", ray.ray_trainer_processes),
+        ("ray_engine", ray.ray_engines),
         ("ray_reward", 1),
     ]
-    roles += [("ray_reference", 1)] if has_reference(cfg) else []
-    roles += [("ray_teacher", 1)] if has_teacher_role(cfg) else []
-    return roles + [("ray_critic", 1)] if has_critic_role(cfg) else roles
+    roles += [("ray_reference", 1)] if ray.reference_actor else []
+    roles += [("ray_teacher", 1)] if ray.teacher_actor else []
+    return roles + [("ray_critic", 1)] if ray.critic_actor else roles
 
 
-def requested(cfg: OnlineConfig) -> dict[str, tuple[float, str]]:
+def requested(ray: RaySettings) -> dict[str, tuple[float, str]]:
     """CPUs and GPUs the run's actors ask for, each with the sum that makes it up."""
-    roles = role_actors(cfg)
+    roles = role_actors(ray)
     total = {}
     for unit in ("cpus", "gpus"):
-        terms = [(n, getattr(cfg, f"{role}_{unit}"), role) for role, n in roles]
+        terms = [(n, getattr(ray, f"{role}_{unit}"), role) for role, n in roles]
         amount = sum(n * x for n, x, _ in terms)
         words = " + ".join(
             f"{COUNTS[role] + ' ' + str(n) + ' × ' if n > 1 else ''}{role}_{unit} {x:.12g}"
@@ -118,7 +99,7 @@ def check_address(address: str) -> None:
         ) from error
 
 
-def connect(cfg: OnlineConfig) -> bool:
+def connect(ray_settings: RaySettings) -> bool:
     """Join the cluster the config or $RAY_ADDRESS names, else start a local Ray; True when
     this call started or joined it (and so should leave it at the end)."""
     try:
@@ -127,7 +108,7 @@ def connect(cfg: OnlineConfig) -> bool:
         raise ProxrlError(f"placement: ray needs the ray package: {RAY_INSTALL}") from error
     if ray.is_initialized():
         return False
-    address = cfg.ray_address or os.environ.get("RAY_ADDRESS", "")
+    address = ray_settings.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address and address != "auto" and not address.startswith("ray://"):
         check_address(address)
         send_token_if_held()
@@ -136,7 +117,7 @@ def connect(cfg: OnlineConfig) -> bool:
 
         machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
         where = "this machine (for a local Ray)"
-        check_resources(cfg, [machine], where, where)
+        check_resources(ray_settings, [machine], where, where)
     try:
         ray.init(address=address or None, include_dashboard=False, logging_level=logging.WARNING)
     except ConnectionError as error:
@@ -173,23 +154,23 @@ def send_token_if_held() -> None:
 
 
 def check_resources(
-    cfg: OnlineConfig, nodes: list[dict[str, float]], where: str, on_one: str
+    ray: RaySettings, nodes: list[dict[str, float]], where: str, on_one: str
 ) -> None:
     """Each actor's CPUs and GPUs fit in one of ``nodes`` (their resources, by Ray's names), as
     an actor runs on one node (Ray would leave one that fits none pending for ever), and every
     role's together fit in their sum. ``where``: the nodes, ``on_one``: any one of them."""
     units = (("cpus", "CPU"), ("gpus", "GPU"))
-    for role, _ in role_actors(cfg):
+    for role, _ in role_actors(ray):
         for unit, key in units:
             field = f"{role}_{unit}"
-            asked = getattr(cfg, field)
+            asked = getattr(ray, field)
             if asked > max((node.get(key, 0.0) for node in nodes), default=0.0) + 1e-9:
                 raise ProxrlError(
                     f"placement: {ACTORS[role]} asks for {asked:.12g} {key}s ({field}), more "
                     f"than {on_one} has; lower {field}"
                 )
     for unit, key in units:
-        amount, words = requested(cfg)[unit]
+        amount, words = requested(ray)[unit]
         if amount > sum(node.get(key, 0.0) for node in nodes) + 1e-9:
             raise ProxrlError(
                 f"placement: the roles ask for {amount:.12g} {key}s ({words}), more than {where} "
@@ -238,7 +219,7 @@ class TrainerActor:
         error the user can act on, re-raised by ``train_on_ray`` as the same one line."""
         logging.basicConfig(level=logging.INFO)
         try:
-            placement = RayPlacement(cfg, self.stop, self.run, self.published)
+            placement = RayPlacement(self.stop, self.run, self.published)
             return "ok", driver(cfg, algo, placement)
         except ProxrlError as error:
             return "error", (type(error).__name__, str(error), error.exit_code)
@@ -262,20 +243,22 @@ def train_on_ray(
 
     if dist.world_size() > 1:
         raise ProxrlError("placement: ray starts the run's processes itself; launch it once")
-    owns = connect(cfg)
+    settings = role_settings(cfg).ray
+    owns = connect(settings)
     trainers: list[Any] = []
     group = None
     try:
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-        check_resources(cfg, nodes, "the Ray cluster", "any node of the Ray cluster")
+        check_resources(settings, nodes, "the Ray cluster", "any node of the Ray cluster")
         run = f"proxrl-{os.getpid()}-{time.time_ns()}"
-        every, group = ray_group.trainer_options(cfg)
+        cpus, gpus = settings.ray_trainer_cpus, settings.ray_trainer_gpus
+        every, group = ray_group.trainer_options(settings.ray_trainer_processes, cpus, gpus)
         for rank, options in enumerate(every):
             trainers.append(
                 ray.remote(TrainerActor)
                 .options(
-                    num_cpus=cfg.ray_trainer_cpus,
-                    num_gpus=cfg.ray_trainer_gpus,
+                    num_cpus=cpus,
+                    num_gpus=gpus,
                     max_restarts=0,
                     max_concurrency=3,  # train, and request_stop / hold_weights while it runs
                     name=ray_group.trainer_name(run, rank),
@@ -309,27 +292,27 @@ class RayPlacement:
     engines in actors of their own, started here (so owned by the trainer); with several
     trainers, by rank 0 and shared (``ray_group``)."""
 
-    def __init__(
-        self, cfg: OnlineConfig, stop: GracefulStop, run: str, published: list[Any]
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, stop: GracefulStop, run: str, published: list[Any]) -> None:
         self.graceful = stop
         self.run = run
         self.published = published  # [weights, version] rank 0 handed this rank
         self.pool: Any = None
 
-    def _actor(self, cls: type, role: str, *args: Any, **options: Any) -> Any:
+    @staticmethod
+    def _actor(cls: type, role: str, settings: RaySettings, *args: Any, **options: Any) -> Any:
+        """An actor of ``cls`` for ``role`` with the CPUs and GPUs ``settings`` gives it; its
+        constructor gets this process's import paths, then ``args``."""
         import ray
 
         handle = (
             ray.remote(cls)
             .options(
-                num_cpus=getattr(self.cfg, f"ray_{role}_cpus"),
-                num_gpus=getattr(self.cfg, f"ray_{role}_gpus"),
+                num_cpus=getattr(settings, f"ray_{role}_cpus"),
+                num_gpus=getattr(settings, f"ray_{role}_gpus"),
                 namespace="proxrl",
                 **options,
             )
-            .remote(self.cfg, list(sys.path), *args)
+            .remote(list(sys.path), *args)
         )
         return handle
 
@@ -340,19 +323,19 @@ class RayPlacement:
             if error is not None:
                 raise ProxrlError(error)
 
-    def rewards(self, cfg: OnlineConfig) -> Any:
+    def rewards(self, roles: RoleSettings) -> Any:
         from proxrl.algos.online.placement.ray_roles import RemoteRewards, RewardActor
 
         name = f"{self.run}-reward"
 
         def start() -> list[Any]:
-            handle = self._actor(RewardActor, "reward", name=name)
+            handle = self._actor(RewardActor, "reward", roles.ray, roles.rewards, name=name)
             self._ready([handle], "the reward actor")
             return [handle]
 
-        return RemoteRewards(ray_group.shared(start, [name])[0], cfg.output_dir)
+        return RemoteRewards(ray_group.shared(start, [name])[0], roles.ray.output_dir)
 
-    def models(self, cfg: OnlineConfig, algo: Algorithm) -> Models:
+    def models(self, roles: RoleSettings, algo: Algorithm) -> Models:
         from proxrl.algos.online.placement.ray_critic import (
             CriticActor,
             remote_loader,
@@ -365,34 +348,40 @@ class RayPlacement:
         )
         from proxrl.algos.online.placement.ray_weights import TRANSPORTS
 
-        run = self.run
-        names = [f"{run}-engine-{i}" for i in range(cfg.ray_engines)]
-        # each frozen role: its model (None: cfg.model)
-        frozen = [("reference", None)] if has_reference(cfg) else []
-        frozen += [("teacher", cfg.teacher_model)] if has_teacher_role(cfg) else []
+        run, ray, settings = self.run, roles.ray, roles.models
+        n = ray.ray_engines
+        names = [f"{run}-engine-{i}" for i in range(n)]
+        # each frozen role: its model (None: the policy's)
+        frozen = [("reference", None)] if ray.reference_actor else []
+        frozen += [("teacher", settings.teacher_model)] if ray.teacher_actor else []
         names += [f"{run}-{role}" for role, _ in frozen]
         started: list[Any] = []
         if dist.is_main():  # started now, to load while the policy does
+            restarts = ray.ray_engine_restarts
             started = [
                 self._actor(
                     EngineActor,
                     "engine",
+                    ray,
+                    settings,
+                    roles.engine,
                     name=name,
-                    max_restarts=cfg.ray_engine_restarts,
-                    max_task_retries=cfg.ray_engine_restarts,
-                )
-                for name in names[: cfg.ray_engines]
+                    max_restarts=restarts,
+                    max_task_retries=restarts,
+                )  # fmt: skip
+                for name in names[:n]
             ]
+            shared_prefix = roles.engine.shares_prefix
             started += [
-                self._actor(FrozenActor, role, model, name=name)
-                for (role, model), name in zip(frozen, names[cfg.ray_engines :], strict=True)
+                self._actor(FrozenActor, role, ray, settings, shared_prefix, model, name=name)
+                for (role, model), name in zip(frozen, names[n:], strict=True)
             ]
-        if has_critic_role(cfg):  # loaded in its actor, at the point the loop would load it
-            start = partial(self._actor, CriticActor, "critic", name=f"{run}-critic")
-            algo = replace(algo, critic=remote_loader(start, algo.critic))
+        if ray.critic_actor:  # loaded in its actor, at the point the loop would load it
+            start = partial(self._actor, CriticActor, "critic", ray, name=f"{run}-critic")
+            algo = replace(algo, critic=remote_loader(start, algo.critic, ray.output_dir))
         # while the actors load (a teacher's tokenizer is checked here, before any waiting)
         models = load_models(
-            cfg, algo, with_reference=False, with_teacher=not has_teacher_role(cfg)
+            settings, algo, with_reference=False, with_teacher=not ray.teacher_actor
         )
 
         def ready() -> list[Any]:
@@ -401,27 +390,27 @@ class RayPlacement:
             return started
 
         handles = ray_group.shared(ready, names)
-        engines, placed = handles[: cfg.ray_engines], handles[cfg.ray_engines :]
+        engines, placed = handles[:n], handles[n:]
         by_role = {role: handle for (role, _), handle in zip(frozen, placed, strict=True)}
-        transport = TRANSPORTS[cfg.ray_weight_transport]
+        transport = TRANSPORTS[ray.ray_weight_transport]
         self.pool = EnginePool(engines, models.tokenizer.pad_token_id, transport)
         reference, teacher = by_role.get("reference"), by_role.get("teacher")
         return replace(
             models,
             reference=(
-                RemoteFrozen(reference, cfg.output_dir, "reference")
+                RemoteFrozen(reference, ray.output_dir, "reference")
                 if reference is not None
                 else models.reference
             ),
             teacher=(
-                RemoteFrozen(teacher, cfg.output_dir, "teacher")
+                RemoteFrozen(teacher, ray.output_dir, "teacher")
                 if teacher is not None
                 else models.teacher
             ),
         )
 
-    def engine(self, cfg: OnlineConfig, models: Models, prompt_ids: list[list[int]]) -> Any:
-        return RayEngines(self, prompt_ids)
+    def engine(self, roles: RoleSettings, models: Models, prompt_ids: list[list[int]]) -> Any:
+        return RayEngines(self, prompt_ids, roles.ray.ahead)
 
     def stop(self) -> GracefulStop:
         return self.graceful
@@ -453,11 +442,15 @@ class RayPlacement:
 
 class RayEngines:
     """The engine actors' pool as the loop's engine: the policy's weights published at the
-    start and after each update, batches launched ahead while the trainer updates."""
+    start and after each update, batches launched ahead while the trainer updates (``ahead``:
+    async_rollout's; None: none)."""
 
-    def __init__(self, placement: RayPlacement, prompt_ids: list[list[int]]) -> None:
+    def __init__(
+        self, placement: RayPlacement, prompt_ids: list[list[int]], ahead: LaunchAhead | None
+    ) -> None:
         self.placement = placement
         self.prompt_ids = prompt_ids
+        self.ahead = ahead
         self.update_started = 0.0
 
     def sampler(self, policy: nn.Module) -> Any:
@@ -469,16 +462,17 @@ class RayEngines:
     def before_update(self, iteration: int) -> None:
         """Launch the batches up to ``max_staleness`` iterations ahead (async_rollout) with the
         weights the engines hold now, then note when the update starts."""
-        cfg, pool = self.placement.cfg, self.placement.pool
-        if cfg.async_rollout:
+        ahead, pool = self.ahead, self.placement.pool
+        if ahead is not None:
             pool.pending = [p for p in pool.pending if p.iteration > iteration]
-            ahead = range(iteration + 1, min(iteration + cfg.max_staleness, cfg.iterations - 1) + 1)
-            for later in ahead:
+            last = min(iteration + ahead.max_staleness, ahead.iterations - 1)
+            for later in range(iteration + 1, last + 1):
                 if later in pool.launched():
                     continue
-                order = prompt_order(len(self.prompt_ids), cfg.rollout_batch_size, later, cfg.seed)
-                ids = [self.prompt_ids[i] for i in per_response(order, cfg.group_size)]
-                pool.prefetch(later, ids, sampling_settings(cfg), with_logprobs=True)
+                n = len(self.prompt_ids)
+                order = prompt_order(n, ahead.rollout_batch_size, later, ahead.seed)
+                ids = [self.prompt_ids[i] for i in per_response(order, ahead.group_size)]
+                pool.prefetch(later, ids, ahead.sampling, with_logprobs=True)
         self.update_started = time.time()
 
     def after_update(self, policy: nn.Module, iteration: int) -> dict[str, float]:
