@@ -1,5 +1,6 @@
 """The roles of the online loop and what they are fed: the actor, the reference, the critic and
-the reward sources loaded from a config, placed on devices, and the prompts they start from."""
+the reward sources, loaded from the records ``role_settings`` builds once from the config and
+placed on devices, and the prompts they start from."""
 
 from __future__ import annotations
 

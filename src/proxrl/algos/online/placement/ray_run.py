@@ -100,8 +100,8 @@ def check_address(address: str) -> None:
 
 
 def connect(ray_settings: RaySettings) -> bool:
-    """Join the cluster the config or $RAY_ADDRESS names, else start a local Ray; True when
-    this call started or joined it (and so should leave it at the end)."""
+    """Join the cluster ``ray_address`` or $RAY_ADDRESS names, else start a local Ray; True
+    when this call started or joined it (and so should leave it at the end)."""
     try:
         import ray
     except ImportError as error:
@@ -368,7 +368,7 @@ class RayPlacement:
                     name=name,
                     max_restarts=restarts,
                     max_task_retries=restarts,
-                )  # fmt: skip
+                )
                 for name in names[:n]
             ]
             shared_prefix = roles.engine.shares_prefix
