@@ -220,7 +220,7 @@ class NoCritic(Critic):
     """The critic-free family: V ≡ 0, nothing trained, saved or logged."""
 
     @classmethod
-    def load(cls, models: ModelSettings, actor: nn.Module, tokenizer: Any) -> NoCritic:
+    def load(cls, model_settings: ModelSettings, actor: nn.Module, tokenizer: Any) -> NoCritic:
         return cls()
 
     def values(
@@ -370,14 +370,18 @@ class SeparateCritic(_TrainedCritic):
 
     @classmethod
     def load(
-        cls, settings: CriticSettings, models: ModelSettings, actor: nn.Module, tokenizer: Any
+        cls,
+        settings: CriticSettings,
+        model_settings: ModelSettings,
+        actor: nn.Module,
+        tokenizer: Any,
     ) -> SeparateCritic:
-        source = critic_start(settings.source, models.model, models.reward_model)
+        source = critic_start(settings.source, model_settings.model, model_settings.reward_model)
         model = load_score_model(
             source,
             new_head="zero",
-            gradient_checkpointing=models.gradient_checkpointing,
-            **models.loading.loader_kwargs(),
+            gradient_checkpointing=model_settings.gradient_checkpointing,
+            **model_settings.loading.loader_kwargs(),
         )
         resize_for_tokenizer(model, tokenizer)
         if settings.lora_r:
@@ -416,7 +420,11 @@ class ValueHeadCritic(_TrainedCritic):
 
     @classmethod
     def load(
-        cls, settings: CriticSettings, models: ModelSettings, actor: nn.Module, tokenizer: Any
+        cls,
+        settings: CriticSettings,
+        model_settings: ModelSettings,
+        actor: nn.Module,
+        tokenizer: Any,
     ) -> ValueHeadCritic:
         config: Any = actor.config  # a transformers config (through peft's wrapper under LoRA)
         return cls(ValueHead(config.hidden_size), settings)

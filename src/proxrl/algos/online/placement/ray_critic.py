@@ -82,12 +82,12 @@ def value_rows(experience: Experience, rows: Tensor) -> Experience:
 
 def remote_loader(start: Callable[..., Any], loader: CriticLoader, output_dir: str) -> CriticLoader:
     """A critic loader for ``roles.load_models`` that loads the critic with ``loader`` in a
-    critic actor (``start(models, loader, rng)``: a started one) from this process's random
+    critic actor (``start(model_settings, loader, rng)``: a started one) from this process's random
     state, waits for it and takes the state back. ``output_dir``: the run's, named when the
     actor dies."""
 
-    def load(models: ModelSettings, actor: nn.Module, tokenizer: Any) -> RemoteCritic:
-        handle = start(models, loader, host_rng())
+    def load(model_settings: ModelSettings, actor: nn.Module, tokenizer: Any) -> RemoteCritic:
+        handle = start(model_settings, loader, host_rng())
         (loaded,) = ready_within([handle.loaded.remote()], "the critic actor")
         if loaded["error"] is not None:
             raise ProxrlError(loaded["error"])
@@ -103,20 +103,20 @@ class CriticActor(RoleActor):
     def __init__(
         self,
         paths: list[str],
-        models: ModelSettings,
+        model_settings: ModelSettings,
         loader: CriticLoader,
         rng: dict[str, Any],
     ) -> None:
         join_paths(paths)
-        self.models = models
+        self.model_settings = model_settings
         self.rng = rng
         self.device = dist.device()
         try:
             restore_rng_state(rng)
-            trust_remote_code = models.loading.trust_remote_code
-            tokenizer = load_tokenizer(models.model, trust_remote_code=trust_remote_code)
+            trust_remote_code = model_settings.loading.trust_remote_code
+            tokenizer = load_tokenizer(model_settings.model, trust_remote_code=trust_remote_code)
             # (a separate critic reads no policy: there is none here)
-            self.critic: Critic = loader(models, None, tokenizer)  # type: ignore[arg-type]
+            self.critic: Critic = loader(model_settings, None, tokenizer)  # type: ignore[arg-type]
             self.rng = host_rng()
             for module in self.critic.modules():
                 module.to(self.device)
@@ -138,7 +138,7 @@ class CriticActor(RoleActor):
     @torch.no_grad()
     def values(self, input_ids: Tensor, attention_mask: Tensor, prompt_length: int) -> Tensor:
         """(B, P + T) ids and mask → (B, T) V(s_t) at every response token (CPU)."""
-        with self.models.autocast():
+        with self.model_settings.autocast():
             values = self.critic.values(
                 input_ids.to(self.device), attention_mask.to(self.device), prompt_length, None
             )
@@ -152,7 +152,7 @@ class CriticActor(RoleActor):
         self.optimizer.zero_grad(set_to_none=True)
 
         def loss(model: nn.Module, batch: tuple[Experience, float]) -> Any:
-            with self.models.autocast():
+            with self.model_settings.autocast():
                 return self.critic.loss(on(batch[0], self.device), None, loss_agg)
 
         module = self.critic.modules()[0]

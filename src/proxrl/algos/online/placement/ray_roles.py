@@ -205,7 +205,9 @@ class EngineActor(RoleActor):
     """A generation engine: a copy of the policy sampled by the run's sampler (the built-in
     ones; vLLM's engine inside this actor with sampler vllm)."""
 
-    def __init__(self, paths: list[str], models: ModelSettings, engine: EngineSettings) -> None:
+    def __init__(
+        self, paths: list[str], model_settings: ModelSettings, engine: EngineSettings
+    ) -> None:
         join_paths(paths)
         self.version = -1
         self.broadcast_bytes = self.store_loads = 0
@@ -213,7 +215,7 @@ class EngineActor(RoleActor):
         try:
             # under vLLM the module only stages the weights vLLM reloads from: on the CPU
             on_cpu = ENGINES.trait(engine.sampler, "needs_vllm")
-            self.model, tokenizer = frozen_model(models, on_cpu=on_cpu)
+            self.model, tokenizer = frozen_model(model_settings, on_cpu=on_cpu)
             self.engine = make_engine(engine, tokenizer)
             self.sampler = self.engine.sampler(self.model)
         except ProxrlError as error:

@@ -348,12 +348,12 @@ class RayPlacement:
         )
         from proxrl.algos.online.placement.ray_weights import TRANSPORTS
 
-        run, ray, settings = self.run, roles.ray, roles.models
+        run, ray, model_settings = self.run, roles.ray, roles.models
         n = ray.ray_engines
         names = [f"{run}-engine-{i}" for i in range(n)]
         # each frozen role: its model (None: the policy's)
         frozen = [("reference", None)] if ray.reference_actor else []
-        frozen += [("teacher", settings.teacher_model)] if ray.teacher_actor else []
+        frozen += [("teacher", model_settings.teacher_model)] if ray.teacher_actor else []
         names += [f"{run}-{role}" for role, _ in frozen]
         started: list[Any] = []
         if dist.is_main():  # started now, to load while the policy does
@@ -363,7 +363,7 @@ class RayPlacement:
                     EngineActor,
                     "engine",
                     ray,
-                    settings,
+                    model_settings,
                     roles.engine,
                     name=name,
                     max_restarts=restarts,
@@ -373,7 +373,7 @@ class RayPlacement:
             ]
             shared_prefix = roles.engine.shares_prefix
             started += [
-                self._actor(FrozenActor, role, ray, settings, shared_prefix, model, name=name)
+                self._actor(FrozenActor, role, ray, model_settings, shared_prefix, model, name=name)
                 for (role, model), name in zip(frozen, names[n:], strict=True)
             ]
         if ray.critic_actor:  # loaded in its actor, at the point the loop would load it
@@ -381,7 +381,7 @@ class RayPlacement:
             algo = replace(algo, critic=remote_loader(start, algo.critic, ray.output_dir))
         # while the actors load (a teacher's tokenizer is checked here, before any waiting)
         models = load_models(
-            settings, algo, with_reference=False, with_teacher=not ray.teacher_actor
+            model_settings, algo, with_reference=False, with_teacher=not ray.teacher_actor
         )
 
         def ready() -> list[Any]:
