@@ -9,7 +9,8 @@ import pickle
 from proxrl.algos.online import grpo, ppo
 from proxrl.algos.online.role_settings import LaunchAhead
 from proxrl.algos.online.roles import role_settings
-from proxrl.algos.online.samplers import sampling_settings
+from proxrl.rollout.generation import SamplingSettings
+from proxrl.runtime.config import narrowed
 
 
 def test_which_roles_have_an_actor_follows_the_kl_lora_teacher_and_critic_options():
@@ -43,7 +44,9 @@ def test_batches_launched_ahead_read_the_runs_sampling_and_order():
     assert role_settings(grpo.Config(**base)).ray.ahead is None
     cfg = grpo.Config(**base, async_rollout=True, max_staleness=2, iterations=7, group_size=3)
     ahead = role_settings(cfg).ray.ahead
-    assert ahead == LaunchAhead(2, 7, cfg.rollout_batch_size, 3, 11, sampling_settings(cfg))
+    assert ahead == LaunchAhead(
+        2, 7, cfg.rollout_batch_size, 3, 11, narrowed(SamplingSettings, cfg)
+    )
 
 
 def test_the_records_travel_to_an_actor_whole():

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from proxrl.algos.online import ppo
 from proxrl.algos.online.roles import role_settings
-from proxrl.algos.online.samplers import sampling_settings
 from proxrl.cli import main
+from proxrl.rollout.generation import SamplingSettings
 from proxrl.runtime.checkpoint import CheckpointManager
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import Interrupted, ProxrlError
 from proxrl.runtime.metrics import read_metrics
 
@@ -169,7 +170,7 @@ def test_an_engine_restarted_under_a_request_loads_the_weights_it_names(
     pool.publish(policy, version=7)
     prompt_ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
     prompt_mask = (prompt_ids != 0).long()
-    settings = sampling_settings(cfg)
+    settings = narrowed(SamplingSettings, cfg)
     torch.manual_seed(0)
     before = pool.sample(prompt_ids, prompt_mask, settings, with_logprobs=True)
     pid = local_ray.get(engine.__ray_call__.remote(lambda actor: os.getpid()), timeout=60)

@@ -108,7 +108,7 @@ class LaunchAhead:
     rollout_batch_size: int
     group_size: int
     seed: int
-    sampling: SamplingSettings  # derived: the run's (``samplers.sampling_settings``)
+    sampling: SamplingSettings  # the run's distribution (``narrowed`` from the config)
 
 
 @dataclass(frozen=True)

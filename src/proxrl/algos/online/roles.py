@@ -26,7 +26,6 @@ from proxrl.algos.online.role_settings import (
     RewardSettings,
     RoleSettings,
 )
-from proxrl.algos.online.samplers import sampling_settings
 from proxrl.core import DISTILL_LOSSES, KL_CONTROLLERS
 from proxrl.data.encoding import check_tokenizer_on, encode_prompt_text
 from proxrl.data.formats import PromptExample, load_prompt_examples
@@ -35,6 +34,7 @@ from proxrl.models.lora import apply_lora, is_peft_model
 from proxrl.models.scalar_head import load_score_model, unwrap_peft
 from proxrl.models.tokenizer import load_tokenizer, resize_for_tokenizer, tokenizer_difference
 from proxrl.rollout.ensemble import EnsembleReward, training_score_std
+from proxrl.rollout.generation import SamplingSettings
 from proxrl.rollout.rewards import (
     REENCODED_MISMATCH,
     FunctionReward,
@@ -76,7 +76,7 @@ def role_settings(cfg: OnlineConfig) -> RoleSettings:
     )
     ahead = None
     if cfg.async_rollout:
-        ahead = narrowed(LaunchAhead, cfg, sampling=sampling_settings(cfg))
+        ahead = narrowed(LaunchAhead, cfg, sampling=narrowed(SamplingSettings, cfg))
     ray = narrowed(
         RaySettings,
         cfg,

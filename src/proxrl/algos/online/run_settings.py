@@ -27,7 +27,6 @@ from proxrl.algos.online.rollout_settings import (
     ScoreShaping,
 )
 from proxrl.algos.online.rollouts_file import RolloutsFile
-from proxrl.algos.online.samplers import sampling_settings
 from proxrl.algos.online.update import UpdateSettings
 from proxrl.core import PolicyLossSettings
 from proxrl.rollout.generation import SamplingSettings
@@ -94,7 +93,7 @@ def run_settings(cfg: OnlineConfig, algo: Algorithm, critic: Critic) -> RunSetti
     """The run's records from its config ``cfg``, ``algo`` and the
     loaded ``critic`` (whether it reads the pass's hidden state decides π_old's source)."""
     layout = narrowed(PassLayout, cfg, prefix_off=cfg.prefix_off())
-    distribution = sampling_settings(cfg)
+    distribution = narrowed(SamplingSettings, cfg)
     episodes = None
     if cfg.environment is not None:
         limits = EpisodeLimits(cfg.max_turns, cfg.max_episode_tokens)

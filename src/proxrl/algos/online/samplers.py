@@ -13,21 +13,9 @@ from proxrl.algos.online.role_settings import EngineSettings
 from proxrl.models.lora import adapter_base
 from proxrl.registry import Registry
 from proxrl.rollout.engines import PolicySampling, RolloutEngine, VLLMEngine
-from proxrl.rollout.generation import Sampler, SamplingSettings
+from proxrl.rollout.generation import Sampler
 from proxrl.runtime import distributed as dist
 from proxrl.runtime.errors import ProxrlError
-
-
-def sampling_settings(cfg: Any) -> SamplingSettings:
-    """The distribution a run samples from, as the trainer's log-probs replay it."""
-    return SamplingSettings(
-        cfg.max_new_tokens,
-        cfg.temperature,
-        cfg.top_k,
-        cfg.top_p,
-        cfg.stop_strings,
-        min_p=cfg.min_p,
-    )
 
 
 def lora_sync(name: str) -> Any:
