@@ -4,6 +4,8 @@ each mutant against focused tests only, and a score with every survivor named.
     make mutate FILES="src/proxrl/core/masks.py" TESTS="tests/core/test_masks.py"
     .venv/bin/python benchmarks/mutate.py src/proxrl/core/masks.py --tests tests/core/test_masks.py
     .venv/bin/python benchmarks/mutate.py                  # src/proxrl files changed since HEAD~1
+    .venv/bin/python benchmarks/mutate.py FILE --tests T --results r.json        # saves the result
+    .venv/bin/python benchmarks/mutate.py FILE --tests T --results r.json --only-survivors
 
 Why a copy: mutmut writes its mutated tree (``mutants/``) into the directory it runs in, and
 others may be running tests from this checkout. The copy holds the files git sees (tracked and
@@ -29,12 +31,22 @@ so does an "import error": the tests failed to import under it), the count of ea
 and each survivor as ``file:line``, mutmut's name and the line before (-) and after (+).
 "no tests" (no test of TESTS reached the function) counts as a survivor.
 Exit status 1 when a score is under ``--fail-under`` (default 0: never).
+
+Survivors only: ``--results FILE`` writes each mutant's outcome (JSON, with each file's
+sha256); ``--only-survivors`` then reruns just the mutants FILE records as survivors ("no
+tests" included), against this run's TESTS, merges their new outcomes into the file's
+recorded ones (the killed ones stand: tests were only added) and rewrites FILE. It refuses a
+file whose source changed since (mutmut numbers a function's mutants in order: the same name
+may be another mutation). ``--mutants NAME...`` runs the named mutants only (mutmut's names or
+globs, e.g. ``'*x__check_ids__mutmut_*'``), scored among themselves. Either way mutmut still
+runs TESTS once unmutated first (which test reaches which function).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import re
 import shlex
@@ -65,6 +77,12 @@ PRELOAD = [
     "safetensors",
     "xdist.plugin",
     "pytest_timeout",
+    # what tests/algos/conftest.py's ``proxrl.models.tiny`` pulls from transformers' lazy
+    # namespace (1.9 s a mutant otherwise) and the Parquet reader
+    "transformers.models.llama.modeling_llama",
+    "transformers.tokenization_utils_fast",
+    "tokenizers",
+    "pyarrow.parquet",
 ]
 
 
@@ -129,7 +147,7 @@ def configure(copy: Path, files: list[str], tests: list[str]) -> None:
     pyproject.write_text(text.replace("\n[tool.mutmut]\n", f"\n[tool.mutmut]\n{keys}", 1))
 
 
-def run_mutmut(max_children: int) -> None:
+def run_mutmut(max_children: int, names: list[str]) -> None:
     """``mutmut run`` (in the copy, the working directory), each mutant against every one of
     TESTS. mutmut itself runs a mutant against the tests it saw call the mutated function; a
     function called while the tests are imported (a registry's ``add``) is seen by one test at
@@ -149,7 +167,7 @@ def run_mutmut(max_children: int) -> None:
                 state.tests_by_mangled_function_name[function] = set(every)
 
     mutmut_main.collect_or_load_stats = collect_then_widen
-    mutmut_main.cli(["run", "--max-children", str(max_children)])
+    mutmut_main.cli(["run", "--max-children", str(max_children), *names])
 
 
 def function_span(source: str, function: str, cls: str | None) -> tuple[int, int]:
@@ -184,26 +202,74 @@ def locate(diff: str, source_lines: list[str], span: tuple[int, int]) -> tuple[i
     return guess, " / ".join(s.strip() for s in old), " / ".join(s.strip() for s in new)
 
 
-def report(copy: Path, files: list[str]) -> list[tuple[str, int, int]]:
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def outcomes(copy: Path, file: str) -> dict[str, str] | None:
+    """Each mutant of ``file`` this run ran, and its outcome (None: mutmut mutates nothing in
+    the file)."""
     from mutmut.stats import status_by_exit_code
+
+    meta = copy / "mutants" / f"{file}.meta"
+    if not meta.exists():
+        return None
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    # The mutant's tests could not even be collected (the clean run collected them): an
+    # import failed under it. pytest's 2 (a collection error), mutmut reads as "interrupted
+    # by user"; 255, its forkserver worker's exit when pytest raised (a node id not found
+    # in a module that failed to import: usage error), it reads as "timeout".
+    return {
+        name: "import error" if code in (2, 255) else status_by_exit_code[code]
+        for name, code in codes.items()
+        if code is not None  # not run (``--mutants``, ``--only-survivors``)
+    }
+
+
+def survivors_of(results: Path, files: list[str]) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """``results``' recorded outcomes of ``files`` and the names of their survivors; refused
+    where a file is not recorded or its source changed since."""
+    if not results.is_file():
+        sys.exit(f"--only-survivors: no {results} (run once with --results {results})")
+    recorded = json.loads(results.read_text())["files"]
+    before, names = {}, []
+    for file in files:
+        if file not in recorded:
+            sys.exit(f"--only-survivors: {results} records no run of {file}")
+        if recorded[file]["sha256"] != sha256(ROOT / file):
+            sys.exit(
+                f"--only-survivors: {file} changed since {results} was written (a mutant's "
+                "name may now be another mutation): run it whole"
+            )
+        before[file] = recorded[file]["status"]
+        names += [n for n, s in before[file].items() if s not in KILLED]
+    return before, names
+
+
+def report(
+    copy: Path, files: list[str], before: dict[str, dict[str, str]] | None = None
+) -> tuple[list[tuple[str, int, int]], dict[str, dict[str, str]]]:
+    """Each file's score and survivors, printed; ``before``: a previous run's outcomes, which
+    this run's (its survivors rerun) update."""
     from mutmut.utils.format_utils import orig_function_and_class_names_from_key
 
     scores = []
+    merged: dict[str, dict[str, str]] = {}
     for file in files:
-        meta = copy / "mutants" / f"{file}.meta"
-        if not meta.exists():
+        ran = outcomes(copy, file)
+        if ran is None:
             print(f"\n{file}: no mutants (nothing mutmut mutates in it)")
             scores.append((file, 0, 0))
             continue
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
-        # The mutant's tests could not even be collected (the clean run collected them): an
-        # import failed under it. pytest's 2 (a collection error), mutmut reads as "interrupted
-        # by user"; 255, its forkserver worker's exit when pytest raised (a node id not found
-        # in a module that failed to import: usage error), it reads as "timeout".
-        status = {
-            name: "import error" if code in (2, 255) else status_by_exit_code[code]
-            for name, code in codes.items()
-        }
+        status = dict(before[file]) if before and file in before else {}
+        if before:
+            now_killed = [n for n, s in ran.items() if s in KILLED]
+            print(
+                f"\n{file}: {len(ran)} survivors rerun (of {len(status)} mutants), "
+                f"{len(now_killed)} killed now"
+            )
+        status.update(ran)
+        merged[file] = status
         killed = sum(s in KILLED for s in status.values())
         counts: dict[str, int] = {}
         for s in status.values():
@@ -226,7 +292,7 @@ def report(copy: Path, files: list[str]) -> list[tuple[str, int, int]]:
             print(f"  {file}:{line}  [{s}] {name.rpartition('.')[2]}")
             print(f"      - {old}\n      + {new}")
         scores.append((file, killed, total))
-    return scores
+    return scores, merged
 
 
 def main() -> None:
@@ -237,10 +303,15 @@ def main() -> None:
     parser.add_argument("--max-children", type=int, default=1, help="mutants run at once")
     parser.add_argument("--fail-under", type=float, default=0.0, help="minimum score, percent")
     parser.add_argument("--keep", action="store_true", help="keep the copy (prints its path)")
+    parser.add_argument("--results", type=Path, help="write each mutant's outcome here (JSON)")
+    parser.add_argument(
+        "--only-survivors", action="store_true", help="rerun only --results' survivors"
+    )
+    parser.add_argument("--mutants", nargs="+", default=[], help="run only these (names, globs)")
     parser.add_argument("--run-mutmut", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_mutmut:  # in the copy, from main() below
-        run_mutmut(args.max_children)
+        run_mutmut(args.max_children, args.mutants)
         return
 
     files = [str(Path(f)) for f in args.files] or changed_files(args.since)
@@ -251,13 +322,28 @@ def main() -> None:
             sys.exit(f"{f}: not a file under src/proxrl (paths are relative to the repository)")
     tests = args.tests or sorted({t for f in files for t in default_tests(f)})
     print(f"mutmut on {' '.join(files)}\n  tests per mutant: {shlex.join(tests)}")
+    before = None
+    names = list(args.mutants)
+    if names and (args.only_survivors or args.results is not None):
+        sys.exit("--mutants scores the named mutants alone: not with --results/--only-survivors")
+    if args.only_survivors:
+        if args.results is None:
+            sys.exit("--only-survivors reads --results FILE")
+        before, names = survivors_of(args.results, files)
+        print(f"  only the {len(names)} survivors recorded in {args.results}")
+        if not names:
+            sys.exit("nothing to rerun: no survivor recorded")
 
     copy = copy_checkout()
     try:
         configure(copy, files, tests)
         started = time.monotonic()
         run = subprocess.run(
-            [sys.executable, __file__, "--run-mutmut", "--max-children", str(args.max_children)],
+            [
+                *(sys.executable, __file__, "--run-mutmut"),
+                *("--max-children", str(args.max_children)),
+                *(["--mutants", *names] if names else []),
+            ],
             cwd=copy,
             capture_output=True,
             text=True,
@@ -268,7 +354,16 @@ def main() -> None:
             sys.exit(f"mutmut run failed (exit {run.returncode})")
         rate = next((ln for ln in reversed(progress) if "mutations/second" in ln), "")
         print(f"  mutmut run: {time.monotonic() - started:.0f} s ({rate.strip()})")
-        scores = report(copy, files)
+        scores, merged = report(copy, files, before)
+        if args.results is not None:
+            recorded = {}
+            if args.results.is_file():
+                recorded = json.loads(args.results.read_text())["files"]
+            for file, status in merged.items():
+                recorded[file] = {"sha256": sha256(ROOT / file), "tests": tests, "status": status}
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            args.results.write_text(json.dumps({"files": recorded}, indent=1) + "\n")
+            print(f"\noutcomes written to {args.results}")
     finally:
         if args.keep:
             print(f"\ncopy kept: {copy} (cd there; {BIN}/mutmut show NAME)")
