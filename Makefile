@@ -65,12 +65,20 @@ test-vllm: $(VLLM_STAMP)
 #   make mutate       # the src/proxrl files changed since HEAD~1 (SINCE=ref)
 # TESTS left out: each file's tests/**/test_<stem>.py. Use it before calling a capability done
 # and give the touched files' score in the closing note (benchmarks/results/mutation.md).
+# After adding tests, rerun only the survivors: RESULTS=FILE records each mutant's outcome
+# (JSON), and ONLY_SURVIVORS=1 with the same RESULTS reruns just the mutants it records as
+# survivors and merges (refused if a file's source changed since: rerun it whole).
+#   make mutate FILES=... TESTS=... RESULTS=mutants.json
+#   make mutate FILES=... TESTS=... RESULTS=mutants.json ONLY_SURVIVORS=1
 FILES ?=
 TESTS ?=
 SINCE ?= HEAD~1
+RESULTS ?=
+ONLY_SURVIVORS ?=
 mutate: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/mutate.py $(FILES) --since $(SINCE) \
-		$(if $(strip $(TESTS)),--tests $(TESTS))
+		$(if $(strip $(TESTS)),--tests $(TESTS)) $(if $(strip $(RESULTS)),--results $(RESULTS)) \
+		$(if $(strip $(ONLY_SURVIVORS)),--only-survivors)
 
 demo: $(STAMP)
 	$(BIN)/proxrl demo --output-dir runs/demo

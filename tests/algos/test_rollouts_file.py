@@ -15,6 +15,7 @@ that take ``cfg`` are being narrowed to records: adapt them there, in one place)
 from __future__ import annotations
 
 import json
+import locale
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -228,6 +229,8 @@ def test_one_finite_reward_or_per_token_rewards_off_the_observations():
         "f:1: rewards: expected 0 at token 2 (loss_mask 0: an observation); put a turn's reward "
         "on its last model token"
     )
+    with pytest.raises(ValueError):  # one mask value per reward, not a silent truncation
+        rf._check_rewards("f:1", _rewards(None, [0.0, 0.0], [1]))
 
 
 def test_prompt_and_response_fit_the_context_exactly():
@@ -354,7 +357,12 @@ def test_jsonl_lines_are_numbered_from_1_blank_ones_skipped(tmp_path):
     path.write_text('{"a": 1}\n{"a": \n')
     assert refused(rf._jsonl_rows, path) == f"{path}:2: expected a JSON object (Expecting value)"
     path.write_text('{"a": "\u00e9"}\n', encoding="utf-8")
-    assert rf._jsonl_rows(path) == [(f"{path}:1", {"a": "\u00e9"})]
+    before = locale.setlocale(locale.LC_CTYPE)
+    try:  # UTF-8 whatever the locale's encoding (C: ASCII, unless Python runs in UTF-8 mode)
+        locale.setlocale(locale.LC_CTYPE, "C")
+        assert rf._jsonl_rows(path) == [(f"{path}:1", {"a": "\u00e9"})]
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
     missing = tmp_path / "none.jsonl"
     assert refused(rf._jsonl_rows, missing) == (
         f"rollouts_file: cannot read {missing}: No such file or directory"
@@ -428,6 +436,10 @@ def test_read_rollouts_refuses_an_empty_file_a_short_group_and_a_group_of_two_pr
     _jsonl(path, [_row("a"), _row("b"), _row("a"), _row("b"), _row("b")])
     assert refused(rf.read_rollouts, path, None, LIMITS) == (
         f"{path}:5: group: expected 2 rows (group_size) in group 'b', got 3"
+    )
+    _jsonl(path, [_row("a"), _row("a"), _row(5)])
+    assert refused(rf.read_rollouts, path, None, LIMITS) == (
+        f"{path}:3: group: expected 2 rows (group_size) in group '5', got 1"
     )
     _jsonl(path, [_row("a"), _row("a"), _row("b"), _row("b", prompt_ids=[H])])
     assert refused(rf.read_rollouts, path, None, LIMITS) == (
@@ -540,6 +552,35 @@ def test_recorded_stage_pays_a_single_reward_at_the_last_response_token_without_
     assert equal(token_rewards, [[0.5, 0.0, 0.0], [0.0, 0.0, 2.0]], torch.float64)
 
 
+def test_recorded_stage_keeps_the_rewards_in_float64(tok):
+    """0.1 and 0.3 are not float32 numbers: the per-token rewards and the scores paid at the
+    last token are read into float64, not rounded through float32."""
+    rows = [
+        trajectory("f:1", [H], [A, B], [-0.5, -0.5], 0.1, None, [0.1, 0.0]),
+        trajectory("f:2", [H], [B, C], [-1.0, -1.0], 0.3),
+    ]
+    _, scores, token_rewards = rf.recorded_stage(rows, tok, torch.device("cpu"))
+    assert token_rewards is not None
+    assert equal(token_rewards, [[0.1, 0.0], [0.0, 0.3]], torch.float64)
+    assert equal(scores, [0.1, 0.3], torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device is the point: CUDA")
+def test_recorded_stage_builds_its_tensors_on_the_device(tok):
+    """On a CPU-only machine every tensor is on the CPU whichever device is asked for (the
+    device mutants of recorded_stage survive there): this one needs a GPU."""
+    rows = [
+        trajectory("f:1", [H, E], [A, B], [-0.5, 0.0], 0.5, [1, 0], [0.5, 0.0]),
+        trajectory("f:2", [H], [B], [-1.0], 2.0),
+    ]
+    sampled, scores, token_rewards = rf.recorded_stage(rows, tok, torch.device("cuda"))
+    samples = sampled.samples
+    on_device = [samples.response_ids, samples.response_mask, samples.logprobs]
+    on_device += [samples.action_mask, sampled.prompt_ids, sampled.prompt_mask, token_rewards]
+    assert [t.device.type for t in on_device if t is not None] == ["cuda"] * 7
+    assert scores.device.type == "cpu"  # with the score stage's other (B,) records
+
+
 def test_prompt_examples_are_the_decoded_prompts_named_by_their_rows(tok):
     rows = [
         trajectory("f:7", [BOS, H, EOS], [A], [0.0], 0.0),
@@ -592,10 +633,11 @@ def evaluated(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
     model, tok, tmp_path, monkeypatch, evaluated
 ):
-    """Rank 1 of 2 on two groups: the second group's rows. Row 3 did not stop (3 tokens, no
-    EOS: the no-stop rule replaces its 0.75 by −1, the overlong rule takes 0.5 · (2 − 3) / 1)
-    and row 4's 2.0 is clipped to 1.5; the change to the sum lands on each row's last model
-    token (row 3's loss_mask ends in an observation)."""
+    """Rank 1 of 2 on two groups: the second group's rows, both max_new_tokens (3) long. Row 3
+    did not stop (no EOS): the no-stop rule replaces its 0.75 by −1, the overlong rule adds
+    0.5 · (2 − 3) / 1 = −0.5; row 4 stopped by its EOS: 2.5 − 0.5, clipped to 1.5. The change
+    to the sum lands on each row's last model token (row 3's loss_mask ends in an
+    observation): 0.5 − 2.25 and 2.5 − 1.0."""
     monkeypatch.setattr(dist, "world_size", lambda: 2)
     monkeypatch.setattr(dist, "rank", lambda: 1)
     path = _jsonl(
@@ -612,7 +654,13 @@ def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
                 reward=None,
                 rewards=[0.25, 0.5, 0.0],
             ),
-            _row("b", prompt_ids=[C], response_ids=[C, EOS], logprobs=[-0.125, -0.5], reward=2.0),
+            _row(
+                "b",
+                prompt_ids=[C],
+                response_ids=[C, A, EOS],
+                logprobs=[-0.125, -0.5, 0.0],
+                reward=2.5,
+            ),
         ],
     )
     actor = torch.nn.Linear(1, 1)
@@ -631,14 +679,14 @@ def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
         PromptExample("c", None, f"{path}:3"),
         PromptExample("c", None, f"{path}:4"),
     ]
-    assert equal(sampled.samples.response_ids, [[A, B, C], [C, EOS, PAD]], torch.long)
-    assert equal(sampled.samples.action_mask, [[1, 1, 0], [1, 1, 0]], torch.long)
-    assert equal(scored.raw, [0.75, 2.0], torch.float32)
+    assert equal(sampled.samples.response_ids, [[A, B, C], [C, A, EOS]], torch.long)
+    assert equal(sampled.samples.action_mask, [[1, 1, 0], [1, 1, 1]], torch.long)
+    assert equal(scored.raw, [0.75, 2.5], torch.float32)
     assert equal(scored.scores, [-1.5, 1.5], torch.float32)
     assert equal(scored.ended, [False, True], torch.bool)
     assert scored.parts == {} and scored.greedy_scores is None and scored.combined is None
     assert scored.token_rewards is not None
-    assert equal(scored.token_rewards, [[0.25, -1.75, 0.0], [0.0, 1.5, 0.0]], torch.float64)
+    assert equal(scored.token_rewards, [[0.25, -1.75, 0.0], [0.0, 0.0, 1.5]], torch.float64)
     assert batch == RolloutBatch(
         "experience",  # type: ignore[arg-type]
         ["completions"],
