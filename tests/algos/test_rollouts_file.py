@@ -91,6 +91,7 @@ class Run:
     group_size: int = 2
     rollout_batch_size: int = 1
     max_new_tokens: int = 4
+    trust_remote_code: bool = False
 
     @property
     def cfg(self) -> OnlineConfig:
@@ -101,6 +102,7 @@ class Run:
             rollout_batch_size=self.rollout_batch_size,
             max_prompt_length=3,
             max_new_tokens=self.max_new_tokens,
+            trust_remote_code=self.trust_remote_code,
         )
 
     def limits(self, tokenizer: Any) -> Limits:
@@ -472,6 +474,30 @@ def test_iteration_rows_are_the_runs_batch(model, tok, tmp_path):
     )
 
 
+def test_the_models_context_and_tokenizer_are_read_with_trust_remote_code(
+    model, tok, tmp_path, monkeypatch
+):
+    """The run's trust_remote_code reaches both loaders (a model with custom code would not
+    load its config or tokenizer without it)."""
+    import proxrl.models.tokenizer
+
+    contexts: list[tuple[str, bool]] = []
+    tokenizers: list[tuple[str, bool]] = []
+    monkeypatch.setattr(rf, "_context", lambda path, trust: contexts.append((path, trust)) or 5)
+    monkeypatch.setattr(
+        proxrl.models.tokenizer,
+        "load_tokenizer",
+        lambda path, trust_remote_code: tokenizers.append((path, trust_remote_code)) or tok,
+    )
+    path = _jsonl(tmp_path / "r.jsonl", [_row("a"), _row("a")])
+    for trust in (True, False):
+        run = Run(model, str(path), trust_remote_code=trust)
+        assert run.limits(tok) == Limits(259, 2, 3, 4, 5)
+        assert len(run.validate()) == 2
+    assert contexts == [(model, True)] * 2 + [(model, False)] * 2
+    assert tokenizers == [(model, True), (model, False)]
+
+
 def test_validate_loads_the_models_tokenizer_when_given_none(model, tok, tmp_path):
     path = _jsonl(tmp_path / "r.jsonl", [_row("a", response="ab"), _row("a")])
     assert [r.response_ids for r in Run(model, str(path)).validate()] == [[A, B], [A, B]]
@@ -633,11 +659,11 @@ def evaluated(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
     model, tok, tmp_path, monkeypatch, evaluated
 ):
-    """Rank 1 of 2 on two groups: the second group's rows, both max_new_tokens (3) long. Row 3
-    did not stop (no EOS): the no-stop rule replaces its 0.75 by −1, the overlong rule adds
-    0.5 · (2 − 3) / 1 = −0.5; row 4 stopped by its EOS: 2.5 − 0.5, clipped to 1.5. The change
-    to the sum lands on each row's last model token (row 3's loss_mask ends in an
-    observation): 0.5 − 2.25 and 2.5 − 1.0."""
+    """Rank 1 of 2 on two groups: the second group's rows. Row 3 did not stop (3 tokens =
+    max_new_tokens, no EOS): the no-stop rule replaces its 0.75 by −1, the overlong rule adds
+    0.5 · (2 − 3) / 1 = −0.5 and the clip takes −1.5 to −1.25; row 4 (2 tokens, EOS) keeps its
+    1.0. The change to the sum, −2.0, lands on row 3's last model token (its loss_mask ends in
+    an observation): 0.5 − 2.0."""
     monkeypatch.setattr(dist, "world_size", lambda: 2)
     monkeypatch.setattr(dist, "rank", lambda: 1)
     path = _jsonl(
@@ -654,18 +680,12 @@ def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
                 reward=None,
                 rewards=[0.25, 0.5, 0.0],
             ),
-            _row(
-                "b",
-                prompt_ids=[C],
-                response_ids=[C, A, EOS],
-                logprobs=[-0.125, -0.5, 0.0],
-                reward=2.5,
-            ),
+            _row("b", prompt_ids=[C], response_ids=[C, EOS], logprobs=[-0.125, -0.5]),
         ],
     )
     actor = torch.nn.Linear(1, 1)
     models = Models(actor, None, None, tok)  # type: ignore[arg-type]
-    shaping = ScoreShaping(-1.0, "replace", 1, 0.5, 3, 1.5)
+    shaping = ScoreShaping(-1.0, "replace", 1, 0.5, 3, 1.25)
     timings: dict[str, float] = {}
     settings, batch = Run(
         model, str(path), rollout_batch_size=2, max_new_tokens=3
@@ -679,14 +699,14 @@ def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
         PromptExample("c", None, f"{path}:3"),
         PromptExample("c", None, f"{path}:4"),
     ]
-    assert equal(sampled.samples.response_ids, [[A, B, C], [C, A, EOS]], torch.long)
-    assert equal(sampled.samples.action_mask, [[1, 1, 0], [1, 1, 1]], torch.long)
-    assert equal(scored.raw, [0.75, 2.5], torch.float32)
-    assert equal(scored.scores, [-1.5, 1.5], torch.float32)
+    assert equal(sampled.samples.response_ids, [[A, B, C], [C, EOS, PAD]], torch.long)
+    assert equal(sampled.samples.action_mask, [[1, 1, 0], [1, 1, 0]], torch.long)
+    assert equal(scored.raw, [0.75, 1.0], torch.float32)
+    assert equal(scored.scores, [-1.25, 1.0], torch.float32)
     assert equal(scored.ended, [False, True], torch.bool)
     assert scored.parts == {} and scored.greedy_scores is None and scored.combined is None
     assert scored.token_rewards is not None
-    assert equal(scored.token_rewards, [[0.25, -1.75, 0.0], [0.0, 0.0, 1.5]], torch.float64)
+    assert equal(scored.token_rewards, [[0.25, -1.5, 0.0], [0.0, 1.0, 0.0]], torch.float64)
     assert batch == RolloutBatch(
         "experience",  # type: ignore[arg-type]
         ["completions"],
@@ -697,17 +717,24 @@ def test_recorded_rollout_shapes_and_evaluates_this_ranks_share(
     )
 
 
-def test_recorded_rollout_without_per_token_rewards(model, tok, tmp_path, evaluated):
-    """One process: every row; no shaping rule on; no per-token rewards to move."""
-    path = _jsonl(tmp_path / "r.jsonl", [_row("a"), _row("a", response_ids=[B, EOS], reward=-2.0)])
+def test_recorded_rollout_on_one_process_without_a_loss_mask(model, tok, tmp_path, evaluated):
+    """One process: every row. Row 1 reaches max_new_tokens (2) without an EOS, row 2 has one
+    at its end: the no-stop rule subtracts 0.5 from row 1's 1.0 only, at its last response
+    token (no loss_mask: the response mask's)."""
+    rows = [
+        _row("a", reward=None, rewards=[0.5, 0.5]),
+        _row("a", response_ids=[B, EOS], reward=-2.0),
+    ]
+    path = _jsonl(tmp_path / "r.jsonl", rows)
     models = Models(torch.nn.Linear(1, 1), None, None, tok)  # type: ignore[arg-type]
-    shaping = ScoreShaping(None, "replace", 0, 1.0, 4, 0.0)
-    _, batch = Run(model, str(path)).recorded_rollout(shaping, models, {})
+    shaping = ScoreShaping(0.5, "subtract", 0, 1.0, 2, 0.0)
+    _, batch = Run(model, str(path), max_new_tokens=2).recorded_rollout(shaping, models, {})
     sampled, scored = evaluated[0][2], evaluated[0][3]
     assert equal(sampled.samples.response_ids, [[A, B], [B, EOS]], torch.long)
     assert sampled.samples.action_mask is None
     assert equal(scored.raw, [1.0, -2.0], torch.float32)
-    assert equal(scored.scores, [1.0, -2.0], torch.float32)
-    assert equal(scored.ended, [True, True], torch.bool)  # 2 tokens < max_new_tokens 4
-    assert scored.token_rewards is None
+    assert equal(scored.scores, [0.5, -2.0], torch.float32)
+    assert equal(scored.ended, [False, True], torch.bool)
+    assert scored.token_rewards is not None
+    assert equal(scored.token_rewards, [[0.5, 0.0], [0.0, -2.0]], torch.float64)
     assert batch.rows == [0, 1] and batch.completions == ["completions"]
