@@ -9,8 +9,9 @@ imported and no model is built; the tokenizer is a byte-level BPE trained on one
 (259 ids: pad 0, bos 1, eos 2, then the 256 byte characters; a printable ASCII character c
 is id ord(c) - 30), the "model" a directory with a config.json only.
 
-Every call that hands a function the run's config goes through ``Run`` below (the functions
-that take ``cfg`` are being narrowed to records: adapt them there, in one place)."""
+Every call that hands a function the run's options goes through ``Run`` below (the
+``RolloutsFile`` record, built from an ``OnlineConfig`` by ``narrowed`` as the run builds it):
+adapt them there, in one place."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ from proxrl.algos.online.collect import RolloutBatch, Sampled, Scored
 from proxrl.algos.online.config import OnlineConfig
 from proxrl.algos.online.roles import Models
 from proxrl.algos.online.rollout_settings import RolloutSettings, ScoreSettings, ScoreShaping
-from proxrl.algos.online.rollouts_file import Limits, Trajectory
+from proxrl.algos.online.rollouts_file import Limits, RolloutsFile, Trajectory
 from proxrl.data.formats import PromptExample
 from proxrl.runtime import distributed as dist
+from proxrl.runtime.config import narrowed
 from proxrl.runtime.errors import ProxrlError
 
 PAD, BOS, EOS = 0, 1, 2
@@ -84,7 +86,8 @@ def refused(call: Any, *args: Any) -> str:
 
 @dataclass
 class Run:
-    """A grpo-like run on a rollouts file: the config the functions read, and the calls."""
+    """A grpo-like run on a rollouts file: the record the functions read (``RolloutsFile``,
+    from the config as the run builds it), and the calls."""
 
     model: str
     rollouts_file: str
@@ -94,8 +97,8 @@ class Run:
     trust_remote_code: bool = False
 
     @property
-    def cfg(self) -> OnlineConfig:
-        return OnlineConfig(
+    def file(self) -> RolloutsFile:
+        config = OnlineConfig(
             model=self.model,
             rollouts_file=self.rollouts_file,
             group_size=self.group_size,
@@ -104,15 +107,16 @@ class Run:
             max_new_tokens=self.max_new_tokens,
             trust_remote_code=self.trust_remote_code,
         )
+        return narrowed(RolloutsFile, config)
 
     def limits(self, tokenizer: Any) -> Limits:
-        return rf.limits_of(self.cfg, tokenizer)
+        return rf.limits_of(self.file, tokenizer)
 
     def iteration_rows(self, tokenizer: Any) -> list[Trajectory]:
-        return rf.iteration_rows(self.cfg, tokenizer)
+        return rf.iteration_rows(self.file, tokenizer)
 
     def validate(self, tokenizer: Any = None) -> list[Trajectory]:
-        return rf.validate_rollouts_file(self.cfg, tokenizer)
+        return rf.validate_rollouts_file(self.file, tokenizer)
 
     def recorded_rollout(self, shaping: ScoreShaping, models: Models, timings: dict) -> Any:
         passes, old_policy = object(), object()  # handed on to evaluate, untouched
@@ -122,7 +126,7 @@ class Run:
             passes,  # type: ignore[arg-type]
             old_policy,  # type: ignore[arg-type]
         )
-        return settings, rf.recorded_rollout(self.cfg, settings, models, 0.25, timings)
+        return settings, rf.recorded_rollout(self.file, settings, models, 0.25, timings)
 
 
 # ---- _check_ids ------------------------------------------------------------------------------
