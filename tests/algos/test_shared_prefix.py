@@ -28,8 +28,15 @@ from transformers import (
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
+from proxrl.core import processed_entropy, processed_logprobs
 from proxrl.rollout import prefix
-from proxrl.rollout.forward import critic_forward, frozen_pass, policy_forward
+from proxrl.rollout.forward import (
+    critic_forward,
+    frozen_pass,
+    output_head,
+    policy_forward,
+    position_ids,
+)
 from proxrl.rollout.prefix import prompt_groups
 from proxrl.runtime.config import narrowed
 
@@ -145,6 +152,105 @@ def test_a_lora_policy_gets_the_repeated_gradients(float64_norms):
     assert any("lora_A" in n for n in grads) and all("lora" in n for n in grads)
     for name, grad in grads.items():
         _close(grad, shared[name], name)
+
+
+def _lora_model():  # type: ignore[no-untyped-def]
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        _model(LlamaForCausalLM), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "lm_head"])
+    )
+    for name, p in model.named_parameters():  # B starts at 0: give it values to carry
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _every_positions_head(model, options):  # type: ignore[no-untyped-def]
+    """The computation the real-token head replaces: the logits at every response position
+    (padding included) of one plain forward, the log-probs, entropy and argmax from those."""
+    ids, mask, P, real = _batch()
+    logits = model(
+        input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+    ).logits[:, P - 1 : -1]
+    truncation = (options.get("top_k", 0), options.get("top_p", 1.0), 0.0)
+    return (
+        processed_logprobs(logits, ids[:, P:], 0.7, *truncation),
+        processed_entropy(logits.detach(), 0.7, *truncation),
+        logits.argmax(-1),
+        logits,
+    )
+
+
+def _head_positions(model) -> list[int]:  # type: ignore[no-untyped-def]
+    """The number of positions each call of the model's output head computes."""
+    calls: list[int] = []
+    head = output_head(model)
+    assert head is not None
+    head.register_forward_hook(lambda _m, _a, out: calls.append(out[..., 0].numel()))
+    return calls
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize(
+    ("make", "options"),
+    [
+        (lambda: _model(LlamaForCausalLM), {}),
+        (lambda: _model(LlamaForCausalLM), {"top_k": 5, "top_p": 0.9}),
+        (lambda: _model(Qwen2ForCausalLM, Qwen2Config, tie_word_embeddings=True), {}),
+        (_lora_model, {}),
+    ],
+    ids=["llama", "llama-truncated", "qwen2-tied", "lora"],
+)
+def test_the_head_at_real_response_tokens_equals_every_positions_head(
+    float64_norms, make, options, shared
+):
+    """The padded and the shared-prefix forwards compute the output head at the N real
+    response tokens only: the log-probs, entropy, argmax and every parameter's gradient equal
+    those of the head at every position (padding included), 0 at the padding."""
+    model = make()
+    ids, mask, P, real = _batch()
+    weights = torch.rand(real.shape, generator=torch.Generator().manual_seed(2), dtype=torch.double)
+    model.zero_grad()
+    logprobs, entropy, argmax, _ = _every_positions_head(model, options)
+    (logprobs * real * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    calls = _head_positions(model)
+    out = policy_forward(
+        model, ids, mask, P, 0.7, True, **options, with_argmax=True, shared_prefix=shared
+    )
+    (out.logprobs * real * weights).sum().backward()
+    groups = 4  # the prompt's call scores its last position once per distinct prompt
+    assert calls == ([groups, int(real[:, 1:].sum())] if shared else [int(real.sum())])
+    padding = real == 0
+    assert bool(padding.any())
+    assert not out.logprobs[padding].any() and not out.entropy[padding].any()
+    assert not out.argmax[padding].any()
+    _close(logprobs * real, out.logprobs, "logprobs")
+    _close(entropy * real, out.entropy, "entropy")
+    assert torch.equal(argmax * real.long(), out.argmax)
+    assert len(grads) > 4 and grads.keys() == {
+        n for n, p in model.named_parameters() if p.grad is not None
+    }
+    for name, grad in grads.items():
+        _close(grad, model.get_parameter(name).grad, name)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_with_logits_still_gives_every_response_positions_logits(float64_norms, shared):
+    model = _model(LlamaForCausalLM)
+    ids, mask, P, real = _batch()
+    with torch.no_grad():
+        logprobs, entropy, _, logits = _every_positions_head(model, {})
+        out = policy_forward(model, ids, mask, P, 0.7, True, with_logits=True, shared_prefix=shared)
+    assert out.logits is not None and out.logits.shape == logits.shape
+    _close(logits, out.logits, "logits")
+    _close(logprobs, out.logprobs, "logprobs")
+    _close(entropy, out.entropy, "entropy")
+    with torch.no_grad():
+        frozen, _ = frozen_pass(model, ids, mask, P, 0.7, {}, False, shared_prefix=shared)
+    _close(logprobs * real, frozen, "frozen pass")
 
 
 def test_a_separate_critic_and_a_frozen_pass_equal_the_repeated_ones(float64_norms):

@@ -103,11 +103,14 @@ def policy_forward(
     """Log-probs of the response tokens ``input_ids[:, P:]`` given everything before them,
     under the distribution the sampler drew from (its temperature, top-k, top-p and min-p).
 
-    ``logits[:, P−1+t]`` predicts response token t: only those T positions' logits are computed
-    (``logits_at``), never the prompt's or the last token's. ``packed``: the padding-free
-    forward, the same outputs at every real response token (0 elsewhere). ``shared_prefix``:
-    rows with the same prompt forward it once (``rollout.prefix``), the same outputs to float
-    rounding (the padded forward; where no two rows share a prompt, the repeated one).
+    ``logits[:, P−1+t]`` predicts response token t: only the logits of the positions that
+    predict a real response token (``attention_mask[:, P + t]`` 1) are computed
+    (``logits_at``, as one (1, N, V) set), never the prompt's, the last token's or the
+    response padding's; log-probs, entropy and argmax are 0 at the padding (``with_logits``,
+    whose caller reads the whole (B, T, V), computes every response position's). ``packed``:
+    the padding-free forward, the same outputs. ``shared_prefix``: rows with the same prompt
+    forward it once (``rollout.prefix``), the same outputs to float rounding (the padded
+    forward; where no two rows share a prompt, the repeated one).
     """
     if packed:
         if with_logits:
@@ -116,44 +119,104 @@ def policy_forward(
             model, input_ids, attention_mask, prompt_length, temperature, with_entropy,
             with_hidden, top_k, top_p, min_p, with_argmax,
         )  # fmt: skip
-    shared = None
+    P = prompt_length
+    shape = (input_ids.shape[0], input_ids.shape[1] - P)
+    scored = torch.ones(shape, dtype=torch.bool, device=input_ids.device)
+    rows, columns = (scored if with_logits else attention_mask[:, P:] != 0).nonzero(as_tuple=True)
+    found = None
     if shared_prefix and can_share(model):
-        shared = _shared_prefix_logits(model, input_ids, attention_mask, prompt_length, with_hidden)
-    if shared is None:
+        found = _shared_prefix_logits(
+            model, input_ids, attention_mask, P, with_hidden, rows, columns
+        )
+    if found is None:
         output, logits = logits_at(
             model,
-            lambda x: x[:, prompt_length - 1 : -1],
+            lambda x: x[rows, columns + (P - 1)].unsqueeze(0),
             input_ids.shape,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids(attention_mask),
             output_hidden_states=with_hidden,
             use_cache=False,
-        )
-        hidden = output.hidden_states[-1][:, prompt_length - 1 : -1] if with_hidden else None
-    else:
-        logits, hidden = shared
-    response = input_ids[:, prompt_length:]
+        )  # logits (1, N, V): logits[0, n] predicts input_ids[rows[n], P + columns[n]]
+        hidden = output.hidden_states[-1][:, P - 1 : -1] if with_hidden else None
+        found = [ScoredPositions(logits[0], rows, columns)], hidden
+    pieces, hidden = found
+    return _scores(
+        pieces, input_ids[:, P:], shape, temperature, (top_k, top_p, min_p), with_entropy,
+        with_argmax, with_logits, hidden,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScoredPositions:
+    """Logits at some response positions: ``logits[n]`` (V,) predicts response token
+    ``columns[n]`` of row ``rows[n]``."""
+
+    logits: Tensor  # (n, V)
+    rows: Tensor  # (n,) int64
+    columns: Tensor  # (n,) int64
+
+
+def _scores(
+    pieces: list[ScoredPositions],
+    response: Tensor,
+    shape: tuple[int, int],
+    temperature: float,
+    truncation: tuple[int, float, float],
+    with_entropy: bool,
+    with_argmax: bool,
+    with_logits: bool,
+    hidden: Tensor | None,
+) -> PolicyOutput:
+    """``policy_forward``'s outputs from the logits at the scored positions: each piece's
+    log-probs (entropy, argmax) computed on its own (every one is position-wise) and written
+    to (B, T), 0 where no piece scores (``unpack``)."""
+    rows = torch.cat([p.rows for p in pieces])
+    columns = torch.cat([p.columns for p in pieces])
+
+    def per_position(score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        values = [
+            score(p.logits.unsqueeze(0), response[p.rows, p.columns][None])[0] for p in pieces
+        ]
+        return unpack(torch.cat(values), rows, columns, shape)
+
+    logits = None
+    if with_logits:
+        vocabulary = pieces[0].logits.shape[-1]
+        if len(pieces) == 1:  # every position in row order: the (B, T, V) view
+            logits = pieces[0].logits.view(*shape, vocabulary)
+        else:
+            logits = unpack(torch.cat([p.logits for p in pieces]), rows, columns, shape)
     return PolicyOutput(
-        logprobs=processed_logprobs(logits, response, temperature, top_k, top_p, min_p),
+        logprobs=per_position(
+            lambda x, tokens: processed_logprobs(x, tokens, temperature, *truncation)
+        ),
         entropy=(
-            processed_entropy(logits.detach(), temperature, top_k, top_p, min_p)
+            per_position(lambda x, _: processed_entropy(x.detach(), temperature, *truncation))
             if with_entropy
             else None
         ),
         hidden=hidden,
-        argmax=logits.argmax(-1) if with_argmax else None,
-        logits=logits if with_logits else None,
+        argmax=per_position(lambda x, _: x.argmax(-1)) if with_argmax else None,
+        logits=logits,
     )
 
 
 def _shared_prefix_logits(
-    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, P: int, with_hidden: bool
-) -> tuple[Tensor, Tensor | None] | None:
-    """``policy_forward``'s (B, T, V) logits at positions P−1 … P+T−2 and (with_hidden) the
-    (B, T, d) last hidden states there, each distinct prompt forwarded once: position P−1 from
-    the prompt's call, the rest from the responses' call over its cache. None where no two rows
-    share a prompt or the model keeps no cache."""
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    P: int,
+    with_hidden: bool,
+    rows: Tensor,
+    columns: Tensor,
+) -> tuple[list[ScoredPositions], Tensor | None] | None:
+    """``policy_forward``'s logits at the response positions (``rows``, ``columns``) (each
+    predicted from position P−1+column) and (with_hidden) the (B, T, d) last hidden states at
+    positions P−1 … P+T−2, each distinct prompt forwarded once: column 0 from the prompt's call
+    (its last position, once per prompt), the rest from the responses' call over its cache.
+    None where no two rows share a prompt or the model keeps no cache."""
     positions = position_ids(attention_mask)
     found = shared_prefix_inputs(input_ids, attention_mask, positions, P)
     if found is None:
@@ -167,14 +230,23 @@ def _shared_prefix_logits(
     if cache is None:
         return None
     inputs = response_inputs(model, cache, groups, input_ids, attention_mask, positions, P)
+    at_start = columns == 0
+    rows0, rows1, columns1 = rows[at_start], rows[~at_start], columns[~at_start]
     out, rest = logits_at(
-        model, lambda x: x[:, :-1], (len(input_ids), T), **inputs, output_hidden_states=with_hidden
+        model,
+        lambda x: x[rows1, columns1 - 1].unsqueeze(0),
+        (len(input_ids), T),
+        **inputs,
+        output_hidden_states=with_hidden,
     )
-    logits = torch.cat([last[groups.inverse], rest], 1)
+    pieces = [
+        ScoredPositions(last[groups.inverse[rows0], 0], rows0, columns[at_start]),
+        ScoredPositions(rest[0], rows1, columns1),
+    ]
     if not with_hidden:
-        return logits, None
+        return pieces, None
     last_hidden = prefix_out.hidden_states[-1][:, -1:][groups.inverse]
-    return logits, torch.cat([last_hidden, out.hidden_states[-1][:, :-1]], 1)
+    return pieces, torch.cat([last_hidden, out.hidden_states[-1][:, :-1]], 1)
 
 
 def _packed_policy_forward(
