@@ -7,7 +7,8 @@
    log-probs' gradients as well; on an untied Llama, a Qwen2 with tied embeddings, a Granite
    with a logit scale (applied after the head), LoRA-wrapped (also LoRA on the head), and a
    model whose head cannot be found (the full logits, then the pick).
-2. The output head sees only those positions: (B, T, d) padded, (1, M, d) packed.
+2. The output head sees only those positions: (1, N, d) padded (the N real response tokens,
+   issue 50), (1, M, d) packed, (B, T, d) for ``response_logits`` (every position's logits).
 3. Under LoRA no base weight takes a gradient: the update writes no full-weight gradient.
 """
 
@@ -182,8 +183,10 @@ def test_response_logits_and_with_logits_equal_full_logits(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_tied", "lora_on_head"])
 def test_the_head_sees_only_the_predicting_positions(kind: str) -> None:
-    """The saving itself: (B, T, d) into the head padded, (1, M, d) packed (M real response
-    tokens that follow a real token), never (B, P + T, d) or (R, W, d)."""
+    """The saving itself: (1, N, d) into the head padded (N real response tokens, no response
+    padding), (1, M, d) packed (M real response tokens that follow a real token), (B, T, d) for
+    ``response_logits`` (the caller reads every position's logits), never (B, P + T, d) or
+    (R, W, d)."""
     model = _wrapped(kind, torch.float64)
     head = model.get_output_embeddings()
     seen: list[tuple[int, ...]] = []
@@ -196,8 +199,10 @@ def test_the_head_sees_only_the_predicting_positions(kind: str) -> None:
     finally:
         handle.remove()
     B, T = ids.shape[0], ids.shape[1] - P
+    N = int(mask[:, P:].sum())
     M = int(pack_batch(ids, mask).predictions(P)[0].numel())
-    assert seen == [(B, T, 16), (1, M, 16), (B, T, 16)]
+    assert N < B * T
+    assert seen == [(1, N, 16), (1, M, 16), (B, T, 16)]
 
 
 def test_lora_leaves_every_base_weight_without_gradient() -> None:
