@@ -31,10 +31,13 @@ from proxrl.rollout.prefix import (
 @dataclass
 class PolicyOutput:
     logprobs: Tensor  # (B, T) log π(a_t|s_t) of the response tokens under the processed
-    # distribution (temperature, top-k, top-p, min-p: ``core.processed_logprobs``)
-    entropy: Tensor | None  # (B, T) entropy of that processed π(·|s_t), when asked for
+    # distribution (temperature, top-k, top-p, min-p: ``core.processed_logprobs``), 0 at the
+    # response padding (``attention_mask`` 0; with_logits: every position's)
+    entropy: Tensor | None  # (B, T) entropy of that processed π(·|s_t), when asked for (0 at
+    # the padding, as logprobs)
     hidden: Tensor | None  # (B, T, d) last hidden state at s_t, when asked for (value head)
-    argmax: Tensor | None = None  # (B, T) int64 likeliest token at s_t, when asked for (a teacher)
+    argmax: Tensor | None = None  # (B, T) int64 likeliest token at s_t, when asked for (a
+    # teacher; 0 at the padding, as logprobs)
     logits: Tensor | None = None  # (B, T, V) the raw logits at s_t, when asked for (a
     # full-vocabulary distillation loss; the padded forward only)
 
@@ -121,8 +124,12 @@ def policy_forward(
         )  # fmt: skip
     P = prompt_length
     shape = (input_ids.shape[0], input_ids.shape[1] - P)
-    scored = torch.ones(shape, dtype=torch.bool, device=input_ids.device)
-    rows, columns = (scored if with_logits else attention_mask[:, P:] != 0).nonzero(as_tuple=True)
+    scored = (  # the positions whose logits are computed: (B, T) bool
+        torch.ones(shape, dtype=torch.bool, device=input_ids.device)
+        if with_logits
+        else attention_mask[:, P:] != 0
+    )
+    rows, columns = scored.nonzero(as_tuple=True)
     found = None
     if shared_prefix and can_share(model):
         found = _shared_prefix_logits(
@@ -177,8 +184,12 @@ def _scores(
 
     def per_position(score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         values = [
-            score(p.logits.unsqueeze(0), response[p.rows, p.columns][None])[0] for p in pieces
-        ]
+            score(logits[None], tokens[None])[0]
+            for p in pieces
+            for logits, tokens in zip(
+                p.logits.split(shape[1]), response[p.rows, p.columns].split(shape[1]), strict=True
+            )
+        ]  # T positions at a time: the (T, V) temporaries of the padded rows' loop, not (N, V)
         return unpack(torch.cat(values), rows, columns, shape)
 
     logits = None
