@@ -54,7 +54,10 @@ def output_head(model: nn.Module) -> nn.Module | None:
 
 
 def logits_at(
-    model: nn.Module, select: Callable[[Tensor], Tensor], sequence_shape: torch.Size, **inputs: Any
+    model: nn.Module,
+    select: Callable[[Tensor], Tensor],
+    sequence_shape: tuple[int, ...],
+    **inputs: Any,
 ) -> tuple[Any, Tensor]:
     """The model's forward over ``inputs`` and its logits at the positions ``select`` picks: a
     function of a (B, L, ...) tensor that indexes its first two dimensions (``sequence_shape``
@@ -182,14 +185,15 @@ def _scores(
     rows = torch.cat([p.rows for p in pieces])
     columns = torch.cat([p.columns for p in pieces])
 
+    step = max(shape[1], 1)  # T positions at a time: the (T, V) temporaries of the padded
+    # rows' loop, not (N, V)
+
     def per_position(score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
         values = [
-            score(logits[None], tokens[None])[0]
+            score(p.logits[None, s : s + step], response[p.rows, p.columns][None, s : s + step])[0]
             for p in pieces
-            for logits, tokens in zip(
-                p.logits.split(shape[1]), response[p.rows, p.columns].split(shape[1]), strict=True
-            )
-        ]  # T positions at a time: the (T, V) temporaries of the padded rows' loop, not (N, V)
+            for s in range(0, max(len(p.rows), 1), step)  # (an empty piece: one empty slice)
+        ]
         return unpack(torch.cat(values), rows, columns, shape)
 
     logits = None
