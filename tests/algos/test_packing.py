@@ -146,6 +146,36 @@ def test_packed_forwards_equal_the_padded_ones():
     assert len(set(scores[0].tolist())) == len(lengths)
 
 
+def test_a_reward_model_packs_its_rows_by_default_and_scores_them_as_padded(
+    reward_model, monkeypatch
+):
+    """``RewardModelReward``'s unset budget packs each call's rows (64 × the longest row's real
+    tokens a forward), 0 pads them in batches; float64, the same scores to 1e-12."""
+    from proxrl.data.formats import PromptExample
+    from proxrl.models.scalar_head import load_score_model
+    from proxrl.models.tokenizer import load_tokenizer
+    from proxrl.rollout import rewards
+
+    model = load_score_model(reward_model).double().eval()
+    tokenizer = load_tokenizer(reward_model)
+    prompts = [PromptExample(f"say: {w} ->", None, f"row {i}") for i, w in enumerate(WORDS[:5])]
+    completions = ["a", "abc def ghi jkl", "", "mno pqr", "stu vwx abc def ghi jkl mno"]
+    packed_calls = []
+    real = rewards.packed_sequence_scores
+
+    def counted(*args, **kwargs):
+        packed_calls.append(args[1].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rewards, "packed_sequence_scores", counted)
+    by_default = rewards.RewardModelReward(model, tokenizer)(prompts, completions, {})
+    assert [shape[0] for shape in packed_calls] == [5]  # one packed forward, all five rows
+    padded = rewards.RewardModelReward(model, tokenizer, max_tokens=0)(prompts, completions, {})
+    assert len(packed_calls) == 1  # 0: the padded batches
+    assert torch.allclose(by_default.double(), padded.double(), rtol=1e-12, atol=1e-12)
+    assert len(set(padded.tolist())) == 5
+
+
 # ---------------------------------------------------------------- the update
 
 WORDS = ["abc", "def", "ghi", "jkl", "mno", "pqr", "stu", "vwx"]

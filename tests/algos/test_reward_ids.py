@@ -16,8 +16,9 @@ from proxrl.algos.online import grpo
 from proxrl.algos.online.placement.base import LocalPlacement
 from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.data.formats import PromptExample
-from proxrl.models.scalar_head import load_score_model, sequence_scores
+from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
+from proxrl.rollout.forward import packed_sequence_scores
 from proxrl.rollout.rewards import REENCODED_MISMATCH, TrainerState, with_extras
 
 PROMPTS = [PromptExample("say: a ->", None, "row 0", {})] * 3
@@ -65,14 +66,15 @@ def _call(rewards, ids: list[list[int]], tokenizer):
 
 @torch.no_grad()
 def _direct(path: str, ids: list[list[int]], prompt_text: str = PROMPTS[0].prompt) -> torch.Tensor:
-    """(B,) the reward model's scores of prompt ids + the sampled ids + EOS, built by hand."""
+    """(B,) the reward model's scores of prompt ids + the sampled ids + EOS, built by hand, in one
+    packed forward as the reward role runs them by default (its unset budget holds these rows)."""
     tokenizer, model = load_tokenizer(path), load_score_model(path).eval()
     prompt = tokenizer(prompt_text)["input_ids"]
     rows = [prompt + r + ([] if r[-1] == EOS else [EOS]) for r in ids]
     width = max(len(r) for r in rows)
     padded = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return sequence_scores(model, padded, mask, normalize=True).float()
+    return packed_sequence_scores(model, padded, mask, normalize=True).float()
 
 
 def test_a_response_cut_inside_a_character_is_scored_as_its_sampled_ids(tiny_lm, rms, caplog):

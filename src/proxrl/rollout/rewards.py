@@ -335,7 +335,8 @@ class RewardModelReward:
     normalize: bool = True
     batch_size: int = 64
     checked: bool = False  # its tokenizer judged on the run's first prompts
-    max_tokens: int = 0  # > 0: padding-free forwards of at most this many real tokens each
+    max_tokens: int | None = None  # real tokens per padding-free forward (None: batch_size × the
+    # batch's longest row, as many rows as a padded batch at most; 0: padded batches)
     adapter_disabled: bool = False  # ``model`` is a LoRA critic whose base is this reward
     # model (``roles.share_reward_model``): scored with its adapters (and trained head) off
     policy_tokenizer: Any = None  # the policy's (None: not known, nothing counted)
@@ -369,15 +370,18 @@ class RewardModelReward:
             encode_prompt_text(self.tokenizer, p.prompt, p.messages) + response
             for p, response in zip(prompts, self.response_rows(completions, columns), strict=True)
         ]
+        budget = self.max_tokens
+        if budget is None:
+            budget = self.batch_size * max(map(len, rows), default=0)
         plan = (
-            pack_lengths([len(r) for r in rows], self.max_tokens)
-            if self.max_tokens
+            pack_lengths([len(r) for r in rows], budget)
+            if budget
             else [
                 list(range(i, min(i + self.batch_size, len(rows))))
                 for i in range(0, len(rows), self.batch_size)
             ]
         )
-        score = packed_sequence_scores if self.max_tokens else sequence_scores
+        score = packed_sequence_scores if budget else sequence_scores
         scores = torch.zeros(len(rows))
         with adapter_disabled(self.model) if self.adapter_disabled else nullcontext():
             for indices in plan:

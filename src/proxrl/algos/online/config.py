@@ -189,7 +189,8 @@ class OnlineRunFields(DistillFields, PlacementFields, HeldOutFields, ModelRunCon
     (a longer row alone), results equal to the padded path's (0: grad_accum padded forwards).
     None: packed at micro_batch_size × the batch's longest row (no more real tokens than a
     padded micro-batch has positions), except where shared_prefix forwards a group's prompt once
-    (the larger saving), under FSDP, and for a distill_loss that reads logits: padded there."""
+    (the larger saving), under FSDP, and for a distill_loss that reads logits: padded there.
+    A reward model's scoring packs alike (None: 64 rows × the longest; padded under FSDP)."""
     learning_rate: Annotated[float, Range(gt=0)] = 1e-6
     """Policy learning rate (AdamW)."""
 

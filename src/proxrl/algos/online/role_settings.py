@@ -64,7 +64,8 @@ class RewardSettings:
     reward_weights: tuple[float, ...]
     reward_ensemble: str
     reward_ensemble_std_coef: float
-    max_tokens_per_micro_batch: int | None  # a reward model's batches (None: padded ones)
+    max_tokens_per_micro_batch: int | None  # a reward model's batches (None: packed from their
+    # own lengths; 0: padded)
     model: str  # the policy, whose tokenizer each reward model's is judged against
     loading: Loading
 

@@ -226,7 +226,9 @@ def load_reward_model(
     return RewardModelReward(
         model,
         tokenizer,
-        max_tokens=settings.max_tokens_per_micro_batch or 0,  # by default its padded batches
+        # unset: packed from each batch's own lengths, except where every rank must run as
+        # many forwards as the others (a sharded run), which pads
+        max_tokens=0 if dist.is_sharded() else settings.max_tokens_per_micro_batch,
         policy_tokenizer=policy_tokenizer,
         reads_ids=reads_ids,
     )
