@@ -53,6 +53,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DRIVER = "proxrl.algos.online.loop.train_online"
 CONFIG = "config"  # what a name carries: the config itself, or the class of a holder of it
@@ -202,26 +203,22 @@ class Source:
 
     def method(self, cls: str, name: str) -> str | None:
         """``name`` as ``cls`` resolves it (its own, then its bases')."""
-        seen, todo = set(), [cls]
-        while todo:
-            c = todo.pop(0)
-            if c in seen or c not in self.classes:
-                continue
-            seen.add(c)
-            if name in self.classes[c].methods:
-                return self.classes[c].methods[name]
-            todo += self.classes[c].bases
-        return None
+        return self._inherited(cls, name, "methods")
 
     def attribute(self, cls: str, name: str) -> ast.expr | None:
+        return self._inherited(cls, name, "attrs")
+
+    def _inherited(self, cls: str, name: str, table: str) -> Any:
+        """``name`` in the ``table`` of ``cls`` or of its nearest base that has it."""
         seen, todo = set(), [cls]
         while todo:
             c = todo.pop(0)
             if c in seen or c not in self.classes:
                 continue
             seen.add(c)
-            if name in self.classes[c].attrs:
-                return self.classes[c].attrs[name]
+            found = getattr(self.classes[c], table)
+            if name in found:
+                return found[name]
             todo += self.classes[c].bases
         return None
 
