@@ -745,3 +745,124 @@ def test_pairs_encode_rows_with_the_reference_log_probs_the_loss_needs(lm):
         assert float(total[0]) < 0
     stats = reference.forward_backward(summed, "dpo", beta=0.5)
     assert stats and reference.engine.calls == [("before", 0)] and reference._stats
+
+
+def test_read_rollouts_gives_the_files_rows_scores_and_token_rewards(lm, tmp_path):
+    import json
+
+    client = make(lm)
+    good = {"prompt_ids": [5, 6], "response_ids": [7, 8], "logprobs": [-0.5, -1.0], "group": "a"}
+    first = {**good, "rewards": [0.75, 0.0], "loss_mask": [1, 0]}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(first) + "\n" + json.dumps({**good, "reward": 2.0}) + "\n")
+    read = client.read_rollouts(path)
+    assert read.prompt_ids.tolist() == [[5, 6], [5, 6]] and read.response_ids.tolist() == [[7, 8]] * 2
+    assert read.scores.tolist() == [0.75, 2.0]
+    assert read.token_rewards.tolist() == [[0.75, 0.0], [0.0, 2.0]]
+    assert read.logprobs.tolist() == [[-0.5, 0.0], [-0.5, -1.0]]  # 0 off the model's tokens
+    path.write_text(json.dumps({**good, "reward": 1.0, "prompt_ids": [5, 260]}) + "\n")
+    assert refused(client.read_rollouts, path).startswith(f"{path}:1: prompt_ids: token id 260")
+    long = make(lm, max_new_tokens=1)
+    path.write_text((json.dumps({**good, "reward": 1.0}) + "\n") * 2)
+    assert "response_ids" in refused(long.read_rollouts, path)  # the client's length limit
+
+
+def test_a_prompt_that_encodes_to_nothing_is_refused(lm, monkeypatch):
+    client = make(lm)
+    calls = []
+
+    def encode(tokenizer, prompt, messages, tools):  # type: ignore[no-untyped-def]
+        calls.append((tokenizer, prompt, messages, tools))
+        return [] if prompt == "b" else [5]
+
+    monkeypatch.setattr(cl, "encode_prompt_text", encode)
+    assert refused(client.sample, ["a", "b", "b"]) == (
+        "TrainingClient.sample: prompts[1]: encodes to no tokens"
+    )
+    assert calls[0] == (client.tokenizer, "a", None, None)
+
+
+def test_logprobs_marks_the_responses_that_did_not_stop_and_corrects_recorded_ones(lm):
+    client = make(lm, rollout_correction="tis")
+    rollout = client.sample(["ab"], n=2, max_new_tokens=3)
+    eos = client.tokenizer.eos_token_id
+    ids = torch.tensor([[7, eos, 0], [7, 8, 9]])
+    samples = replace(
+        rollout.stage.samples,
+        response_ids=ids,
+        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        logprobs=torch.full((2, 3), -1.0, dtype=F64),
+    )
+    stopped = Rollout(replace(rollout.stage, samples=samples))
+    exp = client.logprobs(stopped, recorded=True)
+    assert exp.truncated.tolist() == [False, True]
+    assert exp.rollout_weights is not None  # the trainer's π_old, the recorded ones weigh
+    assert torch.equal(exp.logprobs, client.logprobs(stopped).logprobs)
+    assert client.logprobs(stopped).rollout_weights is None
+
+
+def test_two_clients_of_one_seed_sample_alike_and_start_at_the_configs_rate(lm):
+    a = make(lm, seed=11)
+    first = a.sample(["ab"], n=4).response_ids
+    b = make(lm, seed=11)  # (sampling draws from the global generator, seeded here)
+    assert torch.equal(first, b.sample(["ab"], n=4).response_ids)
+    assert [g["lr"] for g in a.optimizers[0].param_groups] == [0.5]
+
+
+def test_pairs_are_truncated_and_a_lora_policy_is_its_own_reference(lm):
+    client = make(lm, track_kl=False, lora_r=2)
+    rows = [{"prompt": "a", "chosen": "ba" * 6, "rejected": "ab" * 6}]
+    short = client.pairs(rows, "dpo", max_length=6)
+    assert len(short.items[0]) <= 6
+    assert len(client.pairs(rows, "dpo").items[0]) > 6
+
+
+def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(lm):
+    from proxrl.algos.offline import dpo
+
+    client = make(lm, track_kl=True, grad_accum=4)
+    assert client.cfg.micro_batch_size == 1
+    rows = [
+        {"prompt": "a", "chosen": "b", "rejected": "ab"},
+        {"prompt": "b", "chosen": "a", "rejected": "bb"},
+        {"prompt": "ab", "chosen": "ba", "rejected": "a"},
+    ]
+    pairs = client.pairs(rows, "dpo")
+    knobs = cl._pair_loss("sigmoid", {"beta": 0.5}, WHERE)
+    whole = dpo.make_batch(pairs.items, [0, 1, 2], pairs.reference, client.tokenizer.pad_token_id, F64)
+    expected, _ = dpo.preference_loss(client.model, whole, knobs)
+    expected.backward()
+    grads = [p.grad.clone() for p in client.model.parameters()]
+    client.optimization.zero_grad()
+    client.model.eval()
+    stats = client.forward_backward(pairs, "dpo", beta=0.5)
+    assert client.model.training
+    assert stats["loss"] == pytest.approx(float(expected), rel=1e-12)
+    for a, b in zip(grads, [p.grad for p in client.model.parameters()], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+    again = client.forward_backward(pairs, "dpo", beta=0.5)
+    assert client._stats["loss"] == pytest.approx(2 * float(expected), rel=1e-12)
+    assert again["loss"] == stats["loss"] and client.engine.calls == [("before", 0)]
+    before = [p.detach().clone() for p in client.model.parameters()]
+    assert client.optim_step()["stepped"] == 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True))
+
+
+def test_a_checkpoint_restores_weights_generator_and_keeps_one(lm, tmp_path):
+    client = make(lm)
+    with torch.no_grad():
+        next(client.model.parameters()).add_(1.0)
+    torch.randperm(5, generator=client.generator)
+    client.steps = 3
+    client.save_state(tmp_path)
+    client.steps = 4
+    path = client.save_state(tmp_path)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()] == [path.name]
+    other = make(lm)
+    next(other.model.parameters()).grad = torch.ones_like(next(other.model.parameters()))
+    assert other.load_state(tmp_path) == 4
+    assert all(p.grad is None for p in other.model.parameters())
+    assert torch.equal(other.generator.get_state(), client.generator.get_state())
+    assert all(torch.equal(a, b) for a, b in zip(client.model.parameters(), other.model.parameters(), strict=True))
+    client.save_model(tmp_path / "m")
+    client.save_model(tmp_path / "m")  # an existing directory: written over
