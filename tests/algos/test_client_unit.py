@@ -7,7 +7,6 @@ place of the stages where the stage itself is tested elsewhere. Runs in a few se
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -92,7 +91,9 @@ def test_learning_rate_is_none_or_a_finite_positive_number():
     rate = cc.learning_rate(2, "lr", WHERE)
     assert rate == 2.0 and type(rate) is float
     assert cc.learning_rate(5e-324, "lr", WHERE) == 5e-324
-    assert refused(cc.learning_rate, True, "lr", WHERE) == "W: lr: expected a number > 0, got a bool"
+    assert (
+        refused(cc.learning_rate, True, "lr", WHERE) == "W: lr: expected a number > 0, got a bool"
+    )
     assert refused(cc.learning_rate, "1", "lr", WHERE) == "W: lr: expected a number > 0, got a str"
     for bad, shown in [(0.0, "0.0"), (-1, "-1"), (float("inf"), "inf"), (float("nan"), "nan")]:
         assert refused(cc.learning_rate, bad, "c", WHERE) == (
@@ -107,9 +108,9 @@ def test_token_ids_are_a_2d_integer_tensor_inside_the_vocabulary():
     cc.check_token_ids(torch.tensor([[True]]), "ids", 2, WHERE)
     shape = "W: ids: expected a (B, L) tensor of token ids, got"
     assert refused(cc.check_token_ids, torch.zeros(1, 2), "ids", 10, WHERE) == f"{shape} (1, 2)"
-    assert refused(cc.check_token_ids, torch.zeros(1, 2, dtype=torch.complex64), "ids", 10, WHERE) == (
-        f"{shape} (1, 2)"
-    )
+    assert refused(
+        cc.check_token_ids, torch.zeros(1, 2, dtype=torch.complex64), "ids", 10, WHERE
+    ) == (f"{shape} (1, 2)")
     assert refused(cc.check_token_ids, torch.tensor([1, 2]), "ids", 10, WHERE) == f"{shape} (2,)"
     assert refused(cc.check_token_ids, torch.ones(1, 1, 1, dtype=torch.long), "ids", 10, WHERE) == (
         f"{shape} (1, 1, 1)"
@@ -163,16 +164,19 @@ def test_token_values_per_row_are_spread_over_the_loss_tokens():
     assert refused(cc.token_values, torch.ones(2), "r", mask, WHERE, False) == (
         "W: batch: r: expected shape (B, T) = (2, 2), got (2,)"
     )
-    assert refused(cc.token_values, torch.ones(3), "a", mask, WHERE, True) == f"W: batch: a: {wanted} (3,)"
+    assert (
+        refused(cc.token_values, torch.ones(3), "a", mask, WHERE, True)
+        == f"W: batch: a: {wanted} (3,)"
+    )
     assert refused(cc.token_values, [1.0, 2.0], "a", mask, WHERE, True) == (
         "W: batch: a: expected a tensor of shape (B, T) = (2, 2) or (B,) = (2,), got a list"
     )
     assert refused(cc.token_values, None, "r", mask, WHERE, False) == (
         "W: batch: r: expected a tensor of shape (B, T) = (2, 2), got a NoneType"
     )
-    assert refused(cc.token_values, torch.ones(2, dtype=torch.complex64), "a", mask, WHERE, True) == (
-        "W: batch: a: expected real values, got torch.complex64"
-    )
+    assert refused(
+        cc.token_values, torch.ones(2, dtype=torch.complex64), "a", mask, WHERE, True
+    ) == ("W: batch: a: expected real values, got torch.complex64")
 
 
 def test_prompts_are_a_non_empty_list_of_prompts():
@@ -202,17 +206,24 @@ def test_prompts_are_a_non_empty_list_of_prompts():
 
 
 def test_checked_config_reads_values_as_yaml_and_prefixes_its_refusals():
-    cfg = cc.checked_config(grpo.Config, {"model": "m", "group_size": 3, "learning_rate": "1e-3"}, WHERE)
+    cfg = cc.checked_config(
+        grpo.Config, {"model": "m", "group_size": 3, "learning_rate": "1e-3"}, WHERE
+    )
     assert type(cfg) is grpo.Config and (cfg.group_size, cfg.learning_rate) == (3, 1e-3)
     assert refused(cc.checked_config, grpo.Config, {"model": "m", "group_size": "3"}, WHERE) == (
         "W: field group_size expects int, found str '3'"
     )
     grpo_refusals = [
         ({"temperature": -1.0}, "temperature: expected > 0, got -1.0"),  # the ranges run
-        ({"reward_ensemble_std_coef": 2.0}, "reward_ensemble_std_coef: applies to reward_ensemble "
-         "mean_minus_std; this run has mean"),  # a knob of an entry not selected
-        ({"kl_controller": "proportional", "kl_coef": 0.0}, "kl_coef: the proportional "
-         "controller scales β, so it cannot start from 0"),  # the rules between options
+        (
+            {"reward_ensemble_std_coef": 2.0},
+            "reward_ensemble_std_coef: applies to reward_ensemble "
+            "mean_minus_std; this run has mean",
+        ),  # a knob of an entry not selected
+        (
+            {"kl_controller": "proportional", "kl_coef": 0.0},
+            "kl_coef: the proportional controller scales β, so it cannot start from 0",
+        ),  # the rules between options
     ]
     for values, message in grpo_refusals:
         assert refused(cc.checked_config, grpo.Config, {"model": "m", **values}, WHERE) == (
@@ -223,16 +234,18 @@ def test_checked_config_reads_values_as_yaml_and_prefixes_its_refusals():
     assert cfg.clip_cov_ratio == 0.5
     from proxrl.algos.offline import dpo  # no validate_options: check_knobs
 
-    assert refused(cc.checked_config, dpo.Config, {"loss": "ipo", "label_smoothing": 0.1}, WHERE) == (
-        "W: label_smoothing: applies to loss sigmoid, simpo; this run has ipo"
-    )
+    assert refused(
+        cc.checked_config, dpo.Config, {"loss": "ipo", "label_smoothing": 0.1}, WHERE
+    ) == ("W: label_smoothing: applies to loss sigmoid, simpo; this run has ipo")
     assert refused(cc.checked_config, dpo.Config, {"loss": "ipo", "beta": -1.0}, WHERE) == (
         "W: beta: expected > 0, got -1.0"
     )
     base = cc.checked_config(grpo.Config, {"model": "m"}, WHERE)
     objects.attach(base, {"python:m": objects.Entry("obj")})
     again = cc.checked_config(grpo.Config, {"seed": 4}, WHERE, base)
-    assert again.seed == 4 and again.model == "m" and objects.attached(again) == objects.attached(base)
+    assert (
+        again.seed == 4 and again.model == "m" and objects.attached(again) == objects.attached(base)
+    )
     assert objects.attached(cc.checked_config(grpo.Config, {"model": "m"}, WHERE)) == {}
 
 
@@ -300,7 +313,10 @@ def test_pair_loss_reads_dpos_options_and_pairs_are_counted():
 
 
 def test_preference_rows_are_read_as_proxrl_dpo_reads_them():
-    rows = [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "q", "chosen": "c", "rejected": "c"}]
+    rows = [
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+        {"prompt": "q", "chosen": "c", "rejected": "c"},
+    ]
     examples = cl._preference_examples(rows)
     assert [(e.prompt, e.chosen, e.rejected) for e in examples] == [("p", "a", "b")]
     given = [PreferenceExample("p", "a", "b", None, "mine")]
@@ -408,7 +424,9 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> str:
     from proxrl.models.tiny import build_tiny_lm
 
     path = tmp_path_factory.mktemp("lm") / "lm"
-    return str(build_tiny_lm(path, ["ab"], hidden_size=8, num_layers=1, num_heads=2, max_positions=64))
+    return str(
+        build_tiny_lm(path, ["ab"], hidden_size=8, num_layers=1, num_heads=2, max_positions=64)
+    )
 
 
 OPTIONS = dict(
@@ -459,7 +477,10 @@ def test_a_client_holds_the_runs_pieces(lm):
         None,
         {},
     )
-    assert client.vocabulary == 260 == len(client.tokenizer) and client.tokenizer is client.models.tokenizer
+    assert (
+        client.vocabulary == 260 == len(client.tokenizer)
+        and client.tokenizer is client.models.tokenizer
+    )
     assert client.model is client.models.actor and client.models.reference is not None
     assert make(lm, max_consecutive_skips=2).guard.max_consecutive == 2
     assert client._kl_loss_type == "k3" and client._roles.kl_loss is KL_ESTIMATORS["k3"]
@@ -483,7 +504,10 @@ def test_sample_checks_its_arguments_and_syncs_the_engine(lm):
         "stop_strings"
     )
     assert refused(client.sample, ["a"], n=0) == f"{where}: n: expected an int >= 1, got 0"
-    assert refused(client.sample, ["a"], logprobs=1) == f"{where}: logprobs: expected True or False, got 1"
+    assert (
+        refused(client.sample, ["a"], logprobs=1)
+        == f"{where}: logprobs: expected True or False, got 1"
+    )
     assert refused(client.sample, "a") == f"{where}: prompts: expected a list of prompts, got a str"
     assert refused(client.sample, ["a"], top_p=2.0).startswith(f"{where}: top_p")
     rollout = client.sample(["ab", "ba"])
@@ -689,7 +713,9 @@ def test_optim_step_moves_the_policy_once_and_zeroes_the_gradient(lm):
     assert result["stepped"] == 1.0 and "grad_norm" in result and "policy_stepped" not in result
     assert result["loss"] == stats["loss"] and dict(client._stats) == {}
     assert all(p.grad is None for p in client.model.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True)
+    )
     # the guard skips a non-finite step: the stats come back, nothing moves
     client.forward_backward(exp, lambda logprobs, mb: logprobs.sum() * float("nan"))
     before = [p.detach().clone() for p in client.model.parameters()]
@@ -756,7 +782,9 @@ def test_read_rollouts_gives_the_files_rows_scores_and_token_rewards(lm, tmp_pat
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(first) + "\n" + json.dumps({**good, "reward": 2.0}) + "\n")
     read = client.read_rollouts(path)
-    assert read.prompt_ids.tolist() == [[5, 6], [5, 6]] and read.response_ids.tolist() == [[7, 8]] * 2
+    assert (
+        read.prompt_ids.tolist() == [[5, 6], [5, 6]] and read.response_ids.tolist() == [[7, 8]] * 2
+    )
     assert read.scores.tolist() == [0.75, 2.0]
     assert read.token_rewards.tolist() == [[0.75, 0.0], [0.0, 2.0]]
     assert read.logprobs.tolist() == [[-0.5, 0.0], [-0.5, -1.0]]  # 0 off the model's tokens
@@ -829,7 +857,9 @@ def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(lm):
     ]
     pairs = client.pairs(rows, "dpo")
     knobs = cl._pair_loss("sigmoid", {"beta": 0.5}, WHERE)
-    whole = dpo.make_batch(pairs.items, [0, 1, 2], pairs.reference, client.tokenizer.pad_token_id, F64)
+    whole = dpo.make_batch(
+        pairs.items, [0, 1, 2], pairs.reference, client.tokenizer.pad_token_id, F64
+    )
     expected, _ = dpo.preference_loss(client.model, whole, knobs)
     expected.backward()
     grads = [p.grad.clone() for p in client.model.parameters()]
@@ -845,7 +875,9 @@ def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(lm):
     assert again["loss"] == stats["loss"] and client.engine.calls == [("before", 0)]
     before = [p.detach().clone() for p in client.model.parameters()]
     assert client.optim_step()["stepped"] == 1.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True))
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True)
+    )
 
 
 def test_a_checkpoint_restores_weights_generator_and_keeps_one(lm, tmp_path):
@@ -863,6 +895,9 @@ def test_a_checkpoint_restores_weights_generator_and_keeps_one(lm, tmp_path):
     assert other.load_state(tmp_path) == 4
     assert all(p.grad is None for p in other.model.parameters())
     assert torch.equal(other.generator.get_state(), client.generator.get_state())
-    assert all(torch.equal(a, b) for a, b in zip(client.model.parameters(), other.model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(client.model.parameters(), other.model.parameters(), strict=True)
+    )
     client.save_model(tmp_path / "m")
     client.save_model(tmp_path / "m")  # an existing directory: written over

@@ -143,6 +143,17 @@ def test_no_critic_is_zero_values_and_nothing_else():
     assert critic.finish_step() is None and critic.clip(0.5) is None
 
 
+def test_no_critics_values_are_float32_whatever_the_default_dtype():
+    exp = batch()
+    before = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(F64)
+        values = NoCritic().values(exp.input_ids, exp.attention_mask, 3, None)
+    finally:
+        torch.set_default_dtype(before)
+    assert values.dtype == torch.float32 and values.shape == (2, 2)
+
+
 # ---------------------------------------------------------------------------- a trained critic
 
 
