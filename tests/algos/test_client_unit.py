@@ -276,7 +276,10 @@ def test_a_named_surrogate_binds_the_knobs_as_the_loop_does(monkeypatch):
 def test_policy_loss_is_a_name_or_a_users_callable(monkeypatch):
     monkeypatch.setattr(cl, "surrogate", lambda *args: args)
     assert cl._policy_loss("ppo", "k", "a") == ("ppo", "k", "a")  # type: ignore[arg-type]
-    assert cl._policy_loss("sft", "k", "a").__qualname__ == "_sft_loss.<locals>.loss"  # type: ignore[arg-type]
+    sft = cl._policy_loss("sft", "k", "token-mean")  # type: ignore[arg-type]
+    assert (
+        float(sft(torch.tensor([[-1.0, -2.0], [-4.0, -8.0]], dtype=F64), experience())[0]) == 7 / 3
+    )
 
     def user(logprobs: torch.Tensor, mb: Experience) -> torch.Tensor:
         return logprobs.sum() * len(mb)
@@ -638,7 +641,9 @@ def test_forward_backward_hands_the_update_its_batch_and_step(lm, monkeypatch):
     assert losses.settings is client.settings.updating and losses.drawing is None
     assert (losses.step.kl_coef, losses.step.train_policy, losses.step.iteration) == (0.25, True, 7)
     assert losses.algo.kl_loss is KL_ESTIMATORS["k2"] and losses.algo.step_selection is None
-    assert client._losses is sft and sft.algo.policy_loss.__qualname__ == "_sft_loss.<locals>.loss"
+    assert client._losses is sft
+    nll = sft.algo.policy_loss(torch.tensor([[-1.0, -2.0], [-4.0, -8.0]], dtype=F64), experience())
+    assert float(nll[0]) == pytest.approx(7 / 3, rel=1e-15)  # the NLL, not ppo's loss
     # no advantages: zeros (float32 at the mask's shape)
     client.forward_backward(experience())
     batch = accumulated.calls[-1][1]
