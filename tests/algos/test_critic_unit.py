@@ -219,7 +219,9 @@ def test_a_trained_critic_builds_its_warmup_stop_and_wrapping_shares_it():
     stop.iterations = 4
     assert critic.warmup_iterations == 4
     other = nn.Linear(2, 1)
-    wrapped = critic.wrapped(lambda m: other)
+    seen: list[nn.Module] = []
+    wrapped = critic.wrapped(lambda m: seen.append(m) or other)
+    assert seen == [critic.module]
     assert type(wrapped) is Recording and wrapped.module is other
     assert wrapped.settings is settings and wrapped.warmup_stop is stop
     given = WarmupStop(2, 1)
