@@ -154,6 +154,16 @@ def test_no_critics_values_are_float32_whatever_the_default_dtype():
     assert values.dtype == torch.float32 and values.shape == (2, 2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_critics_zeros_are_on_the_batchs_device():
+    """On a CPU-only machine every device is the CPU: this alone tells the device apart."""
+    exp = batch()
+    exp.prompt_ids, exp.response_ids = exp.prompt_ids.cuda(), exp.response_ids.cuda()
+    exp.prompt_mask, exp.response_mask = exp.prompt_mask.cuda(), exp.response_mask.cuda()
+    assert NoCritic().values(exp.input_ids, exp.attention_mask, 3, None).device.type == "cuda"
+    assert NoCritic().loss(exp, None, "token-mean")[0].device.type == "cuda"
+
+
 # ---------------------------------------------------------------------------- a trained critic
 
 
