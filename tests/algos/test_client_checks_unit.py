@@ -136,9 +136,13 @@ def test_an_experience_is_checked_ids_first_then_its_rows():
     assert refused(cc.check_experience, experience(prompt_ids=torch.tensor([[11]])), 11, WHERE) == (
         f"W: batch: prompt_ids: token id 11 {outside}"
     )
-    assert refused(cc.check_experience, experience(prompt_ids=torch.tensor([[5]])), 13, WHERE) == (
-        "W: batch: 1 rows of prompt_ids but 2 of response_ids"
-    )
+    # rows, not columns: B = 2 rows of 3 prompt and 4 response tokens pass; 1 x 3 against 2 x 4 not
+    cc.check_experience(experience(response_ids=torch.ones(2, 4, dtype=torch.long)), 13, WHERE)
+    prompt = torch.tensor([[5, 6, 7]])
+    wide = torch.ones(2, 4, dtype=torch.long)
+    assert refused(
+        cc.check_experience, experience(prompt_ids=prompt, response_ids=wide), 13, WHERE
+    ) == ("W: batch: 1 rows of prompt_ids but 2 of response_ids")
 
 
 def test_token_values_per_row_are_spread_over_the_loss_tokens():
