@@ -394,6 +394,10 @@ def test_read_rollouts_gives_the_files_rows_scores_and_token_rewards(lm, tmp_pat
     assert read.logprobs.tolist() == [[-0.5, 0.0], [-0.5, -1.0]]  # 0 off the model's tokens
     path.write_text(json.dumps({**good, "reward": 1.0, "prompt_ids": [5, 260]}) + "\n")
     assert refused(client.read_rollouts, path).startswith(f"{path}:1: prompt_ids: token id 260")
+    path.write_text((json.dumps({**good, "reward": 1.0, "response": "zz"}) + "\n") * 2)
+    assert refused(client.read_rollouts, path).startswith(  # checked with this tokenizer
+        f"{path}:1: response_ids: decode to "
+    )
     long = make(lm, max_new_tokens=1)
     path.write_text((json.dumps({**good, "reward": 1.0}) + "\n") * 2)
     assert "response_ids" in refused(long.read_rollouts, path)  # the client's length limit
