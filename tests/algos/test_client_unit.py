@@ -90,8 +90,11 @@ def test_a_client_holds_the_runs_pieces(lm):
     assert torch.equal(client.generator.get_state(), torch.Generator().manual_seed(3).get_state())
     assert len(client.optimizers) == 1 and client.guard.max_consecutive == 5
     assert client.prompt_batch(5, 2, 3) == cl.prompt_order(5, 2, 3, 3)
-    expected = minibatches(client.cfg.responses_per_step, 4, torch.Generator().manual_seed(3))
-    assert [m.tolist() for m in client.minibatches(4)] == [m.tolist() for m in expected]
+    twin = torch.Generator().manual_seed(3)
+    expected = minibatches(client.cfg.responses_per_step, 40, twin)
+    drawn = client.minibatches(40)  # from the client's generator, which moves as the twin did
+    assert [m.tolist() for m in drawn] == [m.tolist() for m in expected] and len(drawn) == 10
+    assert torch.equal(client.generator.get_state(), twin.get_state())
     ppo_client = make(lm, command="ppo", critic="head")
     assert ppo_client._kl_loss_type is None and len(ppo_client.optimizers) == 2
     assert type(ppo_client.models.critic).__name__ == "ValueHeadCritic"
