@@ -205,6 +205,10 @@ def test_forward_backward_refusals(lm):
         f"{FORWARD_BACKWARD}: gamma: expected one of beta, label_smoothing, simpo_gamma_beta_ratio"
     )
     assert client.forward_backward(pairs, "dpo", beta=0.5) == {}
+    assert refused(client.forward_backward, experience(advantages=torch.ones(2, 1))) == (
+        f"{FORWARD_BACKWARD}: batch: advantages: expected shape (B, T) = (2, 2) or (B,) = (2,), "
+        "got (2, 1)"
+    )
     critic = make(lm, command="ppo", critic="head")
     assert refused(critic.forward_backward, exp) == (
         f"{FORWARD_BACKWARD}: batch: returns: expected the critic's (B, T) value targets (set them "
