@@ -18,7 +18,7 @@ from proxrl.algos.online.roles import load_rewards, role_settings
 from proxrl.data.formats import PromptExample
 from proxrl.models.scalar_head import load_score_model
 from proxrl.models.tokenizer import load_tokenizer, tokenizer_difference
-from proxrl.rollout.forward import packed_sequence_scores
+from proxrl.rollout.forward import packed_sequence_scores, shared_prefix_sequence_scores
 from proxrl.rollout.rewards import REENCODED_MISMATCH, TrainerState, with_extras
 
 PROMPTS = [PromptExample("say: a ->", None, "row 0", {})] * 3
@@ -66,14 +66,20 @@ def _call(rewards, ids: list[list[int]], tokenizer):
 
 @torch.no_grad()
 def _direct(path: str, ids: list[list[int]], prompt_text: str = PROMPTS[0].prompt) -> torch.Tensor:
-    """(B,) the reward model's scores of prompt ids + the sampled ids + EOS, built by hand, in one
-    packed forward as the reward role runs them by default (its unset budget holds these rows)."""
+    """(B,) the reward model's scores of prompt ids + the sampled ids + EOS, built by hand, as
+    the reward role runs them by default: rows that share their prompt (here all, when there
+    are several) in one shared-prefix forward, the prompt once; a row alone in one packed
+    forward (its unset budget holds these rows)."""
     tokenizer, model = load_tokenizer(path), load_score_model(path).eval()
     prompt = tokenizer(prompt_text)["input_ids"]
     rows = [prompt + r + ([] if r[-1] == EOS else [EOS]) for r in ids]
     width = max(len(r) for r in rows)
     padded = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    if len(rows) > 1:
+        return shared_prefix_sequence_scores(
+            model, padded, mask, len(prompt), normalize=True
+        ).float()
     return packed_sequence_scores(model, padded, mask, normalize=True).float()
 
 
@@ -136,9 +142,15 @@ def test_another_tokenizer_scores_text_and_counts_what_did_not_round_trip(tiny_l
         "responses' text, re-encoded (reward/reencoded_mismatch counts where it is not what was "
         "sampled)"
     ) in caplog.messages
-    # the text bridge: CUT scored as the ids its text encodes to
-    reencoded = tokenizer(tokenizer.decode(CUT), add_special_tokens=False)["input_ids"]
-    torch.testing.assert_close(scores[:1], _direct(rms["template"], [reencoded]), rtol=0, atol=0)
+    # the text bridge: CUT (and STOPPED, scored in the same forward) as the ids its text encodes to
+    reencoded = [
+        tokenizer(tokenizer.decode(r, skip_special_tokens=True), add_special_tokens=False)[
+            "input_ids"
+        ]
+        for r in (CUT, STOPPED)
+    ]
+    assert reencoded[0] != CUT
+    torch.testing.assert_close(scores, _direct(rms["template"], reencoded), rtol=0, atol=0)
 
 
 def test_tokenizer_difference_names_what_differs(tiny_lm):

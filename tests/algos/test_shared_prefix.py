@@ -24,18 +24,22 @@ from transformers import (
     LlamaForSequenceClassification,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
 )
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
 from proxrl.core import processed_entropy, processed_logprobs
+from proxrl.models.scalar_head import sequence_scores
 from proxrl.rollout import prefix
 from proxrl.rollout.forward import (
     critic_forward,
     frozen_pass,
     output_head,
+    packed_sequence_scores,
     policy_forward,
     position_ids,
+    shared_prefix_sequence_scores,
 )
 from proxrl.rollout.prefix import prompt_groups
 from proxrl.runtime.config import narrowed
@@ -542,3 +546,79 @@ def test_a_run_saved_with_the_former_default_resumes(tiny_lm, prompts, tmp_path)
         assert check_resume(cfg) == {}
     with pytest.raises(ProxrlError, match="shared_prefix is None but the run .* ran with False"):
         check_resume(grpo.Config(**{**vars(cfg), "shared_prefix": None}))
+
+
+def _whole_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_batch``'s rows with their real tokens moved to the left: the layout a reward model
+    scores whole (right-padded)."""
+    lengths = mask.sum(-1)
+    whole = torch.zeros_like(ids)
+    for i, row in enumerate(ids[mask.bool()].split(lengths.tolist())):
+        whole[i, : len(row)] = row
+    return whole, (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "cls"),
+    [(LlamaConfig, LlamaForSequenceClassification), (Qwen2Config, Qwen2ForSequenceClassification)],
+)
+def test_a_reward_models_shared_prefix_scores_equal_the_whole_rows(float64_norms, config_cls, cls):
+    """``shared_prefix_sequence_scores`` on ragged groups (and a row alone) equals the padded and
+    the packed scores of the whole rows to 1e-10, and forwards each distinct prompt once."""
+    ids, mask, P, _ = _batch()
+    model = _model(cls, config_cls, num_labels=1)
+    widths = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    with torch.no_grad():
+        shared = shared_prefix_sequence_scores(model, ids, mask, P)
+        assert shared is not None
+        assert widths == [(4, P), (len(ids), ids.shape[1] - P)]  # 4 prompts, then responses
+        whole, whole_mask = _whole_rows(ids, mask)
+        padded = sequence_scores(model, whole, whole_mask)
+        packed = packed_sequence_scores(model, whole, whole_mask)
+        distinct = [0, 3, 5, 8]  # nothing to share
+        assert shared_prefix_sequence_scores(model, ids[distinct], mask[distinct], P) is None
+    assert len(set(padded.tolist())) == len(ids)
+    _close(padded, shared, "scores against the padded rows")
+    _close(packed, shared, "scores against the packed rows")
+
+
+def test_a_reward_model_scores_a_groups_prompt_once_and_as_the_whole_rows(
+    float64_norms, reward_model, monkeypatch
+):
+    """``RewardModelReward`` (float64, the tests' tiny reward model): groups of 3 and 2 rows and
+    a row alone, ragged responses. With ``shared_prefix`` each forward's distinct prompts run
+    once (the body's input widths, counted); its scores equal the whole rows' (packed by
+    default, and padded) to 1e-10; ``shared_prefix`` False scores the rows whole."""
+    from proxrl.data.formats import PromptExample
+    from proxrl.models.scalar_head import load_score_model
+    from proxrl.models.tokenizer import load_tokenizer
+    from proxrl.rollout.rewards import RewardModelReward
+
+    model = load_score_model(reward_model).double().eval()
+    tokenizer = load_tokenizer(reward_model)
+    texts = ["say: abc ->"] * 3 + ["say: a longer prompt ->"] * 2 + ["say: bca ->"]
+    prompts = [PromptExample(t, None, f"row {i}") for i, t in enumerate(texts)]
+    completions = ["a", "abc def ghi jkl", "mno pqr", "", "stu vwx abc", "def ghi"]
+    widths = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    scores = {}
+    for shared in (True, False):
+        for budget in (None, 0):
+            widths.clear()
+            reward = RewardModelReward(model, tokenizer, max_tokens=budget, shared_prefix=shared)
+            scores[shared, budget] = reward(prompts, completions, {}).double()
+            if shared:  # the 3 distinct prompts, then the 6 responses
+                assert [w[0] for w in widths] == [3, 6], widths
+            else:  # one forward of the whole rows (packed or padded)
+                assert len(widths) == 1, widths
+                assert budget is None or widths[0][0] == 6, widths
+    assert len(set(scores[False, 0].tolist())) == len(prompts)
+    for key, value in scores.items():
+        _close(scores[False, 0], value, str(key))

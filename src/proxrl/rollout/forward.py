@@ -443,3 +443,39 @@ def packed_sequence_scores(
     if normalize:
         scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
     return scores
+
+
+def shared_prefix_sequence_scores(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_length: int,
+    normalize: bool = False,
+) -> Tensor | None:
+    """``models.scalar_head.sequence_scores`` with each distinct prompt forwarded once: (B,
+    P + T) rows, their prompts left-padded in the first P columns and their responses
+    right-padded after (the policy's layout), → (B,) the head at each row's last real token
+    (minus the stored ``reward_offset`` when ``normalize``). The responses run against their
+    prompt's keys and values (``rollout.prefix``), so the scores are those of the whole rows'
+    forward up to float rounding. None where it cannot apply: no two rows share a prompt, a
+    row has no response token, the model keeps no cache or may not share (``can_share``)."""
+    P = prompt_length
+    lengths = attention_mask[:, P:].sum(-1)  # the responses' real tokens (right-padded)
+    if not can_share(model) or bool((lengths == 0).any()):
+        return None
+    body = backbone(model)
+    positions = position_ids(attention_mask)
+    found = shared_prefix_inputs(input_ids, attention_mask, positions, P)
+    if found is None:
+        return None
+    groups, prefix = found
+    cache = getattr(body(**prefix), cache_keyword(body), None)
+    if cache is None:
+        return None
+    inputs = response_inputs(body, cache, groups, input_ids, attention_mask, positions, P)
+    hidden = body(**inputs).last_hidden_state  # (B, T, d) at positions P … P + T − 1
+    rows = torch.arange(len(input_ids), device=input_ids.device)
+    scores = apply_head(score_head(model), hidden[rows, lengths - 1]).squeeze(-1)
+    if normalize:
+        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
+    return scores

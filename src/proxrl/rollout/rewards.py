@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from proxrl.data.batching import pack_lengths, pad_right
+from proxrl.data.batching import pack_lengths, pad_left, pad_right
 from proxrl.data.encoding import (
     check_round_trip,
     encode_prompt_text,
@@ -48,7 +48,7 @@ from proxrl.data.encoding import (
 from proxrl.data.formats import PromptExample
 from proxrl.models.lora import adapter_disabled
 from proxrl.models.scalar_head import sequence_scores
-from proxrl.rollout.forward import packed_sequence_scores
+from proxrl.rollout.forward import packed_sequence_scores, shared_prefix_sequence_scores
 from proxrl.runtime import objects
 from proxrl.runtime.errors import ProxrlError
 
@@ -328,7 +328,13 @@ class RewardModelReward:
     an encode. Otherwise its text, re-encoded with the reward model's own tokenizer (so a
     reward model need not share the policy's), and, given the ``policy_tokenizer``, the share
     of responses whose text is not the sampled ids is logged (``REENCODED_MISMATCH``). An
-    episode (with an environment: observation turns among the ids) is scored as text."""
+    episode (with an environment: observation turns among the ids) is scored as text.
+
+    ``shared_prefix``: the rows of a forward that share a prompt (a group's responses) run it
+    once and their responses against its keys and values
+    (``forward.shared_prefix_sequence_scores``): the scores of the whole rows' forward up to
+    float rounding. Where no two rows of a forward share a prompt, or it cannot apply there,
+    the rows are scored whole (packed or padded, as ``max_tokens`` says)."""
 
     model: nn.Module
     tokenizer: Any
@@ -341,6 +347,7 @@ class RewardModelReward:
     # model (``roles.share_reward_model``): scored with its adapters (and trained head) off
     policy_tokenizer: Any = None  # the policy's (None: not known, nothing counted)
     reads_ids: bool = False  # its tokenizer is the policy's: the sampled ids are scored
+    shared_prefix: bool = True  # a prompt shared by rows forwarded once (the run's switch)
     last_parts: dict[str, float] = field(default_factory=dict)  # REENCODED_MISMATCH, if measured
 
     name = "reward_model"
@@ -366,10 +373,9 @@ class RewardModelReward:
             check_round_trip(self.tokenizer, [t for p in prompts[:8] for t in p.texts()])
             self.checked = True
         device = next(self.model.parameters()).device
-        rows = [
-            encode_prompt_text(self.tokenizer, p.prompt, p.messages) + response
-            for p, response in zip(prompts, self.response_rows(completions, columns), strict=True)
-        ]
+        prompt_rows = [encode_prompt_text(self.tokenizer, p.prompt, p.messages) for p in prompts]
+        responses = self.response_rows(completions, columns)
+        rows = [p + r for p, r in zip(prompt_rows, responses, strict=True)]
         budget = self.max_tokens
         if budget is None:
             budget = self.batch_size * max(map(len, rows), default=0)
@@ -385,13 +391,41 @@ class RewardModelReward:
         scores = torch.zeros(len(rows))
         with adapter_disabled(self.model) if self.adapter_disabled else nullcontext():
             for indices in plan:
-                chunk = [rows[i] for i in indices]
-                ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
-                mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
-                scores[indices] = (
-                    score(self.model, ids, mask, normalize=self.normalize).float().cpu()
+                found = (
+                    self.shared_scores(
+                        [prompt_rows[i] for i in indices], [responses[i] for i in indices], device
+                    )
+                    if self.shared_prefix
+                    else None
                 )
+                if found is None:  # the rows scored whole
+                    chunk = [rows[i] for i in indices]
+                    ids = pad_right(chunk, self.tokenizer.pad_token_id).to(device)
+                    mask = pad_right([[1] * len(r) for r in chunk], 0).to(device)
+                    found = score(self.model, ids, mask, normalize=self.normalize)
+                scores[indices] = found.float().cpu()
         return scores
+
+    def shared_scores(
+        self, prompts: list[list[int]], responses: list[list[int]], device: torch.device
+    ) -> Tensor | None:
+        """The rows' scores with each distinct prompt forwarded once, prompts left-padded and
+        responses right-padded (the policy's layout, ``shared_prefix_sequence_scores``); None
+        where no two rows share a prompt or it cannot apply (the caller scores them whole)."""
+        if len({tuple(p) for p in prompts}) == len(prompts) or not all(prompts):
+            return None
+        pad = self.tokenizer.pad_token_id
+        ids = torch.cat([pad_left(prompts, pad), pad_right(responses, pad)], 1)
+        mask = torch.cat(
+            [
+                pad_left([[1] * len(p) for p in prompts], 0),
+                pad_right([[1] * len(r) for r in responses], 0),
+            ],
+            1,
+        )
+        return shared_prefix_sequence_scores(
+            self.model, ids.to(device), mask.to(device), max(map(len, prompts)), self.normalize
+        )
 
 
 @dataclass(frozen=True)

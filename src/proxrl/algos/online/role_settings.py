@@ -66,6 +66,7 @@ class RewardSettings:
     reward_ensemble_std_coef: float
     max_tokens_per_micro_batch: int | None  # a reward model's batches (None: packed from their
     # own lengths; 0: padded)
+    shares_prefix: bool  # derived (``OnlineConfig.shares_prefix``): a group's prompt once
     model: str  # the policy, whose tokenizer each reward model's is judged against
     loading: Loading
 

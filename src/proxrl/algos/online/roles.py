@@ -231,6 +231,9 @@ def load_reward_model(
         max_tokens=0 if dist.is_sharded() else settings.max_tokens_per_micro_batch,
         policy_tokenizer=policy_tokenizer,
         reads_ids=reads_ids,
+        # a group's prompt forwarded once, in one process (a sharded run's ranks must run
+        # their forwards alike: ``rollout.prefix.can_share``)
+        shared_prefix=settings.shares_prefix and not dist.is_sharded(),
     )
 
 
