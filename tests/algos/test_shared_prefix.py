@@ -622,3 +622,19 @@ def test_a_reward_model_scores_a_groups_prompt_once_and_as_the_whole_rows(
     assert len(set(scores[False, 0].tolist())) == len(prompts)
     for key, value in scores.items():
         _close(scores[False, 0], value, str(key))
+
+
+def test_the_switch_reaches_the_reward_model(tiny_lm, reward_model, monkeypatch):
+    """``shared_prefix`` unset or true: the reward model shares its rows' prompts; false, or a
+    sharded run (whose ranks must run their forwards alike): it scores them whole."""
+    from proxrl.algos.online import grpo, roles
+    from proxrl.algos.online.placement.base import LocalPlacement
+
+    def shares(**options) -> bool:  # type: ignore[no-untyped-def]
+        cfg = grpo.Config(model=tiny_lm, prompts="p", reward_model=[reward_model], **options)
+        (source,) = LocalPlacement().rewards(roles.role_settings(cfg)).sources
+        return bool(source.shared_prefix)
+
+    assert shares() and shares(shared_prefix=True) and not shares(shared_prefix=False)
+    monkeypatch.setattr(roles.dist, "is_sharded", lambda: True)
+    assert not shares()
