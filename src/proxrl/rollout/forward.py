@@ -189,10 +189,15 @@ def _scores(
     # rows' loop, not (N, V)
 
     def per_position(score: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        # ``split``, not slices: the backward of k slices of a piece's (n, V) logits is k
+        # zero-filled (n, V) gradients summed; of a split, the k chunks' gradients put side by
+        # side once (the same values)
         values = [
-            score(p.logits[None, s : s + step], response[p.rows, p.columns][None, s : s + step])[0]
+            score(chunk[None], tokens[None])[0]
             for p in pieces
-            for s in range(0, max(len(p.rows), 1), step)  # (an empty piece: one empty slice)
+            for chunk, tokens in zip(
+                p.logits.split(step), response[p.rows, p.columns].split(step), strict=True
+            )  # (an empty piece: one empty chunk)
         ]
         return unpack(torch.cat(values), rows, columns, shape)
 
