@@ -67,7 +67,12 @@ from proxrl.core.kl import (
     sequence_kl,
     shaped_rewards,
 )
-from proxrl.core.logprobs import entropy_from_logits, entropy_from_logprobs, logprobs_from_logits
+from proxrl.core.logprobs import (
+    entropy_from_logits,
+    entropy_from_logprobs,
+    logprobs_from_logits,
+    token_logprobs,
+)
 from proxrl.core.losses import (
     bradley_terry_loss,
     dpo_loss,
@@ -214,6 +219,7 @@ __all__ = [
     "kl_per_token",
     "last_valid_index",
     "logprobs_from_logits",
+    "token_logprobs",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -32,6 +32,73 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.
     return torch.stack(rows)
 
 
+class _TokenLogprobs(torch.autograd.Function):
+    """``token_logprobs``' forward and its lean backward (one (n, V) gradient buffer)."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        logits: Tensor,
+        tokens: Tensor,
+        temperature: float,
+        chunk: int,
+    ) -> Tensor:
+        out_dtype = _out_dtype(logits)
+        values, sums = [], []
+        for s in range(0, max(len(logits), 1), chunk):  # (an empty set: one empty chunk)
+            x = logits[s : s + chunk].to(out_dtype)
+            if temperature != 1.0:
+                x = x / temperature
+            picked = x.gather(-1, tokens[s : s + chunk].unsqueeze(-1)).squeeze(-1)
+            sums.append(torch.logsumexp(x, dim=-1))
+            values.append(picked - sums[-1])
+        ctx.save_for_backward(logits, tokens, torch.cat(sums))
+        ctx.temperature, ctx.chunk = temperature, chunk  # type: ignore[attr-defined]
+        return torch.cat(values)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor, None, None, None]:
+        logits, tokens, sums = ctx.saved_tensors  # type: ignore[attr-defined]
+        temperature, chunk = ctx.temperature, ctx.chunk  # type: ignore[attr-defined]
+        out_dtype = _out_dtype(logits)
+        grad_logits = torch.empty_like(logits)
+        for s in range(0, len(logits), chunk):
+            x = logits[s : s + chunk].to(out_dtype)
+            if temperature != 1.0:
+                x = x / temperature
+            g = grad[s : s + chunk].to(out_dtype)
+            # autograd's: logsumexp's −g·exp(x − lse), plus gather's zeros with g scattered in
+            # (the + 0.0: the zeros' sum turns a −0 into +0, as autograd's does)
+            part = (x - sums[s : s + chunk].unsqueeze(-1)).exp_().mul_((-g).unsqueeze(-1))
+            part.scatter_add_(-1, tokens[s : s + chunk].unsqueeze(-1), g.unsqueeze(-1))
+            part.add_(0.0)
+            if temperature != 1.0:
+                part.div_(temperature)
+            grad_logits[s : s + chunk].copy_(part)
+        return grad_logits, None, None, None
+
+
+def _out_dtype(logits: Tensor) -> torch.dtype:
+    return torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+
+
+def token_logprobs(
+    logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk: int = 1
+) -> Tensor:
+    """``logprobs_from_logits`` of (n, V) logits at n positions and their (n,) tokens → (n,),
+    ``chunk`` positions at a time, with the gradient autograd would give, to the bit, and less
+    memory in the backward: one (n, V) buffer for the logits' gradient and one chunk's
+    temporaries, where autograd's chunk-by-chunk graph adds a zero-filled (n, V) gradient per
+    chunk (its slices' backward) and a copy of it for each view it passes through."""
+    out: Tensor = _TokenLogprobs.apply(  # type: ignore[no-untyped-call]
+        logits, tokens, temperature, max(chunk, 1)
+    )
+    return out
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Entropy of softmax(logits / temperature) at every position: (B, T, V) → (B, T).
 

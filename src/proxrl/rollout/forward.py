@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from proxrl.core import processed_entropy, processed_logprobs
+from proxrl.core import processed_entropy, processed_logprobs, token_logprobs, truncates
 from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
 from proxrl.rollout.generation import cache_keyword
 from proxrl.rollout.packing import pack_batch, unpack
@@ -208,10 +208,17 @@ def _scores(
             logits = pieces[0].logits.view(*shape, vocabulary)
         else:
             logits = unpack(torch.cat([p.logits for p in pieces]), rows, columns, shape)
-    return PolicyOutput(
-        logprobs=per_position(
+    if truncates(*truncation):
+        logprobs = per_position(
             lambda x, tokens: processed_logprobs(x, tokens, temperature, *truncation)
-        ),
+        )
+    else:  # the same values and gradient, one (n, V) buffer in the backward (token_logprobs)
+        values = [
+            token_logprobs(p.logits, response[p.rows, p.columns], temperature, step) for p in pieces
+        ]
+        logprobs = unpack(torch.cat(values), rows, columns, shape)
+    return PolicyOutput(
+        logprobs=logprobs,
         entropy=(
             per_position(lambda x, _: processed_entropy(x.detach(), temperature, *truncation))
             if with_entropy
