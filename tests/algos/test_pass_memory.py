@@ -1,0 +1,59 @@
+"""Memory of the passes' backward at the output head (issue 50: cached PPO peaked above the
+repeated-prefix run). The padded and shared-prefix passes score the real response positions'
+logits T positions at a time; their log-probs go through ``core.token_logprobs``, so the
+backward makes one gradient the size of those logits (and one copy of it into the head's
+(1, N, V) output, which the (N, V) logits are a view of), not a zero-filled one per chunk and a
+new sum per chunk after the first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from proxrl.rollout.forward import policy_forward
+from tests.core.allocations import LargeAllocations
+
+VOCABULARY = 500  # the logits dwarf every other tensor of this model, as at a real vocabulary
+LENGTHS = [9, 5, 8, 2]  # 4 rows of one prompt: 24 scored positions, chunks of T = 9
+
+
+def _model_and_batch() -> tuple[Qwen2ForCausalLM, torch.Tensor, torch.Tensor, int]:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCABULARY,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    P, T = 6, max(LENGTHS)
+    ids = torch.cat(
+        [
+            torch.randint(3, VOCABULARY, (1, P)).expand(len(LENGTHS), P),
+            torch.randint(3, VOCABULARY, (len(LENGTHS), T)),
+        ],
+        1,
+    )
+    mask = torch.ones_like(ids)
+    for row, length in enumerate(LENGTHS):
+        mask[row, P + length :] = 0
+    model = Qwen2ForCausalLM(config)
+    for frozen in (model.get_input_embeddings(), model.get_output_embeddings()):
+        frozen.weight.requires_grad_(False)  # as under LoRA: no vocabulary-sized gradient
+    return model, ids, mask, P
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_backward_makes_one_logits_sized_gradient(shared):
+    model, ids, mask, P = _model_and_batch()
+    out = policy_forward(model, ids, mask, P, 0.7, shared_prefix=shared)
+    # half the scored positions' logits: the responses' call's (all but column 0 with a
+    # shared prefix) and every copy of them exceed it
+    with LargeAllocations(sum(LENGTHS) * VOCABULARY // 2) as seen:
+        (out.logprobs * mask[:, P:]).sum().backward()
+    # the gradient (token_logprobs'), then its copy into the (1, N, V) output it is a view of
+    assert seen.ops == ["aten.empty_like.default", "aten.select_backward.default"]

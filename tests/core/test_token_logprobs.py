@@ -1,0 +1,60 @@
+"""``core.token_logprobs``: ``logprobs_from_logits`` at n positions, chunk by chunk, with a
+backward that writes the logits' gradient into one (n, V) buffer. Its values and gradients are
+autograd's to the bit (signed zeros included); autograd's graph over the same chunks makes a
+zero-filled (n, V) gradient per chunk and a new (n, V) sum per chunk after the first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from proxrl.core import logprobs_from_logits, token_logprobs
+from tests.core.allocations import LargeAllocations
+
+
+def _autograd_chunks(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk: int):
+    """What ``rollout.forward`` computed before: the chunks' log-probs through autograd."""
+    return torch.cat(
+        [
+            logprobs_from_logits(
+                logits[None, s : s + chunk], tokens[None, s : s + chunk], temperature
+            )[0]
+            for s in range(0, max(len(logits), 1), chunk)
+        ]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("n", "chunk"), [(37, 10), (20, 20), (5, 100), (0, 4)])
+def test_values_and_gradients_are_autograds_to_the_bit(dtype, temperature, n, chunk):
+    logits = (torch.randn(n, 300) * 3).to(dtype)
+    tokens = torch.randint(0, 300, (n,))
+    grad = torch.randn(n, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    if n > 3:  # a clipped token's gradient is exactly 0 (of either sign)
+        grad[1], grad[2] = 0.0, -0.0
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    values = token_logprobs(ours, tokens, temperature, chunk)
+    expected = _autograd_chunks(theirs, tokens, temperature, chunk)
+    assert values.dtype == expected.dtype and torch.equal(values, expected)
+    values.backward(grad)
+    expected.backward(grad)
+    assert torch.equal(ours.grad, theirs.grad)
+    assert torch.equal(ours.grad.signbit(), theirs.grad.signbit())
+
+
+def _backward_allocations(compute) -> list[str]:  # type: ignore[no-untyped-def]
+    """The logits-sized tensors that the backward of ``compute``'s log-probs makes (37
+    positions in chunks of 10)."""
+    n, vocabulary, chunk = 37, 500, 10
+    logits = torch.randn(n, vocabulary, requires_grad=True)
+    values = compute(logits, torch.randint(0, vocabulary, (n,)), 0.7, chunk)
+    with LargeAllocations(n * vocabulary) as seen:
+        values.sum().backward()
+    return seen.ops
+
+
+def test_its_backward_makes_one_logits_sized_tensor():
+    assert _backward_allocations(token_logprobs) == ["aten.empty_like.default"]
+    # what it replaces: a zero-filled gradient per chunk (4), a new sum per chunk after the first
+    assert len(_backward_allocations(_autograd_chunks)) == 4 + 3
