@@ -33,7 +33,8 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.
 
 
 class _TokenLogprobs(torch.autograd.Function):
-    """``token_logprobs``' forward and its lean backward (one (n, V) gradient buffer)."""
+    """``token_logprobs``' forward and its lean backward (one (n, V) gradient buffer, or none:
+    ``in_place``)."""
 
     @staticmethod
     def forward(
@@ -42,6 +43,7 @@ class _TokenLogprobs(torch.autograd.Function):
         tokens: Tensor,
         temperature: float,
         chunk: int,
+        in_place: bool,
     ) -> Tensor:
         out_dtype = _out_dtype(logits)
         values, sums = [], []
@@ -53,18 +55,19 @@ class _TokenLogprobs(torch.autograd.Function):
             sums.append(torch.logsumexp(x, dim=-1))
             values.append(picked - sums[-1])
         ctx.save_for_backward(logits, tokens, torch.cat(sums))
-        ctx.temperature, ctx.chunk = temperature, chunk  # type: ignore[attr-defined]
+        ctx.temperature, ctx.chunk, ctx.in_place = temperature, chunk, in_place  # type: ignore[attr-defined]
         return torch.cat(values)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: Tensor
-    ) -> tuple[Tensor, None, None, None]:
+    ) -> tuple[Tensor, None, None, None, None]:
         logits, tokens, sums = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature, chunk = ctx.temperature, ctx.chunk  # type: ignore[attr-defined]
         out_dtype = _out_dtype(logits)
-        grad_logits = torch.empty_like(logits)
+        # in place: each chunk's gradient over its own logits, read just before
+        grad_logits = logits if ctx.in_place else torch.empty_like(logits)  # type: ignore[attr-defined]
         for s in range(0, len(logits), chunk):
             x = logits[s : s + chunk].to(out_dtype)
             if temperature != 1.0:
@@ -78,7 +81,7 @@ class _TokenLogprobs(torch.autograd.Function):
             if temperature != 1.0:
                 part.div_(temperature)
             grad_logits[s : s + chunk].copy_(part)
-        return grad_logits, None, None, None
+        return grad_logits, None, None, None, None
 
 
 def _out_dtype(logits: Tensor) -> torch.dtype:
@@ -86,15 +89,23 @@ def _out_dtype(logits: Tensor) -> torch.dtype:
 
 
 def token_logprobs(
-    logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk: int = 1
+    logits: Tensor,
+    tokens: Tensor,
+    temperature: float = 1.0,
+    chunk: int = 1,
+    in_place: bool = False,
 ) -> Tensor:
     """``logprobs_from_logits`` of (n, V) logits at n positions and their (n,) tokens → (n,),
     ``chunk`` positions at a time, with the gradient autograd would give, to the bit, and less
     memory in the backward: one (n, V) buffer for the logits' gradient and one chunk's
     temporaries, where autograd's chunk-by-chunk graph adds a zero-filled (n, V) gradient per
-    chunk (its slices' backward) and a copy of it for each view it passes through."""
+    chunk (its slices' backward) and a copy of it for each view it passes through.
+
+    ``in_place``: the backward writes the gradient over the logits themselves (no (n, V)
+    buffer), for a caller whose logits nothing else reads once the forward is done (the passes'
+    own head output; autograd refuses, loudly, a graph that saved them elsewhere)."""
     out: Tensor = _TokenLogprobs.apply(  # type: ignore[no-untyped-call]
-        logits, tokens, temperature, max(chunk, 1)
+        logits, tokens, temperature, max(chunk, 1), in_place
     )
     return out
 

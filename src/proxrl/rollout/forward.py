@@ -150,7 +150,8 @@ def policy_forward(
             use_cache=False,
         )  # logits (1, N, V): logits[0, n] predicts input_ids[rows[n], P + columns[n]]
         hidden = output.hidden_states[-1][:, P - 1 : -1] if with_hidden else None
-        found = [ScoredPositions(logits[0], rows, columns)], hidden
+        # (squeeze, not [0]: a view in the backward too, not a (1, N, V) copy of the gradient)
+        found = [ScoredPositions(logits.squeeze(0), rows, columns)], hidden
     pieces, hidden = found
     return _scores(
         pieces, input_ids[:, P:], shape, temperature, (top_k, top_p, min_p), with_entropy,
@@ -214,7 +215,11 @@ def _scores(
         )
     else:  # the same values and gradient, one (n, V) buffer in the backward (token_logprobs)
         values = [
-            token_logprobs(p.logits, response[p.rows, p.columns], temperature, step) for p in pieces
+            # the gradient over the logits themselves, unless the caller reads them
+            token_logprobs(
+                p.logits, response[p.rows, p.columns], temperature, step, not with_logits
+            )
+            for p in pieces
         ]
         logprobs = unpack(torch.cat(values), rows, columns, shape)
     return PolicyOutput(
@@ -268,7 +273,7 @@ def _shared_prefix_logits(
     )
     pieces = [
         ScoredPositions(last[groups.inverse[rows0], 0], rows0, columns[at_start]),
-        ScoredPositions(rest[0], rows1, columns1),
+        ScoredPositions(rest.squeeze(0), rows1, columns1),  # (a view in the backward too)
     ]
     if not with_hidden:
         return pieces, None
