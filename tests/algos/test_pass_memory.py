@@ -3,9 +3,12 @@ At the output head, the padded and shared-prefix passes score the real response 
 logits T positions at a time; their log-probs go through ``core.token_logprobs``, whose
 backward writes the logits' gradient over the logits themselves, where autograd's graph made a
 zero-filled one per chunk, a new sum per chunk after the first and a copy for the head's
-(1, N, V) output."""
+(1, N, V) output. Between micro-batches, the freed heap goes back to the system
+(``runtime.memory``)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -58,3 +61,31 @@ def test_the_backward_makes_no_logits_sized_tensor(shared):
     # the gradient over the logits themselves (token_logprobs in place), a view of the head's
     # (1, N, V) output: the head's backward reads it from there
     assert seen.ops == []
+
+
+def test_the_update_returns_freed_memory_before_every_micro_batch(tiny_lm, tmp_path, monkeypatch):
+    """Issue 50: cached PPO's second, larger micro-batch grew the process on top of the first's
+    freed activations (glibc keeps them: ``runtime.memory``)."""
+    from proxrl.algos.online import ppo, update
+
+    calls: list[int] = []
+    monkeypatch.setattr(update, "return_freed_memory", lambda: calls.append(1) or True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"say: {w} ->"}) + "\n" for w in "abcd"))
+    config = ppo.Config(
+        model=tiny_lm,
+        prompts=str(prompts),
+        reward_fn=("tests.algos.online_rewards:target_fraction",),
+        output_dir=str(tmp_path / "run"),
+        iterations=1,
+        rollout_batch_size=4,
+        group_size=2,
+        max_new_tokens=4,
+        mini_batch_size=8,
+        grad_accum=2,
+        ppo_epochs=2,
+        progress=False,
+        seed=3,
+    )
+    ppo.train(config)
+    assert len(calls) == 2 * 2  # 2 epochs of one step in 2 micro-batches

@@ -34,6 +34,7 @@ from proxrl.runtime.accumulation import accumulate_gradients
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.fsdp import is_dtensor
 from proxrl.runtime.guard import NonFiniteGuard, first_nonfinite_grad
+from proxrl.runtime.memory import return_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -530,6 +531,9 @@ def _rows_loss(
     """``terms`` on the rows ``rows`` of ``experience``, π at them kept in ``record`` (when the
     rollout ran no pass for π_old, or its π_old is the sampler's). ``model`` is the actor (the
     accumulation's signature)."""
+    # the previous micro-batch's (or the rollout's) freed activations back to the system: a
+    # larger micro-batch after a smaller one would otherwise grow the process on top of them
+    return_freed_memory()
     with autocast(losses.settings.mixed_precision):  # the forwards and losses, not the backward
         loss, stats, out = terms(losses, experience.select(rows))
     if record is not None:
