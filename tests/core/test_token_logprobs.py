@@ -66,3 +66,13 @@ def test_its_backward_makes_one_logits_sized_tensor_or_none_in_place():
     assert _backward_allocations(token_logprobs, True) == []  # over the logits themselves
     # what it replaces: a zero-filled gradient per chunk (4), a new sum per chunk after the first
     assert len(_backward_allocations(_autograd_chunks)) == 4 + 3
+
+
+def test_in_place_refuses_a_second_backward():
+    """Its logits hold the gradient after the first backward: autograd's version counter
+    refuses a retained graph's second, which would read them as logits."""
+    logits = torch.randn(6, 50, requires_grad=True)
+    values = token_logprobs(logits.view_as(logits), torch.randint(0, 50, (6,)), 1.0, 4, True)
+    values.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        values.sum().backward()

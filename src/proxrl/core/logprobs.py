@@ -66,7 +66,8 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, tokens, sums = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature, chunk = ctx.temperature, ctx.chunk  # type: ignore[attr-defined]
         out_dtype = _out_dtype(logits)
-        # in place: each chunk's gradient over its own logits, read just before
+        # in place: each chunk's gradient over its own logits, read just before (the version
+        # counter then refuses a second backward of a retained graph)
         grad_logits = logits if ctx.in_place else torch.empty_like(logits)  # type: ignore[attr-defined]
         for s in range(0, len(logits), chunk):
             x = logits[s : s + chunk].to(out_dtype)
