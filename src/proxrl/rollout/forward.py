@@ -213,7 +213,7 @@ def _scores(
         logprobs = per_position(
             lambda x, tokens: processed_logprobs(x, tokens, temperature, *truncation)
         )
-    else:  # the same values and gradient, one (n, V) buffer in the backward (token_logprobs)
+    else:  # the same values and gradient, no (n, V) buffer in the backward (token_logprobs)
         values = [
             # the gradient over the logits themselves, unless the caller reads them
             token_logprobs(
