@@ -442,6 +442,14 @@ def test_logprobs_marks_the_responses_that_did_not_stop_and_corrects_recorded_on
     assert exp.rollout_weights is not None  # the trainer's π_old, the recorded ones weigh
     assert torch.equal(exp.logprobs, client.logprobs(stopped).logprobs)
     assert client.logprobs(stopped).rollout_weights is None
+    # an EOS at the last position the budget allows: stopped by itself, not cut off
+    at_budget = replace(
+        samples,
+        response_ids=torch.tensor([[7, 8, eos], [7, 8, 9]]),
+        response_mask=torch.ones(2, 3, dtype=torch.long),
+    )
+    exp = client.logprobs(Rollout(replace(rollout.stage, samples=at_budget)))
+    assert exp.truncated.tolist() == [False, True]
 
 
 def test_two_clients_of_one_seed_sample_alike_and_start_at_the_configs_rate(lm):
