@@ -29,30 +29,16 @@ from proxrl.algos.online.role_settings import Loading, ModelSettings
 from proxrl.models.value_head import ValueHead
 from proxrl.rollout.experience import Experience
 from proxrl.runtime.checkpointer import TrainableWeights
-from proxrl.runtime.errors import ProxrlError
+from tests.algos.test_client_checks_unit import F64, experience, refused
 
-F64 = torch.float64
 SETTINGS = CriticSettings(learning_rate=0.125, vf_coef=0.25, value_clip=0.5)
 
 
-def refused(call, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
-    with pytest.raises(ProxrlError) as raised:
-        call(*args, **kwargs)
-    return str(raised.value)
-
-
 def batch(action_mask: torch.Tensor | None = None) -> Experience:
-    """B = 2 rows, a 3-token prompt (P differs from B and T), T = 2; row 1's second token is
-    padding. V_old, returns as in the docstrings of the tests below."""
-    return Experience(
-        prompt_ids=torch.tensor([[5, 6, 7], [0, 8, 9]]),
-        prompt_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]),
-        response_ids=torch.tensor([[10, 11], [12, 0]]),
-        response_mask=torch.tensor([[1, 1], [1, 0]]),
-        logprobs=None,
-        ref_logprobs=None,
+    """``experience``'s B = 2 rows (a 3-token prompt, so P differs from B and T; T = 2, row 1's
+    second token padding) with V_old and returns as in the docstrings of the tests below."""
+    return experience(
         values=torch.tensor([[0.0, 2.0], [0.5, 3.0]], dtype=F64),
-        scores=torch.zeros(2, dtype=F64),
         returns=torch.tensor([[2.0, 1.0], [0.0, 1.0]], dtype=F64),
         action_mask=action_mask,
     )
