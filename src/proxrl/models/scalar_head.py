@@ -177,6 +177,12 @@ def token_values(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) ->
     return apply_head(score_head(model), hidden).squeeze(-1)
 
 
+def without_offset(model: nn.Module, scores: Tensor) -> Tensor:
+    """(B,) scores minus the ``reward_offset`` stored in ``model``'s config (0 where none): the
+    normalised scores of every way a reward model is run."""
+    return scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
+
+
 def sequence_scores(
     model: nn.Module, input_ids: Tensor, attention_mask: Tensor, normalize: bool = False
 ) -> Tensor:
@@ -185,9 +191,7 @@ def sequence_scores(
     values = token_values(model, input_ids, attention_mask)
     batch = torch.arange(values.shape[0], device=values.device)
     scores = values[batch, last_token_index(attention_mask)]
-    if normalize:
-        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
-    return scores
+    return without_offset(model, scores) if normalize else scores
 
 
 def store_score_normalization(model: nn.Module, mean: float, std: float) -> None:

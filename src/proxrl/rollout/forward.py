@@ -17,7 +17,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from proxrl.core import processed_entropy, processed_logprobs, token_logprobs, truncates
-from proxrl.models.scalar_head import apply_head, backbone, score_head, unwrap_peft
+from proxrl.models.scalar_head import (
+    apply_head,
+    backbone,
+    score_head,
+    without_offset,
+)
 from proxrl.rollout.generation import cache_keyword
 from proxrl.rollout.packing import pack_batch, unpack
 from proxrl.rollout.packing import real_positions as position_ids
@@ -457,9 +462,7 @@ def packed_sequence_scores(
     hidden = backbone(model)(**batch.model_inputs()).last_hidden_state
     lines, slots = batch.last_tokens(input_ids.shape[0])
     scores = apply_head(score_head(model), hidden[lines, slots]).squeeze(-1)
-    if normalize:
-        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
-    return scores
+    return without_offset(model, scores) if normalize else scores
 
 
 def shared_prefix_sequence_scores(
@@ -493,6 +496,4 @@ def shared_prefix_sequence_scores(
     hidden = body(**inputs).last_hidden_state  # (B, T, d) at positions P … P + T − 1
     rows = torch.arange(len(input_ids), device=input_ids.device)
     scores = apply_head(score_head(model), hidden[rows, lengths - 1]).squeeze(-1)
-    if normalize:
-        scores = scores - float(getattr(unwrap_peft(model).config, "reward_offset", 0.0))
-    return scores
+    return without_offset(model, scores) if normalize else scores
