@@ -21,7 +21,7 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor, temperature: float = 1.
     Returns:
         (B, T) log-probabilities, in float32 when the logits are half precision.
     """
-    out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    out_dtype = output_dtype(logits)
     rows = []
     for row_logits, row_tokens in zip(logits, tokens, strict=True):
         row_logits = row_logits.to(out_dtype)
@@ -45,7 +45,7 @@ class _TokenLogprobs(torch.autograd.Function):
         chunk: int,
         in_place: bool,
     ) -> Tensor:
-        out_dtype = _out_dtype(logits)
+        out_dtype = output_dtype(logits)
         values, sums = [], []
         for s in range(0, max(len(logits), 1), chunk):  # (an empty set: one empty chunk)
             x = logits[s : s + chunk].to(out_dtype)
@@ -65,7 +65,7 @@ class _TokenLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor, None, None, None, None]:
         logits, tokens, sums = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature, chunk = ctx.temperature, ctx.chunk  # type: ignore[attr-defined]
-        out_dtype = _out_dtype(logits)
+        out_dtype = output_dtype(logits)
         # in place: each chunk's gradient over its own logits, read just before (the version
         # counter then refuses a second backward of a retained graph)
         grad_logits = logits if ctx.in_place else torch.empty_like(logits)  # type: ignore[attr-defined]
@@ -85,7 +85,9 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
-def _out_dtype(logits: Tensor) -> torch.dtype:
+def output_dtype(logits: Tensor) -> torch.dtype:
+    """The dtype log-probs and entropies of ``logits`` come out in: float32 for half precision,
+    else the logits' own."""
     return torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
 
 
@@ -117,7 +119,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     Computed one sequence at a time as −Σ p·log p, where p = 0 (a −inf logit, e.g. after
     top-k filtering) contributes 0 rather than 0·(−inf) = NaN.
     """
-    out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    out_dtype = output_dtype(logits)
     rows = []
     for row_logits in logits:
         z = row_logits.to(out_dtype)

@@ -26,7 +26,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from proxrl.core.logprobs import entropy_from_logits, entropy_from_logprobs, logprobs_from_logits
+from proxrl.core.logprobs import (
+    entropy_from_logits,
+    entropy_from_logprobs,
+    logprobs_from_logits,
+    output_dtype,
+)
 
 
 def truncates(top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> bool:
@@ -87,7 +92,7 @@ def processed_logprobs(
     """
     if not truncates(top_k, top_p, min_p):
         return logprobs_from_logits(logits, tokens, temperature)
-    out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    out_dtype = output_dtype(logits)
     rows = []
     for row_logits, row_tokens in zip(logits, tokens, strict=True):
         scaled = row_logits.to(out_dtype)
@@ -111,7 +116,7 @@ def processed_entropy(
     sequence at a time; removed tokens (p = 0) contribute 0."""
     if not truncates(top_k, top_p, min_p):
         return entropy_from_logits(logits, temperature)
-    out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    out_dtype = output_dtype(logits)
     rows = []
     for row_logits in logits:
         scaled = row_logits.to(out_dtype)
