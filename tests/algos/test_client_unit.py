@@ -425,6 +425,24 @@ def test_a_prompt_that_encodes_to_nothing_is_refused(lm, monkeypatch):
     assert calls[0] == (client.tokenizer, "a", None, None)
 
 
+def test_sample_renders_message_prompts_with_the_environments_tools(lm, monkeypatch):
+    client = make(lm, environment="tests.algos.mt_envs:tools", max_episode_tokens=16)
+    seen = []
+
+    def encode(tokenizer, prompt, messages, tools):  # type: ignore[no-untyped-def]
+        seen.append((messages, tools))
+        return []  # refused after encoding: what reached the template is all this checks
+
+    monkeypatch.setattr(cl, "encode_prompt_text", encode)
+    said = [{"role": "user", "content": "ab"}]
+    refused(client.sample, [said, "ab"])
+    echo = {"name": "echo", "description": "Repeat a text.", "parameters": {"type": "object",
+        "properties": {"text": {"type": "string", "description": "what to repeat"}},
+        "required": ["text"]}, "return": {"type": "string"}}  # fmt: skip
+    tools = [{"type": "function", "function": echo}]
+    assert seen == [(said, tools), (None, tools)]  # a string prompt has no messages
+
+
 def test_logprobs_marks_the_responses_that_did_not_stop_and_corrects_recorded_ones(lm):
     client = make(lm, rollout_correction="tis")
     rollout = client.sample(["ab"], n=2, max_new_tokens=3)
