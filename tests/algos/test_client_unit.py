@@ -52,6 +52,10 @@ class Engine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
+    def start(self, actor: Any, iteration: int) -> None:
+        self.calls.append(("start", actor, iteration))
+        self.engine.start(actor, iteration)
+
     def before_update(self, steps: int) -> None:
         self.calls.append(("before", steps))
 
@@ -70,6 +74,37 @@ def make(lm: str, **over: Any) -> TrainingClient:
 
 def test_the_constructor_needs_a_model_or_a_config():
     assert refused(TrainingClient) == "proxrl.TrainingClient(): model: expected a path or a model"
+
+
+def test_a_loaded_model_is_trained_with_its_tokenizer_and_starts_the_engine(lm, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(lm, dtype=torch.float64)
+    tokenizer = AutoTokenizer.from_pretrained(lm)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # not the saved one: this is used
+    engines: list[Engine] = []
+    made = cl.make_engine
+    monkeypatch.setattr(
+        cl, "make_engine", lambda *a: engines.append(Engine(made(*a))) or engines[-1]
+    )
+    client = TrainingClient(model, tokenizer=tokenizer, **OPTIONS)
+    assert client.model is model and client.tokenizer.chat_template == tokenizer.chat_template
+    assert client.tokenizer is not tokenizer  # a copy: the client sets its padding side
+    assert engines[0].calls == [("start", model, 0)]
+    where = "proxrl.TrainingClient()"
+    assert refused(TrainingClient, lm, config=client.cfg) == (
+        f"{where}: model: not with config= (the config names its model)"
+    )
+    assert refused(TrainingClient, config=client.cfg, tokenizer=tokenizer) == (
+        f"{where}: tokenizer: not with config= (the config names its model)"
+    )
+
+
+def test_a_value_head_decides_where_pi_old_comes_from(lm):
+    # a value head reads the pass's hidden state: with sampler_logprobs π_old is still the pass
+    ppo_client = make(lm, command="ppo", critic="head", sampler_logprobs=True)
+    assert ppo_client.settings.collecting.old_policy.from_sampler is False
+    assert make(lm, sampler_logprobs=True).settings.collecting.old_policy.from_sampler is True
 
 
 def test_a_client_holds_the_runs_pieces(lm):
@@ -383,6 +418,20 @@ def test_pairs_encode_rows_with_the_reference_log_probs_the_loss_needs(lm):
         assert float(total[0]) < 0
     stats = reference.forward_backward(summed, "dpo", beta=0.5)
     assert stats and reference.engine.calls == [("before", 0)] and reference._stats
+    default = reference.pairs(rows)  # dpo's, summed
+    assert default.loss == "dpo" and torch.equal(default.reference[0], summed.reference[0])
+    assert refused(reference.forward_backward, summed, "dpo", beta=-1) == (
+        "TrainingClient.forward_backward: beta: expected > 0, got -1.0"
+    )
+
+
+def test_pairs_are_truncated_at_512_tokens_unless_told_and_a_full_prompt_is_refused(lm):
+    client = make(lm, track_kl=False)
+    long = client.pairs([{"prompt": "a", "chosen": "b" * 600, "rejected": "a" * 600}], "simpo")
+    assert [len(long.items[0].chosen), len(long.items[0].rejected)] == [512, 512]
+    assert refused(
+        client.pairs, [{"prompt": "ab" * 5, "chosen": "a", "rejected": "b"}], "simpo", max_length=4
+    ) == ("TrainingClient.pairs: rows: every example is longer than max_length=4")
 
 
 def test_read_rollouts_gives_the_files_rows_scores_and_token_rewards(lm, tmp_path):
@@ -486,11 +535,14 @@ def test_pairs_are_truncated_and_a_lora_policy_is_its_own_reference(lm):
     assert len(client.pairs(rows, "dpo").items[0]) > 6
 
 
-def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(lm):
+@pytest.mark.parametrize("grad_accum, micro_batch_size", [(4, 1), (2, 2)])
+def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(
+    lm, grad_accum, micro_batch_size
+):
     from proxrl.algos.offline import dpo
 
-    client = make(lm, track_kl=True, grad_accum=4)
-    assert client.cfg.micro_batch_size == 1
+    client = make(lm, track_kl=True, grad_accum=grad_accum)
+    assert client.cfg.micro_batch_size == micro_batch_size  # 3 pairs: 1 + 1 + 1, or 2 + 1
     rows = [
         {"prompt": "a", "chosen": "b", "rejected": "ab"},
         {"prompt": "b", "chosen": "a", "rejected": "bb"},
@@ -520,6 +572,38 @@ def test_pair_steps_are_dpos_loss_over_all_pairs_and_move_the_policy(lm):
     assert any(
         not torch.equal(a, b) for a, b in zip(before, client.model.parameters(), strict=True)
     )
+
+
+def test_a_checkpoint_restores_the_critic_optimizers_guard_and_global_generators(lm, tmp_path):
+    client = make(lm, command="ppo", critic="head")
+    for optimizer in client.optimizers:  # Adam's moments, in both the policy's and the critic's
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = torch.rand_like(p)
+        optimizer.step()
+    client.guard.load_state_dict({"consecutive": 2, "skipped": 3})
+    torch.manual_seed(123)
+    client.save_state(tmp_path)
+    drawn = torch.rand(4)  # the sampler's stream, as a resumed loop must see it
+    other = make(lm, command="ppo", critic="head")
+    assert other.load_state(tmp_path) == 0
+    assert torch.equal(torch.rand(4), drawn)
+    assert other.guard.state_dict() == {"consecutive": 2, "skipped": 3}
+    for mine, theirs in zip(client.optimizers, other.optimizers, strict=True):
+        saved, restored = mine.state_dict()["state"], theirs.state_dict()["state"]
+        assert saved.keys() == restored.keys() and len(saved) > 0
+        for key, state in saved.items():
+            assert all(torch.equal(state[k], restored[key][k]) for k in state)
+    critic = [m.state_dict() for m in client.models.critic.modules()]
+    assert critic and all(
+        torch.equal(t, m.state_dict()[k])
+        for saved, m in zip(critic, other.models.critic.modules(), strict=True)
+        for k, t in saved.items()
+    )
+    exp = other.logprobs(other.sample(["ab"], n=2))
+    batch = replace(exp, advantages=torch.tensor([1.0, -1.0]), returns=exp.logprobs * 0)
+    other.forward_backward(batch, "sft")
+    assert set(other._stats) >= {"loss"}  # a restored client accumulates again
 
 
 def test_a_checkpoint_restores_weights_generator_and_keeps_one(lm, tmp_path):

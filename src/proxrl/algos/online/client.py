@@ -432,7 +432,8 @@ class TrainingClient:
                 f"got {loss!r}"
             )
         examples = _preference_examples(rows)
-        items = encode_preferences(examples, self.tokenizer, max_length, "truncate", "pairs")
+        where = "TrainingClient.pairs: rows"
+        items = encode_preferences(examples, self.tokenizer, max_length, "truncate", where)
         option = PAIR_LOSSES[loss]
         if not dpo.DPO_LOSSES.trait(option, "reference"):
             return PreferencePairs(items, loss, (torch.zeros(len(items)), torch.zeros(len(items))))
@@ -580,12 +581,10 @@ class TrainingClient:
             )
             for i in range(0, len(batch), size)
         ]
-        # optim_step reads its settings only
-        ppo_loss = LOSSES["ppo"](self.settings.policy_loss, self.settings.updating.aggregation)
-        algo = _algorithm(self._kl_loss_type, ppo_loss)
+        # what optim_step reads of it: the settings, the models and the step's iteration
         self._losses = Losses(
             self.settings.updating,
-            algo,
+            self._roles,
             self.models,
             0,
             UpdateStep(self.cfg.kl_coef, train_policy=True, iteration=self.steps + 1),
