@@ -636,14 +636,18 @@ def driven(monkeypatch, calls: list, rows: list[tuple[dict, bool]], context: Con
     placement = Spy(calls, "placement", stop="STOP")
     answers = iter(rows)
     monkeypatch.setattr(loop, "open_run", lambda *a: calls.append(("open_run", a, {})) or run)
-    monkeypatch.setattr(loop, "health_monitor", lambda r: "HEALTH")
+    monkeypatch.setattr(loop, "health_monitor", lambda r: "HEALTH" if r is run else None)
     monkeypatch.setattr(
         loop,
         "run_iteration",
-        lambda r, it, h: calls.append(("iteration", (it, h), {})) or next(answers),
+        lambda r, it, h: (
+            calls.append(("iteration", (it, h), {})) or next(answers) if r is run else None
+        ),
     )
     monkeypatch.setattr(
-        loop, "finish", lambda r, done: calls.append(("finish", (done,), {})) or {"x": 1.0}
+        loop,
+        "finish",
+        lambda r, done: calls.append(("finish", (done,), {})) or {"x": 1.0} if r is run else None,
     )
     return run, placement
 
@@ -708,6 +712,12 @@ def test_a_stop_signal_saves_the_next_iteration_and_raises(monkeypatch):
         loop.train_online(SimpleNamespace(), run.algo, placement)
     assert stopped.value.args == ("ckpt-2",)
     assert [args for name, args, _ in calls if name == "run.save"] == [(2,)]
+    # a signal during the one before the last: saved there, the last is not run
+    calls.clear()
+    run, placement = driven(monkeypatch, calls, [(ROW, False)] * 4, Context(calls, stop_after=3))
+    with pytest.raises(KeyboardInterrupt):
+        loop.train_online(SimpleNamespace(), run.algo, placement)
+    assert [args for name, args, _ in calls if name == "run.save"] == [(3,)]
     # a signal during the last iteration: finish saves it
     calls.clear()
     run, placement = driven(monkeypatch, calls, [(ROW, False)] * 4, Context(calls, stop_after=4))
