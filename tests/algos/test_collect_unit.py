@@ -129,12 +129,12 @@ def test_the_no_stop_penalty_applies_to_the_rows_that_did_not_stop(mode, penalty
 
 
 def test_the_overlong_punishment_grows_over_the_buffer_in_the_scores_dtype():
-    """L_max 7, L_cache 3: lengths 3 and 4 (= 7 − 3) pay nothing, 5 pays 1/3 of the factor 1.5,
+    """L_max 7, L_cache 3: lengths 3 and 4 (= 7 − 3) pay nothing, 5 pays 1/3 of the factor 1.25,
     7 all of it; a row that stopped pays as one that did not. In float64: 1/3 is not a float32."""
     out = co.shaped_scores(
-        shaping(overlong_buffer=3, overlong_penalty=1.5), SCORES.clone(), ENDED, LENGTHS
+        shaping(overlong_buffer=3, overlong_penalty=1.25), SCORES.clone(), ENDED, LENGTHS
     )
-    expected = torch.tensor([2.0, -3.0, 0.5 - 1.5 / 3, 6.0 - 1.5], dtype=F64)
+    expected = torch.tensor([2.0, -3.0, 0.5 - 1.25 * (1 / 3), 6.0 - 1.25], dtype=F64)
     assert torch.equal(out, expected) and out.dtype == F64
 
 
@@ -176,7 +176,12 @@ def rollout_experience(**over: Any) -> Experience:
 
 
 def test_rollout_metrics_by_hand():
-    exp = rollout_experience(action_mask=torch.tensor([[1, 0, 1], [1, 0, 0], [1, 1, 0]]))
+    """The lengths are per row (B = 3 rows of T = 4 tokens)."""
+    exp = rollout_experience(
+        response_ids=torch.tensor([[10, 11, 12, 1], [13, 1, 1, 1], [14, 15, 1, 1]]),
+        response_mask=torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]]),
+        action_mask=torch.tensor([[1, 0, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]]),
+    )
     raw = torch.tensor([3.0, 0.0, 4.5], dtype=F64)
     ended = torch.tensor([True, False, False])
     metrics = co.rollout_metrics(exp, raw, ended, 0.125, TRAINER)
@@ -241,12 +246,30 @@ def test_distill_metrics_by_hand():
         teacher_logprobs=torch.tensor([[-1.5, -1.0], [-2.0, -9.0]], dtype=F64),
         teacher_argmax=torch.tensor([[10, 3], [12, 0]]),
     )
-    metrics = co.distill_metrics(exp)
-    assert metrics == {
+    expected = {
         "distill/reverse_kl": -0.5,
         "distill/teacher_logprob": -1.5,
-        "distill/teacher_argmax_agreement": f32(2 / 3),
+        "distill/teacher_argmax_agreement": f32(2 / 3),  # a float32 mean, whatever the default
     }
+    assert co.distill_metrics(exp) == expected
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(F64)
+    try:
+        assert co.distill_metrics(exp) == expected
+    finally:
+        torch.set_default_dtype(default)
+
+
+@pytest.mark.parametrize("missing", ["teacher_logprobs", "teacher_argmax", "logprobs"])
+def test_distill_metrics_needs_the_teachers_numbers_and_pi_old(missing):
+    exp = rollout_experience(
+        logprobs=torch.zeros(3, 3, dtype=F64),
+        teacher_logprobs=torch.zeros(3, 3, dtype=F64),
+        teacher_argmax=torch.zeros(3, 3, dtype=torch.long),
+    )
+    setattr(exp, missing, None)
+    with pytest.raises(AssertionError):
+        co.distill_metrics(exp)
 
 
 @pytest.mark.parametrize("tracks_kl", [True, False])
@@ -261,6 +284,18 @@ def test_old_policy_metrics_by_hand(tracks_kl):
     metrics = co.old_policy_metrics(logprobs, ref, entropy, scores, mask, 0.5, tracks_kl)
     expected = {"objective/rlhf_reward": 2.875, "objective/entropy": 2.0}
     assert metrics == (expected | {"objective/kl": 0.25} if tracks_kl else expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_old_policy_metrics_reads_cpu_scores_beside_gpu_log_probs():
+    """(B,) scores on the CPU, the log-probs on the GPU: the scores go to the KL's device."""
+    logprobs = torch.tensor([[-1.0, -2.0]], dtype=F64, device="cuda")
+    ref, entropy = torch.zeros_like(logprobs), torch.ones_like(logprobs)
+    mask = torch.ones(1, 2, device="cuda")
+    scores = torch.tensor([4.0, 4.0], dtype=F64)  # (2,): not a CPU scalar that any device takes
+    logprobs, ref, entropy, mask = (t.expand(2, 2) for t in (logprobs, ref, entropy, mask))
+    metrics = co.old_policy_metrics(logprobs, ref, entropy, scores, mask, 0.5, True)
+    assert metrics == {"objective/rlhf_reward": 5.5, "objective/entropy": 1.0, "objective/kl": -3.0}
 
 
 # ---------------------------------------------------------------------------- fakes
@@ -855,6 +890,42 @@ def test_a_rollout_correction_weighs_the_trainers_pi_old_against_the_samplers(
     assert all(type(v) is float for v in out.correction.values())
     assert out.correction_tokens == 8.0 and type(out.correction_tokens) is float
     assert torch.equal(out.entropy, PASS_ENTROPY) and exp.sampler_logprobs is None
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+class MetaActor(nn.Module):
+    """A policy on the meta device: what a stage moves to the policy's device lands there (on
+    CPU alone a missing move would go unseen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, device="meta"))
+
+
+def test_the_stages_put_their_tensors_on_the_policys_device(monkeypatch):
+    m = models(actor=MetaActor(), tracks_kl=False)
+    samples = Samples(torch.tensor([[3, 2]]), torch.tensor([[1, 1]]))
+    calls = record_sampling(monkeypatch, samples)
+    settings = SampleSettings(group_size=1, distribution=DISTRIBUTION, episodes=None)
+    sampled = co.sample(settings, m, Engine(), [prompt("a")], [[5]], False)
+    assert sampled.prompt_ids.device.type == "meta" == sampled.prompt_mask.device.type
+    assert calls[-1]["ids"].device.type == "meta" == calls[-1]["mask"].device.type
+    record_scoring(monkeypatch)
+    rewards = Rewards(torch.tensor([1.0], dtype=F64))
+    co.greedy_baseline(settings, m, Engine(), rewards, [prompt("a")], [[5]], {})  # type: ignore[arg-type]
+    assert calls[-1]["ids"].device.type == "meta" == calls[-1]["mask"].device.type
+    monkeypatch.setattr(co, "greedy_baseline", lambda *args: torch.tensor([0.5, 1.5]))
+    greedy = SampleSettings(group_size=2, distribution=DISTRIBUTION, episodes=None)
+    scoring = ScoreSettings(max_new_tokens=3, shaping=shaping(), greedy=greedy)
+    out, _, _, _ = scored_batch(monkeypatch, scoring, models=m)
+    assert out.greedy_scores.device.type == "meta" and out.ended.device.type == "cpu"
+    score = scored(combined=torch.zeros(4, dtype=F64), token_rewards=torch.zeros(4, 3, dtype=F64))
+    Forwards(monkeypatch)
+    exp = co.forward_passes(pass_settings(), m, batch(), score, TRAINER).experience
+    moved = (exp.scores, exp.combined_scores, exp.truncated, exp.token_rewards)
+    assert [t.device.type for t in moved] == ["meta"] * 4
 
 
 # ---------------------------------------------------------------------------- evaluate
