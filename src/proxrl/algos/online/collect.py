@@ -57,7 +57,8 @@ from proxrl.runtime import distributed as dist
 
 @contextlib.contextmanager
 def timed(timings: dict[str, float], key: str) -> Iterator[None]:
-    """Add the seconds the block takes to ``timings[key]``."""
+    """Set ``timings[key]`` to the seconds the block takes (each stage times itself once per
+    dict; dynamic sampling sums its rounds' dicts: ``dapo``)."""
     started = time.perf_counter()
     yield
     timings[key] = time.perf_counter() - started
