@@ -87,7 +87,11 @@ def test_a_loaded_model_is_trained_with_its_tokenizer_and_starts_the_engine(lm, 
     monkeypatch.setattr(
         cl, "make_engine", lambda *a: engines.append(Engine(made(*a))) or engines[-1]
     )
-    client = TrainingClient(model, tokenizer=tokenizer, **OPTIONS)
+    placed: list = []  # (place_roles moves nothing on a CPU: what it is handed is the check)
+    monkeypatch.setattr(cl, "place_roles", lambda *a: placed.append(a))
+    client = TrainingClient(model, tokenizer=tokenizer, offload_frozen_roles=True, **OPTIONS)
+    assert len(placed) == 1 and placed[0][0] is client.models and placed[0][2] is True
+    assert (placed[0][1].sources, placed[0][1].weights) == ([], [])  # the client scores nothing
     assert client.model is model and client.tokenizer.chat_template == tokenizer.chat_template
     assert client.tokenizer is not tokenizer  # a copy: the client sets its padding side
     assert engines[0].calls == [("start", model, 0)]
