@@ -515,11 +515,57 @@ def test_optimizer_step_drops_earlier_gradients_and_skips_a_masked_minibatch(for
     assert w.grad.tolist() == [1.0] * 9 and len(forward.calls) == 1  # no forward, no zero_grad
 
 
+def test_optimizer_step_hands_on_the_minibatch_the_optimization_and_a_critic_elsewhere(
+    monkeypatch, forward
+):
+    synced: list[Any] = []
+    monkeypatch.setattr(upd.dist, "world_size", lambda: 2)
+    monkeypatch.setattr(upd.dist, "no_sync", lambda m: contextlib.nullcontext())
+    monkeypatch.setattr(upd.dist, "all_reduce_gradients", lambda ps: synced.append(ps))
+    monkeypatch.setattr(upd.dist, "all_reduce_sum", lambda d: d)
+    critic = Critic(CriticGradient(12.0, {"value_loss": 0.5}))
+    losses = world(critic=critic, max_grad_norm=1.0)
+    optimization = Optimization.of(losses.models, sgd(losses, lr=0.0))
+    action = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 1, 0]])  # row 2: masked out
+    rollout = experience(action_mask=action)
+    assert (
+        upd.optimizer_step(losses, rollout, torch.tensor([2]), optimization, Guard(), None) is None
+    )
+    stats = upd.optimizer_step(losses, rollout, torch.tensor([1]), optimization, Guard(), None)
+    assert stats is not None and synced == [optimization.parameters]
+    here = math.hypot(0.5 / 2, 1.0 / 2)  # row 1: A 0.5, 1 at ids 4, 5 over 2 tokens
+    assert stats["grad_norm"] == pytest.approx(math.hypot(here, 12.0), rel=1e-12)
+    assert stats["value_loss"] == 0.5
+    assert critic.calls[-1] == ("clip", pytest.approx(1 / (math.hypot(here, 12.0) + 1e-6)))
+
+
+def test_optimizer_step_and_accumulate_take_pi_as_moved_unless_told(forward):
+    """Without ``old_is_current`` the step's selection reads a forward of π, not log π_old."""
+    choose = Selection(select=False)
+    losses = world(algo=Algorithm("t", None, PolicyLoss(), step_selection=choose))
+    optimization = Optimization.of(losses.models, sgd(losses, lr=0.0))
+    rows = torch.tensor([0])
+    upd.optimizer_step(losses, experience(), rows, optimization, Guard(), None)
+    upd.accumulate(losses, experience(), rows, optimization, None)
+    assert [c["grad"] for c in forward.calls] == [False, True, False, True]
+    upd.accumulate(losses, experience(), rows, optimization, None, True)
+    assert [c["grad"] for c in forward.calls[4:]] == [True]
+
+
 # ---------------------------------------------------------------------------- accumulate
 
 
+def single_process(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """One process: no_sync, the gradients' all-reduce and the stats' must not be called."""
+    called: list[Any] = []
+    for name in ("no_sync", "all_reduce_gradients", "all_reduce_sum"):
+        monkeypatch.setattr(upd.dist, name, lambda *a, name=name: called.append(name))
+    return called
+
+
 @pytest.mark.parametrize("micro", [1, 4])
-def test_accumulate_weighs_micro_batches_by_the_steps_tokens(forward, micro):
+def test_accumulate_weighs_micro_batches_by_the_steps_tokens(monkeypatch, forward, micro):
+    called = single_process(monkeypatch)
     critic = Critic()
     losses = world(critic=critic, passes=passes(micro_batch_size=micro))
     optimization = Optimization.of(losses.models, sgd(losses))
@@ -535,7 +581,7 @@ def test_accumulate_weighs_micro_batches_by_the_steps_tokens(forward, micro):
     assert [m.tolist() for m in mine] == ([[3], [0], [2], [1]] if micro == 1 else [[3, 0, 2, 1]])
     assert total == 8.0 and agg is TOKEN_MEAN and units(torch.tensor([0, 2])) == 4.0
     assert torch.equal(got.response_ids, torch.tensor(IDS))
-    assert critic.calls[-1] == ("finish",)
+    assert critic.calls[-1] == ("finish",) and called == []
 
 
 def test_accumulate_packs_micro_batches_by_the_token_budget(forward):
@@ -978,6 +1024,16 @@ def test_update_stops_the_epochs_above_the_approx_kl_limit(forward, limit, epoch
     assert run(losses, masked, torch.Generator())["early_stopped"] == 0.0  # no step: no KL
 
 
+def test_a_loss_without_approx_kl_never_stops_the_epochs_early(forward):
+    def silent(logprobs: Tensor, mb: Experience) -> tuple[Tensor, dict[str, Tensor]]:
+        return PolicyLoss()(logprobs, mb)[0], {}  # no approx_kl: counted as 0
+
+    algo = Algorithm("t", None, silent)  # type: ignore[arg-type]
+    losses = world(algo=algo, ppo_epochs=2, responses_per_step=2, early_stop_kl=1e-9)
+    stats = run(losses, experience(), torch.Generator())
+    assert stats["steps"] == 4.0 and stats["early_stopped"] == 0.0
+
+
 def test_epochs_record_the_first_steps_forward_only(forward):
     losses = world(responses_per_step=2, ppo_epochs=2, passes=passes(micro_batch_size=1))
     record = Record()
@@ -1077,4 +1133,7 @@ def test_update_measures_the_samplers_mismatch_on_its_first_step(forward):
     expected = record.metrics(rollout)
     assert expected["rollout/mismatch_kl"] > 0
     assert {k: stats[k] for k in expected} == pytest.approx(expected, rel=1e-12)
+    second = [r for r in range(4) if r not in first]
+    loss = (by_hand(first)["loss"] + by_hand(second)["loss"]) / 2
+    assert stats["steps"] == 2.0 and stats["loss"] == pytest.approx(loss, rel=1e-12)
     assert "rollout/mismatch_kl" not in run(world(), rollout, torch.Generator())
