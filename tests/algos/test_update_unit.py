@@ -356,6 +356,8 @@ def test_clip_global_norm_clips_by_the_norm_over_here_and_elsewhere():
     a.grad, b.grad = torch.tensor([3.0, 0.0], dtype=F64), torch.tensor([0.0, 4.0], dtype=F64)
     assert upd.clip_global_norm([a, b], there, 26.0) == (13.0, 1.0)  # min(…, 1)
     assert a.grad.tolist() == [3.0, 0.0] and b.grad.tolist() == [0.0, 4.0]
+    a.grad, b.grad = None, None
+    assert upd.clip_global_norm([a, b], CriticGradient(0.1, {}), 1.0) == (0.1, 1.0)  # in float64
 
 
 def test_has_gradient_is_some_gradient_not_exactly_zero(monkeypatch):
@@ -372,9 +374,10 @@ def test_has_gradient_is_some_gradient_not_exactly_zero(monkeypatch):
     assert upd.has_gradient(remote, CriticGradient(0.0, {})) is False
     assert upd.has_gradient(remote, CriticGradient(0.5, {})) is True
     asked = []
-    monkeypatch.setattr(upd.dist, "is_sharded", lambda: True)
     monkeypatch.setattr(upd.dist, "any_rank", lambda flag: asked.append(flag) or True)
     b.grad = torch.zeros(1)
+    assert upd.has_gradient(optimizer, None) is False and asked == []  # one process: no rank asked
+    monkeypatch.setattr(upd.dist, "is_sharded", lambda: True)
     assert upd.has_gradient(optimizer, None) is True and asked == [False]  # another rank's
 
 
@@ -792,6 +795,13 @@ def test_terms_adds_the_kl_and_entropy_terms_with_their_coefficients(forward):
     assert forward.calls[1]["with_entropy"] is False
 
 
+def test_terms_reduces_the_entropy_by_the_runs_aggregation(forward):
+    losses = world(aggregation=aggregation("seq-mean-token-sum"), entropy_coef=1.0)
+    rows = experience().select(torch.tensor([0, 2]))  # ids 1 2 3 | 6: w 0.5 −0.25 1 | 2
+    _, stats, _ = upd.terms(losses, rows)
+    assert stats["entropy"].item() == pytest.approx((0.25 + 0.0625 + 1.0 + 4.0) / 2, rel=1e-12)
+
+
 def test_terms_reads_the_loss_mask_and_the_rollout_correction(forward):
     algo = Algorithm("t", None, PolicyLoss(), kl_loss=KL_ESTIMATORS["k1"])
     action = torch.tensor([[1, 0, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]])
@@ -926,7 +936,7 @@ def test_on_policy_record_metrics_by_hand():
     unreferenced = replace(rollout, ref_logprobs=None)
     assert record.metrics(unreferenced, 0.5, True)["objective/kl"] == 0.0
     sampled = replace(rollout, sampler_logprobs=torch.zeros(4, 3, dtype=F64))
-    assert "rollout/mismatch_kl" in record.metrics(sampled, 0.5, True)
+    assert set(record.metrics(sampled, 0.5, True)) > {"rollout/mismatch_kl", *metrics}
     record.add(torch.tensor([2]), PolicyOutput(lp[:1], ent[:1], None))
     assert refused(ValueError, record.metrics, rollout, 0.5, True) == message
 
