@@ -470,12 +470,6 @@ def test_clipped_step_names_an_overflowed_norm_and_a_critics_gradient_elsewhere(
     assert w.grad is None and w.tolist() == W
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: clip_global_norm multiplies the local gradients by max_norm / (NaN + 1e-6) = NaN "
-    "before clipped_step looks for the culprit, so a NaN gradient of a critic in its own process "
-    "is reported as the policy's first parameter's ('grad of w holds NaN')",
-)
 def test_a_nan_gradient_of_a_critic_elsewhere_is_named_beside_a_finite_policy_gradient(caplog):
     losses = world(critic=Critic(), max_grad_norm=1.0)
     optimization = Optimization.of(losses.models, sgd(losses))
@@ -485,12 +479,6 @@ def test_a_nan_gradient_of_a_critic_elsewhere_is_named_beside_a_finite_policy_gr
     assert "grad of critic.score.weight holds NaN" in caplog.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: without clipping (max_grad_norm 0: max_norm inf) an overflowed norm makes the "
-    "clip coefficient inf / inf = NaN, which clip_grad_norm_ multiplies into every (finite) "
-    "gradient, so the guard blames 'grad of w' instead of the 'gradient norm'",
-)
 def test_an_overflowed_norm_without_clipping_is_named_the_gradient_norm(caplog):
     losses = world(max_grad_norm=0.0)
     optimization = Optimization.of(losses.models, sgd(losses))

@@ -467,15 +467,18 @@ def clip_global_norm(
     """Clip the gradients of ``parameters`` and of a critic in its own process (``elsewhere``:
     its norm) by their one global 2-norm, as ``clip_grad_norm_`` over all of them would;
     returns that norm and the coefficient min(max_norm / (norm + 1e-6), 1) the critic's
-    gradients are to be scaled by."""
-    if elsewhere is None:
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-        return float(norm), 1.0
+    gradients are to be scaled by. A non-finite norm scales nothing: the step is skipped, and
+    its coefficient (NaN) would turn every gradient NaN, hiding from the guard which one was
+    not finite (``clipped_step`` names it)."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    here = torch.nn.utils.get_total_norm(grads).double().cpu()
-    there = torch.tensor(elsewhere.norm, dtype=torch.float64)
-    norm = torch.linalg.vector_norm(torch.stack([here, there]))
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    norm = torch.nn.utils.get_total_norm(grads)  # clip_grad_norm_'s two halves, split here
+    if elsewhere is not None:
+        there = torch.tensor(elsewhere.norm, dtype=torch.float64)
+        norm = torch.linalg.vector_norm(torch.stack([norm.double().cpu(), there]))
+    if torch.isfinite(norm):
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    if elsewhere is None:
+        return float(norm), 1.0
     return float(norm), float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
 
