@@ -384,22 +384,43 @@ def test_write_samples_appends_each_row_as_the_data_set_had_its_prompt(tmp_path,
     said = [{"role": "user", "content": "hi"}]
     prompts = [PromptExample("ab", None, "p:1"), PromptExample("", said, "p:2")]
     scores = torch.tensor([0.5, -1.25])
-    loop.write_samples(tmp_path, 3, prompts, ["c", "d"], scores)
     with caplog.at_level(logging.INFO, logger=loop.__name__):
-        loop.write_samples(tmp_path, 4, prompts[:1], ["é"], scores[:1], show=True)
+        loop.write_samples(tmp_path, 3, prompts, ["c", "d"], scores)
+        loop.write_samples(tmp_path, 4, prompts[:1], ["é"], scores[:1])
+    assert caplog.messages == []  # shown only when asked
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert rows == [
         {"iteration": 3, "prompt": "ab", "completion": "c", "score": 0.5},
         {"iteration": 3, "prompt": said, "completion": "d", "score": -1.25},
         {"iteration": 4, "prompt": "ab", "completion": "é", "score": 0.5},
     ]
-    assert "samples at iteration 4" in caplog.text and "0.500" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger=loop.__name__):
-        loop.write_samples(tmp_path, 5, prompts, ["c", "d"], scores, show=True, shown=1)
-    assert "0.500" in caplog.text and "-1.250" not in caplog.text
     with pytest.raises(ValueError):  # a completion per prompt
         loop.write_samples(tmp_path, 6, prompts, ["c"], scores)
+
+
+def test_shown_samples_are_the_first_three_as_a_table(tmp_path, caplog, monkeypatch):
+    tables = []
+    monkeypatch.setattr(loop, "rendered", lambda table: tables.append(table) or "TABLE %d")
+    said = [{"role": "user", "content": "hi"}]
+    prompts = [PromptExample("ab", None, "p:1"), PromptExample("", said, "p:2")] * 2
+    scores = torch.tensor([0.5, -1.25, 2.0, 3.0])
+    with caplog.at_level(logging.INFO, logger=loop.__name__):
+        loop.write_samples(tmp_path, 7, prompts, ["c", "d", "e", "f"], scores, show=True)
+    assert caplog.messages == ["TABLE %d"]
+    (table,) = tables
+    assert table.title == "samples at iteration 7" and table.show_lines is True
+    assert [(c.header, c.overflow) for c in table.columns] == [
+        ("prompt", "fold"),
+        ("completion", "fold"),
+        ("score", "fold"),
+    ]
+    assert [list(c.cells) for c in table.columns] == [
+        ["ab", str(said), "ab"],
+        ["c", "d", "e"],
+        ["0.500", "-1.250", "2.000"],
+    ]
+    loop.write_samples(tmp_path, 8, prompts, ["c", "d", "e", "f"], scores, show=True, shown=1)
+    assert [list(c.cells) for c in tables[1].columns] == [["ab"], ["c"], ["0.500"]]
 
 
 # ---------------------------------------------------------------------------- the rollout
@@ -791,4 +812,35 @@ def test_save_policy_writes_the_policy_its_tokenizer_and_the_critic(monkeypatch)
         ("save_model", (run.models.actor, "OUT", None), {}),
         ("save_tokenizer", (run.models.tokenizer, "OUT", "left"), {}),
         ("critic.save_pretrained", ("OUT", None), {}),
+    ]
+
+
+def test_a_sharded_policy_and_critic_are_gathered_on_every_rank_and_written_by_rank_0(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(loop, "save_model", lambda *a: calls.append(("save_model", a, {})))
+    monkeypatch.setattr(loop, "save_tokenizer", lambda *a: calls.append(("save_tokenizer", a, {})))
+    main = [True]
+    fsdp = SimpleNamespace(
+        is_sharded=lambda: True,
+        is_main=lambda: main[0],
+        full_state=lambda state: {"whole": state},
+    )
+    monkeypatch.setattr(loop, "dist", fsdp)
+    run = fake_run(calls)
+    head, other = Spy(calls, "head", state_dict={"v": 1}), Spy(calls, "other", state_dict={"u": 2})
+    run.models.critic = Spy(calls, "critic", modules=[head, other])
+    loop.save_policy(run.models, "OUT")
+    assert [c for c in calls if c[0] in ("save_model", "critic.save_pretrained")] == [
+        ("save_model", (run.models.actor, "OUT", {"whole": {"w": 1}}), {}),
+        ("critic.save_pretrained", ("OUT", {"whole": {"v": 1}}), {}),
+    ]
+    assert "other.state_dict" in names(calls)  # every critic module joins the gathers
+    calls.clear()
+    main[0] = False
+    loop.save_policy(run.models, "OUT")
+    assert names(calls) == [
+        "actor.state_dict",
+        "critic.modules",
+        "head.state_dict",
+        "other.state_dict",
     ]
