@@ -526,9 +526,51 @@ def test_logprobs_marks_the_responses_that_did_not_stop_and_corrects_recorded_on
 def test_two_clients_of_one_seed_sample_alike_and_start_at_the_configs_rate(lm):
     a = make(lm, seed=11)
     first = a.sample(["ab"], n=4).response_ids
-    b = make(lm, seed=11)  # (sampling draws from the global generator, seeded here)
+    b = make(lm, seed=11)
     assert torch.equal(first, b.sample(["ab"], n=4).response_ids)
     assert [g["lr"] for g in a.optimizers[0].param_groups] == [0.5]
+
+
+def test_a_clients_samples_follow_its_seed_alone_and_leave_the_callers_streams(lm):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    a = make(lm, seed=11)
+    first = a.sample(["ab"], n=8).response_ids
+    assert torch.equal(torch.rand(3), expected)  # neither building nor sampling moved them
+    make(lm, seed=5)  # another client, built between two samples of the first
+    second = a.sample(["ab"], n=8).response_ids
+    twin = make(lm, seed=11)
+    assert torch.equal(twin.sample(["ab"], n=8).response_ids, first)
+    torch.rand(100)  # the caller's own draws between two samples
+    assert torch.equal(twin.sample(["ab"], n=8).response_ids, second)
+    assert not torch.equal(first, second)
+    # what building draws (LoRA's initial A matrices) comes from the seed too
+    torch.manual_seed(7)
+    one = make(lm, lora_r=2)
+    torch.manual_seed(8)
+    two = make(lm, lora_r=2)
+    pairs = list(zip(one.model.parameters(), two.model.parameters(), strict=True))
+    assert all(torch.equal(x, y) for x, y in pairs)
+
+
+def test_an_updates_draws_come_from_the_clients_streams(lm, monkeypatch):
+    drawn: list[float] = []
+
+    def draw(*args: Any) -> Any:  # the update's dropout, say
+        drawn.append(torch.rand(()).item())
+        return ({}, None) if len(args) == 5 else {}
+
+    monkeypatch.setattr(cl, "accumulate", draw)
+    monkeypatch.setattr(cl, "accumulate_gradients", draw)
+    rows = [{"prompt": "a", "chosen": "b", "rejected": "ab"}]
+    for client in (make(lm, seed=2), make(lm, seed=2)):
+        exp = client.logprobs(client.sample(["ab"], n=2))
+        torch.rand(len(drawn) + 1)  # the caller draws a different amount before each
+        client.forward_backward(replace(exp, advantages=torch.tensor([1.0, -1.0])), "sft")
+        torch.rand(3)
+        client.forward_backward(client.pairs(rows, "simpo"), "simpo")
+    assert len(drawn) == 4 and drawn[:2] == drawn[2:] and drawn[0] != drawn[1]
 
 
 def test_pairs_are_truncated_and_a_lora_policy_is_its_own_reference(lm):
@@ -586,12 +628,12 @@ def test_a_checkpoint_restores_the_critic_optimizers_guard_and_global_generators
                 p.grad = torch.rand_like(p)
         optimizer.step()
     client.guard.load_state_dict({"consecutive": 2, "skipped": 3})
-    torch.manual_seed(123)
+    client.sample(["ab"], n=2)  # moves the client's own streams past its seed's start
     client.save_state(tmp_path)
-    drawn = torch.rand(4)  # the sampler's stream, as a resumed loop must see it
+    drawn = client.sample(["ab"], n=4).response_ids  # as a resumed loop must sample them
     other = make(lm, command="ppo", critic="head")
     assert other.load_state(tmp_path) == 0
-    assert torch.equal(torch.rand(4), drawn)
+    assert torch.equal(other.sample(["ab"], n=4).response_ids, drawn)
     assert other.guard.state_dict() == {"consecutive": 2, "skipped": 3}
     for mine, theirs in zip(client.optimizers, other.optimizers, strict=True):
         saved, restored = mine.state_dict()["state"], theirs.state_dict()["state"]

@@ -6,7 +6,9 @@ stored with ``torch.save`` and read back with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -43,3 +45,34 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class OwnStreams:
+    """Global generators of one's own (Python's, NumPy's, torch's CPU and CUDA ones): ``seed``
+    sets them as ``seed_everything`` would, without touching the caller's; ``active()`` swaps
+    them in around a block, keeps what it drew and puts the caller's back. What code that
+    draws from the global generators (sampling, dropout) draws inside ``active()`` then follows
+    ``seed`` alone, whatever is drawn outside between two blocks. Checkpointable
+    (``state_dict``/``load_state_dict``: ``capture_rng_state``'s values)."""
+
+    def __init__(self, seed: int) -> None:
+        outside = capture_rng_state()
+        seed_everything(seed)
+        self.state = capture_rng_state()
+        restore_rng_state(outside)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        outside = capture_rng_state()
+        restore_rng_state(self.state)
+        try:
+            yield
+        finally:
+            self.state = capture_rng_state()
+            restore_rng_state(outside)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = state

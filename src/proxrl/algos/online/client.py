@@ -6,7 +6,9 @@ Every method calls the function the built-in loop calls at that stage — ``coll
 micro-batches, the loss terms, the aggregation's normaliser), ``update.clipped_step`` (clip,
 the non-finite guard, no step on an exactly zero gradient), ``run.make_optimizers``,
 ``loop.save_policy`` — so a loop written with it is ``proxrl grpo``'s loop, to the bit on the
-same seed (``tests/algos/test_client.py``). The roles load as the trainers load them
+same seed (``tests/algos/test_client.py``). Its sampling and updates draw from global
+generators of its own (``seeding.OwnStreams``): two clients, or the caller's own draws between
+calls, do not move each other's samples. The roles load as the trainers load them
 (``roles.load_models``: a path, hub id or transformers model; full or LoRA). With a ``grpo``
 config (the default) the critic-free family's choices apply: no critic, the KL to the reference
 paid in the loss (``kl_coef``, ``kl_loss_type``). With a ``ppo`` config (``command="ppo"``) the
@@ -79,12 +81,12 @@ from proxrl.rollout.experience import Experience
 from proxrl.rollout.rewards import WeightedRewards
 from proxrl.runtime import objects
 from proxrl.runtime.accumulation import accumulate_gradients
-from proxrl.runtime.checkpointer import Checkpointer, GlobalRNG, TrainableWeights
+from proxrl.runtime.checkpointer import Checkpointer, TrainableWeights
 from proxrl.runtime.config import config_to_dict, narrowed
 from proxrl.runtime.errors import ProxrlError
 from proxrl.runtime.guard import NonFiniteGuard
 from proxrl.runtime.run_dir import check_creatable
-from proxrl.runtime.seeding import seed_everything
+from proxrl.runtime.seeding import OwnStreams
 from proxrl.runtime.threads import choose_cpu_threads
 
 PolicyLoss = Callable[[Tensor, Experience], tuple[Tensor, dict[str, Tensor]]]
@@ -277,7 +279,14 @@ class TrainingClient:
         else:
             config = given_config(config, model, tokenizer, options, command)
         self.cfg = config
-        seed_everything(self.cfg.seed)  # as open_run: the same streams as proxrl grpo's
+        # the global generators' streams of this client (sampling draws from them), seeded as
+        # open_run seeds proxrl grpo's, and swapped in only while the client draws: building
+        # another client, or the caller's own draws, does not move its samples
+        self._streams = OwnStreams(self.cfg.seed)
+        with self._streams.active():
+            self._build(config)
+
+    def _build(self, config: OnlineConfig) -> None:
         # the critic-free family's KL in the loss, when the config has one (grpo's)
         self._kl_loss_type: str | None = getattr(config, "kl_loss_type", None)
         policy_loss = LOSSES["ppo"](narrowed(PolicyLossSettings, config), config.aggregation)
@@ -351,7 +360,7 @@ class TrainingClient:
             self.engine.after_update(self.models.actor, self.steps)
             self.engine_behind = False
         self.models.actor.eval()
-        with torch.no_grad(), cfg.autocast():
+        with torch.no_grad(), cfg.autocast(), self._streams.active():
             stage = sample(settings, self.models, self.engine, examples, ids, logprobs)
         return Rollout(stage)
 
@@ -515,7 +524,8 @@ class TrainingClient:
             self.engine.before_update(self.steps)
             self.engine_behind = True
         self.models.actor.train()
-        stats, _ = accumulate(losses, batch, torch.arange(len(batch)), self.optimization, None)
+        with self._streams.active():  # (dropout draws)
+            stats, _ = accumulate(losses, batch, torch.arange(len(batch)), self.optimization, None)
         for key, value in stats.items():
             self._stats[key] += value
         return stats
@@ -594,7 +604,8 @@ class TrainingClient:
             self.engine_behind = True
         self.models.actor.train()
         loss_fn = under_autocast(lambda m, b: dpo.preference_loss(m, b, knobs), self.cfg)
-        stats = accumulate_gradients(self.models.actor, micro, loss_fn, _pairs_in)
+        with self._streams.active():  # (dropout draws)
+            stats = accumulate_gradients(self.models.actor, micro, loss_fn, _pairs_in)
         for key, value in stats.items():
             self._stats[key] += value
         return stats
@@ -640,13 +651,14 @@ class TrainingClient:
             optimizers=self.optimizers,
             generator=self.generator,
             guard=self.guard,
-            rng=GlobalRNG(),
+            rng=self._streams,
         )
 
     def save_state(self, directory: str | Path) -> Path:
         """Everything a resumed loop needs to continue as the uninterrupted one: the trained
-        weights, the optimizer, the minibatch generator, the guard and every global RNG (the
-        sampler's stream), under ``directory/checkpoints``; returns the checkpoint's path."""
+        weights, the optimizer, the minibatch generator, the guard and the client's own global
+        generators (the sampler's stream), under ``directory/checkpoints``; returns the
+        checkpoint's path."""
         check_creatable(directory, "TrainingClient.save_state: directory")
         return self._checkpointer(directory).save(self.steps, steps=self.steps)
 
