@@ -65,3 +65,11 @@ def test_own_streams_follow_their_seed_and_leave_the_callers():
     other.load_state_dict(saved)
     with other.active():
         assert _draws() == seeded[2]
+
+
+def test_numpy_takes_the_seed_modulo_2_to_the_32():
+    for seed, numpy_seed in ((7, 7), (2**32 + 5, 5)):
+        seed_everything(seed)
+        drawn = np.random.rand(3)
+        np.random.seed(numpy_seed)
+        assert np.array_equal(drawn, np.random.rand(3))
