@@ -597,15 +597,26 @@ def test_accumulate_adds_the_stats_of_a_critic_elsewhere(forward):
     assert stats["loss"] == pytest.approx(LOSS_ALL + 0.5, rel=1e-12)
 
 
+def two_processes(monkeypatch: pytest.MonkeyPatch, stats_sum: int, **answers: Any) -> list[Any]:
+    """``dist`` as one of 2 processes (``answers``: its ``rank``, ``is_sharded``…): what
+    ``no_sync`` and the gradients' all-reduce are handed is recorded in the list returned, and
+    the stats' all-reduce multiplies each by ``stats_sum`` (the other rank's equal share)."""
+    synced: list[Any] = []
+    monkeypatch.setattr(upd.dist, "world_size", lambda: 2)
+    for name, answer in answers.items():
+        monkeypatch.setattr(upd.dist, name, lambda answer=answer: answer)
+    monkeypatch.setattr(upd.dist, "no_sync", lambda m: synced.append(m) or contextlib.nullcontext())
+    monkeypatch.setattr(upd.dist, "all_reduce_gradients", lambda ps: synced.append(list(ps)))
+    monkeypatch.setattr(
+        upd.dist, "all_reduce_sum", lambda d: {k: stats_sum * v for k, v in d.items()}
+    )
+    return synced
+
+
 def test_accumulate_on_rank_1_of_2(monkeypatch, forward):
     """DDP, rank 1 of 2: the micro-batches 1, 3, … of the plan, weighed by the whole step's
     tokens, no gradient sync until the one all-reduce, the stats summed over the ranks."""
-    synced: list[Any] = []
-    monkeypatch.setattr(upd.dist, "world_size", lambda: 2)
-    monkeypatch.setattr(upd.dist, "rank", lambda: 1)
-    monkeypatch.setattr(upd.dist, "no_sync", lambda m: synced.append(m) or contextlib.nullcontext())
-    monkeypatch.setattr(upd.dist, "all_reduce_gradients", lambda ps: synced.append(list(ps)))
-    monkeypatch.setattr(upd.dist, "all_reduce_sum", lambda d: {k: 2 * v for k, v in d.items()})
+    synced = two_processes(monkeypatch, stats_sum=2, rank=1)
     critic = Critic()
     losses = world(critic=critic, passes=passes(micro_batch_size=1))
     optimization = Optimization.of(losses.models, sgd(losses))
@@ -622,12 +633,7 @@ def test_accumulate_on_rank_1_of_2(monkeypatch, forward):
 def test_accumulate_sharded_weighs_by_the_world_and_averages_the_stats(monkeypatch, forward):
     """FSDP, rank 0 of 2: FSDP averages the gradients over the ranks itself (the step's units ÷
     world), no all-reduce of gradients here, the summed stats ÷ world."""
-    synced: list[Any] = []
-    monkeypatch.setattr(upd.dist, "world_size", lambda: 2)
-    monkeypatch.setattr(upd.dist, "is_sharded", lambda: True)
-    monkeypatch.setattr(upd.dist, "no_sync", lambda m: synced.append(m) or contextlib.nullcontext())
-    monkeypatch.setattr(upd.dist, "all_reduce_gradients", lambda ps: synced.append(list(ps)))
-    monkeypatch.setattr(upd.dist, "all_reduce_sum", lambda d: {k: 3 * v for k, v in d.items()})
+    synced = two_processes(monkeypatch, stats_sum=3, is_sharded=True)
     critic = Critic()
     losses = world(critic=critic, passes=passes(micro_batch_size=1))
     optimization = Optimization.of(losses.models, sgd(losses))
