@@ -426,6 +426,17 @@ def test_shown_samples_are_the_first_three_as_a_table(tmp_path, caplog, monkeypa
 # ---------------------------------------------------------------------------- the rollout
 
 
+def recorded_autocast(monkeypatch: pytest.MonkeyPatch, calls: list) -> None:
+    """loop's ``autocast`` replaced by a context that records its precision in ``calls``."""
+
+    @contextmanager
+    def autocast(precision):  # type: ignore[no-untyped-def]
+        calls.append(("autocast", (precision,), {}))
+        yield
+
+    monkeypatch.setattr(loop, "autocast", autocast)
+
+
 def test_the_rollout_samples_the_draws_prompts(monkeypatch):
     calls: list = []
     run = fake_run(calls)
@@ -438,13 +449,7 @@ def test_the_rollout_samples_the_draws_prompts(monkeypatch):
     run.settings.loop.drawing = Spy(calls, "drawing", draw=PromptDraw([2, 0], [2, 2, 0, 0]))
     run.settings.loop.drawing.dynamic_sampling = False
     run.settings.loop.mixed_precision = "bf16"
-
-    @contextmanager
-    def autocast(precision):  # type: ignore[no-untyped-def]
-        calls.append(("autocast", (precision,), {}))
-        yield
-
-    monkeypatch.setattr(loop, "autocast", autocast)
+    recorded_autocast(monkeypatch, calls)
     timings: dict = {}
     batch = loop.rollout(run, 5, timings)
     assert names(calls) == ["drawing.draw", "autocast", "collect"] and calls[0][1] == (3, 5)
@@ -498,20 +503,13 @@ def test_a_rollouts_files_batch_is_read_not_sampled(monkeypatch):
     run = fake_run(calls)
     run.settings.loop.recorded.rollouts_file = "r.jsonl"
     made = RolloutBatch(experience(), [], [], {})
-    seen = []
-
-    @contextmanager
-    def autocast(precision):  # type: ignore[no-untyped-def]
-        seen.append(("autocast", precision))
-        yield
-
-    monkeypatch.setattr(loop, "autocast", autocast)
-    monkeypatch.setattr(loop, "recorded_rollout", lambda *a: seen.append(a) or made)
+    recorded_autocast(monkeypatch, calls)
+    monkeypatch.setattr(loop, "recorded_rollout", lambda *a: calls.append(("read", a, {})) or made)
     timings: dict = {}
     assert loop.rollout(run, 0, timings) is made
-    assert seen == [
-        ("autocast", "no"),
-        (run.settings.loop.recorded, "COLLECTING", run.models, 0.125, timings),
+    assert calls == [
+        ("autocast", ("no",), {}),
+        ("read", (run.settings.loop.recorded, "COLLECTING", run.models, 0.125, timings), {}),
     ]
 
 

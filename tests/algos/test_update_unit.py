@@ -706,9 +706,8 @@ def test_select_for_step_without_old_logprobs_gives_the_rows_the_forwards(forwar
     assert rows.logprobs is logprobs
 
 
-def test_step_logprobs_sums_over_ranks_in_the_dtype_of_old_logprobs(monkeypatch, forward):
-    reduced: list[Tensor] = []
-    monkeypatch.setattr(upd.dist, "all_reduce_sum", lambda x: reduced.append(x) or 2 * x)
+def recorded_autocast(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """update's ``autocast`` replaced by a context that records the precision it is given."""
     contexts: list[str] = []
 
     @contextlib.contextmanager
@@ -717,6 +716,13 @@ def test_step_logprobs_sums_over_ranks_in_the_dtype_of_old_logprobs(monkeypatch,
         yield
 
     monkeypatch.setattr(upd, "autocast", autocast)
+    return contexts
+
+
+def test_step_logprobs_sums_over_ranks_in_the_dtype_of_old_logprobs(monkeypatch, forward):
+    reduced: list[Tensor] = []
+    monkeypatch.setattr(upd.dist, "all_reduce_sum", lambda x: reduced.append(x) or 2 * x)
+    contexts = recorded_autocast(monkeypatch)
     losses = world(
         mixed_precision="bf16", passes=passes(distribution=SamplingSettings(temperature=0.5))
     )
@@ -873,14 +879,7 @@ def test_distill_loss_term_adds_lambda_times_the_divergence(monkeypatch, forward
 
 
 def test_rows_loss_keeps_the_forward_in_the_record(monkeypatch, forward):
-    contexts: list[str] = []
-
-    @contextlib.contextmanager
-    def autocast(mixed_precision: str):  # type: ignore[no-untyped-def]
-        contexts.append(mixed_precision)
-        yield
-
-    monkeypatch.setattr(upd, "autocast", autocast)
+    contexts = recorded_autocast(monkeypatch)
     losses = world(mixed_precision="bf16")
     rollout = experience()
     record = Record()
