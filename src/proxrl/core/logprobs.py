@@ -45,12 +45,9 @@ class _TokenLogprobs(torch.autograd.Function):
         chunk: int,
         in_place: bool,
     ) -> Tensor:
-        out_dtype = output_dtype(logits)
         values, sums = [], []
         for s in range(0, max(len(logits), 1), chunk):  # (an empty set: one empty chunk)
-            x = logits[s : s + chunk].to(out_dtype)
-            if temperature != 1.0:
-                x = x / temperature
+            x = _scaled(logits[s : s + chunk], temperature)
             picked = x.gather(-1, tokens[s : s + chunk].unsqueeze(-1)).squeeze(-1)
             sums.append(torch.logsumexp(x, dim=-1))
             values.append(picked - sums[-1])
@@ -70,9 +67,7 @@ class _TokenLogprobs(torch.autograd.Function):
         # counter then refuses a second backward of a retained graph)
         grad_logits = logits if ctx.in_place else torch.empty_like(logits)  # type: ignore[attr-defined]
         for s in range(0, len(logits), chunk):
-            x = logits[s : s + chunk].to(out_dtype)
-            if temperature != 1.0:
-                x = x / temperature
+            x = _scaled(logits[s : s + chunk], temperature)
             g = grad[s : s + chunk].to(out_dtype)
             # autograd's: logsumexp's −g·exp(x − lse), plus gather's zeros with g scattered in
             # (the + 0.0: the zeros' sum turns a −0 into +0, as autograd's does)
@@ -83,6 +78,12 @@ class _TokenLogprobs(torch.autograd.Function):
                 part.div_(temperature)
             grad_logits[s : s + chunk].copy_(part)
         return grad_logits, None, None, None, None
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """``logits`` in their output dtype, divided by ``temperature`` (no division at 1)."""
+    x = logits.to(output_dtype(logits))
+    return x / temperature if temperature != 1.0 else x
 
 
 def output_dtype(logits: Tensor) -> torch.dtype:
